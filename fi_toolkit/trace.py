@@ -1,0 +1,222 @@
+"""One forward over the prefix ``[0, p)`` that collects the KV cache and every per-token signal.
+
+Like TransformerLens' cache object, a :class:`Trace` is the single place signals come from. The
+prefix runs in chunks (``prefill_chunk`` tokens) so that hidden-state memory stays bounded: the
+representation distance of a position only needs that position's hidden states, which all come
+from the same chunk. Forward hooks capture (a) each decoder layer's input ``h^(l)``, (b) the
+residual stream before the final norm ``h^(L)``, (c) the final-normed states for the streamed LM
+head, and (d) on the last chunk, each attention module's input, from which the window queries are
+recomputed (never the full attention matrix).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import asdict, dataclass
+
+import pandas as pd
+import torch
+
+from . import signals
+from .errors import FIError
+
+
+@dataclass(frozen=True)
+class SignalConfig:
+    """Options of SPEC "Signals"; defaults follow the paper where it states them."""
+
+    top_k: int = 256  # entropy over the k largest logits; k >= V is the full entropy
+    window: int = 32  # observation window w: the last w prefix positions
+    pool_kernel: int = 7  # average-pool kernel over positions for window attention (1 = off)
+    tau: float = 1.0  # bias in E = (D + tau) * H
+    alpha: float = 0.9  # InfoKV mix: alpha * attention + (1 - alpha) * softmax(E)
+    entropy_of: str = "current"  # "current": distribution at i; "previous": the one that predicted x_i
+    final_norm: bool = False  # D against h^(L) after the final norm instead of before it
+    prefill_chunk: int = 2048  # tokens per forward while tracing the prefix
+    lm_head_block: int = 512  # rows of logits at a time in the streamed LM head
+
+    def validate(self) -> None:
+        if self.top_k < 1:
+            raise FIError(f"top_k must be >= 1, got {self.top_k}")
+        if self.window < 1:
+            raise FIError(f"window must be >= 1, got {self.window}")
+        if not math.isfinite(self.tau):
+            raise FIError(f"tau must be a finite number, got {self.tau}")
+        if not 0.0 <= self.alpha <= 1.0:
+            raise FIError(f"alpha must lie in [0, 1], got {self.alpha}")
+        if self.entropy_of not in ("current", "previous"):
+            raise FIError(f"entropy_of must be 'current' or 'previous', got '{self.entropy_of}'")
+        if self.pool_kernel < 1 or self.pool_kernel % 2 == 0:
+            raise FIError(f"pool_kernel must be an odd number >= 1, got {self.pool_kernel}")
+
+
+@dataclass
+class Trace:
+    """The prefix cache and signals. Signals are float32 on the CPU; keys/values stay on the model's device.
+
+    ``keys[l]``/``values[l]``: ``[1, Hkv, p, head_dim]`` (keys RoPE-rotated, as the model caches them).
+    ``entropy [p]``, ``distance [L, p]`` (distance of layer input l to the final state),
+    ``attention [L, Hkv, p]`` (window attention).
+    """
+
+    prefix_len: int
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    entropy: torch.Tensor
+    distance: torch.Tensor
+    attention: torch.Tensor
+    config: SignalConfig
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.keys)
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.keys[0].shape[1]
+
+    @property
+    def scored(self) -> int:
+        """Number of scored positions ``[0, p - w)``: everything before the observation window."""
+        return self.prefix_len - self.config.window
+
+    def layer_entropy(self, tau: float | None = None) -> torch.Tensor:
+        """``E^(l)`` -> ``[L, p]``."""
+        return signals.layer_entropy_score(self.distance, self.entropy, self.config.tau if tau is None else tau)
+
+    def infokv(self, alpha: float | None = None, tau: float | None = None) -> torch.Tensor:
+        """``S^(l)_{h,i}`` over the scored positions -> ``[L, Hkv, p - w]``."""
+        alpha = self.config.alpha if alpha is None else alpha
+        return signals.infokv_score(self.attention, self.layer_entropy(tau), alpha, self.scored)
+
+    def token_table(self, tokens: list[str] | None = None) -> pd.DataFrame:
+        """One row per prefix position: H, mean A, mean D, mean E, mean S, and per-layer D, E, A."""
+        p, scored = self.prefix_len, self.scored
+        s_mean = torch.full((p,), float("nan"))
+        s_mean[:scored] = self.infokv().mean(dim=(0, 1))
+        layer_e = self.layer_entropy()
+        columns = {
+            "position": range(p),
+            "entropy": self.entropy.numpy(),
+            "attention": self.attention.mean(dim=(0, 1)).numpy(),
+            "distance": self.distance.mean(dim=0).numpy(),
+            "layer_entropy": layer_e.mean(dim=0).numpy(),
+            "infokv": s_mean.numpy(),
+            "in_window": [i >= scored for i in range(p)],
+        }
+        if tokens is not None:
+            columns["token"] = tokens[:p]
+        for name, values in (("D", self.distance), ("E", layer_e), ("A", self.attention.mean(dim=1))):
+            for layer in range(values.shape[0]):
+                columns[f"{name}_{layer}"] = values[layer].numpy()
+        return pd.DataFrame(columns)
+
+    def manifest(self) -> dict:
+        return {"prefix_len": self.prefix_len, **asdict(self.config)}
+
+
+def decoder_parts(model: torch.nn.Module):
+    """(decoder layers, final norm, LM head) of a Llama-style causal LM."""
+    base = model.base_model
+    try:
+        return base.layers, base.norm, model.get_output_embeddings()
+    except AttributeError:
+        raise FIError(f"{type(model).__name__} is not a Llama-style decoder (layers/norm/lm_head)") from None
+
+
+def _rope(module: torch.nn.Module):
+    """The ``apply_rotary_pos_emb`` of the module's own modeling file (Llama, Qwen2/3, Mistral...)."""
+    fn = getattr(sys.modules[type(module).__module__], "apply_rotary_pos_emb", None)
+    if fn is None:
+        raise FIError(f"cannot find apply_rotary_pos_emb for {type(module).__name__}")
+    return fn
+
+
+def window_queries(attn_module, hidden_states, position_embeddings, window: int) -> torch.Tensor:
+    """Recompute the rotated queries of the last ``window`` positions of an attention input -> ``[Hq, w, hd]``."""
+    hs = hidden_states[:, -window:]
+    q = attn_module.q_proj(hs).view(1, window, -1, attn_module.head_dim)
+    if hasattr(attn_module, "q_norm"):  # Qwen3-style per-head query norm
+        q = attn_module.q_norm(q)
+    q = q.transpose(1, 2)
+    cos, sin = position_embeddings
+    q, _ = _rope(attn_module)(q, q, cos[:, -window:], sin[:, -window:])
+    return q[0]
+
+
+def _chunk_bounds(p: int, window: int, chunk: int) -> list[tuple[int, int]]:
+    """Chunks of ``[0, p)`` whose last one holds the whole observation window."""
+    starts = list(range(0, max(p - window, 1), chunk))
+    return [(s, starts[i + 1] if i + 1 < len(starts) else p) for i, s in enumerate(starts)]
+
+
+@torch.no_grad()
+def trace_prefix(model: torch.nn.Module, ids: torch.Tensor, prefix_len: int, config: SignalConfig = SignalConfig()) -> Trace:
+    """Run ``ids[:prefix_len]`` through ``model`` once and collect cache + signals (SPEC "Signals")."""
+    from transformers import DynamicCache
+
+    config.validate()
+    p = prefix_len
+    if p <= config.window:
+        raise FIError(f"prefix of {p} tokens leaves nothing to score with a window of {config.window}")
+    if p > ids.numel():
+        raise FIError(f"prefix of {p:,} tokens is longer than the {ids.numel():,}-token document")
+    layers, norm, lm_head = decoder_parts(model)
+    device = next(model.parameters()).device
+    n_layers = len(layers)
+    cache = DynamicCache(config=model.config)
+
+    captured: dict = {}
+    want_attention = {"on": False}
+    attention = [None] * n_layers
+
+    def layer_input_hook(layer_idx):
+        def hook(_module, args, kwargs):
+            captured[layer_idx] = args[0] if args else kwargs["hidden_states"]
+        return hook
+
+    def norm_pre_hook(_module, args):
+        captured["pre_norm"] = args[0]
+
+    def norm_hook(_module, _args, output):
+        captured["post_norm"] = output
+
+    def attention_hook(module, args, kwargs, _output):
+        if not want_attention["on"]:
+            return
+        hs = args[0] if args else kwargs["hidden_states"]
+        q = window_queries(module, hs, kwargs["position_embeddings"], config.window)
+        keys = cache.layers[module.layer_idx].keys[0]
+        attention[module.layer_idx] = signals.window_attention(q, keys, module.scaling, config.pool_kernel).cpu()
+
+    handles = [norm.register_forward_pre_hook(norm_pre_hook), norm.register_forward_hook(norm_hook)]
+    for i, layer in enumerate(layers):
+        handles.append(layer.register_forward_pre_hook(layer_input_hook(i), with_kwargs=True))
+        handles.append(layer.self_attn.register_forward_hook(attention_hook, with_kwargs=True))
+
+    entropy = torch.empty(p, dtype=torch.float32)
+    distance = torch.empty(n_layers, p, dtype=torch.float32)
+    try:
+        bounds = _chunk_bounds(p, config.window, config.prefill_chunk)
+        for a, b in bounds:
+            want_attention["on"] = b == p
+            chunk_ids = ids[a:b].to(device).unsqueeze(0)
+            positions = torch.arange(a, b, device=device).unsqueeze(0)
+            model.base_model(input_ids=chunk_ids, position_ids=positions, cache=cache, use_cache=True)
+            final = captured["post_norm" if config.final_norm else "pre_norm"][0]
+            inputs = torch.stack([captured[i][0] for i in range(n_layers)])
+            distance[:, a:b] = signals.representation_distance(inputs, final).cpu()
+            entropy[a:b] = signals.streamed_topk_entropy(
+                captured["post_norm"][0], lm_head, config.top_k, config.lm_head_block
+            ).cpu()
+            captured.clear()
+    finally:
+        for h in handles:
+            h.remove()
+
+    if config.entropy_of == "previous":  # H_i of the distribution that predicted x_i; nothing predicted x_0
+        entropy = torch.cat([torch.zeros(1), entropy[:-1]])
+    keys = [layer.keys for layer in cache.layers]
+    values = [layer.values for layer in cache.layers]
+    return Trace(p, keys, values, entropy, distance, torch.stack(attention), config)
