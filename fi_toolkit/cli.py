@@ -190,6 +190,9 @@ def models():
     out.print(f"install the embedded model: {EMBEDDED_INSTALL}")
 
 
+# --- commands defined in other modules register here (one import line each) ---
+
+
 def main() -> None:
     """Console entry point: one line on stderr for any user error, never a traceback."""
     import torch
