@@ -1,0 +1,115 @@
+"""Forward Influence (SPEC "Forward Influence") on the tiny random Llama: the exactness contract and its oracles."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.special
+import scipy.stats
+import torch
+
+from fi_toolkit.errors import FIError
+from fi_toolkit.eviction import TokenSet
+from fi_toolkit.probe import (
+    Chunk,
+    check_chunks,
+    forward_influence,
+    forward_influence_by_deletion,
+    kl_divergence_rows,
+    parse_chunk,
+)
+from fi_toolkit.trace import SignalConfig, trace_prefix
+
+P = 200
+CHUNKS = [Chunk(200, 260), Chunk(330, 400)]
+
+
+@pytest.fixture(scope="module")
+def trace(tiny, tiny_ids):
+    return trace_prefix(tiny.model, tiny_ids, P, SignalConfig(window=16))
+
+
+def _sets():
+    gen = torch.Generator().manual_seed(3)
+    return [
+        TokenSet("scattered", torch.randperm(P, generator=gen)[:30]),
+        TokenSet("block", torch.arange(40, 90)),
+        TokenSet("sinks", torch.arange(0, 4)),
+        TokenSet("window", torch.arange(P - 16, P)),
+        TokenSet("one", [123]),
+    ]
+
+
+def test_masked_batched_probe_equals_physical_deletion(tiny, tiny_ids, trace):
+    sets = _sets()
+    masked = forward_influence(tiny.model, trace, tiny_ids, sets, CHUNKS, batch_size=3, block=64).fi()
+    for i, s in enumerate(sets):
+        deleted = forward_influence_by_deletion(tiny.model, trace, tiny_ids, s.removed, CHUNKS)
+        assert (masked[i] - deleted).abs().max().item() <= 1e-5, s.label
+        assert deleted.max() > 1e-5  # the comparison is not between two zeros
+
+
+def test_empty_eviction_is_exactly_zero_and_fi_is_non_negative(tiny, tiny_ids, trace):
+    sets = [TokenSet("empty", [])] + _sets()
+    result = forward_influence(tiny.model, trace, tiny_ids, sets, CHUNKS, batch_size=2)
+    fi = result.fi()
+    assert torch.equal(fi[0], torch.zeros(len(CHUNKS)))
+    assert (result.kl >= 0).all() and (fi[1:] > 0).all()
+
+
+def test_keeping_everything_through_the_gather_path_gives_zero(tiny, tiny_ids, trace):
+    """The physical path with nothing removed reproduces the reference (up to float rounding)."""
+    nothing = TokenSet("nothing", []).keep_map(P, trace.num_layers, trace.num_kv_heads)
+    fi = forward_influence(tiny.model, trace, tiny_ids, [nothing], CHUNKS).fi()
+    assert fi.abs().max() <= 1e-6
+
+
+def test_keep_map_path_equals_token_set_path(tiny, tiny_ids, trace):
+    s = _sets()[1]
+    km = s.keep_map(P, trace.num_layers, trace.num_kv_heads)
+    fi = forward_influence(tiny.model, trace, tiny_ids, [s, km], CHUNKS).fi()
+    assert (fi[0] - fi[1]).abs().max() <= 1e-5
+
+
+def test_several_chunks_in_one_pass_equal_separate_runs(tiny, tiny_ids, trace):
+    sets = _sets()[:3]
+    together = forward_influence(tiny.model, trace, tiny_ids, sets, CHUNKS).fi()
+    for j, chunk in enumerate(CHUNKS):
+        alone = forward_influence(tiny.model, trace, tiny_ids, sets, [chunk]).fi()[:, 0]
+        torch.testing.assert_close(together[:, j], alone, rtol=0, atol=1e-6)
+
+
+def test_batch_size_and_block_size_do_not_change_fi(tiny, tiny_ids, trace):
+    sets = _sets()
+    a = forward_influence(tiny.model, trace, tiny_ids, sets, CHUNKS, batch_size=1, block=512).fi()
+    b = forward_influence(tiny.model, trace, tiny_ids, sets, CHUNKS, batch_size=5, block=37).fi()
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+def test_kl_rows_equal_scipy_relative_entropy():
+    gen = torch.Generator().manual_seed(4)
+    ref_logits, logits = torch.randn(6, 50, generator=gen) * 2, torch.randn(3, 6, 50, generator=gen) * 2
+    ref_logp = torch.log_softmax(ref_logits, -1)
+    ours = kl_divergence_rows(ref_logp, logits).numpy()
+    p = scipy.special.softmax(ref_logits.double().numpy(), -1)
+    q = scipy.special.softmax(logits.double().numpy(), -1)
+    expected = scipy.stats.entropy(p[None].repeat(3, 0), q, axis=-1)
+    np.testing.assert_allclose(ours, expected, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [("9:3", "smaller than end"), ("5:5", "smaller than end"), ("a:b", "START:END"), ("10", "START:END"), ("-1:4", ">= 0")],
+)
+def test_bad_chunks_are_refused(spec, message):
+    with pytest.raises(FIError, match=message):
+        parse_chunk(spec)
+
+
+def test_chunk_range_checks():
+    with pytest.raises(FIError, match="before the compression point"):
+        check_chunks([Chunk(100, 200)], 150, 1000, 8192)
+    with pytest.raises(FIError, match="document's end"):
+        check_chunks([Chunk(200, 2000)], 150, 1000, 8192)
+    with pytest.raises(FIError, match="context"):
+        check_chunks([Chunk(200, 900)], 150, 1000, 512)
