@@ -191,6 +191,8 @@ def models():
 
 
 # --- commands defined in other modules register here (one import line each) ---
+from .cli_study import register as _register_study; _register_study(app)  # noqa: E402,E702
+from .cli_generate import register as _register_generate; _register_generate(app)  # noqa: E402,E702
 
 
 def main() -> None:

@@ -22,6 +22,7 @@ import torch
 
 from .errors import FIError
 from .eviction import KeepMap, TokenSet, gather_cache, shared_cache
+from .ragged import ragged_attention
 from .trace import Trace, decoder_parts
 
 
@@ -217,7 +218,8 @@ def forward_influence(
         if isinstance(e, KeepMap):
             cache = gather_cache(trace.keys, trace.values, e, model.config)
             visible = torch.ones(1, cache.get_seq_length(), dtype=torch.bool, device=device)
-            hidden = _continuation_hidden(model, cache, cont[None], p, visible, capture, block)
+            with ragged_attention(model):  # layers may hold different counts (adaptive, PyramidKV)
+                hidden = _continuation_hidden(model, cache, cont[None], p, visible, capture, block)
             kl[i] = reference.kl(hidden)[0].cpu()
             if on_progress:
                 on_progress(1)

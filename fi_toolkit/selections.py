@@ -1,7 +1,8 @@
 """Token-set selectors of SPEC "Set-level analysis", parsed from ``--select`` specs.
 
 ``KIND:R`` picks the top ``R`` positions by a signal, ``random:R@SEED`` (or ``@A-B`` for seeds A..B)
-picks uniformly, ``positions:A-B,C`` names positions (inclusive ranges). ``R`` is a fraction of
+picks uniformly, ``positions:A-B,C`` names positions (inclusive ranges), ``policy:NAME@R`` is a
+policy's keep map (per layer and head; ``R`` its budget: a ratio of ``p``, window included, or a count). ``R`` is a fraction of
 the scored prefix ``[0, p - w)`` when it has a decimal point (``0.2``), else a token count (``100``).
 Score-based and random selectors draw only from ``[sinks, p - w)``: the first ``sinks`` positions
 are attention sinks and the window is always kept.
@@ -14,11 +15,11 @@ from dataclasses import dataclass
 import torch
 
 from .errors import FIError
-from .eviction import TokenSet
+from .eviction import KeepMap, TokenSet
 from .trace import Trace
 
 SCORE_SELECTORS = ("entropy", "attention", "distance", "infokv")
-SELECTORS = SCORE_SELECTORS + ("random", "positions")
+SELECTORS = SCORE_SELECTORS + ("random", "positions", "policy")
 
 
 def token_scores(trace: Trace, kind: str, alpha: float | None = None) -> torch.Tensor:
@@ -45,18 +46,23 @@ class Selection:
     amount: str | None = None  # as typed: "0.2" (fraction) or "100" (count)
     seed: int | None = None
     positions: tuple[int, ...] = ()
+    policy: str | None = None  # kind "policy": the policy's name
 
     @property
     def label(self) -> str:
         if self.kind == "positions":
             return self.spec
+        if self.kind == "policy":
+            return f"policy:{self.policy}@{self.amount}"
         return f"{self.kind}:{self.amount}" + (f"@{self.seed}" if self.seed is not None else "")
 
     def count(self, trace: Trace) -> int:
         return budget_count(self.amount, trace.scored, self.spec)
 
-    def resolve(self, trace: Trace, sinks: int = 4, alpha: float | None = None) -> TokenSet:
+    def resolve(self, trace: Trace, sinks: int = 4, alpha: float | None = None) -> TokenSet | KeepMap:
         p, scored = trace.prefix_len, trace.scored
+        if self.kind == "policy":
+            return self._policy_keep_map(trace, alpha)
         meta = {"selection": self.label, "selector": self.kind, "seed": self.seed, "budget": self.amount}
         if self.kind == "positions":
             bad = [i for i in self.positions if i >= p]
@@ -78,6 +84,17 @@ class Selection:
             order = torch.sort(scores, descending=True, stable=True).indices  # ties: earlier position first
             picked = sinks + order[:n]
         return TokenSet(self.label, picked, meta)
+
+    def _policy_keep_map(self, trace: Trace, alpha: float | None) -> KeepMap:
+        from .policies import make_policy
+
+        c = trace.config
+        policy = make_policy(self.policy, budget=self.amount, window=c.window, alpha=c.alpha if alpha is None else alpha,
+                             tau=c.tau, top_k=c.top_k)
+        keep_map = policy.keep_map(trace)
+        keep_map.label = self.label
+        keep_map.meta.update(selection=self.label, seed=None)
+        return keep_map
 
 
 def budget_count(amount: str, scored: int, spec: str) -> int:
@@ -121,6 +138,14 @@ def parse_selection(spec: str) -> list[Selection]:
         raise FIError(f"--select {spec}: expected {kind}:BUDGET, e.g. {kind}:0.2")
     if kind == "positions":
         return [Selection(spec, kind, positions=_parse_positions(rest, spec))]
+    if kind == "policy":
+        from .policies import make_policy
+
+        name, _, amount = rest.partition("@")
+        if not amount:
+            raise FIError(f"--select {spec}: expected policy:NAME@BUDGET, e.g. policy:infokv@0.2")
+        make_policy(name, budget=amount)  # validate name and budget now, before any model work
+        return [Selection(spec, kind, amount.strip(), policy=name.strip().lower())]
     amount, at, seeds = rest.partition("@")
     budget_count(amount, 1, spec)  # validate now, before any model work
     if kind != "random":

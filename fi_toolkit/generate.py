@@ -1,0 +1,455 @@
+"""Compressed generation (SPEC "Decoding compression"): prefill compression, then periodic
+compression while decoding, with signals tracked online.
+
+Flow of :func:`generate`: encode the prompt (chat template for instruct models) ->
+:meth:`CompressedDecoder.prefill` (one chunked forward; hooks record H, D^(l) and the last ``w``
+queries of every layer) -> the policy's keep map -> a physical gather of the cache (per layer and
+KV head; RoPE positions kept, later tokens fed with explicit position ids) -> one token at a time
+(:meth:`CompressedDecoder.step`), compressing back to the budget every ``interval`` generated tokens.
+
+Budget: a ratio ``r`` keeps ``round(r * n)`` entries per layer and head at a compression point that
+has seen ``n`` tokens (the prompt at prefill, prompt + generated later); a count keeps that many.
+A ratio whose prompt share does not exceed the window leaves the prompt as it is (too short to
+compress) and only decoding compresses.
+
+Memory: logits are computed for one row at a time while decoding (top-k entropy of the prompt is
+streamed in blocks of ``SignalConfig.lm_head_block`` rows); hidden states are held for one prefill
+chunk (``prefill_chunk`` tokens x L layers x d) and never for more; per-token signals cost
+``(L + 1) x (prompt + max_new)`` float32; window attention reads ``w`` queries per layer, never an
+``N x N`` matrix. Uneven per-layer budgets (adaptive InfoKV, PyramidKV) run through
+:func:`fi_toolkit.ragged.ragged_attention`.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import torch
+from transformers import DynamicCache
+
+from . import signals as sig
+from .errors import FIError
+from .eviction import KeepMap, gather_cache
+from .policies import Policy, Signals, budget_tokens
+from .ragged import ragged_attention
+from .trace import SignalConfig, decoder_parts, window_queries
+
+
+def signal_config_for(policy: Policy | None, **overrides) -> SignalConfig:
+    """The signal options a policy implies (its window, top-k and tau), with explicit overrides."""
+    base = {"window": getattr(policy, "window", 32)}
+    for name in ("top_k", "tau", "alpha"):
+        if hasattr(policy, name):
+            base[name] = getattr(policy, name)
+    config = SignalConfig(**{**base, **{k: v for k, v in overrides.items() if v is not None}})
+    config.validate()
+    return config
+
+
+class SignalTracker:
+    """Forward hooks that record, for every token the model is fed, its top-k entropy ``H`` and
+    ``D^(l)`` (into preallocated ``[capacity]`` / ``[L, capacity]`` float32 buffers), keep the last
+    ``w`` rotated queries of every layer, and (for H2O) add each decoding step's attention to a
+    per-slot accumulator."""
+
+    def __init__(self, model, config: SignalConfig, capacity: int, accumulate: bool):
+        self.layers, self.norm, self.lm_head = decoder_parts(model)
+        device = next(model.parameters()).device
+        n_layers = len(self.layers)
+        self.config = config
+        self.entropy = torch.zeros(capacity, device=device)
+        self.distance = torch.zeros(n_layers, capacity, device=device)
+        self.queries: list[torch.Tensor | None] = [None] * n_layers
+        self.accumulated: list[torch.Tensor] | None = [None] * n_layers if accumulate else None
+        self.cache: DynamicCache | None = None
+        self._inputs: dict = {}
+        self._handles = [self.norm.register_forward_pre_hook(self._norm_hook)]
+        for i, layer in enumerate(self.layers):
+            self._handles.append(layer.register_forward_pre_hook(self._input_hook(i), with_kwargs=True))
+            self._handles.append(layer.self_attn.register_forward_hook(self._attention_hook, with_kwargs=True))
+
+    def close(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    def _input_hook(self, layer_idx: int):
+        def hook(_module, args, kwargs):
+            self._inputs[layer_idx] = args[0] if args else kwargs["hidden_states"]
+        return hook
+
+    def _norm_hook(self, _module, args):
+        self._inputs["pre_norm"] = args[0]
+
+    def _attention_hook(self, module, args, kwargs, _output):
+        hs = args[0] if args else kwargs["hidden_states"]
+        w = self.config.window
+        q = window_queries(module, hs, kwargs["position_embeddings"], min(w, hs.shape[1]))
+        i = module.layer_idx
+        prev = self.queries[i]
+        self.queries[i] = (q if prev is None else torch.cat([prev, q], dim=1))[:, -w:]
+        if self.accumulated is not None and hs.shape[1] == 1 and self.accumulated[i] is not None:
+            keys = self.cache.layers[i].keys[0]
+            n_kv, n = keys.shape[0], keys.shape[1]
+            k = keys.float().repeat_interleave(q.shape[0] // n_kv, dim=0)
+            attn = torch.softmax(torch.matmul(q.float(), k.transpose(1, 2)) * module.scaling, dim=-1)[:, 0]
+            acc = self.accumulated[i]
+            acc = torch.cat([acc, acc.new_zeros(n_kv, n - acc.shape[1])], dim=1)
+            self.accumulated[i] = acc + attn.view(n_kv, -1, n).mean(dim=1)
+
+    def record(self, start: int, hidden: torch.Tensor, last_logits: torch.Tensor) -> None:
+        """After a forward of tokens at ``[start, start + q)``: store their H and D^(l)."""
+        q = hidden.shape[0]
+        final = hidden if self.config.final_norm else self._inputs["pre_norm"][0]
+        inputs = torch.stack([self._inputs[i][0] for i in range(len(self.layers))])
+        self.distance[:, start : start + q] = sig.representation_distance(inputs, final)
+        if q == 1:
+            self.entropy[start] = sig.topk_entropy(last_logits, self.config.top_k)
+        else:
+            self.entropy[start : start + q] = sig.streamed_topk_entropy(
+                hidden, self.lm_head, self.config.top_k, self.config.lm_head_block
+            )
+        self._inputs.clear()
+
+    def window_attention(self, layer: int, keys: torch.Tensor) -> torch.Tensor:
+        scaling = self.layers[layer].self_attn.scaling
+        return sig.window_attention(self.queries[layer], keys[0], scaling, self.config.pool_kernel)
+
+    def gather(self, keep: list[torch.Tensor]) -> None:
+        if self.accumulated is not None:
+            self.accumulated = [a.gather(1, idx) for a, idx in zip(self.accumulated, keep)]
+
+
+@dataclass
+class GenerationStats:
+    """What one generation cost. Bytes are of keys + values; ``cache_bytes_full`` is what an
+    uncompressed cache of every fed token would take. ``peak_memory_bytes`` is
+    ``torch.cuda.max_memory_allocated`` on CUDA and the process's peak RSS (``ru_maxrss``, not
+    resettable: it includes the model and anything run before) on the CPU."""
+
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    prefill_seconds: float = 0.0  # forward + signals + prefill compression
+    decode_seconds: float = 0.0
+    compression_seconds: float = 0.0  # scoring + gather, prefill and decoding
+    prefill_compressed: bool = False
+    compressions: int = 0  # decoding compressions that evicted entries
+    compression_steps: list[int] = field(default_factory=list)  # generated-token counts when they fired
+    cache_lengths: list[int] = field(default_factory=list)  # longest layer after each fed token, before compression
+    cache_bytes_full: int = 0
+    cache_bytes_kept: int = 0
+    peak_cache_bytes: int = 0
+    peak_memory_bytes: int = 0
+    peak_memory_kind: str = ""
+    stop_reason: str = ""
+    note: str = ""
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.decode_seconds if self.decode_seconds > 0 else float("nan")
+
+    def as_dict(self) -> dict:
+        out = asdict(self)
+        out.pop("cache_lengths")
+        out["tokens_per_second"] = self.tokens_per_second
+        return out
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    tokens: list[int]  # generated token ids (the EOS token included when it stopped there)
+    prompt_ids: torch.Tensor
+    stats: GenerationStats
+    prefill_keep: KeepMap | None  # the prefill keep map (prompt positions), if the prompt was compressed
+
+
+def cache_bytes(cache: DynamicCache) -> int:
+    return sum(l.keys.numel() * l.keys.element_size() + l.values.numel() * l.values.element_size() for l in cache.layers)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class CompressedDecoder:
+    """A model plus a cache that a policy keeps within its budget.
+
+    ``positions[l]`` ``[Hkv, n_l]``: the original position of every cache slot. ``protected[l]``:
+    leading slots never evicted (the prompt, when it is not compressible)."""
+
+    def __init__(self, model, policy: Policy | None, capacity: int, config: SignalConfig | None = None,
+                 compress_prompt: bool | None = None, prefill_chunk: int = 2048):
+        self.model, self.policy = model, policy
+        self.device = next(model.parameters()).device
+        self.config = config or signal_config_for(policy)
+        self.compress_prompt = policy.compress_prompt if compress_prompt is None and policy else bool(compress_prompt)
+        self.prefill_chunk = prefill_chunk
+        self.lm_head = decoder_parts(model)[2]
+        self.cache = DynamicCache(config=model.config)
+        self.seen = 0
+        self.positions: list[torch.Tensor] = []
+        self.protected: list[int] = []
+        self.compression_seconds = 0.0
+        tracking = policy is not None and policy.needs_signals
+        self.tracker = SignalTracker(model, self.config, capacity, policy.tracks_accumulated) if tracking else None
+
+    def close(self) -> None:
+        if self.tracker:
+            self.tracker.close()
+
+    def _forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """Feed ``ids [q]`` at the next positions; returns float32 logits of the last one ``[V]``."""
+        q = ids.numel()
+        positions = torch.arange(self.seen, self.seen + q, device=self.device)[None]
+        if self.tracker:
+            self.tracker.cache = self.cache
+        hidden = self.model.base_model(
+            input_ids=ids[None].to(self.device), position_ids=positions, cache=self.cache, use_cache=True
+        ).last_hidden_state[0]
+        logits = self.lm_head(hidden[-1:])[0].float()
+        if self.tracker:
+            self.tracker.record(self.seen, hidden, logits)
+        self.seen += q
+        return logits
+
+    def prefill(self, ids: torch.Tensor) -> tuple[torch.Tensor, KeepMap | None]:
+        """Run the prompt (in chunks), then compress it if the policy and budget say so."""
+        for a in range(0, ids.numel(), self.prefill_chunk):
+            logits = self._forward(ids[a : a + self.prefill_chunk])
+        hkv = self.cache.layers[0].keys.shape[1]
+        p = self.seen
+        self.positions = [torch.arange(p, device=self.device).expand(hkv, p) for _ in self.cache.layers]
+        self.protected = [0 if self.compress_prompt else p] * len(self.cache.layers)
+        if self.tracker and self.tracker.accumulated is not None:
+            self.tracker.accumulated = [
+                self.tracker.window_attention(i, l.keys) * self.tracker.queries[i].shape[1]
+                for i, l in enumerate(self.cache.layers)
+            ]
+        keep = None
+        if self.policy and self.compress_prompt:
+            k = budget_tokens(self.policy.budget, p)
+            if self.policy.window < k < p:
+                keep = self.compress()
+        return logits, keep
+
+    def step(self, token: int) -> torch.Tensor:
+        """Feed one generated token; its slot is appended to every head of every layer."""
+        new = torch.full((self.positions[0].shape[0], 1), self.seen, device=self.device)
+        self.positions = [torch.cat([pos, new], dim=1) for pos in self.positions]
+        return self._forward(torch.tensor([token], device=self.device))
+
+    def lengths(self) -> list[int]:
+        return [int(l.keys.shape[2]) for l in self.cache.layers]
+
+    def signals(self) -> Signals:
+        """The policy's view of the current cache, in slot space."""
+        keys = [l.keys for l in self.cache.layers]
+        s = Signals(window=self.config.window, seen=self.seen, keys=keys, positions=self.positions,
+                    protected=list(self.protected))
+        t = self.tracker
+        if t:
+            entropy = t.entropy[: self.seen]
+            if self.config.entropy_of == "previous":
+                entropy = torch.cat([entropy.new_zeros(1), entropy[:-1]])
+            s.entropy = [entropy[pos] for pos in self.positions]
+            s.distance = [t.distance[i][pos] for i, pos in enumerate(self.positions)]
+            s.attention = [t.window_attention(i, k) for i, k in enumerate(keys)]
+            s.accumulated = t.accumulated
+        return s
+
+    def compress(self) -> KeepMap | None:
+        """Back to the budget with the policy; None when nothing had to go."""
+        k = budget_tokens(self.policy.budget, self.seen)
+        lengths = self.lengths()
+        w = self.config.window
+        if k <= w or max(lengths) <= k or any(k < pr + w for pr in self.protected):
+            return None
+        _sync(self.device)
+        t0 = time.perf_counter()
+        keep_map = self.policy.keep_map(self.signals())
+        self.cache = gather_cache([l.keys for l in self.cache.layers], [l.values for l in self.cache.layers],
+                                  keep_map, self.model.config)
+        self.positions = [pos.gather(1, idx) for pos, idx in zip(self.positions, keep_map.keep)]
+        if self.tracker:
+            self.tracker.gather(keep_map.keep)
+        _sync(self.device)
+        self.compression_seconds += time.perf_counter() - t0
+        return keep_map
+
+
+def encode_prompt(tokenizer, prompt: str, chat: bool | None = None) -> torch.Tensor:
+    """Token ids of ``prompt``; wrapped in the tokenizer's chat template when it has one (``chat=None``)."""
+    if tokenizer is None:
+        raise FIError("a text prompt needs a tokenizer; pass token ids instead")
+    if chat is None:
+        chat = bool(getattr(tokenizer, "chat_template", None))
+    if chat:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False)
+        return torch.tensor(tokenizer(text, add_special_tokens=False).input_ids, dtype=torch.long)
+    return torch.tensor(tokenizer(prompt).input_ids, dtype=torch.long)
+
+
+def _eos_ids(model, tokenizer, eos_token_id) -> set[int]:
+    if eos_token_id is None:
+        eos_token_id = getattr(model.generation_config, "eos_token_id", None)
+        if eos_token_id is None and tokenizer is not None:
+            eos_token_id = tokenizer.eos_token_id
+    if eos_token_id is None:
+        return set()
+    return {int(e) for e in (eos_token_id if isinstance(eos_token_id, (list, tuple)) else [eos_token_id])}
+
+
+def check_budget(policy: Policy, prompt_len: int, max_new_tokens: int, compress_prompt: bool) -> None:
+    """Budgets that can never work are errors before any model work."""
+    w, budget = policy.window, policy.budget
+    total = prompt_len + max_new_tokens
+    if isinstance(budget, int):
+        if budget <= w:
+            raise FIError(f"budget of {budget} tokens is not above the window of {w}")
+        if budget > total:
+            raise FIError(f"budget of {budget} tokens is above the whole sequence ({prompt_len} prompt + "
+                          f"{max_new_tokens} new tokens): nothing would ever be evicted")
+        if not compress_prompt and budget < prompt_len + w:
+            raise FIError(f"budget of {budget} tokens cannot hold the protected {prompt_len}-token prompt plus the window of {w}")
+    elif budget_tokens(budget, total) <= w:
+        raise FIError(f"budget ratio {budget} keeps at most {budget_tokens(budget, total)} of {total} tokens, "
+                      f"not above the window of {w}")
+
+
+class _Streamer:
+    """Text deltas to a callback, decoded at word boundaries (transformers' TextStreamer logic)."""
+
+    def __init__(self, tokenizer, callback):
+        from transformers import TextStreamer
+
+        class _CB(TextStreamer):
+            def on_finalized_text(self, text, stream_end=False):
+                callback(text)
+
+        self.streamer = _CB(tokenizer, skip_special_tokens=True) if tokenizer is not None and callback else None
+
+    def put(self, token: int):
+        if self.streamer:
+            self.streamer.put(torch.tensor([token]))
+
+    def end(self):
+        if self.streamer:
+            self.streamer.end()
+
+
+def _sampler(temperature: float, top_p: float, seed: int, device):
+    if temperature == 0:
+        return lambda logits, _ids: int(torch.argmax(logits))
+    from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
+
+    warpers = LogitsProcessorList([TemperatureLogitsWarper(temperature)] + ([TopPLogitsWarper(top_p)] if top_p < 1 else []))
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def sample(logits, ids):
+        scores = warpers(ids[None], logits[None])
+        return int(torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=gen))
+
+    return sample
+
+
+@torch.no_grad()
+def generate(
+    model,
+    tokenizer,
+    prompt: str | torch.Tensor,
+    policy: Policy | None = None,
+    max_new_tokens: int = 256,
+    interval: int = 1024,
+    compress_prompt: bool | None = None,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    chat: bool | None = None,
+    on_text: Callable[[str], None] | None = None,
+    eos_token_id: int | list[int] | None = None,
+    config: SignalConfig | None = None,
+    prefill_chunk: int = 2048,
+) -> GenerationResult:
+    """Generate from ``prompt`` (text, or 1-D token ids) with the cache kept to ``policy``'s budget.
+
+    ``policy=None`` is the full cache. ``compress_prompt`` defaults to the policy's own (RPC: False).
+    Greedy when ``temperature == 0``; otherwise temperature + top-p sampling from ``seed``.
+    Stops at ``max_new_tokens`` or an EOS token (the model's generation config by default).
+    """
+    if max_new_tokens < 1:
+        raise FIError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if interval < 1:
+        raise FIError(f"interval must be >= 1 generated tokens, got {interval}")
+    if temperature < 0 or not 0 < top_p <= 1:
+        raise FIError(f"need temperature >= 0 and 0 < top_p <= 1, got {temperature} and {top_p}")
+    ids = prompt.flatten().long() if isinstance(prompt, torch.Tensor) else encode_prompt(tokenizer, prompt, chat)
+    if ids.numel() == 0:
+        raise FIError("the prompt is empty")
+    p = ids.numel()
+    limit = getattr(model.config, "max_position_embeddings", None)
+    if limit is not None and p + max_new_tokens > limit:
+        raise FIError(f"prompt ({p}) + max-new ({max_new_tokens}) exceeds the model's context of {limit} tokens")
+    if policy is not None:
+        cp = policy.compress_prompt if compress_prompt is None else compress_prompt
+        check_budget(policy, p, max_new_tokens, cp)
+    device = next(model.parameters()).device
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    stats = GenerationStats(prompt_tokens=p)
+    decoder = CompressedDecoder(model, policy, p + max_new_tokens, config, compress_prompt, prefill_chunk)
+    streamer = _Streamer(tokenizer, on_text)
+    sample = _sampler(temperature, top_p, seed, device)
+    eos = _eos_ids(model, tokenizer, eos_token_id)
+    all_ids = ids.to(device)
+    tokens: list[int] = []
+    try:
+        with ragged_attention(model):
+            _sync(device)
+            t0 = time.perf_counter()
+            logits, keep = decoder.prefill(ids)
+            _sync(device)
+            stats.prefill_seconds = time.perf_counter() - t0
+            stats.prefill_compressed = keep is not None
+            if policy is not None and decoder.compress_prompt and keep is None:
+                stats.note = "prompt not compressed: its budget share is not between the window and its length"
+            stats.peak_cache_bytes = cache_bytes(decoder.cache)
+            t0 = time.perf_counter()
+            stats.stop_reason = "max_new_tokens"
+            while True:
+                token = sample(logits, all_ids)
+                tokens.append(token)
+                streamer.put(token)
+                if token in eos:
+                    stats.stop_reason = "eos"
+                    break
+                if len(tokens) == max_new_tokens:
+                    break
+                all_ids = torch.cat([all_ids, torch.tensor([token], device=device)])
+                logits = decoder.step(token)
+                stats.peak_cache_bytes = max(stats.peak_cache_bytes, cache_bytes(decoder.cache))
+                stats.cache_lengths.append(max(decoder.lengths()))
+                if policy is not None and len(tokens) % interval == 0 and decoder.compress() is not None:
+                    stats.compressions += 1
+                    stats.compression_steps.append(len(tokens))
+            _sync(device)
+            stats.decode_seconds = time.perf_counter() - t0
+    finally:
+        decoder.close()
+        streamer.end()
+    stats.new_tokens = len(tokens)
+    stats.compression_seconds = decoder.compression_seconds
+    per_token = sum(2 * l.keys.shape[1] * l.keys.shape[3] * l.keys.element_size() for l in decoder.cache.layers)
+    stats.cache_bytes_full = per_token * decoder.seen
+    stats.cache_bytes_kept = cache_bytes(decoder.cache)
+    if device.type == "cuda":
+        stats.peak_memory_bytes, stats.peak_memory_kind = torch.cuda.max_memory_allocated(device), "cuda max allocated"
+    else:
+        stats.peak_memory_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        stats.peak_memory_kind = "process peak RSS"
+    text = tokenizer.decode(tokens, skip_special_tokens=True) if tokenizer is not None else ""
+    return GenerationResult(text, tokens, ids, stats, keep)

@@ -1,0 +1,205 @@
+"""The policy contract: signals in, keep map out (SPEC "Eviction policies").
+
+Signals live in *slot space*: slot ``j`` of layer ``l``, KV head ``h`` is the ``j``-th entry of that
+head's cache, whose original position is ``positions[l][h, j]``. Right after a prefill, slots are
+positions (``Signals.from_trace``); during decoding, earlier compressions have made the positions of
+each head different, and per-position signals (H, D) are gathered into slot space. The last
+``window`` slots are the most recent tokens (always kept); the first ``protected[l]`` slots are never
+evicted (the prompt, when it is not compressible). A keep map lists, per layer, the sorted slots
+each head keeps (``[Hkv, k_l]``), which for a prefill are prompt positions.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+
+from ..errors import FIError
+from ..eviction import KeepMap
+
+
+@dataclass
+class Signals:
+    """Per layer ``l`` (lists of length L), tensors ``[Hkv, n_l]`` unless said otherwise."""
+
+    window: int
+    seen: int  # tokens seen so far: the compression point that ratio budgets refer to
+    keys: list[torch.Tensor]  # [1, Hkv, n_l, head_dim], RoPE-rotated
+    positions: list[torch.Tensor]  # original position of each slot
+    entropy: list[torch.Tensor] | None = None  # top-k entropy H of the slot's token
+    distance: list[torch.Tensor] | None = None  # D^(l) of the slot's token
+    attention: list[torch.Tensor] | None = None  # window attention of the last `window` queries (pooled)
+    accumulated: list[torch.Tensor] | None = None  # summed attention received so far (H2O), if tracked
+    protected: list[int] = field(default_factory=list)  # leading slots never evicted
+
+    def __post_init__(self):
+        if not self.protected:
+            self.protected = [0] * len(self.keys)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.keys)
+
+    def slots(self, layer: int) -> int:
+        return int(self.keys[layer].shape[2])
+
+    @classmethod
+    def from_trace(cls, trace) -> "Signals":
+        """Prefill signals of a :class:`~fi_toolkit.trace.Trace`: slots are prompt positions."""
+        p, hkv, device = trace.prefix_len, trace.num_kv_heads, trace.keys[0].device
+        positions = torch.arange(p, device=device).expand(hkv, p)
+        entropy = trace.entropy.to(device).expand(hkv, p)
+        return cls(
+            window=trace.config.window,
+            seen=p,
+            keys=list(trace.keys),
+            positions=[positions] * trace.num_layers,
+            entropy=[entropy] * trace.num_layers,
+            distance=[d.to(device).expand(hkv, p) for d in trace.distance],
+            attention=[a.to(device) for a in trace.attention],
+        )
+
+
+def as_signals(signals) -> Signals:
+    return signals if isinstance(signals, Signals) else Signals.from_trace(signals)
+
+
+def parse_budget(text: str | float | int) -> float | int:
+    """``"0.25"`` -> ratio 0.25 (has a decimal point); ``"512"`` -> 512 tokens. Floats are ratios, ints counts."""
+    if isinstance(text, bool):
+        raise FIError(f"invalid budget {text!r}")
+    if isinstance(text, (int, float)):
+        value = text
+    else:
+        try:
+            value = float(text) if any(c in text for c in ".eE") else int(text)
+        except ValueError:
+            raise FIError(f"invalid budget '{text}': use a ratio like 0.25 or a token count like 512") from None
+    if isinstance(value, float):
+        if not (math.isfinite(value) and 0.0 < value <= 1.0):
+            raise FIError(f"a budget ratio must lie in (0, 1], got {value}")
+    elif value < 1:
+        raise FIError(f"a budget token count must be >= 1, got {value}")
+    return value
+
+
+def budget_tokens(budget: float | int, seen: int) -> int:
+    """Entries kept per layer and head at a compression point that has seen ``seen`` tokens."""
+    return int(round(budget * seen)) if isinstance(budget, float) else int(budget)
+
+
+def allocate(weights: torch.Tensor, total: int, lo: list[int], hi: list[int]) -> list[int]:
+    """Split ``total`` over layers in proportion to ``weights``, each in ``[lo_l, hi_l]``, summing exactly.
+
+    Water-filling: layers whose share falls outside their bounds are fixed at the bound and the rest
+    is re-split; the final shares are rounded by largest remainder, so the total is exact.
+    """
+    n = len(lo)
+    if total < sum(lo) or total > sum(hi):
+        raise FIError(f"cannot split {total} entries over {n} layers within [{sum(lo)}, {sum(hi)}]")
+    w = weights.double().clamp_min(0).cpu()
+    w = w if w.sum() > 0 else torch.ones(n, dtype=torch.float64)
+    fixed: dict[int, int] = {}
+    while True:
+        free = [i for i in range(n) if i not in fixed]
+        rest = total - sum(fixed.values())
+        share = {i: float(w[i] / w[free].sum() * rest) if w[free].sum() > 0 else rest / len(free) for i in free}
+        clamped = {i: (lo[i] if s < lo[i] else hi[i]) for i, s in share.items() if s < lo[i] or s > hi[i]}
+        if not clamped:
+            break
+        fixed.update(clamped)
+    out = dict(fixed)
+    floors = {i: min(hi[i], max(lo[i], math.floor(s))) for i, s in share.items()}
+    out.update(floors)
+    left = total - sum(out.values())
+    for i in sorted(floors, key=lambda i: (floors[i] - share[i], i)):  # largest fractional part first
+        if left <= 0:
+            break
+        if out[i] < hi[i]:
+            out[i] += 1
+            left -= 1
+    return [out[i] for i in range(n)]
+
+
+def select(scores: torch.Tensor, keep: int, protected: int, window: int) -> torch.Tensor:
+    """Sorted slots ``[Hkv, keep]``: the protected slots, the window, and the top-scored of the rest.
+
+    ``scores [Hkv, n]`` (only slots ``[protected, n - window)`` are read); ties go to the earlier slot.
+    """
+    hkv, n = scores.shape
+    device = scores.device
+    if keep >= n:
+        return torch.arange(n, device=device).expand(hkv, n).clone()
+    picks = keep - protected - window
+    if picks < 0:
+        raise FIError(f"a budget of {keep} cannot hold the {protected} protected entries and the window of {window}")
+    candidates = scores[:, protected : n - window].float()
+    order = torch.sort(candidates, dim=-1, descending=True, stable=True).indices[:, :picks] + protected
+    fixed = torch.cat([torch.arange(protected, device=device), torch.arange(n - window, n, device=device)])
+    return torch.sort(torch.cat([fixed.expand(hkv, -1), order], dim=-1), dim=-1).values
+
+
+@dataclass
+class Policy:
+    """Base of every policy: a budget (ratio of the sequence at the compression point, or a count,
+    window included) and the observation window. Subclasses define :meth:`scores` (higher = keep)
+    and may override :meth:`layer_budgets` (uneven per-layer budgets)."""
+
+    budget: float | int = 0.25
+    window: int = 32
+
+    name: ClassVar[str] = "policy"
+    compress_prompt: ClassVar[bool] = True  # RPC: False (only generated tokens are compressed)
+    needs_signals: ClassVar[bool] = True  # False: no signal tracking during generation
+    tracks_accumulated: ClassVar[bool] = False  # H2O: accumulate attention over decoding steps
+
+    def __post_init__(self):
+        self.budget = parse_budget(self.budget)
+        if self.window < 1:
+            raise FIError(f"window must be >= 1, got {self.window}")
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}@{self.budget}"
+
+    def tokens(self, seen: int) -> int:
+        """Budget in entries per layer and head at a point that has seen ``seen`` tokens; validated."""
+        k = budget_tokens(self.budget, seen)
+        if k <= self.window:
+            raise FIError(
+                f"budget of {k} tokens ({self.budget} of {seen}) is not above the window of {self.window}: "
+                "nothing but the window would fit"
+            )
+        if k > seen:
+            raise FIError(f"budget of {k} tokens is above the sequence length of {seen} tokens")
+        return k
+
+    def scores(self, s: Signals, layer: int) -> torch.Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def layer_budgets(self, s: Signals, k: int) -> list[int]:
+        """Uniform: every layer keeps ``k`` (or everything it holds, if less)."""
+        return [min(k, s.slots(layer)) for layer in range(s.num_layers)]
+
+    def bounds(self, s: Signals) -> tuple[list[int], list[int]]:
+        """Per-layer ``[lo, hi]`` for uneven budgets: at least protected + window, at most what is held."""
+        hi = [s.slots(layer) for layer in range(s.num_layers)]
+        lo = [min(h, s.protected[layer] + s.window) for layer, h in enumerate(hi)]
+        return lo, hi
+
+    def keep_map(self, signals) -> KeepMap:
+        """Signals (a :class:`~fi_toolkit.trace.Trace` or :class:`Signals`) -> :class:`KeepMap`."""
+        s = as_signals(signals)
+        if s.window != self.window:
+            raise FIError(f"{self.name}: signals were traced with window {s.window}, the policy uses {self.window}")
+        k = self.tokens(s.seen)
+        budgets = self.layer_budgets(s, k)
+        keep = [
+            select(self.scores(s, layer), budgets[layer], s.protected[layer], s.window)
+            for layer in range(s.num_layers)
+        ]
+        meta = {"selector": f"policy:{self.name}", "budget": str(self.budget), "policy": self.name, "per_layer": budgets}
+        return KeepMap(f"policy:{self.label}", keep, meta)

@@ -1,0 +1,26 @@
+"""StreamingLLM (arXiv 2309.17453, Xiao et al. 2023): attention sinks plus the most recent tokens.
+
+Keeps the first ``sinks`` positions and the ``budget - sinks`` most recent ones (which include the
+window). No signals needed. Defaults: ``sinks=4, window=32, budget=0.25``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from .base import Policy, Signals
+
+
+@dataclass
+class StreamingLLM(Policy):
+    sinks: int = 4
+
+    name: ClassVar[str] = "streaming"
+    needs_signals: ClassVar[bool] = False
+
+    def scores(self, s: Signals, layer: int):
+        pos = s.positions[layer].float()
+        return torch.where(pos < self.sinks, torch.full_like(pos, float("inf")), pos)

@@ -1,0 +1,63 @@
+"""Attention over caches whose layers hold different numbers of entries (uneven per-layer budgets).
+
+After an adaptive or PyramidKV eviction, layer ``l`` of the cache holds ``k_l`` prefix entries.
+transformers sizes one attention mask for all layers (from layer 0), which breaks every other layer.
+:func:`ragged_attention` switches the model, for the duration of a ``with`` block, to a registered
+attention function that re-aligns a 4-D mask to each layer's key length: the mask is right-aligned
+(the newest keys keep their causal pattern) and cropped or left-padded with "visible" on the
+prefix side. That is exact whenever every cached prefix entry is visible, which is the case after a
+physical gather (evicted entries are gone, not masked). Single-token decoding passes no mask at all.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
+from transformers.models.llama.modeling_llama import eager_attention_forward
+
+from .errors import FIError
+
+
+def align_mask(mask: torch.Tensor | None, key_len: int) -> torch.Tensor | None:
+    """Right-align a ``[B, 1, q, K]`` mask to ``key_len`` keys (crop or pad the prefix side as visible)."""
+    if mask is None or mask.dim() != 4 or mask.shape[-1] == key_len:
+        return mask
+    extra = mask.shape[-1] - key_len
+    if extra > 0:
+        return mask[..., extra:]
+    return F.pad(mask, (-extra, 0), value=True if mask.dtype == torch.bool else 0.0)
+
+
+def _ragged(attention_fn):
+    def forward(module, query, key, value, attention_mask, *args, **kwargs):
+        return attention_fn(module, query, key, value, align_mask(attention_mask, key.shape[-2]), *args, **kwargs)
+
+    return forward
+
+
+RAGGED = {"sdpa": "fi_ragged_sdpa", "eager": "fi_ragged_eager"}
+AttentionInterface.register("fi_ragged_sdpa", _ragged(sdpa_attention_forward))
+AttentionInterface.register("fi_ragged_eager", _ragged(eager_attention_forward))
+AttentionMaskInterface.register("fi_ragged_sdpa", sdpa_mask)
+AttentionMaskInterface.register("fi_ragged_eager", eager_mask)
+
+
+@contextmanager
+def ragged_attention(model: torch.nn.Module):
+    """Run ``model`` with per-layer mask alignment inside the block; restores its implementation after."""
+    previous = model.config._attn_implementation
+    if previous in RAGGED.values():
+        yield model
+        return
+    if previous not in RAGGED:
+        raise FIError(f"uneven per-layer caches need sdpa or eager attention, not '{previous}'")
+    model.set_attn_implementation(RAGGED[previous])
+    try:
+        yield model
+    finally:
+        model.set_attn_implementation(previous)
