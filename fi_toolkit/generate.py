@@ -217,6 +217,7 @@ class CompressedDecoder:
         self.seen += q
         return logits
 
+    @torch.no_grad()
     def prefill(self, ids: torch.Tensor) -> tuple[torch.Tensor, KeepMap | None]:
         """Run the prompt (in chunks), then compress it if the policy and budget say so."""
         for a in range(0, ids.numel(), self.prefill_chunk):
@@ -237,6 +238,7 @@ class CompressedDecoder:
                 keep = self.compress()
         return logits, keep
 
+    @torch.no_grad()
     def step(self, token: int) -> torch.Tensor:
         """Feed one generated token; its slot is appended to every head of every layer."""
         new = torch.full((self.positions[0].shape[0], 1), self.seen, device=self.device)
@@ -262,6 +264,7 @@ class CompressedDecoder:
             s.accumulated = t.accumulated
         return s
 
+    @torch.no_grad()
     def compress(self) -> KeepMap | None:
         """Back to the budget with the policy; None when nothing had to go."""
         k = budget_tokens(self.policy.budget, self.seen)

@@ -94,34 +94,32 @@ def budget_tokens(budget: float | int, seen: int) -> int:
 def allocate(weights: torch.Tensor, total: int, lo: list[int], hi: list[int]) -> list[int]:
     """Split ``total`` over layers in proportion to ``weights``, each in ``[lo_l, hi_l]``, summing exactly.
 
-    Water-filling: layers whose share falls outside their bounds are fixed at the bound and the rest
-    is re-split; the final shares are rounded by largest remainder, so the total is exact.
+    Shares are ``clamp(lambda * w_l, lo_l, hi_l)`` with ``lambda`` found by bisection so that they
+    sum to ``total``; they are then rounded by largest remainder, so the total is exact.
     """
     n = len(lo)
     if total < sum(lo) or total > sum(hi):
         raise FIError(f"cannot split {total} entries over {n} layers within [{sum(lo)}, {sum(hi)}]")
-    w = weights.double().clamp_min(0).cpu()
+    w = weights.detach().double().clamp_min(0).cpu()
     w = w if w.sum() > 0 else torch.ones(n, dtype=torch.float64)
-    fixed: dict[int, int] = {}
-    while True:
-        free = [i for i in range(n) if i not in fixed]
-        rest = total - sum(fixed.values())
-        share = {i: float(w[i] / w[free].sum() * rest) if w[free].sum() > 0 else rest / len(free) for i in free}
-        clamped = {i: (lo[i] if s < lo[i] else hi[i]) for i, s in share.items() if s < lo[i] or s > hi[i]}
-        if not clamped:
-            break
-        fixed.update(clamped)
-    out = dict(fixed)
-    floors = {i: min(hi[i], max(lo[i], math.floor(s))) for i, s in share.items()}
-    out.update(floors)
-    left = total - sum(out.values())
-    for i in sorted(floors, key=lambda i: (floors[i] - share[i], i)):  # largest fractional part first
-        if left <= 0:
-            break
-        if out[i] < hi[i]:
-            out[i] += 1
-            left -= 1
-    return [out[i] for i in range(n)]
+    lo_t, hi_t = torch.tensor(lo, dtype=torch.float64), torch.tensor(hi, dtype=torch.float64)
+
+    def shares(lam: float) -> torch.Tensor:
+        return torch.minimum(torch.maximum(lam * w, lo_t), hi_t)
+
+    a, b = 0.0, float(hi_t.max() / w[w > 0].min()) + 1.0
+    for _ in range(200):
+        mid = (a + b) / 2
+        a, b = (mid, b) if shares(mid).sum() < total else (a, mid)
+    share = shares(b).tolist()
+    out = [min(h, max(l, math.floor(x))) for x, l, h in zip(share, lo, hi)]
+    order = sorted(range(n), key=lambda i: (out[i] - share[i], i))  # largest fractional part first
+    while sum(out) != total:
+        step = 1 if sum(out) < total else -1
+        for i in order if step > 0 else reversed(order):
+            if sum(out) != total and lo[i] <= out[i] + step <= hi[i]:
+                out[i] += step
+    return out
 
 
 def select(scores: torch.Tensor, keep: int, protected: int, window: int) -> torch.Tensor:

@@ -1,0 +1,259 @@
+"""Compressed generation (SPEC "Decoding compression"): exactness against plain generation and an
+independently masked full model, budgets while decoding, cache bytes, sampling, and the CLI."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from fi_toolkit import cli
+from fi_toolkit.errors import FIError
+from fi_toolkit.generate import CompressedDecoder, cache_bytes, generate, signal_config_for
+from fi_toolkit.policies import RPC, InfoKV, PyramidKV, SnapKV, StreamingLLM, make_policy
+from fi_toolkit.trace import trace_prefix
+
+P, W = 120, 16
+
+# --- an independent reference: the full model, eager attention, evicted entries hidden per head ---
+HIDDEN: dict = {}  # layer -> bool [Hkv, P] (True = evicted), applied to queries at positions >= P
+
+
+def _masked_eager(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    groups = query.shape[1] // key.shape[1]
+    k = key.repeat_interleave(groups, dim=1)
+    v = value.repeat_interleave(groups, dim=1)
+    scores = torch.matmul(query, k.transpose(2, 3)) * scaling  # [1, Hq, n, n]
+    n = scores.shape[-1]
+    pos = torch.arange(n)
+    blocked = (pos[None, :] > pos[:, None]).expand(query.shape[1], n, n).clone()  # causal
+    evicted = HIDDEN[module.layer_idx].repeat_interleave(groups, dim=0)  # [Hq, P]
+    blocked[:, P:, :P] |= evicted[:, None, :]
+    scores = scores.masked_fill(blocked[None], float("-inf"))
+    out = torch.matmul(torch.softmax(scores.float(), dim=-1).to(v.dtype), v)
+    return out.transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register("test_masked_eager", _masked_eager)
+AttentionMaskInterface.register("test_masked_eager", sdpa_mask)
+
+
+def _masked_reference_logits(model, ids: torch.Tensor, keep: list[torch.Tensor]) -> torch.Tensor:
+    """Logits at every position of ``ids`` when positions >= P cannot see what ``keep`` evicted."""
+    for layer, idx in enumerate(keep):
+        hidden = torch.ones(idx.shape[0], P, dtype=torch.bool)
+        hidden.scatter_(1, idx.cpu(), False)
+        HIDDEN[layer] = hidden
+    previous = model.config._attn_implementation
+    model.set_attn_implementation("test_masked_eager")
+    try:
+        with torch.no_grad():
+            return model(ids[None]).logits[0].float()
+    finally:
+        model.set_attn_implementation(previous)
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [InfoKV(budget=48, window=W), InfoKV(budget=0.4, window=W, adaptive=True), PyramidKV(budget=48, window=W),
+     StreamingLLM(budget=40, window=W)],
+    ids=["infokv", "infokv-adaptive", "pyramidkv", "streaming"],
+)
+def test_prefill_compression_equals_the_masked_full_model(tiny, tiny_ids, policy):
+    model = tiny.model
+    decoder = CompressedDecoder(model, policy, 200)
+    try:
+        from fi_toolkit.ragged import ragged_attention
+
+        with ragged_attention(model):
+            _, keep = decoder.prefill(tiny_ids[:P])
+            steps = [decoder.step(int(t)) for t in tiny_ids[P : P + 4]]
+    finally:
+        decoder.close()
+    assert keep is not None and decoder.lengths() == [c + 4 for c in keep.counts()]
+    reference = _masked_reference_logits(model, tiny_ids[: P + 4], keep.keep)
+    for i, logits in enumerate(steps):
+        assert (logits - reference[P + i]).abs().max().item() <= 1e-4
+    full = model(tiny_ids[None, : P + 1]).logits[0, P].float()
+    assert (steps[0] - full).abs().max().item() > 1e-3  # the eviction really changed something
+
+
+def test_prefill_keep_map_equals_the_trace_policy(tiny, tiny_ids):
+    """Signals tracked online in generation = the Trace the probe uses: same keep map."""
+    policy = InfoKV(budget=48, window=W)
+    decoder = CompressedDecoder(model := tiny.model, policy, 200)
+    _, keep = decoder.prefill(tiny_ids[:P])
+    decoder.close()
+    expected = policy.keep_map(trace_prefix(model, tiny_ids, P, signal_config_for(policy)))
+    assert all(torch.equal(a, b) for a, b in zip(keep.keep, expected.keep))
+
+
+@pytest.mark.parametrize("budget", [P + 30, 1.0])
+def test_full_budget_greedy_is_token_identical_to_plain_generate(tiny, tiny_ids, budget):
+    model = tiny.model
+    ids = tiny_ids[:P]
+    plain = model.generate(ids[None], max_new_tokens=30, do_sample=False, pad_token_id=0)[0, P:].tolist()
+    result = generate(model, None, ids, InfoKV(budget=budget, window=W), max_new_tokens=30, interval=5)
+    assert result.tokens == plain
+    assert result.stats.compressions == 0 and not result.stats.prefill_compressed
+
+
+def test_full_budget_on_smollm2_is_token_identical_and_streams(smollm):
+    model, tok = smollm.model, smollm.tokenizer
+    prompt = "Explain how a KV cache works."
+    streamed: list[str] = []
+    result = generate(model, tok, prompt, SnapKV(budget=1.0), max_new_tokens=12, interval=4, on_text=streamed.append)
+    ids = result.prompt_ids
+    assert tok.decode(ids).startswith("<|im_start|>system")  # the chat template was applied
+    plain = model.generate(ids[None], max_new_tokens=12, do_sample=False)[0, ids.numel():].tolist()
+    assert result.tokens == plain
+    assert "".join(streamed) == result.text and result.text.strip()
+
+
+def test_decoding_compression_fires_at_each_interval(tiny, tiny_ids):
+    budget, interval, new = 48, 10, 60
+    result = generate(tiny.model, None, tiny_ids[:P], InfoKV(budget=budget, window=W), max_new_tokens=new,
+                      interval=interval, eos_token_id=[])
+    s = result.stats
+    assert s.prefill_compressed
+    assert s.compression_steps == list(range(interval, new, interval))  # 10, 20, ..., 50
+    assert max(s.cache_lengths) == budget + interval  # never more
+    assert all(n <= budget + interval for n in s.cache_lengths)
+    # 59 tokens fed after the prompt; the last compression (at 50) left 48, then 9 more
+    assert s.cache_bytes_kept * (P + new - 1) == s.cache_bytes_full * (budget + 9)
+
+
+def test_ratio_budget_follows_the_sequence_while_decoding(tiny, tiny_ids):
+    r, interval = 0.4, 20
+    result = generate(tiny.model, None, tiny_ids[:P], SnapKV(budget=r, window=W), max_new_tokens=61,
+                      interval=interval, eos_token_id=[])
+    s = result.stats
+    assert s.compression_steps == [20, 40, 60]
+    # right after the compression at 60 the cache holds round(0.4 * (120 + 60)) = 72 per layer
+    assert s.cache_bytes_kept * (P + 60) == s.cache_bytes_full * 72
+
+
+def test_uneven_layers_decode_and_keep_the_total(tiny, tiny_ids):
+    policy = PyramidKV(budget=48, window=W)
+    decoder = CompressedDecoder(tiny.model, policy, 300)
+    from fi_toolkit.ragged import ragged_attention
+
+    with ragged_attention(tiny.model):
+        decoder.prefill(tiny_ids[:P])
+        for t in tiny_ids[P : P + 25]:
+            decoder.step(int(t))
+        keep = decoder.compress()
+    decoder.close()
+    assert sum(keep.counts()) == 4 * 48 and len(set(keep.counts())) > 1
+    assert decoder.lengths() == keep.counts()
+    for pos in decoder.positions:  # the window (the 16 most recent tokens) kept by every head
+        assert (pos[:, -W:] == torch.arange(P + 25 - W, P + 25)).all()
+
+
+def test_rpc_never_evicts_the_prompt(tiny, tiny_ids):
+    policy = RPC(budget=0.8, window=W)
+    decoder = CompressedDecoder(tiny.model, policy, 300)
+    _, keep = decoder.prefill(tiny_ids[:60])
+    assert keep is None
+    for t in tiny_ids[60:160]:
+        decoder.step(int(t))
+    keep = decoder.compress()
+    decoder.close()
+    assert keep.counts() == [round(0.8 * 160)] * 4
+    for pos in decoder.positions:
+        assert (pos[:, :60] == torch.arange(60)).all()  # the prompt, untouched
+        assert (pos[:, 60:] >= 60).all()
+
+
+def test_prefill_bytes_are_the_budget_share(tiny, tiny_ids):
+    for policy in (SnapKV(budget=0.3, window=W), make_policy("knorm", budget=50, window=W)):
+        decoder = CompressedDecoder(tiny.model, policy, 200)
+        decoder.prefill(tiny_ids[:P])
+        decoder.close()
+        k = round(0.3 * P) if isinstance(policy.budget, float) else 50
+        full = 4 * 2 * 2 * P * 16 * 4  # layers x (K, V) x Hkv x P x head_dim x float32
+        assert cache_bytes(decoder.cache) * P == full * k
+
+
+def test_sampling_is_seeded_and_top_p_tiny_is_greedy(tiny, tiny_ids):
+    model, ids = tiny.model, tiny_ids[:P]
+    policy = InfoKV(budget=0.5, window=W)
+    a = generate(model, None, ids, policy, max_new_tokens=15, temperature=1.0, seed=3, eos_token_id=[]).tokens
+    b = generate(model, None, ids, policy, max_new_tokens=15, temperature=1.0, seed=3, eos_token_id=[]).tokens
+    c = generate(model, None, ids, policy, max_new_tokens=15, temperature=1.0, seed=4, eos_token_id=[]).tokens
+    greedy = generate(model, None, ids, policy, max_new_tokens=15, eos_token_id=[]).tokens
+    nucleus = generate(model, None, ids, policy, max_new_tokens=15, temperature=1.0, top_p=1e-6, seed=5,
+                       eos_token_id=[]).tokens
+    assert a == b and a != c and nucleus == greedy
+
+
+def test_stops_at_eos(tiny, tiny_ids):
+    first = generate(tiny.model, None, tiny_ids[:P], None, max_new_tokens=3, eos_token_id=[]).tokens
+    result = generate(tiny.model, None, tiny_ids[:P], None, max_new_tokens=20, eos_token_id=first[1])
+    assert result.tokens == first[:2] and result.stats.stop_reason == "eos"
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"policy": SnapKV(budget=W, window=W)}, "not above the window"),
+        ({"policy": SnapKV(budget=1000, window=W)}, "above the whole sequence"),
+        ({"policy": SnapKV(budget=0.1, window=W)}, "not above the window"),
+        ({"policy": RPC(budget=100, window=W)}, "protected"),
+        ({"interval": 0}, "interval"),
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+    ],
+)
+def test_bad_generation_arguments(tiny, tiny_ids, kwargs, message):
+    with pytest.raises(FIError, match=message):
+        generate(tiny.model, None, tiny_ids[:P], **{"max_new_tokens": 10, **kwargs})
+
+
+def _run_cli(args, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["fi", *args])
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main()
+    out = capsys.readouterr()
+    return exit_info.value.code, out.out, out.err
+
+
+@pytest.fixture(scope="module")
+def prompt_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("prompt") / "prompt.txt"
+    path.write_text("The cache holds keys and values for every token seen so far. " * 8)
+    return path
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--budget", "16", "--window", "16"], "not above the window"),
+        (["--budget", "100000"], "above the whole sequence"),
+        (["--budget", "1.5"], "ratio must lie in (0, 1]"),
+        (["--policy", "magic"], "unknown policy 'magic'"),
+        (["--interval", "0"], "--interval must be >= 1"),
+        (["--max-new", "0"], "--max-new must be >= 1"),
+        (["--max-new", "-5"], "--max-new must be >= 1"),
+    ],
+)
+def test_cli_bad_input_is_one_line(args, message, prompt_file, monkeypatch, capsys):
+    code, out, err = _run_cli(["generate", "--file", str(prompt_file), "--max-new", "4", *args], monkeypatch, capsys)
+    assert code == 2 and err.startswith("error: ") and message in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_cli_missing_file(monkeypatch, capsys):
+    code, _, err = _run_cli(["generate", "--file", "/nonexistent/prompt.txt"], monkeypatch, capsys)
+    assert code == 2 and err.strip() == "error: prompt file not found: /nonexistent/prompt.txt"
+
+
+def test_cli_generate_streams_text_and_prints_stats(prompt_file, monkeypatch, capsys):
+    code, out, err = _run_cli(
+        ["generate", "--file", str(prompt_file), "--policy", "snapkv", "--budget", "48", "--interval", "3",
+         "--max-new", "8"], monkeypatch, capsys,
+    )
+    assert code == 0 and out.strip()
+    assert "compressed" in err and "compressions while decoding" in err and "snapkv@48" in err
