@@ -72,8 +72,17 @@ def check_chunks(chunks: Sequence[Chunk], prefix_len: int, doc_len: int, max_con
 
 def kl_divergence_rows(ref_logp: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
     """``KL(P_ref || P)`` per row, float32 from log-softmax: ``ref_logp [n, V]``, ``logits [B, n, V]`` -> ``[B, n]``."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    return (ref_logp.exp() * (ref_logp - logp)).sum(-1).clamp_min_(0.0)
+    return kl_from_reference(ref_logp.exp(), ref_logp, logits)
+
+
+def kl_from_reference(ref_p: torch.Tensor, ref_logp: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """``KL = sum_v p_v (log p_v - log q_v)`` with the reference probabilities computed once per position.
+
+    The difference of log-probs is formed before the sum (no cancellation between two entropies),
+    and the weighted sum is one batched dot product shared by every eviction row.
+    """
+    diff = ref_logp.unsqueeze(0) - torch.log_softmax(logits.float(), dim=-1)
+    return torch.einsum("nv,bnv->bn", ref_p, diff).clamp_min_(0.0)
 
 
 def _continuation_mask(visible: torch.Tensor, past_new: int, q_len: int, dtype) -> torch.Tensor:
@@ -119,7 +128,8 @@ def _continuation_hidden(
 class Reference:
     """The full-cache run: final hidden states at every chunk position, log-probs served in blocks.
 
-    Log-probs (``n x V`` float32) are kept when they fit ``keep_bytes``; otherwise recomputed per block.
+    Reference (log-)probabilities (``2 x n x V`` float32) are kept when they fit ``keep_bytes``; otherwise
+    they are recomputed per block, so memory stays bounded for long chunks and large vocabularies.
     """
 
     def __init__(self, model, trace: Trace, ids: torch.Tensor, capture: torch.Tensor, block: int, keep_bytes: float = 2**30):
@@ -130,24 +140,26 @@ class Reference:
         visible = torch.ones(1, p, dtype=torch.bool, device=ids.device)
         self.hidden = _continuation_hidden(model, cache, ids[None], p, visible, capture, block)[0]
         vocab = self.lm_head.weight.shape[0]
-        self._keep = self.hidden.shape[0] * vocab * 4 <= keep_bytes
-        self._logp: dict[int, torch.Tensor] = {}
+        self._keep = self.hidden.shape[0] * vocab * 8 <= keep_bytes
+        self._terms: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def logp(self, start: int) -> torch.Tensor:
-        if start in self._logp:
-            return self._logp[start]
+    def terms(self, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Reference probabilities and log-probabilities ``[n, V]`` of the block at ``start``."""
+        if start in self._terms:
+            return self._terms[start]
         logits = self.lm_head(self.hidden[start : start + self.block])
         logp = torch.log_softmax(logits.float(), dim=-1)
+        terms = (logp.exp(), logp)
         if self._keep:
-            self._logp[start] = logp
-        return logp
+            self._terms[start] = terms
+        return terms
 
     def kl(self, hidden: torch.Tensor) -> torch.Tensor:
         """Per-position KL of rows ``hidden [B, n, d]`` against the reference -> ``[B, n]`` float32."""
         out = []
         for start in range(0, hidden.shape[1], self.block):
             logits = self.lm_head(hidden[:, start : start + self.block])
-            out.append(kl_divergence_rows(self.logp(start), logits))
+            out.append(kl_from_reference(*self.terms(start), logits))
         return torch.cat(out, dim=1)
 
 

@@ -113,3 +113,20 @@ def test_chunk_range_checks():
         check_chunks([Chunk(200, 2000)], 150, 1000, 8192)
     with pytest.raises(FIError, match="context"):
         check_chunks([Chunk(200, 900)], 150, 1000, 512)
+
+
+def test_bfloat16_model_gives_float32_signals_and_close_fi(tiny_ids):
+    """The CUDA path runs models in bf16; signals and KL are still float32. Checked here on the CPU."""
+    from fi_toolkit.models import tiny_model
+
+    lm32 = tiny_model(seed=0)
+    lm16 = tiny_model(seed=0)
+    lm16.model.to(torch.bfloat16)
+    sets = _sets()[:2]
+    fis = []
+    for lm in (lm32, lm16):
+        tr = trace_prefix(lm.model, tiny_ids, P, SignalConfig(window=16))
+        assert tr.entropy.dtype == tr.attention.dtype == tr.distance.dtype == torch.float32
+        fis.append(forward_influence(lm.model, tr, tiny_ids, sets, CHUNKS).fi())
+    assert torch.isfinite(fis[1]).all() and (fis[1] > 0).all()
+    torch.testing.assert_close(fis[1], fis[0], rtol=0.25, atol=1e-4)

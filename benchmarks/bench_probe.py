@@ -1,0 +1,110 @@
+"""Speed of the Forward Influence probe, ratios side by side in one run (this machine is noisy).
+
+Per eviction, on SmolLM2 with a 2,048-token prefix and chunk 2048:4096 (defaults):
+  plain     one plain model forward over [p, r_c) with the full prefix cache (the floor: an exact FI needs that pass)
+  batched   fi_toolkit's masked probe, evictions batched over a shared prefix cache (reference pass amortised)
+  naive     deep-copy the cache, delete the entries, forward, KL against the reference
+and the model load time, first (GGUF dequantisation + conversion) and cached.
+
+    .venv/bin/python benchmarks/bench_probe.py [--prefix 2048] [--end 4096] [--evictions 8] [--batch-size 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import tempfile
+import time
+
+import torch
+
+from fi_toolkit.documents import load_document
+from fi_toolkit.eviction import TokenSet
+from fi_toolkit.models import load_model
+from fi_toolkit.probe import Chunk, _continuation_mask, forward_influence
+from fi_toolkit.trace import SignalConfig, trace_prefix
+
+
+def timed(fn):
+    t0 = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t0, out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prefix", type=int, default=2048)
+    ap.add_argument("--end", type=int, default=4096)
+    ap.add_argument("--evictions", type=int, default=8)
+    ap.add_argument("--batch-size", type=int, default=4)
+    ap.add_argument("--naive", type=int, default=2, help="evictions timed the naive way")
+    ap.add_argument("--skip-first-load", action="store_true")
+    args = ap.parse_args()
+    p, end = args.prefix, args.end
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, SmolLM2-135M float32 CPU, p={p}, chunk {p}:{end}")
+
+    if not args.skip_first_load:
+        with tempfile.TemporaryDirectory() as tmp:
+            old = os.environ.get("FI_TOOLKIT_CACHE")
+            os.environ["FI_TOOLKIT_CACHE"] = tmp
+            first, _ = timed(load_model)
+            os.environ.pop("FI_TOOLKIT_CACHE") if old is None else os.environ.__setitem__("FI_TOOLKIT_CACHE", old)
+    load_model()  # make sure the user cache holds the converted copy
+    cached, lm = timed(load_model)
+    model = lm.model
+    doc = load_document("alice", lm.tokenizer, max_tokens=end)
+    t_trace, trace = timed(lambda: trace_prefix(model, doc.ids, p, SignalConfig()))
+
+    gen = torch.Generator().manual_seed(0)
+    n_remove = round(0.1 * (p - 32))
+    sets = [TokenSet(f"r{i}", 4 + torch.randperm(p - 36, generator=gen)[:n_remove]) for i in range(args.evictions)]
+    cont = doc.ids[p:end]
+    chunk = Chunk(p, end)
+
+    def plain():
+        from transformers import DynamicCache
+
+        cache = DynamicCache(ddp_cache_data=[(k.clone(), v.clone()) for k, v in zip(trace.keys, trace.values)], config=model.config)
+        with torch.no_grad():
+            return model(input_ids=cont[None], position_ids=torch.arange(p, end)[None], cache=cache).logits
+
+    def naive(ref_logp, removed):
+        from transformers import DynamicCache
+
+        full = DynamicCache(ddp_cache_data=list(zip(trace.keys, trace.values)), config=model.config)
+        cache = copy.deepcopy(full)
+        keep = torch.ones(p, dtype=torch.bool)
+        keep[removed] = False
+        for layer in cache.layers:
+            layer.keys, layer.values = layer.keys[:, :, keep], layer.values[:, :, keep]
+        mask = _continuation_mask(torch.ones(1, int(keep.sum()), dtype=torch.bool), 0, end - p, torch.float32)
+        with torch.no_grad():
+            logits = model(input_ids=cont[None], position_ids=torch.arange(p, end)[None], attention_mask=mask, cache=cache).logits[0]
+        logp = torch.log_softmax(logits.float(), -1)
+        return (ref_logp.exp() * (ref_logp - logp)).sum(-1).mean()
+
+    t_plain, logits = timed(plain)
+    ref_logp = torch.log_softmax(logits[0].float(), -1)
+    del logits
+    t_batched, _ = timed(lambda: forward_influence(model, trace, doc.ids, sets, [chunk], batch_size=args.batch_size))
+    t_batched1, _ = timed(lambda: forward_influence(model, trace, doc.ids, sets[:2], [chunk], batch_size=1))
+    t_naive, _ = timed(lambda: [naive(ref_logp, s.removed) for s in sets[: args.naive]])
+    t_plain2, _ = timed(plain)
+    floor = (t_plain + t_plain2) / 2
+
+    per = {
+        "plain forward over [p, r_c) (floor)": floor,
+        f"batched masked probe, batch {args.batch_size} ({args.evictions} evictions, reference amortised)": t_batched / args.evictions,
+        "masked probe, batch 1 (2 evictions, reference amortised)": t_batched1 / 2,
+        f"naive: deep-copy, delete, forward ({args.naive} evictions)": t_naive / args.naive,
+    }
+    print(f"\nmodel load: first (GGUF -> converted copy) {first if not args.skip_first_load else float('nan'):.1f} s, cached {cached:.2f} s")
+    print(f"trace of the {p}-token prefix (cache + all signals): {t_trace:.1f} s ({t_trace / floor:.2f}x a plain forward)")
+    print(f"\n{'per eviction':<78} {'seconds':>8} {'x plain':>8}")
+    for name, sec in per.items():
+        print(f"{name:<78} {sec:8.2f} {sec / floor:8.2f}")
+
+
+if __name__ == "__main__":
+    main()
