@@ -1,0 +1,202 @@
+"""Correlation analysis (SPEC "Correlation analysis"): per-token Forward Influence against the signals.
+
+For candidate positions ``j`` of the prefix, ``FI_j = FI({j}; C)`` (leave-one-out) on every chunk,
+then Spearman (primary), Pearson and Kendall correlations with ``H``, ``A``, ``D``, ``E`` and ``S``
+(layer-and-head means), plus Spearman per layer for ``A^(l)``, ``D^(l)``, ``E^(l)`` and ``S^(l)``;
+every coefficient carries a paired bootstrap 95% interval from :func:`scipy.stats.bootstrap`.
+
+Choices (each an argument):
+- ``sample:N`` candidates are stratified by entropy: the candidates ``[sinks, p - w)`` sorted by
+  ``H`` are cut into ``N`` equal strata and one position is drawn from each (seeded), so the sample
+  spans the whole entropy range instead of clustering where most tokens sit.
+- Bootstrap intervals are percentile intervals (``method="percentile"``): BCa is undefined for
+  degenerate resample distributions (a perfect monotone relation gives rho = 1 in every resample).
+- Per-layer signals get Spearman only (the primary coefficient); the five mean signals get all three.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from typing import Callable, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from scipy import stats
+
+from ..errors import FIError
+from ..eviction import TokenSet
+from ..probe import Chunk, forward_influence
+from ..trace import Trace
+
+METHODS = ("spearman", "pearson", "kendall")
+# Short signal names of SPEC "Signals" -> columns of Trace.token_table (layer-and-head means).
+MEAN_SIGNALS = {"H": "entropy", "A": "attention", "D": "distance", "E": "layer_entropy", "S": "infokv"}
+LAYER_SIGNALS = ("A", "D", "E", "S")
+
+
+def parse_candidates(spec: str) -> int | None:
+    """``"all"`` -> None; ``"sample:256"`` -> 256."""
+    spec = spec.strip().lower()
+    if spec == "all":
+        return None
+    m = re.fullmatch(r"sample:(\d+)", spec)
+    if not m or int(m.group(1)) < 1:
+        raise FIError(f"invalid --candidates '{spec}': use 'all' or 'sample:N' with N >= 1, e.g. sample:256")
+    return int(m.group(1))
+
+
+def candidate_positions(trace: Trace, spec: str = "all", sinks: int = 4, seed: int = 0) -> torch.Tensor:
+    """Candidate positions from ``[sinks, p - w)``: all of them, or ``sample:N`` stratified by entropy."""
+    n = parse_candidates(spec)
+    pool = torch.arange(sinks, trace.scored)
+    if pool.numel() == 0:
+        raise FIError(f"no candidate positions: the scored prefix [{sinks}, {trace.scored}) is empty")
+    if n is None or n >= pool.numel():
+        return pool
+    order = np.argsort(trace.entropy[pool].numpy(), kind="stable")
+    rng = np.random.default_rng(seed)
+    picked = [int(rng.choice(stratum)) for stratum in np.array_split(order, n)]
+    return torch.sort(pool[picked]).values
+
+
+def per_token_fi(
+    model,
+    trace: Trace,
+    ids: torch.Tensor,
+    positions: torch.Tensor,
+    chunks: Sequence[Chunk],
+    batch_size: int = 8,
+    block: int = 512,
+    on_progress: Callable[[int], None] | None = None,
+) -> np.ndarray:
+    """Leave-one-out FI ``[len(positions), len(chunks)]``: one batched probe, every chunk in the same pass."""
+    evictions = [TokenSet(f"positions:{int(j)}", [int(j)], {"selector": "positions"}) for j in positions]
+    result = forward_influence(model, trace, ids, evictions, chunks, batch_size=batch_size, block=block,
+                               on_progress=on_progress)
+    return result.fi().double().numpy()
+
+
+# -- coefficients and their bootstrap intervals ------------------------------------------------------------
+
+
+def _pearson(x, y, axis=-1):
+    xm = x - x.mean(axis=axis, keepdims=True)
+    ym = y - y.mean(axis=axis, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (xm * ym).sum(axis=axis) / np.sqrt((xm * xm).sum(axis=axis) * (ym * ym).sum(axis=axis))
+
+
+def _spearman(x, y, axis=-1):
+    return _pearson(stats.rankdata(x, axis=axis), stats.rankdata(y, axis=axis), axis=axis)
+
+
+def _kendall(x, y):
+    return stats.kendalltau(x, y).statistic
+
+
+# method -> (scipy point estimate with p-value, bootstrap statistic, is the statistic vectorized)
+_METHODS = {
+    "spearman": (stats.spearmanr, _spearman, True),
+    "pearson": (stats.pearsonr, _pearson, True),
+    "kendall": (stats.kendalltau, _kendall, False),
+}
+
+
+def correlation(
+    x, y, method: str = "spearman", n_resamples: int = 1000, confidence: float = 0.95, seed: int = 0
+) -> dict:
+    """Coefficient, p-value and paired percentile bootstrap interval of ``x`` vs ``y`` (non-finite pairs dropped).
+
+    Equal to ``scipy.stats.<method>`` and ``scipy.stats.bootstrap((x, y), stat, paired=True,
+    method="percentile", rng=np.random.default_rng(seed))`` on the same arrays. Constant input
+    or fewer than 3 pairs gives NaN (a correlation is undefined there).
+    """
+    if method not in _METHODS:
+        raise FIError(f"unknown correlation method '{method}' (choose from {', '.join(METHODS)})")
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    ok = np.isfinite(x) & np.isfinite(y)
+    x, y = x[ok], y[ok]
+    row = {"method": method, "rho": np.nan, "p_value": np.nan, "ci_low": np.nan, "ci_high": np.nan, "n": int(x.size)}
+    if x.size < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return row
+    point, statistic, vectorized = _METHODS[method]
+    res = point(x, y)
+    row["rho"], row["p_value"] = float(res.statistic), float(res.pvalue)
+    if n_resamples > 0:
+        with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", stats.DegenerateDataWarning)
+            boot = stats.bootstrap(
+                (x, y), statistic, paired=True, vectorized=vectorized, n_resamples=n_resamples,
+                confidence_level=confidence, method="percentile", rng=np.random.default_rng(seed),
+            )
+        row["ci_low"], row["ci_high"] = float(boot.confidence_interval.low), float(boot.confidence_interval.high)
+    return row
+
+
+def signal_columns(trace: Trace, positions: torch.Tensor) -> pd.DataFrame:
+    """Every signal at ``positions``: H, A, D, E, S (means) and A_l, D_l, E_l, S_l per layer."""
+    table = trace.token_table().iloc[positions.numpy()].reset_index(drop=True)
+    infokv = trace.infokv().mean(dim=1)  # [L, p - w]; candidates lie in the scored range
+    for layer in range(trace.num_layers):
+        table[f"S_{layer}"] = infokv[layer, positions].numpy()
+    return table
+
+
+def correlate_signals(
+    fi: np.ndarray, signals: pd.DataFrame, chunks: Sequence[Chunk], prefix: int, n_resamples: int = 1000,
+    seed: int = 0, methods: Sequence[str] = METHODS,
+) -> pd.DataFrame:
+    """Tidy correlations: one row per chunk x signal x (mean or layer) x method."""
+    rows = []
+    layers = sum(1 for c in signals.columns if re.fullmatch(r"D_\d+", c))
+    for c_idx, chunk in enumerate(chunks):
+        base = {"chunk": chunk.label, "chunk_start": chunk.start, "distance_from_p": chunk.start - prefix}
+        y = fi[:, c_idx]
+        for short, column in MEAN_SIGNALS.items():
+            for method in methods:
+                r = correlation(signals[column].to_numpy(), y, method, n_resamples, seed=seed)
+                rows.append({**base, "signal": short, "scope": "mean", "layer": pd.NA, **r})
+        for short in LAYER_SIGNALS:
+            for layer in range(layers):
+                r = correlation(signals[f"{short}_{layer}"].to_numpy(), y, "spearman", n_resamples, seed=seed)
+                rows.append({**base, "signal": short, "scope": "layer", "layer": layer, **r})
+    table = pd.DataFrame(rows)
+    table["layer"] = table["layer"].astype("Int64")
+    return table
+
+
+def correlate_document(
+    model, doc, trace: Trace, chunks: Sequence[Chunk], candidates: str = "sample:256", sinks: int = 4,
+    seed: int = 0, n_resamples: int = 1000, batch_size: int = 8, block: int = 512,
+    token_text: Callable[[int], str] | None = None, on_progress: Callable[[int], None] | None = None,
+) -> dict[str, pd.DataFrame]:
+    """Per-token FI and its correlations for one document -> ``{"tokens": ..., "correlations": ...}``."""
+    positions = candidate_positions(trace, candidates, sinks, seed)
+    fi = per_token_fi(model, trace, doc.ids, positions, chunks, batch_size, block, on_progress)
+    signals = signal_columns(trace, positions)
+    corr = correlate_signals(fi, signals, chunks, trace.prefix_len, n_resamples, seed)
+    corr.insert(0, "document", doc.name)
+    ids = doc.ids[positions].tolist()
+    token_rows = []
+    for c_idx, chunk in enumerate(chunks):
+        part = pd.DataFrame({
+            "document": doc.name, "position": positions.numpy(),
+            "token": [token_text(i) if token_text else str(i) for i in ids],
+            "chunk": chunk.label, "chunk_start": chunk.start, "distance_from_p": chunk.start - trace.prefix_len,
+            "fi": fi[:, c_idx],
+        })
+        for column in MEAN_SIGNALS.values():
+            part[column] = signals[column].to_numpy()
+        token_rows.append(part)
+    return {"tokens": pd.concat(token_rows, ignore_index=True), "correlations": corr}
+
+
+def summarize_correlations(corr: pd.DataFrame) -> pd.DataFrame:
+    """Across documents: mean, spread (std, min, max) and sign agreement of each coefficient."""
+    keys = ["chunk", "chunk_start", "distance_from_p", "signal", "scope", "layer", "method"]
+    grouped = corr.groupby(keys, dropna=False, sort=False)["rho"]
+    out = grouped.agg(rho_mean="mean", rho_std="std", rho_min="min", rho_max="max", n_documents="count")
+    out["share_positive"] = grouped.apply(lambda r: float((r > 0).mean()))
+    return out.reset_index()

@@ -1,0 +1,136 @@
+"""Whole studies over several documents, resumable: ``fi correlate`` and ``fi nearfar`` in one call each.
+
+Each document is traced once, measured, and its tables saved before the next one starts
+(:class:`~fi_toolkit.analysis.runs.ResumableRun`); the cross-document summaries are recomputed
+from the saved per-document tables at the end.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Callable, Sequence
+
+import pandas as pd
+
+from .. import results
+from ..errors import FIError
+from ..experiment import max_context, trace_document
+from ..probe import Chunk, check_chunks
+from ..trace import SignalConfig
+from .correlation import correlate_document, parse_candidates, summarize_correlations
+from .nearfar import (add_relative_columns, nearfar_chunks, nearfar_document, paired_tests, summarize_nearfar,
+                      token_class_summary)
+from .runs import ResumableRun
+
+Progress = Callable[[str, int, int], None]  # (document name, done, total) after each batch
+
+
+def _token_text(lm) -> Callable[[int], str] | None:
+    if lm.tokenizer is None:
+        return None
+    return lambda i: lm.tokenizer.decode([int(i)])
+
+
+def _describe(lm, docs, prefix: int, chunks: Sequence[Chunk], config: SignalConfig) -> dict:
+    for doc in docs:
+        check_chunks(chunks, prefix, len(doc), max_context(lm))
+    if prefix <= config.window:
+        raise FIError(f"prefix of {prefix} tokens leaves nothing to score with a window of {config.window}")
+    return {
+        "model": lm.name, "dtype": str(lm.dtype).replace("torch.", ""),
+        "documents": [{"name": d.name, "sha256": d.sha256, "tokens": len(d)} for d in docs],
+        "prefix": prefix, "chunks": [c.label for c in chunks], "signals": asdict(config),
+    }
+
+
+def _manifest(lm, run: ResumableRun, started: str, seconds: float, computed: list[str], extra: dict) -> dict:
+    cfg = lm.config
+    return {
+        "command": run.command, "started": started, "finished": results.now(), "seconds": round(seconds, 2),
+        "settings": run.settings, "computed_this_session": computed,
+        "model": {"name": lm.name, "device": str(lm.device), "dtype": str(lm.dtype).replace("torch.", ""),
+                  "layers": cfg.num_hidden_layers, "kv_heads": cfg.num_key_value_heads, "vocab": cfg.vocab_size},
+        "versions": results.versions(), **extra,
+    }
+
+
+def _execute(lm, run: ResumableRun, docs, compute, summaries: Callable[[dict], dict], extra: dict) -> dict:
+    started, t0 = results.now(), time.perf_counter()
+    computed: list[str] = []
+
+    def wrapped(doc):
+        computed.append(doc.name)
+        return compute(doc)
+
+    tables = run.run(docs, wrapped)
+    for name, table in summaries(tables).items():
+        results.write_table(run.path / f"{name}.csv", table)
+        tables[name] = table
+    results.write_json(run.path / "manifest.json", _manifest(lm, run, started, time.perf_counter() - t0, computed, extra))
+    return tables
+
+
+def run_correlate(
+    lm, docs, out_dir: Path, prefix: int, chunks: Sequence[Chunk], candidates: str = "sample:256",
+    sinks: int = 4, seed: int = 0, n_resamples: int = 1000, config: SignalConfig = SignalConfig(),
+    batch_size: int = 8, block: int = 512, resume: bool = False, overwrite: bool = False,
+    progress: Progress | None = None,
+) -> dict[str, pd.DataFrame]:
+    """Per-token FI and correlations for every document -> ``tokens``, ``correlations``, ``correlation_summary``."""
+    parse_candidates(candidates)
+    if sinks < 0 or n_resamples < 0 or batch_size < 1:
+        raise FIError("--sinks and --resamples must be >= 0 and --batch-size >= 1")
+    settings = {**_describe(lm, docs, prefix, chunks, config), "candidates": candidates, "sinks": sinks,
+                "seed": seed, "n_resamples": n_resamples}
+    run = ResumableRun(out_dir, "correlate", settings, resume, overwrite)
+
+    def compute(doc):
+        trace = trace_document(lm, doc, prefix, config)
+        total = min(trace.scored - sinks, parse_candidates(candidates) or trace.scored)
+        done = [0]
+
+        def tick(n):
+            done[0] += n
+            if progress:
+                progress(doc.name, done[0], total)
+
+        return correlate_document(lm.model, doc, trace, chunks, candidates, sinks, seed, n_resamples, batch_size,
+                                  block, _token_text(lm), tick)
+
+    return _execute(lm, run, docs, compute,
+                    lambda t: {"correlation_summary": summarize_correlations(t["correlations"])}, {})
+
+
+def run_nearfar(
+    lm, docs, out_dir: Path, prefix: int, distances: Sequence[int], chunk_len: int, ratio: float = 0.1,
+    seeds: int = 3, sinks: Sequence[int] = (4, 0), config: SignalConfig = SignalConfig(), batch_size: int = 8,
+    block: int = 512, resume: bool = False, overwrite: bool = False, progress: Progress | None = None,
+) -> dict[str, pd.DataFrame]:
+    """Near/far set analysis for every document -> ``nearfar``, ``token_classes`` and their summaries/tests."""
+    chunks = nearfar_chunks(prefix, distances, chunk_len)
+    if batch_size < 1 or any(s < 0 for s in sinks):
+        raise FIError("--batch-size must be >= 1 and sink counts >= 0")
+    settings = {**_describe(lm, docs, prefix, chunks, config), "distances": sorted(distances),
+                "chunk_len": chunk_len, "ratio": ratio, "seeds": seeds, "sinks": list(sinks)}
+    run = ResumableRun(out_dir, "nearfar", settings, resume, overwrite)
+
+    def compute(doc):
+        trace = trace_document(lm, doc, prefix, config)
+        done = [0]
+
+        def tick(n):
+            done[0] += n
+            if progress:
+                progress(doc.name, done[0], 0)
+
+        return nearfar_document(lm.model, doc, trace, chunks, ratio, seeds, tuple(sinks), batch_size, block,
+                                _token_text(lm), tick)
+
+    def summaries(tables):
+        nf = add_relative_columns(tables["nearfar"])
+        return {"nearfar": nf, "nearfar_summary": summarize_nearfar(nf), "nearfar_tests": paired_tests(nf),
+                "token_class_summary": token_class_summary(tables["token_classes"])}
+
+    return _execute(lm, run, docs, compute, summaries, {})

@@ -1,0 +1,136 @@
+"""Seaborn figures of correlate and nearfar result tables (matplotlib Agg backend, no display needed).
+
+Each function takes the run's tables and a caption (model, documents, prefix, chunk settings) and
+returns a Figure, or None when the tables hold nothing to draw.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+
+from ..analysis.nearfar import per_document_selector  # noqa: E402
+
+SELECTOR_ORDER = ["entropy", "attention", "distance", "infokv", "random"]
+
+
+def caption(manifest: dict) -> str:
+    """One line stating model, documents, prefix and chunks of a run."""
+    s = manifest.get("settings", {})
+    docs = [d["name"] for d in s.get("documents", [])]
+    names = ", ".join(docs[:6]) + (f" (+{len(docs) - 6} more)" if len(docs) > 6 else "")
+    chunks = s.get("chunks", [])
+    if "chunk_len" in s:
+        chunk_text = f"chunks of {s['chunk_len']} tokens at distances {s.get('distances')} from p, ratio {s.get('ratio')}"
+    else:
+        chunk_text = f"chunks {', '.join(chunks)}, candidates {s.get('candidates')}"
+    return f"model {manifest.get('model', {}).get('name', s.get('model'))} | {len(docs)} document(s): {names} | " \
+           f"p = {s.get('prefix')} | {chunk_text}"
+
+
+def _finish(fig, text: str):
+    fig.text(0.5, 0.005, "\n".join(textwrap.wrap(text, 150)), ha="center", va="bottom", fontsize=7, color="#444")
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    return fig
+
+
+def _spans_decades(values) -> bool:
+    """True when every value is positive and max/min exceeds 100 (a log axis reads better)."""
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v)]
+    return v.size > 1 and v.min() > 0 and v.max() / v.min() > 100
+
+
+def nearfar_distance(nf: pd.DataFrame, text: str):
+    """FI, FI relative to random, and share of near-chunk FI against chunk distance, per selector and sinks."""
+    per_doc = per_document_selector(nf)
+    sinks = sorted(per_doc["sinks"].unique(), reverse=True)
+    metrics = [("fi", "FI (nats)"), ("fi_rel_random", "FI / random FI"), ("fi_share_near", "FI / FI on nearest chunk")]
+    fig, axes = plt.subplots(len(metrics), len(sinks), figsize=(5.2 * len(sinks), 10), squeeze=False)
+    hue_order = [s for s in SELECTOR_ORDER if s in set(per_doc["selector"])]
+    for col, s in enumerate(sinks):
+        part = per_doc[per_doc["sinks"] == s]
+        for row, (metric, label) in enumerate(metrics):
+            ax = axes[row][col]
+            sns.lineplot(data=part, x="distance_from_p", y=metric, hue="selector", hue_order=hue_order,
+                         errorbar=("ci", 95), marker="o", ax=ax, legend=(row == 0 and col == 0))
+            if metric == "fi" and _spans_decades(part[metric]):
+                ax.set_yscale("log")
+            ax.set_xlabel("chunk start - p (tokens)")
+            ax.set_ylabel(label)
+            ax.set_title(f"{'sinks protected (first ' + str(s) + ')' if s else 'no sink protection'}", fontsize=10)
+    fig.suptitle("Forward Influence of equal-size sets vs chunk distance (mean over documents, 95% CI)", fontsize=11)
+    return _finish(fig, text)
+
+
+def token_classes(summary: pd.DataFrame, text: str):
+    if summary.empty:
+        return None
+    long = summary.melt(id_vars=["sinks", "selector"], value_vars=["share_content", "share_function", "share_other"],
+                        var_name="class", value_name="share")
+    long["class"] = long["class"].str.removeprefix("share_")
+    long["set"] = long["selector"] + " (sinks=" + long["sinks"].astype(str) + ")"
+    fig, ax = plt.subplots(figsize=(10, 4))
+    sns.barplot(data=long, x="set", y="share", hue="class", ax=ax)
+    ax.tick_params(axis="x", rotation=30, labelsize=8)
+    ax.set_xlabel("")
+    ax.set_title("Token classes in each selector's set (closed-class function-word list)", fontsize=11)
+    return _finish(fig, text)
+
+
+def fi_vs_signals(tokens: pd.DataFrame, text: str):
+    """Per-token FI against H and against A, one row per chunk; log axes where values span decades."""
+    chunks = list(dict.fromkeys(tokens["chunk"]))
+    fig, axes = plt.subplots(len(chunks), 2, figsize=(10, 3.6 * len(chunks)), squeeze=False)
+    for row, chunk in enumerate(chunks):
+        part = tokens[tokens["chunk"] == chunk]
+        for col, (signal, label) in enumerate([("entropy", "top-k entropy H (nats)"), ("attention", "window attention A (mean)")]):
+            ax = axes[row][col]
+            sns.scatterplot(data=part, x=signal, y="fi", hue="document", s=12, alpha=0.7, ax=ax,
+                            legend=(row == 0 and col == 1))
+            if _spans_decades(part["fi"]):
+                ax.set_yscale("log")
+            if _spans_decades(part[signal]):
+                ax.set_xscale("log")
+            ax.set_xlabel(label)
+            ax.set_ylabel(f"per-token FI on {chunk} (nats)")
+    fig.suptitle("Leave-one-out Forward Influence of each candidate token", fontsize=11)
+    return _finish(fig, text)
+
+
+def rho_heatmap(summary: pd.DataFrame, text: str):
+    """Mean Spearman rho (over documents) per layer x signal, one panel per chunk."""
+    layer = summary[(summary["scope"] == "layer") & (summary["method"] == "spearman")]
+    if layer.empty:
+        return None
+    chunks = list(dict.fromkeys(layer["chunk"]))
+    n_layers = layer["layer"].nunique()
+    fig, axes = plt.subplots(1, len(chunks), figsize=(3.2 * len(chunks) + 1, max(3.5, 0.22 * n_layers + 1.5)), squeeze=False)
+    for i, chunk in enumerate(chunks):
+        grid = layer[layer["chunk"] == chunk].pivot_table(index="layer", columns="signal", values="rho_mean")
+        sns.heatmap(grid, cmap="RdBu_r", vmin=-1, vmax=1, center=0, ax=axes[0][i], cbar=(i == len(chunks) - 1),
+                    annot=n_layers <= 8, fmt=".2f")
+        axes[0][i].set_title(f"chunk {chunk}", fontsize=10)
+    fig.suptitle("Spearman rho of per-token FI with per-layer signals (mean over documents)", fontsize=11)
+    return _finish(fig, text)
+
+
+def rho_vs_distance(correlations: pd.DataFrame, text: str):
+    """Spearman rho of the mean signals against chunk distance (spread over documents: 1 sd)."""
+    mean = correlations[(correlations["scope"] == "mean") & (correlations["method"] == "spearman")]
+    if mean.empty:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4))
+    sns.lineplot(data=mean, x="distance_from_p", y="rho", hue="signal", errorbar="sd", marker="o", ax=ax)
+    ax.axhline(0, color="#888", lw=0.8)
+    ax.set_xlabel("chunk start - p (tokens)")
+    ax.set_ylabel("Spearman rho (FI_j vs signal)")
+    ax.set_title("Correlation of per-token FI with each signal vs chunk distance (band: 1 sd over documents)", fontsize=10)
+    return _finish(fig, text)

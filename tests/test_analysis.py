@@ -1,0 +1,167 @@
+"""Correlations equal scipy on the same arrays; per-token FI equals a one-token probe; near/far mechanics."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from scipy import stats
+
+from fi_toolkit import Document, SignalConfig
+from fi_toolkit.analysis import (add_relative_columns, candidate_positions, correlation, nearfar_document,
+                                 paired_tests, per_token_fi, token_class)
+from fi_toolkit.analysis.correlation import correlate_signals, signal_columns
+from fi_toolkit.errors import FIError
+from fi_toolkit.experiment import probe_document
+from fi_toolkit.probe import Chunk
+from fi_toolkit.trace import trace_prefix
+
+CFG = SignalConfig(window=8)
+P = 128
+
+
+@pytest.fixture(scope="module")
+def doc(tiny_ids):
+    return Document("synthetic", "synthetic ids", tiny_ids, "test")
+
+
+@pytest.fixture(scope="module")
+def trace(tiny, doc):
+    return trace_prefix(tiny.model, doc.ids, P, CFG)
+
+
+SCIPY = {
+    "spearman": lambda x, y: stats.spearmanr(x, y).statistic,
+    "pearson": lambda x, y: stats.pearsonr(x, y).statistic,
+    "kendall": lambda x, y: stats.kendalltau(x, y).statistic,
+}
+
+
+@pytest.mark.parametrize("method", ["spearman", "pearson", "kendall"])
+def test_correlation_equals_scipy_on_same_arrays(method):
+    rng = np.random.default_rng(11)
+    x = rng.normal(size=80)
+    y = 0.4 * x + rng.normal(size=80)
+    ours = correlation(x, y, method, n_resamples=400, seed=5)
+    point = {"spearman": stats.spearmanr, "pearson": stats.pearsonr, "kendall": stats.kendalltau}[method](x, y)
+    boot = stats.bootstrap((x, y), SCIPY[method], paired=True, vectorized=False, n_resamples=400,
+                           method="percentile", rng=np.random.default_rng(5))
+    assert ours["rho"] == pytest.approx(point.statistic, abs=1e-12)
+    assert ours["p_value"] == pytest.approx(point.pvalue, rel=1e-9)
+    assert ours["ci_low"] == pytest.approx(boot.confidence_interval.low, abs=1e-12)
+    assert ours["ci_high"] == pytest.approx(boot.confidence_interval.high, abs=1e-12)
+    assert ours["n"] == 80
+
+
+def test_monotone_relation_gives_rho_one():
+    x = np.linspace(0.1, 5, 50)
+    y = np.exp(3 * x) + x  # monotone, far from linear
+    for method in ("spearman", "kendall"):
+        r = correlation(x, y, method, n_resamples=200)
+        assert r["rho"] == pytest.approx(1.0)
+        assert r["ci_low"] == pytest.approx(1.0) and r["ci_high"] == pytest.approx(1.0)
+    assert correlation(x, y, "pearson", n_resamples=0)["rho"] < 0.9  # Pearson sees the non-linearity
+
+
+def test_independent_relation_interval_contains_zero():
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=300), rng.normal(size=300)
+    for method in ("spearman", "pearson", "kendall"):
+        r = correlation(x, y, method, n_resamples=500, seed=1)
+        assert r["ci_low"] < 0 < r["ci_high"], (method, r)
+
+
+def test_degenerate_input_is_nan_not_an_error():
+    assert np.isnan(correlation(np.ones(10), np.arange(10.0))["rho"])
+    assert np.isnan(correlation([1.0, 2.0], [2.0, 1.0])["rho"])
+    r = correlation([1, 2, np.nan, 4, 5], [2, 3, 5, np.inf, 6], "spearman", n_resamples=50)
+    assert r["n"] == 3
+    with pytest.raises(FIError):
+        correlation([1, 2, 3], [1, 2, 3], "bogus")
+
+
+def test_candidates_are_stratified_by_entropy(trace):
+    sinks = 4
+    pool = torch.arange(sinks, trace.scored)
+    assert torch.equal(candidate_positions(trace, "all", sinks), pool)
+    picked = candidate_positions(trace, "sample:10", sinks, seed=3)
+    assert picked.numel() == 10 and torch.equal(picked, torch.sort(torch.unique(picked)).values)
+    assert picked.min() >= sinks and picked.max() < trace.scored
+    order = np.argsort(trace.entropy[pool].numpy(), kind="stable")
+    strata = np.array_split(order, 10)
+    for stratum in strata:  # exactly one from each entropy stratum
+        assert sum(int(p) - sinks in set(stratum.tolist()) for p in picked) == 1
+    assert torch.equal(picked, candidate_positions(trace, "sample:10", sinks, seed=3))
+    with pytest.raises(FIError):
+        candidate_positions(trace, "sample:0")
+    with pytest.raises(FIError):
+        candidate_positions(trace, "half")
+
+
+def test_per_token_fi_equals_one_token_probe(tiny, doc, trace):
+    chunks = [Chunk(P, P + 24), Chunk(P + 40, P + 64)]
+    positions = candidate_positions(trace, "sample:6", 4, seed=0)
+    fi = per_token_fi(tiny.model, trace, doc.ids, positions, chunks, batch_size=4)
+    assert fi.shape == (6, 2) and np.all(fi >= 0)
+    for row, j in enumerate(positions.tolist()[:3]):
+        single = probe_document(tiny, doc, chunks, [f"positions:{j}"], prefix=P, config=CFG, batch_size=1)
+        np.testing.assert_allclose(single["fi"].to_numpy(), fi[row], rtol=1e-5, atol=1e-9)
+
+
+def test_correlate_signals_rows_match_direct_scipy(trace):
+    positions = torch.arange(4, 60)
+    signals = signal_columns(trace, positions)
+    fi = np.stack([signals["entropy"].to_numpy() ** 2, -signals["attention"].to_numpy()], axis=1)
+    table = correlate_signals(fi, signals, [Chunk(P, P + 8), Chunk(P + 8, P + 16)], P, n_resamples=100, seed=2)
+    h = table[(table.signal == "H") & (table.method == "spearman") & (table.chunk == f"{P}:{P + 8}")].iloc[0]
+    assert h["rho"] == pytest.approx(1.0)  # FI = H^2 is monotone in H
+    a = table[(table.signal == "A") & (table.method == "spearman") & (table.scope == "mean")
+              & (table.chunk == f"{P + 8}:{P + 16}")].iloc[0]
+    assert a["rho"] == pytest.approx(-1.0)
+    d3 = table[(table.signal == "D") & (table.scope == "layer") & (table.layer == 3)].iloc[0]
+    expect = correlation(trace.distance[3, positions].numpy(), fi[:, 0], "spearman", 100, seed=2)
+    assert d3["rho"] == pytest.approx(expect["rho"]) and d3["ci_low"] == pytest.approx(expect["ci_low"])
+    assert set(table[table.scope == "layer"]["method"]) == {"spearman"}
+    assert len(table) == 2 * (5 * 3 + 4 * trace.num_layers)
+
+
+def test_nearfar_sets_and_relative_columns(tiny, doc, trace):
+    chunks = [Chunk(P, P + 16), Chunk(P + 32, P + 48), Chunk(P + 64, P + 80)]
+    tables = nearfar_document(tiny.model, doc, trace, chunks, ratio=0.1, seeds=2, sink_options=(4, 0), batch_size=8)
+    nf = tables["nearfar"]
+    assert set(nf["sinks"]) == {4, 0}
+    assert nf.groupby(["sinks", "selection"])["n_removed"].nunique().eq(1).all()
+    assert nf["n_removed"].nunique() == 1  # equal-size sets
+    # protected sets never contain a sink: compare with one-set probes
+    prot = probe_document(tiny, doc, chunks, ["attention:0.1"], prefix=P, sinks=4, config=CFG)
+    got = nf[(nf.sinks == 4) & (nf.selector == "attention")]["fi"].to_numpy()
+    np.testing.assert_allclose(got, prot["fi"].to_numpy(), rtol=1e-5, atol=1e-9)
+    rel = add_relative_columns(nf)
+    rand = rel[rel.selector == "random"].groupby(["sinks", "chunk"])["fi_rel_random"].mean()
+    np.testing.assert_allclose(rand.to_numpy(), 1.0)
+    assert np.allclose(rel[rel.distance_from_p == 0]["fi_share_near"], 1.0)
+    classes = tables["token_classes"]
+    assert len(classes) == nf[["sinks", "selection"]].drop_duplicates().shape[0]
+    assert np.allclose(classes[["share_content", "share_function", "share_other"]].sum(axis=1), 1.0)
+
+
+def test_paired_test_is_one_sided_wilcoxon():
+    docs = [f"d{i}" for i in range(6)]
+    ent = np.array([3.0, 2.5, 4.0, 1.0, 2.0, 5.0])
+    att = np.array([1.0, 2.0, 3.0, 1.5, 0.5, 2.0])
+    rows = []
+    for d, e, a in zip(docs, ent, att):
+        for sel, v in (("entropy", e), ("attention", a), ("random", 1.0)):
+            rows.append({"document": d, "sinks": 4, "selection": sel, "selector": sel, "chunk": "1:2",
+                         "distance_from_p": 0, "fi": v})
+    tests = paired_tests(add_relative_columns(pd.DataFrame(rows)))
+    row = tests[tests.metric == "fi"].iloc[0]
+    expect = stats.wilcoxon(ent, att, alternative="greater")
+    assert row["wilcoxon_p"] == pytest.approx(expect.pvalue) and row["a_wins"] == 5 and row["n_documents"] == 6
+
+
+def test_token_classes():
+    assert token_class(" the") == "function" and token_class("The") == "function"
+    assert token_class(" Alice") == "content" and token_class("ing") == "content"
+    assert token_class(",") == "other" and token_class("\n\n") == "other" and token_class(" 1865") == "other"
