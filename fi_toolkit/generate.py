@@ -50,25 +50,27 @@ def signal_config_for(policy: Policy | None, **overrides) -> SignalConfig:
 
 
 class SignalTracker:
-    """Forward hooks that record, for every token the model is fed, its top-k entropy ``H`` and
-    ``D^(l)`` (into preallocated ``[capacity]`` / ``[L, capacity]`` float32 buffers), keep the last
-    ``w`` rotated queries of every layer, and (for H2O) add each decoding step's attention to a
-    per-slot accumulator."""
+    """Forward hooks that keep the last ``w`` rotated queries of every layer, record (when
+    ``token_signals``) every fed token's top-k entropy ``H`` and ``D^(l)`` into preallocated
+    ``[capacity]`` / ``[L, capacity]`` float32 buffers, and (for H2O) add each decoding step's
+    attention to a per-slot accumulator."""
 
-    def __init__(self, model, config: SignalConfig, capacity: int, accumulate: bool):
+    def __init__(self, model, config: SignalConfig, capacity: int, accumulate: bool, token_signals: bool = True):
         self.layers, self.norm, self.lm_head = decoder_parts(model)
         device = next(model.parameters()).device
         n_layers = len(self.layers)
         self.config = config
-        self.entropy = torch.zeros(capacity, device=device)
-        self.distance = torch.zeros(n_layers, capacity, device=device)
+        self.token_signals = token_signals
+        self.entropy = torch.zeros(capacity if token_signals else 0, device=device)
+        self.distance = torch.zeros(n_layers, capacity if token_signals else 0, device=device)
         self.queries: list[torch.Tensor | None] = [None] * n_layers
         self.accumulated: list[torch.Tensor] | None = [None] * n_layers if accumulate else None
         self.cache: DynamicCache | None = None
         self._inputs: dict = {}
-        self._handles = [self.norm.register_forward_pre_hook(self._norm_hook)]
+        self._handles = [self.norm.register_forward_pre_hook(self._norm_hook)] if token_signals else []
         for i, layer in enumerate(self.layers):
-            self._handles.append(layer.register_forward_pre_hook(self._input_hook(i), with_kwargs=True))
+            if token_signals:
+                self._handles.append(layer.register_forward_pre_hook(self._input_hook(i), with_kwargs=True))
             self._handles.append(layer.self_attn.register_forward_hook(self._attention_hook, with_kwargs=True))
 
     def close(self) -> None:
@@ -102,6 +104,8 @@ class SignalTracker:
 
     def record(self, start: int, hidden: torch.Tensor, last_logits: torch.Tensor) -> None:
         """After a forward of tokens at ``[start, start + q)``: store their H and D^(l)."""
+        if not self.token_signals:
+            return
         q = hidden.shape[0]
         final = hidden if self.config.final_norm else self._inputs["pre_norm"][0]
         inputs = torch.stack([self._inputs[i][0] for i in range(len(self.layers))])
@@ -127,8 +131,9 @@ class SignalTracker:
 class GenerationStats:
     """What one generation cost. Bytes are of keys + values; ``cache_bytes_full`` is what an
     uncompressed cache of every fed token would take. ``peak_memory_bytes`` is
-    ``torch.cuda.max_memory_allocated`` on CUDA and the process's peak RSS (``ru_maxrss``, not
-    resettable: it includes the model and anything run before) on the CPU."""
+    ``torch.cuda.max_memory_allocated`` on CUDA; on the CPU the process's peak RSS during the call
+    (Linux ``VmHWM`` after resetting it; elsewhere ``ru_maxrss``, which includes everything before).
+    Both include the model's weights."""
 
     prompt_tokens: int = 0
     new_tokens: int = 0
@@ -171,6 +176,25 @@ def cache_bytes(cache: DynamicCache) -> int:
     return sum(l.keys.numel() * l.keys.element_size() + l.values.numel() * l.values.element_size() for l in cache.layers)
 
 
+def _reset_cpu_peak() -> bool:
+    """Reset the process's peak RSS (Linux: ``5 > /proc/self/clear_refs``); False where unsupported."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _cpu_peak(reset: bool) -> tuple[int, str]:
+    if reset:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024, "peak RSS during generation"
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "process peak RSS"
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -196,7 +220,10 @@ class CompressedDecoder:
         self.protected: list[int] = []
         self.compression_seconds = 0.0
         tracking = policy is not None and policy.needs_signals
-        self.tracker = SignalTracker(model, self.config, capacity, policy.tracks_accumulated) if tracking else None
+        self.tracker = (
+            SignalTracker(model, self.config, capacity, policy.tracks_accumulated, policy.needs_token_signals)
+            if tracking else None
+        )
 
     def close(self) -> None:
         if self.tracker:
@@ -254,12 +281,13 @@ class CompressedDecoder:
         s = Signals(window=self.config.window, seen=self.seen, keys=keys, positions=self.positions,
                     protected=list(self.protected))
         t = self.tracker
-        if t:
+        if t and t.token_signals:
             entropy = t.entropy[: self.seen]
             if self.config.entropy_of == "previous":
                 entropy = torch.cat([entropy.new_zeros(1), entropy[:-1]])
             s.entropy = [entropy[pos] for pos in self.positions]
             s.distance = [t.distance[i][pos] for i, pos in enumerate(self.positions)]
+        if t:
             s.attention = [t.window_attention(i, k) for i, k in enumerate(keys)]
             s.accumulated = t.accumulated
         return s
@@ -403,6 +431,7 @@ def generate(
     device = next(model.parameters()).device
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+    cpu_reset = device.type == "cpu" and _reset_cpu_peak()
     stats = GenerationStats(prompt_tokens=p)
     decoder = CompressedDecoder(model, policy, p + max_new_tokens, config, compress_prompt, prefill_chunk)
     streamer = _Streamer(tokenizer, on_text)
@@ -452,7 +481,6 @@ def generate(
     if device.type == "cuda":
         stats.peak_memory_bytes, stats.peak_memory_kind = torch.cuda.max_memory_allocated(device), "cuda max allocated"
     else:
-        stats.peak_memory_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        stats.peak_memory_kind = "process peak RSS"
+        stats.peak_memory_bytes, stats.peak_memory_kind = _cpu_peak(cpu_reset)
     text = tokenizer.decode(tokens, skip_special_tokens=True) if tokenizer is not None else ""
     return GenerationResult(text, tokens, ids, stats, keep)

@@ -152,6 +152,7 @@ class Policy:
     name: ClassVar[str] = "policy"
     compress_prompt: ClassVar[bool] = True  # RPC: False (only generated tokens are compressed)
     needs_signals: ClassVar[bool] = True  # False: no signal tracking during generation
+    needs_token_signals: ClassVar[bool] = False  # True: H and D^(l) per token (InfoKV), not only window queries
     tracks_accumulated: ClassVar[bool] = False  # H2O: accumulate attention over decoding steps
 
     def __post_init__(self):

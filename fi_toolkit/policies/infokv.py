@@ -25,6 +25,7 @@ class InfoKV(Policy):
     adaptive: bool = False
 
     name: ClassVar[str] = "infokv"
+    needs_token_signals: ClassVar[bool] = True
 
     def __post_init__(self):
         super().__post_init__()
