@@ -14,14 +14,14 @@ copied to ``analyses/results/nearfar/`` so that the numbers quoted in the README
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _common import add_output_args, copy_results  # noqa: E402
 from fi_toolkit import load_model  # noqa: E402
 from fi_toolkit.analysis import run_nearfar  # noqa: E402
 from fi_toolkit.analysis.nearfar import parse_distances  # noqa: E402
@@ -37,12 +37,7 @@ def main(argv=None) -> int:
     ap.add_argument("--chunk-len", type=int, default=128)
     ap.add_argument("--ratio", type=float, default=0.1)
     ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--out", type=Path, default=ROOT / "runs" / "analyses" / "nearfar")
-    ap.add_argument("--report", type=Path, default=ROOT / "runs" / "analyses" / "nearfar-report")
-    ap.add_argument("--results", default=str(ROOT / "analyses" / "results" / "nearfar"),
-                    help="where the small summary tables are copied ('' to skip)")
-    ap.add_argument("--fresh", action="store_true", help="discard a previous run in --out instead of resuming it")
+    add_output_args(ap, "nearfar")
     args = ap.parse_args(argv)
 
     t0 = time.perf_counter()
@@ -59,11 +54,7 @@ def main(argv=None) -> int:
                          progress=progress)
     build_report([args.out], args.report)
     wall = time.perf_counter() - t0
-    if args.results:
-        results = Path(args.results)
-        results.mkdir(parents=True, exist_ok=True)
-        for name in ("nearfar_summary.csv", "nearfar_tests.csv", "token_class_summary.csv", "manifest.json"):
-            shutil.copyfile(args.out / name, results / name)
+    copy_results(args, ["nearfar_summary.csv", "nearfar_tests.csv", "token_class_summary.csv", "manifest.json"])
 
     s, t = tables["nearfar_summary"], tables["nearfar_tests"]
     print(f"near/far on {len(docs)} documents, p={args.prefix}, chunks of {args.chunk_len} at +{distances}, "
