@@ -115,6 +115,7 @@ def rho_heatmap(summary: pd.DataFrame, text: str):
     fig, axes = plt.subplots(1, len(chunks), figsize=(3.2 * len(chunks) + 1, max(3.5, 0.22 * n_layers + 1.5)), squeeze=False)
     for i, chunk in enumerate(chunks):
         grid = layer[layer["chunk"] == chunk].pivot_table(index="layer", columns="signal", values="rho_mean")
+        grid.index = grid.index.astype(int)  # read back from CSV as float (the mean rows have no layer)
         sns.heatmap(grid, cmap="RdBu_r", vmin=-1, vmax=1, center=0, ax=axes[0][i], cbar=(i == len(chunks) - 1),
                     annot=n_layers <= 8, fmt=".2f")
         axes[0][i].set_title(f"chunk {chunk}", fontsize=10)
