@@ -81,7 +81,7 @@ def kl_from_reference(ref_p: torch.Tensor, ref_logp: torch.Tensor, logits: torch
     The difference of log-probs is formed before the sum (no cancellation between two entropies),
     and the weighted sum is one batched dot product shared by every eviction row.
     """
-    diff = ref_logp.unsqueeze(0) - torch.log_softmax(logits.float(), dim=-1)
+    diff = torch.log_softmax(logits.float(), dim=-1).neg_().add_(ref_logp)  # in place: no second [B, n, V]
     return torch.einsum("nv,bnv->bn", ref_p, diff).clamp_min_(0.0)
 
 
