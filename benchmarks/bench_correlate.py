@@ -7,7 +7,7 @@ eviction per forward) and once per larger batch size, in the same process, alter
 so the ratios are measured side by side on this noisy machine. Also prints the wall time of the
 analyses/nearfar.py run recorded in analyses/results/nearfar/manifest.json, when present.
 
-    .venv/bin/python benchmarks/bench_correlate.py [--prefix 1024] [--chunk 1024:1280] [--candidates 16] [--batch-sizes 8,16]
+    .venv/bin/python benchmarks/bench_correlate.py [--prefix 1024] [--chunk 1024:1280] [--candidates 16] [--batch-sizes 8,16] [--threads 1]
 """
 
 from __future__ import annotations
@@ -36,7 +36,11 @@ def main() -> None:
     ap.add_argument("--candidates", type=int, default=16)
     ap.add_argument("--batch-sizes", default="8,16")
     ap.add_argument("--document", default="alice")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch CPU threads (0: torch's default); on a shared CPU 1 avoids oversubscription")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     chunk = parse_chunk(args.chunk)
     lm = load_model("smollm2-135m")

@@ -40,13 +40,19 @@ def document_keys(names: Sequence[str]) -> list[str]:
     return keys
 
 
+def _flatten(obj, path: str = "") -> dict:
+    """``{"a": [{"b": 1}]}`` -> ``{"a[0].b": 1}``: settings as leaf paths, so differences name the leaf."""
+    if isinstance(obj, dict):
+        return {k: v for key, val in obj.items() for k, v in _flatten(val, f"{path}.{key}" if path else key).items()}
+    if isinstance(obj, list) and any(isinstance(v, (dict, list)) for v in obj):
+        return {k: v for i, val in enumerate(obj) for k, v in _flatten(val, f"{path}[{i}]").items()}
+    return {path: obj}
+
+
 def _differences(saved: dict, now: dict) -> list[str]:
-    out = []
-    for key in sorted(set(saved) | set(now)):
-        if saved.get(key) != now.get(key):
-            a, b = json.dumps(saved.get(key), default=str), json.dumps(now.get(key), default=str)
-            out.append(f"{key}: {a[:60]} then, {b[:60]} now")
-    return out
+    a, b = _flatten(saved), _flatten(now)
+    return [f"{key}: {json.dumps(a.get(key), default=str)} then, {json.dumps(b.get(key), default=str)} now"
+            for key in sorted(set(a) | set(b)) if a.get(key) != b.get(key)]
 
 
 class ResumableRun:
@@ -70,7 +76,8 @@ class ResumableRun:
                 raise FIError(f"cannot resume: '{self.path}' holds a '{saved.get('command')}' run, not '{command}'")
             diff = _differences(saved.get("settings", {}), self.settings)
             if diff:
-                raise FIError(f"cannot resume '{self.path}' with different settings ({'; '.join(diff)}); "
+                more = f"; and {len(diff) - 4} more" if len(diff) > 4 else ""
+                raise FIError(f"cannot resume '{self.path}' with different settings ({'; '.join(diff[:4])}{more}); "
                               "use the original settings, a new --out, or --overwrite")
         if saved_file.exists() and overwrite and not resume:
             shutil.rmtree(self.path / PER_DOCUMENT, ignore_errors=True)
