@@ -108,8 +108,8 @@ class SignalTracker:
             return
         q = hidden.shape[0]
         final = hidden if self.config.final_norm else self._inputs["pre_norm"][0]
-        inputs = torch.stack([self._inputs[i][0] for i in range(len(self.layers))])
-        self.distance[:, start : start + q] = sig.representation_distance(inputs, final)
+        for i in range(len(self.layers)):  # layer by layer: no [L, q, d] copy of the hidden states
+            self.distance[i, start : start + q] = sig.representation_distance(self._inputs[i][0][None], final)[0]
         if q == 1:
             self.entropy[start] = sig.topk_entropy(last_logits, self.config.top_k)
         else:

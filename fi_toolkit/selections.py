@@ -2,7 +2,8 @@
 
 ``KIND:R`` picks the top ``R`` positions by a signal, ``random:R@SEED`` (or ``@A-B`` for seeds A..B)
 picks uniformly, ``positions:A-B,C`` names positions (inclusive ranges), ``policy:NAME@R`` is a
-policy's keep map (per layer and head; ``R`` its budget: a ratio of ``p``, window included, or a count). ``R`` is a fraction of
+policy's keep map (per layer and head; ``R`` is its budget, what is *kept*: a ratio of ``p``, window
+included, or a count; for the other selectors ``R`` is what is removed). ``R`` is a fraction of
 the scored prefix ``[0, p - w)`` when it has a decimal point (``0.2``), else a token count (``100``).
 Score-based and random selectors draw only from ``[sinks, p - w)``: the first ``sinks`` positions
 are attention sinks and the window is always kept.
