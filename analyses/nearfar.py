@@ -3,8 +3,12 @@
 Claim under test (InfoKV paper, SPEC "Set-level analysis"): tokens picked by window attention
 matter mostly for near chunks; high-entropy tokens matter more for distant chunks.
 
-    .venv/bin/python analyses/nearfar.py                      # defaults below, ~5-10 min on 2 CPU cores
-    .venv/bin/python analyses/nearfar.py --prefix 1024 --distances 0,256,512,1024 --chunk-len 256
+    .venv/bin/python analyses/nearfar.py                      # p=512: 11 min on a busy 2-core CPU
+    OMP_NUM_THREADS=1 .venv/bin/python analyses/nearfar.py --prefix 1024 --distances 0,256,512,1024 \
+        --chunk-len 256 --out runs/analyses/nearfar-p1024 --report runs/analyses/nearfar-p1024-report \
+        --results analyses/results/nearfar-p1024                # the setting: 7 min, one thread
+
+On a CPU shared with other jobs, OMP_NUM_THREADS=1 avoids thread oversubscription (up to ~10x faster).
 
 Runs ``fi nearfar`` (resumable: re-running continues where it stopped) on every bundled document,
 writes the report (HTML/Markdown/CSV/JSON) and prints the key numbers. Small summary tables are
