@@ -19,11 +19,19 @@ import pandas as pd
 from .errors import FIError
 
 
+def _umask_mode(path: str) -> None:
+    """mkstemp creates files 0600; give results the mode an ordinary open() would (0666 & ~umask)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
+        _umask_mode(tmp)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
             fh.flush()
@@ -42,6 +50,7 @@ def write_table(path: Path, df: pd.DataFrame) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
         os.close(fd)
+        _umask_mode(tmp)
         try:
             df.to_parquet(tmp, index=False)
             os.replace(tmp, path)

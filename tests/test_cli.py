@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -81,6 +82,9 @@ def test_probe_writes_table_and_manifest_and_refuses_to_overwrite(tmp_path, caps
     assert manifest["documents"][0]["name"] == "hamlet" and len(manifest["documents"][0]["sha256"]) == 64
     assert manifest["signals"]["top_k"] == 256 and "torch" in manifest["versions"]
     assert "entropy:0.1" in stdout and "FI 256:320" in stdout
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (out / "fi.csv").stat().st_mode & 0o777 == 0o666 & ~umask  # like open(), not mkstemp's 0600
     before = (out / "fi.csv").read_bytes()
     code, _, err = run_cli(args, capsys)
     assert code == 2 and "already holds results" in err
