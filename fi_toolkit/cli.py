@@ -66,12 +66,12 @@ def _progress() -> Progress:
 def probe(
     documents: List[str] = typer.Argument(None, help="Text/JSONL files or bundled names (default: alice)."),
     chunk: List[str] = typer.Option(..., "--chunk", "-c", help="Future chunk START:END (repeatable)."),
-    select: List[str] = typer.Option(None, "--select", "-s", help="entropy:R, attention:R, distance:R, infokv:R, random:R@SEED, positions:A-B,C (repeatable)."),
+    select: List[str] = typer.Option(None, "--select", "-s", help="entropy:R, attention:R, distance:R, infokv:R, random:R@SEED, positions:A-B,C remove a token set; policy:NAME@R evicts what a compression policy would (R = what it keeps). Repeatable."),
     prefix: Optional[int] = typer.Option(None, help="Compression point p (default: smallest chunk start)."),
     sinks: int = typer.Option(4, help="First N positions are never picked by score-based or random selectors."),
     model: str = ModelOpt, device: str = DeviceOpt, dtype: str = DtypeOpt,
     window: int = WindowOpt, top_k: int = TopKOpt, alpha: float = AlphaOpt, tau: float = TauOpt, pool: int = PoolOpt,
-    batch_size: int = typer.Option(4, help="Evictions per batched forward."),
+    batch_size: Optional[int] = typer.Option(None, help="Evictions per batched forward (default: 1 on CPU, 8 on CUDA)."),
     out_dir: Optional[Path] = typer.Option(None, "--out", "-o", help="Results directory (default: runs/probe-<time>)."),
     overwrite: bool = typer.Option(False, help="Replace results already in --out."),
 ):
@@ -86,7 +86,7 @@ def probe(
     chunks = [parse_chunk(c) for c in chunk]
     selections = parse_selections(select or DEFAULT_SELECTIONS)
     config = _signal_config(window, top_k, alpha, tau, pool)
-    if batch_size < 1:
+    if batch_size is not None and batch_size < 1:
         raise FIError(f"--batch-size must be >= 1, got {batch_size}")
     p = prefix if prefix is not None else min(c.start for c in chunks)
     texts = [t for spec in (documents or [None]) for t in read_texts(spec)]

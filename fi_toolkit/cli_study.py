@@ -52,7 +52,7 @@ def register(app: typer.Typer) -> None:
     DocsArg = typer.Argument(None, help="Text/JSONL files or bundled names (default: alice).")
     ResumeOpt = typer.Option(False, help="Continue a stopped run in --out: skip finished documents (same settings only).")
     OverwriteOpt = typer.Option(False, help="Replace a run already in --out.")
-    BatchOpt = typer.Option(8, help="Evictions per batched forward.")
+    BatchOpt = typer.Option(None, help="Evictions per batched forward (default: 1 on CPU, 8 on CUDA).")
 
     def correlate(
         documents: List[str] = DocsArg,
@@ -64,7 +64,7 @@ def register(app: typer.Typer) -> None:
         resamples: int = typer.Option(1000, help="Bootstrap resamples per coefficient (0: no intervals)."),
         model: str = ModelOpt, device: str = DeviceOpt, dtype: str = DtypeOpt,
         window: int = WindowOpt, top_k: int = TopKOpt, alpha: float = AlphaOpt, tau: float = TauOpt, pool: int = PoolOpt,
-        batch_size: int = BatchOpt,
+        batch_size: Optional[int] = BatchOpt,
         out_dir: Path = typer.Option(Path("runs/correlate"), "--out", "-o", help="Results directory."),
         resume: bool = ResumeOpt, overwrite: bool = OverwriteOpt,
     ):
@@ -100,7 +100,7 @@ def register(app: typer.Typer) -> None:
                                           help="Also measure every set without sink protection."),
         model: str = ModelOpt, device: str = DeviceOpt, dtype: str = DtypeOpt,
         window: int = WindowOpt, top_k: int = TopKOpt, alpha: float = AlphaOpt, tau: float = TauOpt, pool: int = PoolOpt,
-        batch_size: int = BatchOpt,
+        batch_size: Optional[int] = BatchOpt,
         out_dir: Path = typer.Option(Path("runs/nearfar"), "--out", "-o", help="Results directory."),
         resume: bool = ResumeOpt, overwrite: bool = OverwriteOpt,
     ):

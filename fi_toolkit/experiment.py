@@ -82,7 +82,7 @@ def probe_document(
     prefix: int | None = None,
     sinks: int = 4,
     config: SignalConfig = SignalConfig(),
-    batch_size: int = 4,
+    batch_size: int | None = None,
     block: int = 512,
     trace: Trace | None = None,
     on_progress: Callable[[int], None] | None = None,

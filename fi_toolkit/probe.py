@@ -181,6 +181,16 @@ class ProbeResult:
         return torch.stack(cols, dim=1)
 
 
+def default_batch_size(device: torch.device) -> int:
+    """Evictions per forward: 1 on the CPU, 8 on a GPU.
+
+    Measured on SmolLM2 (``benchmarks/bench_probe.py``, 2 CPU cores): batch 1 costs 1.03x a plain
+    forward per eviction, batch 4 1.12x (bigger matrices do not pay on a CPU that is already busy;
+    ``benchmarks/bench_correlate.py`` finds the same); a GPU needs the batch to fill its cores.
+    """
+    return 8 if torch.device(device).type == "cuda" else 1
+
+
 def _capture_positions(chunks: Sequence[Chunk]) -> torch.Tensor:
     return torch.unique(torch.cat([torch.arange(c.start, c.end) for c in chunks]))
 
@@ -192,18 +202,19 @@ def forward_influence(
     ids: torch.Tensor,
     evictions: Sequence[TokenSet | KeepMap],
     chunks: Sequence[Chunk],
-    batch_size: int = 4,
+    batch_size: int | None = None,
     block: int = 512,
     on_progress: Callable[[int], None] | None = None,
 ) -> ProbeResult:
     """FI of every eviction on every chunk (SPEC "Forward Influence").
 
     ``ids`` is the whole document (1-D). One forward over ``[p, max r_c)`` per batch of
-    ``batch_size`` token sets serves all chunks. An empty token set has FI exactly 0 by definition
+    ``batch_size`` token sets serves all chunks (default: :func:`default_batch_size`). An empty token set has FI exactly 0 by definition
     (``P_e = P_full``) and costs nothing.
     """
     p = trace.prefix_len
     device = trace.keys[0].device
+    batch_size = batch_size or default_batch_size(device)
     check_chunks(chunks, p, ids.numel(), None)
     for e in evictions:
         e.check(p)

@@ -67,7 +67,7 @@ def per_token_fi(
     ids: torch.Tensor,
     positions: torch.Tensor,
     chunks: Sequence[Chunk],
-    batch_size: int = 8,
+    batch_size: int | None = None,
     block: int = 512,
     on_progress: Callable[[int], None] | None = None,
 ) -> np.ndarray:
@@ -169,7 +169,7 @@ def correlate_signals(
 
 def correlate_document(
     model, doc, trace: Trace, chunks: Sequence[Chunk], candidates: str = "sample:256", sinks: int = 4,
-    seed: int = 0, n_resamples: int = 1000, batch_size: int = 8, block: int = 512,
+    seed: int = 0, n_resamples: int = 1000, batch_size: int | None = None, block: int = 512,
     token_text: Callable[[int], str] | None = None, on_progress: Callable[[int], None] | None = None,
 ) -> dict[str, pd.DataFrame]:
     """Per-token FI and its correlations for one document -> ``{"tokens": ..., "correlations": ...}``."""

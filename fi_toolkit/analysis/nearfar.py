@@ -64,7 +64,7 @@ def nearfar_selections(ratio: float, seeds: int) -> list[str]:
 
 def nearfar_document(
     model, doc, trace: Trace, chunks: Sequence[Chunk], ratio: float = 0.1, seeds: int = 3,
-    sink_options: Sequence[int] = (4, 0), batch_size: int = 8, block: int = 512,
+    sink_options: Sequence[int] = (4, 0), batch_size: int | None = None, block: int = 512,
     token_text: Callable[[int], str] | None = None, on_progress: Callable[[int], None] | None = None,
 ) -> dict[str, pd.DataFrame]:
     """FI of every selector's set on every chunk, with and without sink protection, for one document.

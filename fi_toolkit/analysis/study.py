@@ -75,12 +75,12 @@ def _execute(lm, run: ResumableRun, docs, compute, summaries: Callable[[dict], d
 def run_correlate(
     lm, docs, out_dir: Path, prefix: int, chunks: Sequence[Chunk], candidates: str = "sample:256",
     sinks: int = 4, seed: int = 0, n_resamples: int = 1000, config: SignalConfig = SignalConfig(),
-    batch_size: int = 8, block: int = 512, resume: bool = False, overwrite: bool = False,
+    batch_size: int | None = None, block: int = 512, resume: bool = False, overwrite: bool = False,
     progress: Progress | None = None,
 ) -> dict[str, pd.DataFrame]:
     """Per-token FI and correlations for every document -> ``tokens``, ``correlations``, ``correlation_summary``."""
     parse_candidates(candidates)
-    if sinks < 0 or n_resamples < 0 or batch_size < 1:
+    if sinks < 0 or n_resamples < 0 or (batch_size is not None and batch_size < 1):
         raise FIError("--sinks and --resamples must be >= 0 and --batch-size >= 1")
     settings = {**_describe(lm, docs, prefix, chunks, config), "candidates": candidates, "sinks": sinks,
                 "seed": seed, "n_resamples": n_resamples}
@@ -105,12 +105,12 @@ def run_correlate(
 
 def run_nearfar(
     lm, docs, out_dir: Path, prefix: int, distances: Sequence[int], chunk_len: int, ratio: float = 0.1,
-    seeds: int = 3, sinks: Sequence[int] = (4, 0), config: SignalConfig = SignalConfig(), batch_size: int = 8,
+    seeds: int = 3, sinks: Sequence[int] = (4, 0), config: SignalConfig = SignalConfig(), batch_size: int | None = None,
     block: int = 512, resume: bool = False, overwrite: bool = False, progress: Progress | None = None,
 ) -> dict[str, pd.DataFrame]:
     """Near/far set analysis for every document -> ``nearfar``, ``token_classes`` and their summaries/tests."""
     chunks = nearfar_chunks(prefix, distances, chunk_len)
-    if batch_size < 1 or any(s < 0 for s in sinks):
+    if (batch_size is not None and batch_size < 1) or any(s < 0 for s in sinks):
         raise FIError("--batch-size must be >= 1 and sink counts >= 0")
     settings = {**_describe(lm, docs, prefix, chunks, config), "distances": sorted(distances),
                 "chunk_len": chunk_len, "ratio": ratio, "seeds": seeds, "sinks": list(sinks)}
