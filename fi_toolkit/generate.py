@@ -30,12 +30,11 @@ from typing import Callable
 import torch
 from transformers import DynamicCache
 
-from . import signals as sig
 from .errors import FIError
 from .eviction import KeepMap, gather_cache
 from .policies import Policy, Signals, budget_tokens
 from .ragged import ragged_attention
-from .trace import SignalConfig, decoder_parts, window_queries
+from .trace import SignalConfig, SignalTracker, decoder_parts
 
 
 def signal_config_for(policy: Policy | None, **overrides) -> SignalConfig:
@@ -47,84 +46,6 @@ def signal_config_for(policy: Policy | None, **overrides) -> SignalConfig:
     config = SignalConfig(**{**base, **{k: v for k, v in overrides.items() if v is not None}})
     config.validate()
     return config
-
-
-class SignalTracker:
-    """Forward hooks that keep the last ``w`` rotated queries of every layer, record (when
-    ``token_signals``) every fed token's top-k entropy ``H`` and ``D^(l)`` into preallocated
-    ``[capacity]`` / ``[L, capacity]`` float32 buffers, and (for H2O) add each decoding step's
-    attention to a per-slot accumulator."""
-
-    def __init__(self, model, config: SignalConfig, capacity: int, accumulate: bool, token_signals: bool = True):
-        self.layers, self.norm, self.lm_head = decoder_parts(model)
-        device = next(model.parameters()).device
-        n_layers = len(self.layers)
-        self.config = config
-        self.token_signals = token_signals
-        self.entropy = torch.zeros(capacity if token_signals else 0, device=device)
-        self.distance = torch.zeros(n_layers, capacity if token_signals else 0, device=device)
-        self.queries: list[torch.Tensor | None] = [None] * n_layers
-        self.accumulated: list[torch.Tensor] | None = [None] * n_layers if accumulate else None
-        self.cache: DynamicCache | None = None
-        self._inputs: dict = {}
-        self._handles = [self.norm.register_forward_pre_hook(self._norm_hook)] if token_signals else []
-        for i, layer in enumerate(self.layers):
-            if token_signals:
-                self._handles.append(layer.register_forward_pre_hook(self._input_hook(i), with_kwargs=True))
-            self._handles.append(layer.self_attn.register_forward_hook(self._attention_hook, with_kwargs=True))
-
-    def close(self) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles = []
-
-    def _input_hook(self, layer_idx: int):
-        def hook(_module, args, kwargs):
-            self._inputs[layer_idx] = args[0] if args else kwargs["hidden_states"]
-        return hook
-
-    def _norm_hook(self, _module, args):
-        self._inputs["pre_norm"] = args[0]
-
-    def _attention_hook(self, module, args, kwargs, _output):
-        hs = args[0] if args else kwargs["hidden_states"]
-        w = self.config.window
-        q = window_queries(module, hs, kwargs["position_embeddings"], min(w, hs.shape[1]))
-        i = module.layer_idx
-        prev = self.queries[i]
-        self.queries[i] = (q if prev is None else torch.cat([prev, q], dim=1))[:, -w:]
-        if self.accumulated is not None and hs.shape[1] == 1 and self.accumulated[i] is not None:
-            keys = self.cache.layers[i].keys[0]
-            n_kv, n = keys.shape[0], keys.shape[1]
-            k = keys.float().repeat_interleave(q.shape[0] // n_kv, dim=0)
-            attn = torch.softmax(torch.matmul(q.float(), k.transpose(1, 2)) * module.scaling, dim=-1)[:, 0]
-            acc = self.accumulated[i]
-            acc = torch.cat([acc, acc.new_zeros(n_kv, n - acc.shape[1])], dim=1)
-            self.accumulated[i] = acc + attn.view(n_kv, -1, n).mean(dim=1)
-
-    def record(self, start: int, hidden: torch.Tensor, last_logits: torch.Tensor) -> None:
-        """After a forward of tokens at ``[start, start + q)``: store their H and D^(l)."""
-        if not self.token_signals:
-            return
-        q = hidden.shape[0]
-        final = hidden if self.config.final_norm else self._inputs["pre_norm"][0]
-        for i in range(len(self.layers)):  # layer by layer: no [L, q, d] copy of the hidden states
-            self.distance[i, start : start + q] = sig.representation_distance(self._inputs[i][0][None], final)[0]
-        if q == 1:
-            self.entropy[start] = sig.topk_entropy(last_logits, self.config.top_k)
-        else:
-            self.entropy[start : start + q] = sig.streamed_topk_entropy(
-                hidden, self.lm_head, self.config.top_k, self.config.lm_head_block
-            )
-        self._inputs.clear()
-
-    def window_attention(self, layer: int, keys: torch.Tensor) -> torch.Tensor:
-        scaling = self.layers[layer].self_attn.scaling
-        return sig.window_attention(self.queries[layer], keys[0], scaling, self.config.pool_kernel)
-
-    def gather(self, keep: list[torch.Tensor]) -> None:
-        if self.accumulated is not None:
-            self.accumulated = [a.gather(1, idx) for a, idx in zip(self.accumulated, keep)]
 
 
 @dataclass

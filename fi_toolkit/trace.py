@@ -3,10 +3,11 @@
 Like TransformerLens' cache object, a :class:`Trace` is the single place signals come from. The
 prefix runs in chunks (``prefill_chunk`` tokens) so that hidden-state memory stays bounded: the
 representation distance of a position only needs that position's hidden states, which all come
-from the same chunk. Forward hooks capture (a) each decoder layer's input ``h^(l)``, (b) the
-residual stream before the final norm ``h^(L)``, (c) the final-normed states for the streamed LM
-head, and (d) on the last chunk, each attention module's input, from which the window queries are
-recomputed (never the full attention matrix).
+from the same chunk. The forward hooks live in :class:`SignalTracker`, which compressed generation
+reuses token by token: they capture (a) each decoder layer's input ``h^(l)``, (b) the residual
+stream before the final norm ``h^(L)``, and (c) each attention module's input, from which the last
+``w`` queries are recomputed (never the full attention matrix); the final-normed output feeds the
+streamed LM head.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import asdict, dataclass
 
 import pandas as pd
 import torch
+from transformers import DynamicCache
 
 from . import signals
 from .errors import FIError
@@ -151,72 +153,111 @@ def _chunk_bounds(p: int, window: int, chunk: int) -> list[tuple[int, int]]:
     return [(s, starts[i + 1] if i + 1 < len(starts) else p) for i, s in enumerate(starts)]
 
 
+class SignalTracker:
+    """Forward hooks that keep the last ``w`` rotated queries of every layer, record (when
+    ``token_signals``) every fed token's top-k entropy ``H`` and ``D^(l)`` into preallocated
+    ``[capacity]`` / ``[L, capacity]`` float32 buffers, and (for H2O) add each decoding step's
+    attention to a per-slot accumulator."""
+
+    def __init__(self, model, config: SignalConfig, capacity: int, accumulate: bool, token_signals: bool = True):
+        self.layers, self.norm, self.lm_head = decoder_parts(model)
+        device = next(model.parameters()).device
+        n_layers = len(self.layers)
+        self.config = config
+        self.token_signals = token_signals
+        self.entropy = torch.zeros(capacity if token_signals else 0, device=device)
+        self.distance = torch.zeros(n_layers, capacity if token_signals else 0, device=device)
+        self.queries: list[torch.Tensor | None] = [None] * n_layers
+        self.accumulated: list[torch.Tensor] | None = [None] * n_layers if accumulate else None
+        self.cache: DynamicCache | None = None
+        self._inputs: dict = {}
+        self._handles = [self.norm.register_forward_pre_hook(self._norm_hook)] if token_signals else []
+        for i, layer in enumerate(self.layers):
+            if token_signals:
+                self._handles.append(layer.register_forward_pre_hook(self._input_hook(i), with_kwargs=True))
+            self._handles.append(layer.self_attn.register_forward_hook(self._attention_hook, with_kwargs=True))
+
+    def close(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    def _input_hook(self, layer_idx: int):
+        def hook(_module, args, kwargs):
+            self._inputs[layer_idx] = args[0] if args else kwargs["hidden_states"]
+        return hook
+
+    def _norm_hook(self, _module, args):
+        self._inputs["pre_norm"] = args[0]
+
+    def _attention_hook(self, module, args, kwargs, _output):
+        hs = args[0] if args else kwargs["hidden_states"]
+        w = self.config.window
+        q = window_queries(module, hs, kwargs["position_embeddings"], min(w, hs.shape[1]))
+        i = module.layer_idx
+        prev = self.queries[i]
+        self.queries[i] = (q if prev is None else torch.cat([prev, q], dim=1))[:, -w:]
+        if self.accumulated is not None and hs.shape[1] == 1 and self.accumulated[i] is not None:
+            keys = self.cache.layers[i].keys[0]
+            n_kv, n = keys.shape[0], keys.shape[1]
+            k = keys.float().repeat_interleave(q.shape[0] // n_kv, dim=0)
+            attn = torch.softmax(torch.matmul(q.float(), k.transpose(1, 2)) * module.scaling, dim=-1)[:, 0]
+            acc = self.accumulated[i]
+            acc = torch.cat([acc, acc.new_zeros(n_kv, n - acc.shape[1])], dim=1)
+            self.accumulated[i] = acc + attn.view(n_kv, -1, n).mean(dim=1)
+
+    def record(self, start: int, hidden: torch.Tensor, last_logits: torch.Tensor | None) -> None:
+        """After a forward of tokens at ``[start, start + q)``: store their H and D^(l)."""
+        if not self.token_signals:
+            return
+        q = hidden.shape[0]
+        final = hidden if self.config.final_norm else self._inputs["pre_norm"][0]
+        for i in range(len(self.layers)):  # layer by layer: no [L, q, d] copy of the hidden states
+            self.distance[i, start : start + q] = signals.representation_distance(self._inputs[i][0][None], final)[0]
+        if q == 1 and last_logits is not None:
+            self.entropy[start] = signals.topk_entropy(last_logits, self.config.top_k)
+        else:
+            self.entropy[start : start + q] = signals.streamed_topk_entropy(
+                hidden, self.lm_head, self.config.top_k, self.config.lm_head_block
+            )
+        self._inputs.clear()
+
+    def window_attention(self, layer: int, keys: torch.Tensor) -> torch.Tensor:
+        scaling = self.layers[layer].self_attn.scaling
+        return signals.window_attention(self.queries[layer], keys[0], scaling, self.config.pool_kernel)
+
+    def gather(self, keep: list[torch.Tensor]) -> None:
+        if self.accumulated is not None:
+            self.accumulated = [a.gather(1, idx) for a, idx in zip(self.accumulated, keep)]
+
+
+
 @torch.no_grad()
 def trace_prefix(model: torch.nn.Module, ids: torch.Tensor, prefix_len: int, config: SignalConfig = SignalConfig()) -> Trace:
     """Run ``ids[:prefix_len]`` through ``model`` once and collect cache + signals (SPEC "Signals")."""
-    from transformers import DynamicCache
-
     config.validate()
     p = prefix_len
     if p <= config.window:
         raise FIError(f"prefix of {p} tokens leaves nothing to score with a window of {config.window}")
     if p > ids.numel():
         raise FIError(f"prefix of {p:,} tokens is longer than the {ids.numel():,}-token document")
-    layers, norm, lm_head = decoder_parts(model)
     device = next(model.parameters()).device
-    n_layers = len(layers)
-    cache = DynamicCache(config=model.config)
-
-    captured: dict = {}
-    want_attention = {"on": False}
-    attention = [None] * n_layers
-
-    def layer_input_hook(layer_idx):
-        def hook(_module, args, kwargs):
-            captured[layer_idx] = args[0] if args else kwargs["hidden_states"]
-        return hook
-
-    def norm_pre_hook(_module, args):
-        captured["pre_norm"] = args[0]
-
-    def norm_hook(_module, _args, output):
-        captured["post_norm"] = output
-
-    def attention_hook(module, args, kwargs, _output):
-        if not want_attention["on"]:
-            return
-        hs = args[0] if args else kwargs["hidden_states"]
-        q = window_queries(module, hs, kwargs["position_embeddings"], config.window)
-        keys = cache.layers[module.layer_idx].keys[0]
-        attention[module.layer_idx] = signals.window_attention(q, keys, module.scaling, config.pool_kernel).cpu()
-
-    handles = [norm.register_forward_pre_hook(norm_pre_hook), norm.register_forward_hook(norm_hook)]
-    for i, layer in enumerate(layers):
-        handles.append(layer.register_forward_pre_hook(layer_input_hook(i), with_kwargs=True))
-        handles.append(layer.self_attn.register_forward_hook(attention_hook, with_kwargs=True))
-
-    entropy = torch.empty(p, dtype=torch.float32)
-    distance = torch.empty(n_layers, p, dtype=torch.float32)
+    tracker = SignalTracker(model, config, capacity=p, accumulate=False)
+    tracker.cache = cache = DynamicCache(config=model.config)
     try:
-        bounds = _chunk_bounds(p, config.window, config.prefill_chunk)
-        for a, b in bounds:
-            want_attention["on"] = b == p
-            chunk_ids = ids[a:b].to(device).unsqueeze(0)
+        for a, b in _chunk_bounds(p, config.window, config.prefill_chunk):
             positions = torch.arange(a, b, device=device).unsqueeze(0)
-            model.base_model(input_ids=chunk_ids, position_ids=positions, cache=cache, use_cache=True)
-            final = captured["post_norm" if config.final_norm else "pre_norm"][0]
-            inputs = torch.stack([captured[i][0] for i in range(n_layers)])
-            distance[:, a:b] = signals.representation_distance(inputs, final).cpu()
-            entropy[a:b] = signals.streamed_topk_entropy(
-                captured["post_norm"][0], lm_head, config.top_k, config.lm_head_block
-            ).cpu()
-            captured.clear()
+            hidden = model.base_model(
+                input_ids=ids[a:b].to(device).unsqueeze(0), position_ids=positions, cache=cache, use_cache=True
+            ).last_hidden_state[0]
+            tracker.record(a, hidden, None)
     finally:
-        for h in handles:
-            h.remove()
+        tracker.close()
 
+    entropy = tracker.entropy.cpu()
     if config.entropy_of == "previous":  # H_i of the distribution that predicted x_i; nothing predicted x_0
         entropy = torch.cat([torch.zeros(1), entropy[:-1]])
     keys = [layer.keys for layer in cache.layers]
     values = [layer.values for layer in cache.layers]
-    return Trace(p, keys, values, entropy, distance, torch.stack(attention), config)
+    attention = torch.stack([tracker.window_attention(i, k).cpu() for i, k in enumerate(keys)])
+    return Trace(p, keys, values, entropy, tracker.distance.cpu(), attention, config)
