@@ -72,10 +72,9 @@ class KeepMap:
             if idx.numel() and (idx.min() < 0 or idx.max() >= prefix_len):
                 raise FIError(f"keep map '{self.label}' layer {layer} keeps positions outside [0, {prefix_len})")
 
-    @property
-    def size(self) -> int:
-        """Mean number of evicted entries per layer and head is not a set size; report kept mean instead."""
-        return int(round(sum(self.counts()) / len(self.keep)))
+    def mean_evicted(self, prefix_len: int) -> float:
+        """Entries evicted per layer and head, averaged over layers (uneven budgets differ per layer)."""
+        return prefix_len - sum(self.counts()) / len(self.keep)
 
 
 def gather_cache(keys: list[torch.Tensor], values: list[torch.Tensor], keep_map: KeepMap, config) -> DynamicCache:

@@ -54,7 +54,7 @@ def fi_table(doc: Document, trace: Trace, result: ProbeResult) -> pd.DataFrame:
             "selector": e.meta.get("selector", e.label),
             "budget": e.meta.get("budget"),
             "seed": e.meta.get("seed"),
-            "n_removed": e.size if hasattr(e, "removed") else trace.prefix_len - sum(e.counts()) / len(e.keep),
+            "n_removed": e.size if hasattr(e, "removed") else e.mean_evicted(trace.prefix_len),
             "prefix": trace.prefix_len,
         }
         signals = set_signals(trace, e.removed) if hasattr(e, "removed") else {}
