@@ -1,7 +1,8 @@
 """What is gone from the cache: a token set (same positions in every layer and head) or a keep map.
 
-Both describe an eviction of the prefix ``[0, p)``. The probe measures either kind; policies
-produce keep maps; the compressor applies keep maps to a live cache.
+Both describe an eviction of the prefix ``[0, p)`` behind one protocol (:class:`Eviction`): a
+label, metadata for result tables, a range check, and the removed and kept counts. The probe
+measures either kind; policies produce keep maps; the compressor applies keep maps to a live cache.
 """
 
 from __future__ import annotations
@@ -14,8 +15,29 @@ from transformers import DynamicCache
 from .errors import FIError
 
 
+class Eviction:
+    """The protocol every eviction follows (``label`` and ``meta`` are dataclass fields of each kind)."""
+
+    label: str
+    meta: dict
+
+    def check(self, prefix_len: int) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def n_removed(self, prefix_len: int) -> float:
+        """Entries removed per layer and KV head (the mean over layers where budgets differ)."""
+        raise NotImplementedError  # pragma: no cover - abstract
+
+    def n_kept(self, prefix_len: int) -> float:
+        return prefix_len - self.n_removed(prefix_len)
+
+    def removed_positions(self) -> torch.Tensor | None:
+        """The positions removed from every layer and head, or None where layers or heads differ."""
+        return None
+
+
 @dataclass
-class TokenSet:
+class TokenSet(Eviction):
     """Positions removed from every layer and KV head. ``meta`` carries labels for result tables."""
 
     label: str
@@ -44,9 +66,15 @@ class TokenSet:
     def size(self) -> int:
         return int(self.removed.numel())
 
+    def n_removed(self, prefix_len: int) -> float:
+        return self.size
+
+    def removed_positions(self) -> torch.Tensor:
+        return self.removed
+
 
 @dataclass
-class KeepMap:
+class KeepMap(Eviction):
     """Per layer, the sorted prefix positions each KV head keeps: ``keep[l]`` is ``[Hkv, k_l]``.
 
     Within a layer every head keeps the same count (so the cache stays a dense tensor); layers may
@@ -72,7 +100,7 @@ class KeepMap:
             if idx.numel() and (idx.min() < 0 or idx.max() >= prefix_len):
                 raise FIError(f"keep map '{self.label}' layer {layer} keeps positions outside [0, {prefix_len})")
 
-    def mean_evicted(self, prefix_len: int) -> float:
+    def n_removed(self, prefix_len: int) -> float:
         """Entries evicted per layer and head, averaged over layers (uneven budgets differ per layer)."""
         return prefix_len - sum(self.counts()) / len(self.keep)
 
@@ -91,6 +119,7 @@ def gather_cache(keys: list[torch.Tensor], values: list[torch.Tensor], keep_map:
 
 
 def shared_cache(keys: list[torch.Tensor], values: list[torch.Tensor], batch: int, config) -> DynamicCache:
-    """A cache holding the same prefix for ``batch`` rows (one copy per row: rows diverge afterwards)."""
+    """A cache holding the same prefix for ``batch`` rows: expanded views, not copies (the cache
+    concatenates each row's new entries onto them, which allocates the rows' own tensors)."""
     data = [(k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1)) for k, v in zip(keys, values)]
     return DynamicCache(ddp_cache_data=data, config=config)

@@ -33,9 +33,9 @@ def trace_document(lm: LoadedModel, doc: Document, prefix: int, config: SignalCo
     return trace_prefix(lm.model, doc.ids, prefix, config)
 
 
-def set_signals(trace: Trace, removed: torch.Tensor) -> dict:
-    """Mean signals of a removed set (NaN for an empty set), for the result table."""
-    if removed.numel() == 0:
+def set_signals(trace: Trace, removed: torch.Tensor | None) -> dict:
+    """Mean signals of a removed set (NaN for an empty set or a keep map that differs per head)."""
+    if removed is None or removed.numel() == 0:
         return {f"mean_{k}": float("nan") for k in ("entropy", "attention", "distance", "infokv")}
     return {
         f"mean_{k}": float(torch.nanmean(token_scores(trace, k)[removed]))
@@ -44,8 +44,10 @@ def set_signals(trace: Trace, removed: torch.Tensor) -> dict:
 
 
 def fi_table(doc: Document, trace: Trace, result: ProbeResult) -> pd.DataFrame:
-    """Tidy FI table: one row per eviction x chunk."""
+    """Tidy FI table: one row per eviction x chunk, with the removed and kept counts of each eviction
+    (per layer and head; the mean over layers where budgets differ), so rows compare like with like."""
     fi = result.fi()
+    p = trace.prefix_len
     rows = []
     for i, e in enumerate(result.evictions):
         base = {
@@ -54,10 +56,12 @@ def fi_table(doc: Document, trace: Trace, result: ProbeResult) -> pd.DataFrame:
             "selector": e.meta.get("selector", e.label),
             "budget": e.meta.get("budget"),
             "seed": e.meta.get("seed"),
-            "n_removed": e.size if hasattr(e, "removed") else e.mean_evicted(trace.prefix_len),
-            "prefix": trace.prefix_len,
+            "n_removed": e.n_removed(p),
+            "n_kept": e.n_kept(p),
+            "prefix": p,
+            "entropy_of": trace.config.entropy_of,
         }
-        signals = set_signals(trace, e.removed) if hasattr(e, "removed") else {}
+        signals = set_signals(trace, e.removed_positions())
         for j, c in enumerate(result.chunks):
             rows.append({
                 **base,

@@ -32,9 +32,9 @@ from transformers import DynamicCache
 
 from .errors import FIError
 from .eviction import KeepMap, gather_cache
-from .policies import Policy, Signals, budget_tokens
+from .policies import Policy, Signals
 from .ragged import ragged_attention
-from .trace import SignalConfig, SignalTracker, decoder_parts
+from .trace import SignalConfig, SignalTracker, decoder_parts, entropy_of_tokens
 
 
 def signal_config_for(policy: Policy | None, **overrides) -> SignalConfig:
@@ -175,15 +175,8 @@ class CompressedDecoder:
         self.positions = [torch.arange(p, device=self.device).expand(hkv, p) for _ in self.cache.layers]
         self.protected = [0 if self.compress_prompt else p] * len(self.cache.layers)
         if self.tracker and self.tracker.accumulated is not None:
-            self.tracker.accumulated = [
-                self.tracker.window_attention(i, l.keys) * self.tracker.queries[i].shape[1]
-                for i, l in enumerate(self.cache.layers)
-            ]
-        keep = None
-        if self.policy and self.compress_prompt:
-            k = budget_tokens(self.policy.budget, p)
-            if self.policy.window < k < p:
-                keep = self.compress()
+            self.tracker.accumulated = [self.tracker.received(i, l.keys) for i, l in enumerate(self.cache.layers)]
+        keep = self.compress() if self.policy and self.compress_prompt else None
         return logits, keep
 
     @torch.no_grad()
@@ -203,9 +196,7 @@ class CompressedDecoder:
                     protected=list(self.protected))
         t = self.tracker
         if t and t.token_signals:
-            entropy = t.entropy[: self.seen]
-            if self.config.entropy_of == "previous":
-                entropy = torch.cat([entropy.new_zeros(1), entropy[:-1]])
+            entropy = entropy_of_tokens(t.entropy[: self.seen], self.config.entropy_of)
             s.entropy = [entropy[pos] for pos in self.positions]
             s.distance = [t.distance[i][pos] for i, pos in enumerate(self.positions)]
         if t:
@@ -215,11 +206,10 @@ class CompressedDecoder:
 
     @torch.no_grad()
     def compress(self) -> KeepMap | None:
-        """Back to the budget with the policy; None when nothing had to go."""
-        k = budget_tokens(self.policy.budget, self.seen)
-        lengths = self.lengths()
-        w = self.config.window
-        if k <= w or max(lengths) <= k or any(k < pr + w for pr in self.protected):
+        """Back to the budget with the policy; None when nothing had to go (or only the window would fit)."""
+        protected = max(self.protected)
+        k = self.policy.kept_total(self.seen, protected)
+        if k - protected <= self.config.window or max(self.lengths()) <= k:
             return None
         _sync(self.device)
         t0 = time.perf_counter()
@@ -256,21 +246,33 @@ def _eos_ids(model, tokenizer, eos_token_id) -> set[int]:
     return {int(e) for e in (eos_token_id if isinstance(eos_token_id, (list, tuple)) else [eos_token_id])}
 
 
+def compression_points(policy: Policy, prompt_len: int, max_new_tokens: int, interval: int,
+                       compress_prompt: bool) -> list[int]:
+    """Generated-token counts at which :func:`generate` evicts something (0: the prompt at prefill),
+    unless an EOS stops it first; the arithmetic of :meth:`CompressedDecoder.compress`, without a model."""
+    protected = 0 if compress_prompt else prompt_len
+    held, last, points = prompt_len, 0, []
+    for generated in ([0] if compress_prompt else []) + list(range(interval, max_new_tokens, interval)):
+        held, last = held + generated - last, generated
+        k = policy.kept_total(prompt_len + generated, protected)
+        if k - protected > policy.window and held > k:
+            points.append(generated)
+            held = k
+    return points
+
+
 def check_budget(policy: Policy, prompt_len: int, max_new_tokens: int, compress_prompt: bool) -> None:
     """Budgets that can never work are errors before any model work."""
     w, budget = policy.window, policy.budget
-    total = prompt_len + max_new_tokens
-    if isinstance(budget, int):
-        if budget <= w:
-            raise FIError(f"budget of {budget} tokens is not above the window of {w}")
-        if budget > total:
-            raise FIError(f"budget of {budget} tokens is above the whole sequence ({prompt_len} prompt + "
-                          f"{max_new_tokens} new tokens): nothing would ever be evicted")
-        if not compress_prompt and budget < prompt_len + w:
-            raise FIError(f"budget of {budget} tokens cannot hold the protected {prompt_len}-token prompt plus the window of {w}")
-    elif budget_tokens(budget, total) <= w:
-        raise FIError(f"budget ratio {budget} keeps at most {budget_tokens(budget, total)} of {total} tokens, "
-                      f"not above the window of {w}")
+    protected = 0 if compress_prompt else prompt_len
+    compressible = prompt_len + max_new_tokens - protected
+    if budget.exceeds(compressible):
+        raise FIError(f"budget {budget.label} is above the {compressible} tokens it may compress "
+                      f"({prompt_len} prompt{' (kept)' if protected else ''} + {max_new_tokens} new): "
+                      "nothing would ever be evicted")
+    if budget.kept(compressible) <= w:
+        raise FIError(f"budget {budget.label} keeps at most {budget.kept(compressible)} of the {compressible} "
+                      f"tokens it may compress, not above the window of {w}")
 
 
 class _Streamer:
@@ -349,6 +351,7 @@ def generate(
     if policy is not None:
         cp = policy.compress_prompt if compress_prompt is None else compress_prompt
         check_budget(policy, p, max_new_tokens, cp)
+        planned = compression_points(policy, p, max_new_tokens, interval, cp)
     device = next(model.parameters()).device
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -368,7 +371,10 @@ def generate(
             _sync(device)
             stats.prefill_seconds = time.perf_counter() - t0
             stats.prefill_compressed = keep is not None
-            if policy is not None and decoder.compress_prompt and keep is None:
+            if policy is not None and not planned:
+                stats.note = (f"nothing evicted: with budget {policy.budget.label}, --interval {interval} and "
+                              f"{max_new_tokens} new tokens the cache never exceeds its budget")
+            elif policy is not None and decoder.compress_prompt and keep is None:
                 stats.note = "prompt not compressed: its budget share is not between the window and its length"
             stats.peak_cache_bytes = cache_bytes(decoder.cache)
             t0 = time.perf_counter()

@@ -1,10 +1,12 @@
-"""Forward Influence (SPEC "Forward Influence"): how much removing cache entries shifts future predictions.
+"""Forward Influence (docs/method.md, "Forward Influence"): how much removing cache entries shifts
+future predictions.
 
 ``FI(e; C) = mean_{t in C} KL(P_full(. | x_<=t) || P_e(. | x_<=t))`` in nats, full vocabulary, float32.
 
-The path from the CLI to the KL, in three hops:
-``cli.probe`` -> :func:`forward_influence` -> :func:`_continuation_hidden` (one forward over
-``[p, max r_c)`` per batch of evictions, masked) -> :func:`kl_divergence_rows`.
+The path from the CLI to the KL:
+``cli.probe`` -> :func:`fi_toolkit.experiment.probe_document` -> :func:`forward_influence` ->
+:func:`_continuation_hidden` (one forward over ``[p, max r_c)`` per batch of evictions, masked) ->
+:meth:`Reference.kl` -> :func:`kl_from_reference`.
 
 Token-set evictions are evaluated many at a time: the prefix cache is shared by a batch, each row
 hides its own entries with a float additive mask (``finfo.min``, which gives exactly-zero weight),
@@ -70,19 +72,23 @@ def check_chunks(chunks: Sequence[Chunk], prefix_len: int, doc_len: int, max_con
             raise FIError(f"chunk {c.label} ends past the model's context of {max_context:,} tokens")
 
 
-def kl_divergence_rows(ref_logp: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-    """``KL(P_ref || P)`` per row, float32 from log-softmax: ``ref_logp [n, V]``, ``logits [B, n, V]`` -> ``[B, n]``."""
-    return kl_from_reference(ref_logp.exp(), ref_logp, logits)
+NEGATIVE_KL_TOLERANCE = 1e-6  # float32 rounding stays far below this; anything lower is a bug, not noise
 
 
 def kl_from_reference(ref_p: torch.Tensor, ref_logp: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-    """``KL = sum_v p_v (log p_v - log q_v)`` with the reference probabilities computed once per position.
+    """``KL(P_ref || P) = sum_v p_v (log p_v - log q_v)`` per row: ``ref_p, ref_logp [n, V]`` (computed
+    once per position), ``logits [B, n, V]`` -> ``[B, n]`` float32.
 
     The difference of log-probs is formed before the sum (no cancellation between two entropies),
-    and the weighted sum is one batched dot product shared by every eviction row.
+    and the weighted sum is one batched dot product shared by every eviction row. Nothing is
+    clamped: a value below ``-NEGATIVE_KL_TOLERANCE`` is an error, tiny negative rounding is kept.
     """
     diff = torch.log_softmax(logits.float(), dim=-1).neg_().add_(ref_logp)  # in place: no second [B, n, V]
-    return torch.einsum("nv,bnv->bn", ref_p, diff).clamp_min_(0.0)
+    kl = torch.einsum("nv,bnv->bn", ref_p, diff)
+    if kl.numel() and float(kl.min()) < -NEGATIVE_KL_TOLERANCE:
+        raise FIError(f"negative KL divergence ({float(kl.min()):.3g}): the two distributions were not "
+                      "computed consistently (a numerical fault, not a result)")
+    return kl
 
 
 def _continuation_mask(visible: torch.Tensor, past_new: int, q_len: int, dtype) -> torch.Tensor:
@@ -209,8 +215,9 @@ def forward_influence(
     """FI of every eviction on every chunk (SPEC "Forward Influence").
 
     ``ids`` is the whole document (1-D). One forward over ``[p, max r_c)`` per batch of
-    ``batch_size`` token sets serves all chunks (default: :func:`default_batch_size`). An empty token set has FI exactly 0 by definition
-    (``P_e = P_full``) and costs nothing.
+    ``batch_size`` token sets serves all chunks (default: :func:`default_batch_size`). An empty token
+    set runs through the same masked path as any other (no shortcut), so its FI is the path's own
+    noise floor: exactly 0 in float32 when it shares a batch shape with the reference.
     """
     p = trace.prefix_len
     device = trace.keys[0].device
@@ -225,10 +232,7 @@ def forward_influence(
     reference = Reference(model, trace, cont, capture, block)
     kl = torch.zeros(len(evictions), positions.numel())
 
-    sets = [i for i, e in enumerate(evictions) if isinstance(e, TokenSet) and e.size > 0]
-    for i, e in enumerate(evictions):
-        if isinstance(e, TokenSet) and e.size == 0 and on_progress:
-            on_progress(1)
+    sets = [i for i, e in enumerate(evictions) if isinstance(e, TokenSet)]
     for start in range(0, len(sets), batch_size):
         idx = sets[start : start + batch_size]
         visible = torch.stack([evictions[i].visible(p) for i in idx]).to(device)
@@ -253,8 +257,8 @@ def forward_influence(
 def forward_influence_by_deletion(
     model, trace: Trace, ids: torch.Tensor, removed: torch.Tensor, chunks: Sequence[Chunk]
 ) -> torch.Tensor:
-    """The exactness oracle: delete ``removed`` from a copy of the cache, re-run ``[p, r_c)`` one
-    token block at a time with original position ids, and compare full-vocabulary distributions.
+    """The exactness oracle: delete ``removed`` from a copy of the cache, re-run ``[p, max r_c)`` in one
+    forward with original position ids, and compare full-vocabulary distributions.
 
     Independent of the masked path: no shared cache, no prefix mask, its own reference run. Returns FI per chunk.
     """

@@ -1,10 +1,12 @@
-"""Token-set selectors of SPEC "Set-level analysis", parsed from ``--select`` specs.
+"""Token-set selectors of the set-level analysis (docs/method.md), parsed from ``--select`` specs.
 
-``KIND:R`` picks the top ``R`` positions by a signal, ``random:R@SEED`` (or ``@A-B`` for seeds A..B)
-picks uniformly, ``positions:A-B,C`` names positions (inclusive ranges), ``policy:NAME@R`` is a
-policy's keep map (per layer and head; ``R`` is its budget, what is *kept*: a ratio of ``p``, window
-included, or a count; for the other selectors ``R`` is what is removed). ``R`` is a fraction of
-the scored prefix ``[0, p - w)`` when it has a decimal point (``0.2``), else a token count (``100``).
+``KIND:BUDGET`` removes the top positions by a signal (``entropy``, ``attention``, ``distance``,
+``infokv``), ``random:BUDGET@SEED`` (or ``@A-B`` for seeds A..B) removes a uniform sample,
+``positions:A-B,C`` removes named positions (inclusive ranges), ``policy:NAME@BUDGET`` evicts what
+a compression policy would (per layer and head). ``BUDGET`` has one meaning everywhere
+(:mod:`fi_toolkit.budget`): ``keep=X`` or ``remove=X``, a bare ``X`` being ``keep=X``; a share
+(``0.1``) is of the whole prefix ``[0, p)``, window and sinks included, else a token count; so
+``attention:remove=0.1`` and ``policy:snapkv@keep=0.9`` evict the same number of entries.
 Score-based and random selectors draw only from ``[sinks, p - w)``: the first ``sinks`` positions
 are attention sinks and the window is always kept.
 """
@@ -15,12 +17,15 @@ from dataclasses import dataclass
 
 import torch
 
+from .budget import Budget
 from .errors import FIError
 from .eviction import KeepMap, TokenSet
 from .trace import Trace
 
 SCORE_SELECTORS = ("entropy", "attention", "distance", "infokv")
 SELECTORS = SCORE_SELECTORS + ("random", "positions", "policy")
+MAX_SEEDS = 1000  # random sets per spec: more is a typo, not a study
+MAX_POSITION = 1 << 22  # past any model's context: refused before anything is expanded
 
 
 def token_scores(trace: Trace, kind: str, alpha: float | None = None) -> torch.Tensor:
@@ -40,11 +45,11 @@ def token_scores(trace: Trace, kind: str, alpha: float | None = None) -> torch.T
 
 @dataclass(frozen=True)
 class Selection:
-    """A parsed ``--select`` spec; ``resolve`` turns it into a :class:`TokenSet` for one trace."""
+    """A parsed ``--select`` spec; ``resolve`` turns it into a :class:`TokenSet` or :class:`KeepMap` for one trace."""
 
     spec: str
     kind: str
-    amount: str | None = None  # as typed: "0.2" (fraction) or "100" (count)
+    budget: Budget | None = None
     seed: int | None = None
     positions: tuple[int, ...] = ()
     policy: str | None = None  # kind "policy": the policy's name
@@ -54,17 +59,22 @@ class Selection:
         if self.kind == "positions":
             return self.spec
         if self.kind == "policy":
-            return f"policy:{self.policy}@{self.amount}"
-        return f"{self.kind}:{self.amount}" + (f"@{self.seed}" if self.seed is not None else "")
+            return f"policy:{self.policy}@{self.budget.label}"
+        return f"{self.kind}:{self.budget.label}" + (f"@{self.seed}" if self.seed is not None else "")
 
     def count(self, trace: Trace) -> int:
-        return budget_count(self.amount, trace.scored, self.spec)
+        """Positions this selector removes from the prefix ``[0, p)``."""
+        if self.budget.exceeds(trace.prefix_len):
+            raise FIError(f"--select {self.spec}: a count of {self.budget.amount:,} is more than the "
+                          f"{trace.prefix_len:,} positions of the prefix")
+        return self.budget.removed(trace.prefix_len)
 
     def resolve(self, trace: Trace, sinks: int = 4, alpha: float | None = None) -> TokenSet | KeepMap:
         p, scored = trace.prefix_len, trace.scored
         if self.kind == "policy":
             return self._policy_keep_map(trace, alpha)
-        meta = {"selection": self.label, "selector": self.kind, "seed": self.seed, "budget": self.amount}
+        meta = {"selection": self.label, "selector": self.kind, "seed": self.seed,
+                "budget": None if self.budget is None else self.budget.label}
         if self.kind == "positions":
             bad = [i for i in self.positions if i >= p]
             if bad:
@@ -72,16 +82,22 @@ class Selection:
             return TokenSet(self.label, torch.tensor(self.positions, dtype=torch.long), meta)
         n = self.count(trace)
         candidates = max(0, scored - sinks)
+        if n == 0:
+            raise FIError(f"--select {self.spec} removes 0 of the {p:,} prefix positions; "
+                          "give a larger share or a count")
         if n > candidates:
             raise FIError(
-                f"--select {self.spec}: budget of {n:,} tokens is larger than the {candidates:,} candidate "
-                f"positions [{sinks}, {scored}) of the prefix"
+                f"--select {self.spec}: removing {n:,} tokens needs more than the {candidates:,} candidate "
+                f"positions [{sinks}, {scored}) of the prefix (sinks and the window are never picked)"
             )
         if self.kind == "random":
             gen = torch.Generator().manual_seed(self.seed or 0)
             picked = sinks + torch.randperm(candidates, generator=gen)[:n]
         else:
             scores = token_scores(trace, self.kind, alpha)[sinks:scored]
+            if not torch.isfinite(scores).all():
+                raise FIError(f"--select {self.spec}: the {self.kind} scores hold non-finite values "
+                              "(NaN or inf); refusing to rank them")
             order = torch.sort(scores, descending=True, stable=True).indices  # ties: earlier position first
             picked = sinks + order[:n]
         return TokenSet(self.label, picked, meta)
@@ -90,53 +106,43 @@ class Selection:
         from .policies import make_policy
 
         c = trace.config
-        policy = make_policy(self.policy, budget=self.amount, window=c.window, alpha=c.alpha if alpha is None else alpha,
-                             tau=c.tau, top_k=c.top_k)
+        policy = make_policy(self.policy, budget=self.budget, window=c.window,
+                             alpha=c.alpha if alpha is None else alpha, tau=c.tau, top_k=c.top_k)
         keep_map = policy.keep_map(trace)
+        if min(keep_map.counts()) >= trace.prefix_len:
+            raise FIError(f"--select {self.spec} keeps all {trace.prefix_len:,} prefix positions: nothing to measure")
         keep_map.label = self.label
         keep_map.meta.update(selection=self.label, seed=None)
         return keep_map
 
 
-def budget_count(amount: str, scored: int, spec: str) -> int:
-    """``"0.2"`` -> ``round(0.2 * scored)``; ``"100"`` -> 100."""
-    try:
-        value = float(amount)
-    except (TypeError, ValueError):
-        raise FIError(f"--select {spec}: budget '{amount}' is not a number (use a fraction like 0.2 or a count like 100)") from None
-    if not value >= 0 or value != value or value == float("inf"):
-        raise FIError(f"--select {spec}: budget must be a finite number >= 0")
-    if any(ch in amount for ch in ".eE"):
-        if value > 1:
-            raise FIError(f"--select {spec}: a fractional budget must lie in [0, 1]")
-        return int(round(value * scored))
-    return int(value)
-
-
 def _parse_positions(text: str, spec: str) -> tuple[int, ...]:
-    out: list[int] = []
+    ranges: list[tuple[int, int]] = []
     try:
         for part in filter(None, text.split(",")):
             a, _, b = part.partition("-")
             lo, hi = int(a), int(b) if b else int(a)
             if lo < 0 or hi < lo:
                 raise ValueError
-            out.extend(range(lo, hi + 1))
+            ranges.append((lo, hi))
     except ValueError:
         raise FIError(f"--select {spec}: expected positions like 10-20,35 (inclusive, non-negative)") from None
-    if not out:
+    if not ranges:
         raise FIError(f"--select {spec}: no positions given")
-    return tuple(sorted(set(out)))
+    last = max(hi for _, hi in ranges)
+    if last >= MAX_POSITION:
+        raise FIError(f"--select {spec}: position {last:,} is past any model's context")
+    return tuple(torch.unique(torch.cat([torch.arange(lo, hi + 1) for lo, hi in ranges])).tolist())
 
 
 def parse_selection(spec: str) -> list[Selection]:
-    """Parse one ``--select`` spec; ``random:R@A-B`` expands to one selection per seed."""
+    """Parse one ``--select`` spec; ``random:BUDGET@A-B`` expands to one selection per seed."""
     kind, sep, rest = spec.partition(":")
     kind = kind.strip().lower()
     if kind not in SELECTORS:
         raise FIError(f"unknown selector '{kind}' in --select {spec} (choose from {', '.join(SELECTORS)})")
     if not sep or not rest:
-        raise FIError(f"--select {spec}: expected {kind}:BUDGET, e.g. {kind}:0.2")
+        raise FIError(f"--select {spec}: expected {kind}:BUDGET, e.g. {kind}:remove=0.1")
     if kind == "positions":
         return [Selection(spec, kind, positions=_parse_positions(rest, spec))]
     if kind == "policy":
@@ -144,25 +150,28 @@ def parse_selection(spec: str) -> list[Selection]:
 
         name, _, amount = rest.partition("@")
         if not amount:
-            raise FIError(f"--select {spec}: expected policy:NAME@BUDGET, e.g. policy:infokv@0.2")
-        make_policy(name, budget=amount)  # validate name and budget now, before any model work
-        return [Selection(spec, kind, amount.strip(), policy=name.strip().lower())]
+            raise FIError(f"--select {spec}: expected policy:NAME@BUDGET, e.g. policy:infokv@keep=0.25")
+        budget = Budget.parse(amount, f"budget in --select {spec}")
+        make_policy(name, budget=budget)  # validate the name now, before any model work
+        return [Selection(spec, kind, budget, policy=name.strip().lower())]
     amount, at, seeds = rest.partition("@")
-    budget_count(amount, 1, spec)  # validate now, before any model work
+    budget = Budget.parse(amount, f"budget in --select {spec}")
     if kind != "random":
         if at:
             raise FIError(f"--select {spec}: only random takes @SEED")
-        return [Selection(spec, kind, amount)]
+        return [Selection(spec, kind, budget)]
     if not at:
-        return [Selection(spec, kind, amount, 0)]
+        return [Selection(spec, kind, budget, 0)]
     try:
         lo, _, hi = seeds.partition("-")
-        seed_range = range(int(lo), int(hi or lo) + 1)
+        first, last = int(lo), int(hi or lo)
     except ValueError:
         raise FIError(f"--select {spec}: seed must be an integer or a range like 0-4") from None
-    if not seed_range:
-        raise FIError(f"--select {spec}: empty seed range")
-    return [Selection(spec, kind, amount, s) for s in seed_range]
+    if first < 0 or last < first:
+        raise FIError(f"--select {spec}: seeds must be >= 0 and a range must go upwards, like 0-4")
+    if last - first + 1 > MAX_SEEDS:
+        raise FIError(f"--select {spec}: {last - first + 1:,} seeds; at most {MAX_SEEDS} per spec")
+    return [Selection(spec, kind, budget, s) for s in range(first, last + 1)]
 
 
 def parse_selections(specs: list[str]) -> list[Selection]:

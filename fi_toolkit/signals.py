@@ -43,43 +43,54 @@ def pool_scores(scores: torch.Tensor, kernel: int) -> torch.Tensor:
     return pooled.reshape(scores.shape)
 
 
+def attention_received(queries: torch.Tensor, keys: torch.Tensor, scaling: float) -> torch.Tensor:
+    """Attention each key receives, summed over ``queries``, averaged over each GQA group -> ``[Hkv, p]``.
+
+    ``queries [Hq, n, hd]`` are the RoPE-rotated queries of the last ``n`` positions of a sequence
+    whose rotated keys are ``keys [Hkv, p, hd]``; causal softmax in float32, unpooled. This is the
+    one scale H2O accumulates on (window queries at prefill, each generated query after).
+    """
+    n_q, n, _ = queries.shape
+    n_kv, p, _ = keys.shape
+    groups = n_q // n_kv
+    k = keys.float().repeat_interleave(groups, dim=0)  # query head h reads KV head h // groups
+    scores = torch.matmul(queries.float(), k.transpose(1, 2)) * scaling  # [Hq, n, p]
+    query_pos = torch.arange(p - n, p, device=keys.device)[:, None]
+    key_pos = torch.arange(p, device=keys.device)[None, :]
+    scores = scores.masked_fill(key_pos > query_pos, float("-inf"))
+    return torch.softmax(scores, dim=-1).sum(dim=1).view(n_kv, groups, p).mean(dim=1)
+
+
 def window_attention(
     queries: torch.Tensor,
     keys: torch.Tensor,
     scaling: float,
     pool_kernel: int = 7,
 ) -> torch.Tensor:
-    """Window attention per KV head, SPEC signal 4.
+    """Window attention per KV head (docs/method.md, signal 4) -> ``[Hkv, p]``.
 
-    ``queries [Hq, w, hd]`` are the RoPE-rotated queries of the last ``w`` positions of the prefix,
-    ``keys [Hkv, p, hd]`` the rotated keys of the whole prefix. Causal softmax in float32, mean over
-    the window queries, average pool over the scored positions ``[0, p - w)`` (the window's own
-    scores are left unpooled: pooling across the boundary would leak window mass into the last
-    scored tokens), then the mean over the query heads of each GQA group -> ``[Hkv, p]``.
+    The mean over the ``w`` window queries of :func:`attention_received` (causal softmax in float32,
+    mean over each GQA group), average-pooled over the scored positions ``[0, p - w)`` (the window's
+    own scores are left unpooled: pooling across the boundary would leak window mass into the last
+    scored tokens). Pooling and the group mean are both linear, so their order does not matter.
     """
-    n_q, w, _ = queries.shape
-    n_kv, p, _ = keys.shape
-    groups = n_q // n_kv
-    k = keys.float().repeat_interleave(groups, dim=0)  # query head h reads KV head h // groups
-    scores = torch.matmul(queries.float(), k.transpose(1, 2)) * scaling  # [Hq, w, p]
-    query_pos = torch.arange(p - w, p, device=keys.device)[:, None]
-    key_pos = torch.arange(p, device=keys.device)[None, :]
-    scores = scores.masked_fill(key_pos > query_pos, float("-inf"))
-    attn = torch.softmax(scores, dim=-1).mean(dim=1)  # [Hq, p]
-    attn = torch.cat([pool_scores(attn[:, : p - w], pool_kernel), attn[:, p - w :]], dim=-1)
-    return attn.view(n_kv, groups, p).mean(dim=1)
+    w = queries.shape[1]
+    p = keys.shape[1]
+    attn = attention_received(queries, keys, scaling) / w
+    return torch.cat([pool_scores(attn[:, : p - w], pool_kernel), attn[:, p - w :]], dim=-1)
 
 
 def layer_entropy_score(distance: torch.Tensor, entropy: torch.Tensor, tau: float = 1.0) -> torch.Tensor:
-    """``E^(l)_i = (D^(l)_i + tau) * H_i`` -> ``[L, n]``; ``tau`` keeps the score alive where ``D = 0``."""
-    return (distance + tau) * entropy.unsqueeze(0)
+    """``E^(l)_i = (D^(l)_i + tau) * H_i`` (``entropy`` broadcast against ``distance``); ``tau`` keeps the
+    score alive where ``D = 0``."""
+    return (distance.float() + tau) * entropy.float()
 
 
-def infokv_score(attention: torch.Tensor, layer_entropy: torch.Tensor, alpha: float, scored: int) -> torch.Tensor:
-    """``S = alpha * A + (1 - alpha) * softmax_i(E)`` over the scored positions ``[0, scored)``.
+def infokv_score(attention: torch.Tensor, layer_entropy: torch.Tensor, alpha: float) -> torch.Tensor:
+    """``S = alpha * A + (1 - alpha) * softmax(E)``, the softmax over the last axis: the candidate positions.
 
-    ``attention [L, Hkv, p]``, ``layer_entropy [L, p]`` -> ``[L, Hkv, scored]``. ``alpha = 1`` returns
-    the attention scores unchanged (SnapKV scoring); ``alpha = 0`` pure entropy scoring.
+    The one implementation of the InfoKV score: the trace (``Trace.infokv``) and the policy
+    (``policies.InfoKV``) both call it, on the positions each may evict. ``alpha = 1`` returns the
+    attention scores unchanged (SnapKV scoring); ``alpha = 0`` pure entropy scoring.
     """
-    soft = torch.softmax(layer_entropy[:, :scored].float(), dim=-1).unsqueeze(1)
-    return alpha * attention[..., :scored] + (1.0 - alpha) * soft
+    return alpha * attention.float() + (1.0 - alpha) * torch.softmax(layer_entropy.float(), dim=-1)

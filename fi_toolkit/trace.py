@@ -24,6 +24,21 @@ from . import signals
 from .errors import FIError
 
 
+ENTROPY_OF = ("produced", "next")
+
+
+def entropy_of_tokens(at_position: torch.Tensor, entropy_of: str) -> torch.Tensor:
+    """Per-token ``H`` from the entropies of the distributions computed *at* each position.
+
+    ``"next"``: ``H_i`` is the entropy at ``i`` (predicting ``x_{i+1}``), returned as is.
+    ``"produced"`` (the default): ``H_i`` is the entropy of the distribution that produced ``x_i``,
+    i.e. the one computed at ``i - 1``; nothing predicted ``x_0``, so ``H_0 = 0``.
+    """
+    if entropy_of == "next":
+        return at_position
+    return torch.cat([at_position.new_zeros(1), at_position[:-1]])
+
+
 @dataclass(frozen=True)
 class SignalConfig:
     """Options of SPEC "Signals"; defaults follow the paper where it states them."""
@@ -33,7 +48,8 @@ class SignalConfig:
     pool_kernel: int = 7  # average-pool kernel over positions for window attention (1 = off)
     tau: float = 1.0  # bias in E = (D + tau) * H
     alpha: float = 0.9  # InfoKV mix: alpha * attention + (1 - alpha) * softmax(E)
-    entropy_of: str = "current"  # "current": distribution at i; "previous": the one that predicted x_i
+    entropy_of: str = "produced"  # "produced": H of the distribution that produced x_i (logits at i-1; H_0 = 0);
+    # "next": H of the distribution computed at i (predicting x_{i+1}). See docs/method.md, "Which entropy".
     final_norm: bool = False  # D against h^(L) after the final norm instead of before it
     prefill_chunk: int = 2048  # tokens per forward while tracing the prefix
     lm_head_block: int = 512  # rows of logits at a time in the streamed LM head
@@ -47,8 +63,8 @@ class SignalConfig:
             raise FIError(f"tau must be a finite number, got {self.tau}")
         if not 0.0 <= self.alpha <= 1.0:
             raise FIError(f"alpha must lie in [0, 1], got {self.alpha}")
-        if self.entropy_of not in ("current", "previous"):
-            raise FIError(f"entropy_of must be 'current' or 'previous', got '{self.entropy_of}'")
+        if self.entropy_of not in ENTROPY_OF:
+            raise FIError(f"entropy_of must be one of {', '.join(ENTROPY_OF)}, got '{self.entropy_of}'")
         if self.pool_kernel < 1 or self.pool_kernel % 2 == 0:
             raise FIError(f"pool_kernel must be an odd number >= 1, got {self.pool_kernel}")
 
@@ -59,7 +75,8 @@ class Trace:
 
     ``keys[l]``/``values[l]``: ``[1, Hkv, p, head_dim]`` (keys RoPE-rotated, as the model caches them).
     ``entropy [p]``, ``distance [L, p]`` (distance of layer input l to the final state),
-    ``attention [L, Hkv, p]`` (window attention).
+    ``attention [L, Hkv, p]`` (window attention, pooled), ``accumulated [L, Hkv, p]`` (attention
+    received from the window queries, summed and unpooled: H2O's prefill accumulator).
     """
 
     prefix_len: int
@@ -68,6 +85,7 @@ class Trace:
     entropy: torch.Tensor
     distance: torch.Tensor
     attention: torch.Tensor
+    accumulated: torch.Tensor
     config: SignalConfig
 
     @property
@@ -85,12 +103,13 @@ class Trace:
 
     def layer_entropy(self, tau: float | None = None) -> torch.Tensor:
         """``E^(l)`` -> ``[L, p]``."""
-        return signals.layer_entropy_score(self.distance, self.entropy, self.config.tau if tau is None else tau)
+        return signals.layer_entropy_score(self.distance, self.entropy[None], self.config.tau if tau is None else tau)
 
     def infokv(self, alpha: float | None = None, tau: float | None = None) -> torch.Tensor:
         """``S^(l)_{h,i}`` over the scored positions -> ``[L, Hkv, p - w]``."""
         alpha = self.config.alpha if alpha is None else alpha
-        return signals.infokv_score(self.attention, self.layer_entropy(tau), alpha, self.scored)
+        scored = self.scored
+        return signals.infokv_score(self.attention[..., :scored], self.layer_entropy(tau)[:, None, :scored], alpha)
 
     def token_table(self, tokens: list[str] | None = None) -> pd.DataFrame:
         """One row per prefix position: H, mean A, mean D, mean E, mean S, and per-layer D, E, A."""
@@ -147,12 +166,6 @@ def window_queries(attn_module, hidden_states, position_embeddings, window: int)
     return q[0]
 
 
-def _chunk_bounds(p: int, window: int, chunk: int) -> list[tuple[int, int]]:
-    """Chunks of ``[0, p)`` whose last one holds the whole observation window."""
-    starts = list(range(0, max(p - window, 1), chunk))
-    return [(s, starts[i + 1] if i + 1 < len(starts) else p) for i, s in enumerate(starts)]
-
-
 class SignalTracker:
     """Forward hooks that keep the last ``w`` rotated queries of every layer, record (when
     ``token_signals``) every fed token's top-k entropy ``H`` and ``D^(l)`` into preallocated
@@ -198,13 +211,10 @@ class SignalTracker:
         prev = self.queries[i]
         self.queries[i] = (q if prev is None else torch.cat([prev, q], dim=1))[:, -w:]
         if self.accumulated is not None and hs.shape[1] == 1 and self.accumulated[i] is not None:
-            keys = self.cache.layers[i].keys[0]
-            n_kv, n = keys.shape[0], keys.shape[1]
-            k = keys.float().repeat_interleave(q.shape[0] // n_kv, dim=0)
-            attn = torch.softmax(torch.matmul(q.float(), k.transpose(1, 2)) * module.scaling, dim=-1)[:, 0]
+            keys = self.cache.layers[i].keys[0]  # already holds this step's key
             acc = self.accumulated[i]
-            acc = torch.cat([acc, acc.new_zeros(n_kv, n - acc.shape[1])], dim=1)
-            self.accumulated[i] = acc + attn.view(n_kv, -1, n).mean(dim=1)
+            acc = torch.cat([acc, acc.new_zeros(keys.shape[0], keys.shape[1] - acc.shape[1])], dim=1)
+            self.accumulated[i] = acc + signals.attention_received(q, keys, module.scaling)
 
     def record(self, start: int, hidden: torch.Tensor, last_logits: torch.Tensor | None) -> None:
         """After a forward of tokens at ``[start, start + q)``: store their H and D^(l)."""
@@ -223,8 +233,13 @@ class SignalTracker:
         self._inputs.clear()
 
     def window_attention(self, layer: int, keys: torch.Tensor) -> torch.Tensor:
+        """Pooled window attention of ``layer`` over ``keys [1, Hkv, n, hd]`` -> ``[Hkv, n]``."""
         scaling = self.layers[layer].self_attn.scaling
         return signals.window_attention(self.queries[layer], keys[0], scaling, self.config.pool_kernel)
+
+    def received(self, layer: int, keys: torch.Tensor) -> torch.Tensor:
+        """Attention the kept window queries gave each of ``keys``, summed, unpooled -> ``[Hkv, n]``."""
+        return signals.attention_received(self.queries[layer], keys[0], self.layers[layer].self_attn.scaling)
 
     def gather(self, keep: list[torch.Tensor]) -> None:
         if self.accumulated is not None:
@@ -245,7 +260,8 @@ def trace_prefix(model: torch.nn.Module, ids: torch.Tensor, prefix_len: int, con
     tracker = SignalTracker(model, config, capacity=p, accumulate=False)
     tracker.cache = cache = DynamicCache(config=model.config)
     try:
-        for a, b in _chunk_bounds(p, config.window, config.prefill_chunk):
+        for a in range(0, p, config.prefill_chunk):  # the tracker carries the last w queries across chunks
+            b = min(p, a + config.prefill_chunk)
             positions = torch.arange(a, b, device=device).unsqueeze(0)
             hidden = model.base_model(
                 input_ids=ids[a:b].to(device).unsqueeze(0), position_ids=positions, cache=cache, use_cache=True
@@ -255,9 +271,9 @@ def trace_prefix(model: torch.nn.Module, ids: torch.Tensor, prefix_len: int, con
         tracker.close()
 
     entropy = tracker.entropy.cpu()
-    if config.entropy_of == "previous":  # H_i of the distribution that predicted x_i; nothing predicted x_0
-        entropy = torch.cat([torch.zeros(1), entropy[:-1]])
+    entropy = entropy_of_tokens(entropy, config.entropy_of)
     keys = [layer.keys for layer in cache.layers]
     values = [layer.values for layer in cache.layers]
     attention = torch.stack([tracker.window_attention(i, k).cpu() for i, k in enumerate(keys)])
-    return Trace(p, keys, values, entropy, tracker.distance.cpu(), attention, config)
+    accumulated = torch.stack([tracker.received(i, k).cpu() for i, k in enumerate(keys)])
+    return Trace(p, keys, values, entropy, tracker.distance.cpu(), attention, accumulated, config)

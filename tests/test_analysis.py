@@ -81,27 +81,66 @@ def test_degenerate_input_is_nan_not_an_error():
         correlation([1, 2, 3], [1, 2, 3], "bogus")
 
 
-def test_candidates_are_stratified_by_entropy(trace):
+def test_candidates_default_to_a_uniform_sample(trace):
     sinks = 4
     pool = torch.arange(sinks, trace.scored)
-    assert torch.equal(candidate_positions(trace, "all", sinks), pool)
-    picked = candidate_positions(trace, "sample:10", sinks, seed=3)
+    everything, w_all = candidate_positions(trace, "all", sinks)
+    assert torch.equal(everything, pool) and np.all(w_all == 1)
+    picked, weights = candidate_positions(trace, "sample:10", sinks, seed=3)
     assert picked.numel() == 10 and torch.equal(picked, torch.sort(torch.unique(picked)).values)
-    assert picked.min() >= sinks and picked.max() < trace.scored
+    assert picked.min() >= sinks and picked.max() < trace.scored and np.all(weights == 1)
+    assert torch.equal(picked, candidate_positions(trace, "sample:10", sinks, seed=3)[0])
+    # uniform: over many seeds every position is drawn about equally often (10 of 116 per draw)
+    counts = np.zeros(trace.scored)
+    for seed in range(600):
+        counts[candidate_positions(trace, "sample:10", sinks, seed=seed)[0].numpy()] += 1
+    expected = 600 * 10 / pool.numel()
+    assert stats.chisquare(counts[sinks:]).pvalue > 1e-3 and abs(counts[sinks:].mean() - expected) < 1e-9
+    for bad in ("sample:0", "half", "stratified:x"):
+        with pytest.raises(FIError):
+            candidate_positions(trace, bad)
+    with pytest.raises(FIError, match="--seed must be >= 0"):
+        candidate_positions(trace, "sample:3", seed=-1)
+    with pytest.raises(FIError, match="--sinks 200 leaves no candidates"):
+        candidate_positions(trace, "sample:3", sinks=200)
+
+
+def test_stratified_candidates_carry_inverse_inclusion_weights(trace):
+    sinks, n = 4, 10
+    pool = torch.arange(sinks, trace.scored)
+    picked, weights = candidate_positions(trace, f"stratified:{n}", sinks, seed=3)
     order = np.argsort(trace.entropy[pool].numpy(), kind="stable")
-    strata = np.array_split(order, 10)
-    for stratum in strata:  # exactly one from each entropy stratum
-        assert sum(int(p) - sinks in set(stratum.tolist()) for p in picked) == 1
-    assert torch.equal(picked, candidate_positions(trace, "sample:10", sinks, seed=3))
-    with pytest.raises(FIError):
-        candidate_positions(trace, "sample:0")
-    with pytest.raises(FIError):
-        candidate_positions(trace, "half")
+    strata = np.array_split(order, n)
+    sizes = []
+    for p in picked.tolist():  # exactly one from each entropy stratum, weighted by its size
+        (stratum,) = [s for s in strata if p - sinks in set(s.tolist())]
+        sizes.append(len(stratum))
+    assert sorted(len(s) for s in strata) == sorted(sizes)
+    np.testing.assert_allclose(weights, np.array(sizes) / np.mean(sizes))
+
+
+def test_weighted_coefficients(trace):
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=40)
+    y = 0.5 * x + rng.normal(size=40)
+    x[:5] = x[0]  # ties
+    ones = correlation(x, y, "kendall", n_resamples=0, weights=np.ones(40))
+    assert not ones["weighted"] and ones["rho"] == pytest.approx(stats.kendalltau(x, y).statistic)
+    # integer weights = repeating each pair that many times (scipy on the repeated arrays)
+    w = rng.integers(1, 4, size=40).astype(float)
+    xr, yr = np.repeat(x, w.astype(int)), np.repeat(y, w.astype(int))
+    for method, ref in (("spearman", stats.spearmanr), ("pearson", stats.pearsonr)):
+        r = correlation(x, y, method, n_resamples=50, weights=w)
+        assert r["weighted"] and np.isnan(r["p_value"]) and r["ci_low"] <= r["rho"] <= r["ci_high"]
+        assert r["rho"] == pytest.approx(ref(xr, yr).statistic, abs=1e-12)
+    # Kendall with pair weights w_i w_j: equals tau-b on the repeated arrays up to the pairs within a repeat
+    tau = correlation(x, y, "kendall", n_resamples=0, weights=w)["rho"]
+    assert abs(tau - stats.kendalltau(xr, yr).statistic) < 0.05 and tau > 0
 
 
 def test_per_token_fi_equals_one_token_probe(tiny, doc, trace):
     chunks = [Chunk(P, P + 24), Chunk(P + 40, P + 64)]
-    positions = candidate_positions(trace, "sample:6", 4, seed=0)
+    positions, _ = candidate_positions(trace, "sample:6", 4, seed=0)
     fi = per_token_fi(tiny.model, trace, doc.ids, positions, chunks, batch_size=4)
     assert fi.shape == (6, 2) and np.all(fi >= 0)
     for row, j in enumerate(positions.tolist()[:3]):
@@ -128,13 +167,12 @@ def test_correlate_signals_rows_match_direct_scipy(trace):
 
 def test_nearfar_sets_and_relative_columns(tiny, doc, trace):
     chunks = [Chunk(P, P + 16), Chunk(P + 32, P + 48), Chunk(P + 64, P + 80)]
-    tables = nearfar_document(tiny.model, doc, trace, chunks, ratio=0.1, seeds=2, sink_options=(4, 0), batch_size=8)
+    tables = nearfar_document(tiny.model, doc, trace, chunks, budget="remove=0.1", seeds=2, sink_options=(4, 0),
+                              batch_size=8)
     nf = tables["nearfar"]
     assert set(nf["sinks"]) == {4, 0}
-    assert nf.groupby(["sinks", "selection"])["n_removed"].nunique().eq(1).all()
-    assert nf["n_removed"].nunique() == 1  # equal-size sets
-    # protected sets never contain a sink: compare with one-set probes
-    prot = probe_document(tiny, doc, chunks, ["attention:0.1"], prefix=P, sinks=4, config=CFG)
+    assert set(nf["n_removed"]) == {round(0.1 * P)} and set(nf["n_kept"]) == {P - round(0.1 * P)}  # equal sizes
+    prot = probe_document(tiny, doc, chunks, ["attention:remove=0.1"], prefix=P, sinks=4, config=CFG)
     got = nf[(nf.sinks == 4) & (nf.selector == "attention")]["fi"].to_numpy()
     np.testing.assert_allclose(got, prot["fi"].to_numpy(), rtol=1e-5, atol=1e-9)
     rel = add_relative_columns(nf)
@@ -144,6 +182,29 @@ def test_nearfar_sets_and_relative_columns(tiny, doc, trace):
     classes = tables["token_classes"]
     assert len(classes) == nf[["sinks", "selection"]].drop_duplicates().shape[0]
     assert np.allclose(classes[["share_content", "share_function", "share_other"]].sum(axis=1), 1.0)
+
+
+def test_protected_nearfar_sets_never_contain_a_sink(tiny, doc, trace, monkeypatch):
+    """Capture the sets the study really measures, and check them position by position."""
+    import fi_toolkit.analysis.nearfar as nearfar
+
+    seen = []
+    real = nearfar.forward_influence
+
+    def spy(model, trace, ids, evictions, chunks, **kwargs):
+        seen.extend(evictions)
+        return real(model, trace, ids, evictions, chunks, **kwargs)
+
+    monkeypatch.setattr(nearfar, "forward_influence", spy)
+    tables = nearfar_document(tiny.model, doc, trace, [Chunk(P, P + 8)], budget="remove=0.2", seeds=3,
+                              sink_options=(4, 0), batch_size=8)
+    protected = [e for e in seen if e.meta["sinks"] == 4]
+    assert len(protected) == 7  # four score-based sets and three random ones
+    for e in protected:
+        assert e.removed.min() >= 4 and e.removed.max() < trace.scored, e.label
+    # without protection the attention set does take the sink at position 0 here
+    unprotected = {e.label for e in seen if e.meta["sinks"] == 0 and 0 in e.removed.tolist()}
+    assert unprotected and tables["nearfar"]["sinks"].isin([4, 0]).all()
 
 
 def test_paired_test_is_one_sided_wilcoxon():

@@ -13,6 +13,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from fi_toolkit import cli
 from fi_toolkit.errors import FIError
 from fi_toolkit.generate import CompressedDecoder, cache_bytes, generate, signal_config_for
+from fi_toolkit.models import tiny_model
 from fi_toolkit.policies import RPC, InfoKV, PyramidKV, SnapKV, StreamingLLM, make_policy
 from fi_toolkit.trace import trace_prefix
 
@@ -99,8 +100,10 @@ def test_full_budget_greedy_is_token_identical_to_plain_generate(tiny, tiny_ids,
     result = generate(model, None, ids, InfoKV(budget=budget, window=W), max_new_tokens=30, interval=5)
     assert result.tokens == plain
     assert result.stats.compressions == 0 and not result.stats.prefill_compressed
+    assert result.stats.note.startswith("nothing evicted")  # said, not silent
 
 
+@pytest.mark.smollm
 def test_full_budget_on_smollm2_is_token_identical_and_streams(smollm):
     model, tok = smollm.model, smollm.tokenizer
     prompt = "Explain how a KV cache works."
@@ -153,19 +156,88 @@ def test_uneven_layers_decode_and_keep_the_total(tiny, tiny_ids):
         assert (pos[:, -W:] == torch.arange(P + 25 - W, P + 25)).all()
 
 
-def test_rpc_never_evicts_the_prompt(tiny, tiny_ids):
+def _pooled_window_attention(model, ids: torch.Tensor, window: int, kernel: int = 7) -> list[torch.Tensor]:
+    """From the eager model's output_attentions over ``ids`` (no cache, no compression): the mean over
+    the last ``window`` query rows, zero-padded uniform pooling over ``[0, n - window)``, GQA-group mean."""
+    import numpy as np
+    from scipy.ndimage import convolve1d
+
+    eager = tiny_model(seed=0, attn_implementation="eager").model
+    eager.load_state_dict(model.state_dict())
+    n = ids.numel()
+    with torch.no_grad():
+        att = eager(ids[None], output_attentions=True).attentions
+    out = []
+    for a in att:
+        rows = a[0, :, n - window :, :].double().mean(dim=1).numpy()  # [Hq, n]
+        scored = convolve1d(rows[:, : n - window], np.ones(kernel) / kernel, axis=-1, mode="constant")
+        rows = np.concatenate([scored, rows[:, n - window :]], axis=-1)
+        hkv = model.config.num_key_value_heads
+        out.append(torch.from_numpy(rows).view(hkv, -1, n).mean(dim=1))
+    return out
+
+
+def test_rpc_keeps_the_prompt_and_its_share_of_the_generated_tokens(tiny, tiny_ids):
+    """A ratio for a policy that keeps the prompt is a share of what it may compress: the generated
+    tokens. Which ones: the window plus the top pooled window attention of the generated part."""
+    prompt, fed = 60, 100
     policy = RPC(budget=0.8, window=W)
     decoder = CompressedDecoder(tiny.model, policy, 300)
-    _, keep = decoder.prefill(tiny_ids[:60])
+    _, keep = decoder.prefill(tiny_ids[:prompt])
     assert keep is None
-    for t in tiny_ids[60:160]:
+    for t in tiny_ids[prompt : prompt + fed]:
         decoder.step(int(t))
     keep = decoder.compress()
     decoder.close()
-    assert keep.counts() == [round(0.8 * 160)] * 4
-    for pos in decoder.positions:
-        assert (pos[:, :60] == torch.arange(60)).all()  # the prompt, untouched
-        assert (pos[:, 60:] >= 60).all()
+    assert keep.counts() == [prompt + round(0.8 * fed)] * 4
+    scores = _pooled_window_attention(tiny.model, tiny_ids[: prompt + fed], W)
+    n = prompt + fed
+    for layer, pos in enumerate(decoder.positions):
+        for head in range(pos.shape[0]):
+            kept = pos[head].tolist()
+            assert kept[:prompt] == list(range(prompt))  # the prompt, untouched
+            candidates = scores[layer][head][prompt : n - W]
+            order = sorted(range(candidates.numel()), key=lambda i: (-float(candidates[i]), i))
+            expected = {prompt + i for i in order[: round(0.8 * fed) - W]} | set(range(n - W, n))
+            assert set(kept[prompt:]) == expected, (layer, head)
+
+
+def test_a_budget_that_never_evicts_is_refused_or_said(tiny, tiny_ids):
+    # RPC keeping 25 % of 60 generated tokens can never hold more than the window of 16: refused
+    with pytest.raises(FIError, match="keeps at most 15 of the 60 tokens it may compress"):
+        generate(tiny.model, None, tiny_ids[:P], RPC(budget=0.25, window=W), max_new_tokens=60, interval=10)
+    # an interval longer than the generation: nothing is evicted, and the stats say so
+    result = generate(tiny.model, None, tiny_ids[:P], RPC(budget=0.5, window=W), max_new_tokens=60, interval=100,
+                      eos_token_id=[])
+    assert result.stats.compressions == 0 and result.stats.note.startswith("nothing evicted")
+    result = generate(tiny.model, None, tiny_ids[:P], RPC(budget=0.5, window=W), max_new_tokens=81, interval=40,
+                      eos_token_id=[])
+    assert result.stats.compression_steps == [40, 80] and not result.stats.note
+    assert max(result.stats.cache_lengths) == P + 60  # P + 40 -> P + 20 at 40, then 40 more: P + 60 -> P + 40
+
+
+def test_h2o_decoding_accumulator_equals_summed_eager_attention(tiny, tiny_ids):
+    """H2O accumulates one quantity: the attention each entry received, summed over the window
+    queries of the prompt and every generated query, unpooled, GQA-group mean."""
+    from fi_toolkit.policies import H2O
+
+    steps = 10
+    decoder = CompressedDecoder(tiny.model, H2O(budget=1.0, window=W), 300)
+    decoder.prefill(tiny_ids[:P])
+    for t in tiny_ids[P : P + steps]:
+        decoder.step(int(t))
+    accumulated = decoder.tracker.accumulated
+    decoder.close()
+    eager = tiny_model(seed=0, attn_implementation="eager").model
+    eager.load_state_dict(tiny.model.state_dict())
+    n = P + steps
+    with torch.no_grad():
+        att = eager(tiny_ids[:n][None], output_attentions=True).attentions
+    rows = list(range(P - W, P)) + list(range(P, n))  # window queries, then every generated query
+    hkv = tiny.model.config.num_key_value_heads
+    for layer, a in enumerate(att):
+        expected = a[0][:, rows, :].double().sum(dim=1).view(hkv, -1, n).mean(dim=1)
+        torch.testing.assert_close(accumulated[layer].double(), expected, rtol=1e-4, atol=1e-6)
 
 
 def test_prefill_bytes_are_the_budget_share(tiny, tiny_ids):
@@ -173,7 +245,7 @@ def test_prefill_bytes_are_the_budget_share(tiny, tiny_ids):
         decoder = CompressedDecoder(tiny.model, policy, 200)
         decoder.prefill(tiny_ids[:P])
         decoder.close()
-        k = round(0.3 * P) if isinstance(policy.budget, float) else 50
+        k = round(0.3 * P) if policy.budget.is_share else 50
         full = 4 * 2 * 2 * P * 16 * 4  # layers x (K, V) x Hkv x P x head_dim x float32
         assert cache_bytes(decoder.cache) * P == full * k
 
@@ -200,9 +272,11 @@ def test_stops_at_eos(tiny, tiny_ids):
     "kwargs, message",
     [
         ({"policy": SnapKV(budget=W, window=W)}, "not above the window"),
-        ({"policy": SnapKV(budget=1000, window=W)}, "above the whole sequence"),
+        ({"policy": SnapKV(budget=1000, window=W)}, "above the 130 tokens it may compress"),
+        ({"policy": SnapKV(budget="remove=0.95", window=W)}, "not above the window"),
         ({"policy": SnapKV(budget=0.1, window=W)}, "not above the window"),
-        ({"policy": RPC(budget=100, window=W)}, "protected"),
+        ({"policy": RPC(budget=100, window=W)}, "above the 10 tokens it may compress"),
+        ({"policy": RPC(budget=0.9, window=W)}, "not above the window"),
         ({"interval": 0}, "interval"),
         ({"max_new_tokens": 0}, "max_new_tokens"),
     ],
@@ -231,14 +305,17 @@ def prompt_file(tmp_path_factory):
     "args, message",
     [
         (["--budget", "16", "--window", "16"], "not above the window"),
-        (["--budget", "100000"], "above the whole sequence"),
-        (["--budget", "1.5"], "ratio must lie in (0, 1]"),
+        (["--budget", "100000"], "tokens it may compress"),
+        (["--budget", "1.5"], "a share must lie in [0, 1]"),
+        (["--budget", "keep=nan"], "a share must lie in [0, 1]"),
+        (["--budget", "hold=0.2"], "write keep=X or remove=X"),
         (["--policy", "magic"], "unknown policy 'magic'"),
         (["--interval", "0"], "--interval must be >= 1"),
         (["--max-new", "0"], "--max-new must be >= 1"),
         (["--max-new", "-5"], "--max-new must be >= 1"),
     ],
 )
+@pytest.mark.smollm
 def test_cli_bad_input_is_one_line(args, message, prompt_file, monkeypatch, capsys):
     code, out, err = _run_cli(["generate", "--file", str(prompt_file), "--max-new", "4", *args], monkeypatch, capsys)
     assert code == 2 and err.startswith("error: ") and message in err
@@ -250,10 +327,11 @@ def test_cli_missing_file(monkeypatch, capsys):
     assert code == 2 and err.strip() == "error: prompt file not found: /nonexistent/prompt.txt"
 
 
+@pytest.mark.smollm
 def test_cli_generate_streams_text_and_prints_stats(prompt_file, monkeypatch, capsys):
     code, out, err = _run_cli(
         ["generate", "--file", str(prompt_file), "--policy", "snapkv", "--budget", "48", "--interval", "3",
          "--max-new", "8"], monkeypatch, capsys,
     )
     assert code == 0 and out.strip()
-    assert "compressed" in err and "compressions while decoding" in err and "snapkv@48" in err
+    assert "compressed" in err and "compressions while decoding" in err and "snapkv@keep=48" in err

@@ -1,14 +1,20 @@
-"""Eviction policies (SPEC "Eviction policies"): budgets, the window, InfoKV = SnapKV at alpha = 1,
-each policy's ranking against an independent computation, and the probe's ``policy:NAME@R``."""
+"""Eviction policies (docs/method.md, "Eviction policies"): budgets, the window, InfoKV = SnapKV at
+alpha = 1, and *which* entries each policy keeps, against a brute-force ranking written here (scores
+from the trace's signals, which tests/test_signals.py checks against the eager model; H2O's
+accumulated attention from the eager model's ``output_attentions`` directly)."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
 
+from fi_toolkit.budget import Budget
 from fi_toolkit.documents import Document
 from fi_toolkit.errors import FIError
 from fi_toolkit.experiment import probe_document
+from fi_toolkit.models import tiny_model
 from fi_toolkit.policies import (
     POLICIES,
     H2O,
@@ -19,33 +25,72 @@ from fi_toolkit.policies import (
     StreamingLLM,
     allocate,
     make_policy,
-    parse_budget,
 )
 from fi_toolkit.probe import Chunk
 from fi_toolkit.selections import parse_selection
-from fi_toolkit.signals import infokv_score
 from fi_toolkit.trace import SignalConfig, trace_prefix
 
 P, W = 200, 16
 
 
 @pytest.fixture(scope="module")
-def trace(tiny, tiny_ids):
-    return trace_prefix(tiny.model, tiny_ids, P, SignalConfig(window=W))
+def eager():
+    return tiny_model(seed=0, attn_implementation="eager")
 
 
-def _top(scores: torch.Tensor, n: int) -> set[int]:
-    """Independent top-n by sorting in numpy order (ties to the earlier position)."""
+@pytest.fixture(scope="module")
+def trace(eager, tiny_ids):
+    return trace_prefix(eager.model, tiny_ids, P, SignalConfig(window=W))
+
+
+def _top(scores: torch.Tensor, n: int, offset: int = 0) -> set[int]:
+    """Brute-force top-n of a 1-D score list (ties to the earlier position), as positions + offset."""
     order = sorted(range(scores.numel()), key=lambda i: (-float(scores[i]), i))
-    return set(order[:n])
+    return {offset + i for i in order[:n]}
+
+
+def _expected_keep(scores_lhp: torch.Tensor, counts: list[int]) -> list[list[set[int]]]:
+    """Per layer and head: the window plus the top (count - W) of the scored positions [0, P - W)."""
+    window = set(range(P - W, P))
+    return [[_top(scores_lhp[l][h][: P - W], counts[l] - W) | window for h in range(scores_lhp.shape[1])]
+            for l in range(len(counts))]
+
+
+def _assert_keeps(km, expected):
+    for layer, heads in enumerate(expected):
+        for head, want in enumerate(heads):
+            assert set(km.keep[layer][head].tolist()) == want, (km.label, layer, head)
+
+
+def _largest_remainder(shares: list[float], total: int) -> list[int]:
+    out = [math.floor(x) for x in shares]
+    for i in sorted(range(len(shares)), key=lambda i: (out[i] - shares[i], i))[: total - sum(out)]:
+        out[i] += 1
+    return out
+
+
+def _infokv_scores(trace, alpha: float, tau: float) -> torch.Tensor:
+    """The method's S written out here: alpha * A + (1 - alpha) * softmax over [0, P - W) of (D + tau) * H."""
+    e = (trace.distance.double() + tau) * trace.entropy.double()[None]  # [L, P]
+    soft = torch.softmax(e[:, : P - W], dim=-1)[:, None]  # [L, 1, P - W]
+    return alpha * trace.attention.double()[..., : P - W] + (1 - alpha) * soft
+
+
+def _h2o_scores(eager, ids) -> torch.Tensor:
+    """Attention received from the window queries, summed over them, per KV head (GQA group mean),
+    from the eager model's own output_attentions."""
+    with torch.no_grad():
+        att = eager.model(ids[:P][None], output_attentions=True).attentions  # L x [1, Hq, P, P]
+    hkv = eager.config.num_key_value_heads
+    return torch.stack([a[0, :, P - W :, :].sum(dim=1).view(hkv, -1, P).mean(dim=1) for a in att]).double()
 
 
 @pytest.mark.parametrize("name", sorted(POLICIES) + ["infokv-adaptive"])
-@pytest.mark.parametrize("budget", [0.3, 120])
+@pytest.mark.parametrize("budget", ["keep=0.3", "remove=0.7", 0.3, 60, "remove=140"])
 def test_every_policy_keeps_its_budget_and_the_window(trace, name, budget):
     policy = make_policy(name, budget=budget, window=W)
     km = policy.keep_map(trace)
-    k = round(budget * P) if isinstance(budget, float) else budget
+    k = 60  # every spelling above means 60 of the 200 entries stay
     counts = km.counts()
     assert len(counts) == trace.num_layers
     if name in ("pyramidkv", "infokv-adaptive"):
@@ -54,6 +99,7 @@ def test_every_policy_keeps_its_budget_and_the_window(trace, name, budget):
         assert len(set(counts)) > 1  # really uneven
     else:
         assert counts == [k] * trace.num_layers
+    assert km.n_removed(P) == P - k and km.n_kept(P) == k
     for idx in km.keep:
         assert idx.shape[0] == trace.num_kv_heads
         for head in idx:
@@ -62,41 +108,39 @@ def test_every_policy_keeps_its_budget_and_the_window(trace, name, budget):
             assert head.min() >= 0 and head.max() < P
 
 
-def test_infokv_alpha_one_keeps_exactly_snapkv(trace, smollm, alice):
-    for tr, window in ((trace, W), (trace_prefix(smollm.model, alice.ids, 300, SignalConfig()), 32)):
-        a = InfoKV(alpha=1.0, budget=0.2, window=window).keep_map(tr)
-        b = SnapKV(budget=0.2, window=window).keep_map(tr)
-        for la, lb in zip(a.keep, b.keep):  # layer by layer, head by head
-            assert torch.equal(la, lb)
-        c = InfoKV(alpha=0.5, budget=0.2, window=window).keep_map(tr)
-        assert any(not torch.equal(la, lc) for la, lc in zip(a.keep, c.keep))  # alpha matters
+@pytest.mark.parametrize("name", ["snapkv", "rpc"])
+def test_attention_policies_keep_the_top_window_attention(trace, name):
+    """SnapKV, and RPC on a prefill (nothing protected there), keep the top pooled window attention."""
+    km = make_policy(name, budget=60, window=W).keep_map(trace)
+    _assert_keeps(km, _expected_keep(trace.attention, [60] * trace.num_layers))
 
 
-def test_infokv_keeps_the_top_of_the_spec_score(trace):
-    """Against SPEC's S computed by signals.infokv_score from the Trace, one head at a time."""
-    alpha, tau, k = 0.7, 0.5, 60
-    s = infokv_score(trace.attention, trace.layer_entropy(tau), alpha, trace.scored)  # [L, Hkv, p - w]
-    km = InfoKV(alpha=alpha, tau=tau, budget=k, window=W).keep_map(trace)
-    for layer in range(trace.num_layers):
-        for head in range(trace.num_kv_heads):
-            expected = _top(s[layer, head], k - W) | set(range(P - W, P))
-            assert set(km.keep[layer][head].tolist()) == expected
+@pytest.mark.parametrize("alpha, tau", [(0.7, 0.5), (0.9, 1.0), (0.0, 1.0)])
+def test_infokv_keeps_the_top_of_the_method_score(trace, alpha, tau):
+    km = InfoKV(alpha=alpha, tau=tau, budget=60, window=W).keep_map(trace)
+    _assert_keeps(km, _expected_keep(_infokv_scores(trace, alpha, tau), [60] * trace.num_layers))
 
 
-def test_adaptive_budgets_follow_mean_layer_entropy(trace):
+def test_adaptive_infokv_budgets_and_ranking(trace):
     k = 60
     km = InfoKV(budget=k, window=W, adaptive=True).keep_map(trace)
-    e = trace.layer_entropy()[:, : trace.scored].mean(dim=1).double()
-    share = e / e.sum() * trace.num_layers * k
-    counts = torch.tensor(km.counts(), dtype=torch.float64)
-    assert counts.sum() == trace.num_layers * k
-    assert (counts - share).abs().max() < 1.0  # rounding only (no layer clamped here)
+    e = ((trace.distance.double() + 1.0) * trace.entropy.double()[None])[:, : P - W].mean(dim=1)
+    shares = (e / e.sum() * trace.num_layers * k).tolist()
+    assert all(W <= x <= P for x in shares)  # no layer is clamped in this setting
+    counts = _largest_remainder(shares, trace.num_layers * k)
+    assert km.counts() == counts
+    _assert_keeps(km, _expected_keep(_infokv_scores(trace, 0.9, 1.0), counts))
 
 
-def test_pyramid_budgets_decrease_with_depth(trace):
-    counts = PyramidKV(budget=60, window=W).keep_map(trace).counts()
-    assert counts == sorted(counts, reverse=True) and counts[0] > counts[-1]
-    assert counts[-1] == W + round((60 - W) / 20)  # the top layer: window + (k - w) / beta
+def test_pyramidkv_budgets_follow_the_paper_schedule_and_rank_by_attention(trace):
+    k, beta, n_layers = 60, 20.0, trace.num_layers
+    low = (k - W) / beta
+    high = 2 * (k - W) - low
+    shares = [W + high - l * (high - low) / (n_layers - 1) for l in range(n_layers)]
+    counts = _largest_remainder(shares, n_layers * k)
+    km = PyramidKV(budget=k, window=W, beta=beta).keep_map(trace)
+    assert km.counts() == counts and counts == sorted(counts, reverse=True) and counts[0] > counts[-1]
+    _assert_keeps(km, _expected_keep(trace.attention, counts))
 
 
 def test_streaming_keeps_sinks_and_the_most_recent(trace):
@@ -109,16 +153,15 @@ def test_streaming_keeps_sinks_and_the_most_recent(trace):
 
 def test_knorm_keeps_the_lowest_key_norms(trace):
     km = KNorm(budget=60, window=W).keep_map(trace)
-    for layer, idx in enumerate(km.keep):
-        norms = trace.keys[layer][0].norm(dim=-1)  # [Hkv, p]
-        for head in range(trace.num_kv_heads):
-            expected = _top(-norms[head, : P - W], 60 - W) | set(range(P - W, P))
-            assert set(idx[head].tolist()) == expected
+    norms = torch.stack([k[0].double().norm(dim=-1) for k in trace.keys])  # [L, Hkv, P]
+    _assert_keeps(km, _expected_keep(-norms, [60] * trace.num_layers))
 
 
-def test_h2o_at_prefill_ranks_by_window_attention(trace):
-    a, b = H2O(budget=60, window=W).keep_map(trace), SnapKV(budget=60, window=W).keep_map(trace)
-    assert all(torch.equal(x, y) for x, y in zip(a.keep, b.keep))
+def test_h2o_at_prefill_keeps_the_top_accumulated_attention_of_the_eager_model(eager, tiny_ids, trace):
+    scores = _h2o_scores(eager, tiny_ids)
+    torch.testing.assert_close(trace.accumulated.double(), scores, rtol=1e-4, atol=1e-6)  # one scale: a sum
+    km = H2O(budget=60, window=W).keep_map(trace)
+    _assert_keeps(km, _expected_keep(scores, [60] * trace.num_layers))
 
 
 def test_random_is_seeded(trace):
@@ -129,12 +172,25 @@ def test_random_is_seeded(trace):
     assert any(not torch.equal(x, y) for x, y in zip(a.keep, c.keep))
 
 
+@pytest.mark.smollm
+def test_infokv_alpha_one_keeps_exactly_snapkv(trace, smollm, alice):
+    for tr, window in ((trace, W), (trace_prefix(smollm.model, alice.ids, 300, SignalConfig()), 32)):
+        a = InfoKV(alpha=1.0, budget=0.2, window=window).keep_map(tr)
+        b = SnapKV(budget=0.2, window=window).keep_map(tr)
+        for la, lb in zip(a.keep, b.keep):  # layer by layer, head by head
+            assert torch.equal(la, lb)
+        c = InfoKV(alpha=0.5, budget=0.2, window=window).keep_map(tr)
+        assert any(not torch.equal(la, lc) for la, lc in zip(a.keep, c.keep))  # alpha matters
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [
         ({"budget": W}, "not above the window"),
         ({"budget": 0.05}, "not above the window"),  # round(0.05 * 200) = 10 <= 16
-        ({"budget": P + 1}, "above the sequence length"),
+        ({"budget": "remove=0.95"}, "not above the window"),
+        ({"budget": P + 1}, "more than the 200 compressible tokens"),
+        ({"budget": "remove=201"}, "more than the 200 compressible tokens"),
     ],
 )
 def test_impossible_budgets_are_errors(trace, kwargs, message):
@@ -142,14 +198,27 @@ def test_impossible_budgets_are_errors(trace, kwargs, message):
         SnapKV(window=W, **kwargs).keep_map(trace)
 
 
-@pytest.mark.parametrize("text", ["0", "1.5", "-3", "abc", "nan", "0.0"])
+@pytest.mark.parametrize("text", ["1.5", "-3", "abc", "nan", "inf", "keep=", "keep=-0.1", "hold=0.2", "remove=x",
+                                  "keep=0.2=0.3", "-0.5"])
 def test_bad_budget_strings(text):
     with pytest.raises(FIError):
-        parse_budget(text)
+        Budget.parse(text)
 
 
-def test_budget_forms_and_unknown_policy():
-    assert parse_budget("0.25") == 0.25 and parse_budget("512") == 512 and parse_budget("1.0") == 1.0
+@pytest.mark.parametrize(
+    "spec, kept",
+    [("0.25", 50), ("keep=0.25", 50), ("remove=0.75", 50), ("keep=50", 50), ("remove=150", 50), ("50", 50),
+     (0.25, 50), (50, 50), ("keep=1.0", 200), ("remove=0", 200), ("keep=0.0", 0), ("remove=1.0", 0),
+     ("keep=0.0025", 1), ("remove=0.0025", 199)],  # 0.5 rounds half up on either side
+)
+def test_budget_spellings_have_one_meaning(spec, kept):
+    b = Budget.parse(spec)
+    assert b.kept(200) == kept and b.removed(200) == 200 - kept
+    assert b.compression_ratio(200) == pytest.approx((200 - kept) / 200)  # kvpress's compression_ratio
+    assert Budget.parse(b.label) == b  # labels read back as the same budget
+
+
+def test_unknown_policy():
     with pytest.raises(FIError, match="unknown policy 'magic'"):
         make_policy("magic")
 
@@ -169,22 +238,24 @@ def test_allocate_is_exact_and_within_bounds():
         allocate(torch.ones(3), 5, [2, 2, 2], [10, 10, 10])
 
 
-def test_probe_policy_selection_is_a_keep_map(tiny, tiny_ids, trace):
+def test_probe_policy_selection_is_a_keep_map(tiny, tiny_ids):
+    trace = trace_prefix(tiny.model, tiny_ids, P, SignalConfig(window=W))
     doc = Document("tiny", "", tiny_ids, "memory")
-    table = probe_document(
-        tiny, doc, [Chunk(P, 260)], ["policy:infokv@0.3", "policy:pyramidkv@0.3", "policy:snapkv@60"],
-        config=SignalConfig(window=W), trace=trace,
-    )
-    assert list(table.selection) == ["policy:infokv@0.3", "policy:pyramidkv@0.3", "policy:snapkv@60"]
-    assert table.n_removed.tolist() == pytest.approx([P - 60, P - 60, P - 60])
+    specs = ["policy:infokv@keep=0.3", "policy:pyramidkv@remove=0.7", "policy:snapkv@60", "attention:remove=0.7"]
+    table = probe_document(tiny, doc, [Chunk(P, 260)], specs, config=SignalConfig(window=W), trace=trace)
+    assert list(table.selection) == ["policy:infokv@keep=0.3", "policy:pyramidkv@remove=0.7", "policy:snapkv@keep=60",
+                                     "attention:remove=0.7"]
+    # one denominator (the prefix): every row removes 140 and keeps 60 entries per layer and head
+    assert table.n_removed.tolist() == pytest.approx([P - 60] * 4)
+    assert table.n_kept.tolist() == pytest.approx([60] * 4)
     assert (table.fi > 0).all()
-    sel = parse_selection("policy:infokv@0.3")[0]
-    km = sel.resolve(trace, alpha=0.9)
+    km = parse_selection("policy:infokv@0.3")[0].resolve(trace, alpha=0.9)
     expected = InfoKV(budget=0.3, window=W).keep_map(trace)
     assert all(torch.equal(a, b) for a, b in zip(km.keep, expected.keep))
 
 
-@pytest.mark.parametrize("spec", ["policy:magic@0.2", "policy:infokv", "policy:infokv@2.5", "policy:snapkv@x"])
+@pytest.mark.parametrize("spec", ["policy:magic@0.2", "policy:infokv", "policy:infokv@2.5", "policy:snapkv@x",
+                                  "policy:snapkv@keep=nan"])
 def test_bad_policy_selections(spec):
     with pytest.raises(FIError):
         parse_selection(spec)

@@ -9,6 +9,8 @@ import scipy.special
 import scipy.stats
 import torch
 
+from fi_toolkit.budget import Budget
+
 from fi_toolkit import signals
 from fi_toolkit.models import tiny_model
 from fi_toolkit.selections import Selection, token_scores
@@ -41,14 +43,16 @@ def test_streamed_entropy_equals_one_shot(tiny):
 
 def test_trace_entropy_matches_model_logits(tiny, tiny_ids):
     p = 120
-    trace = trace_prefix(tiny.model, tiny_ids, p, SignalConfig(window=16, top_k=40))
+    trace = trace_prefix(tiny.model, tiny_ids, p, SignalConfig(window=16, top_k=40, entropy_of="next"))
     with torch.no_grad():
         logits = tiny.model(tiny_ids[:p][None]).logits[0].double().numpy()
     top = np.sort(logits, axis=-1)[:, -40:]
     expected = scipy.stats.entropy(scipy.special.softmax(top, axis=-1), axis=-1)
     np.testing.assert_allclose(trace.entropy.numpy(), expected, rtol=1e-4, atol=1e-5)
-    prev = trace_prefix(tiny.model, tiny_ids, p, SignalConfig(window=16, top_k=40, entropy_of="previous"))
-    np.testing.assert_allclose(prev.entropy[1:].numpy(), expected[:-1], rtol=1e-4, atol=1e-5)
+    # The default: H_i of the distribution that produced x_i (logits at i - 1); H_0 = 0.
+    produced = trace_prefix(tiny.model, tiny_ids, p, SignalConfig(window=16, top_k=40))
+    assert SignalConfig().entropy_of == "produced" and float(produced.entropy[0]) == 0.0
+    np.testing.assert_allclose(produced.entropy[1:].numpy(), expected[:-1], rtol=1e-4, atol=1e-5)
 
 
 def test_window_attention_equals_eager_output_attentions(tiny_ids):
@@ -127,14 +131,15 @@ def test_layer_entropy_and_infokv_formulas(tiny, tiny_ids):
     np.testing.assert_allclose(pure[:, 0].numpy(), soft, rtol=1e-5, atol=1e-8)
 
 
-@pytest.mark.parametrize("amount", ["0.1", "0.3", "25"])
-def test_infokv_with_alpha_one_selects_exactly_what_attention_selects(tiny, tiny_ids, amount):
+@pytest.mark.parametrize("amount, removed", [("remove=0.1", 20), ("keep=0.7", 60), ("remove=25", 25), ("175", 25)])
+def test_infokv_with_alpha_one_selects_exactly_what_attention_selects(tiny, tiny_ids, amount, removed):
     trace = trace_prefix(tiny.model, tiny_ids, 200, SignalConfig(window=16, alpha=1.0))
-    by_attention = Selection("a", "attention", amount).resolve(trace, sinks=4)
-    by_infokv = Selection("i", "infokv", amount).resolve(trace, sinks=4, alpha=1.0)
+    budget = Budget.parse(amount)
+    by_attention = Selection("a", "attention", budget).resolve(trace, sinks=4)
+    by_infokv = Selection("i", "infokv", budget).resolve(trace, sinks=4, alpha=1.0)
     assert torch.equal(by_attention.removed, by_infokv.removed)
-    assert by_infokv.size == (int(amount) if "." not in amount else round(float(amount) * trace.scored))
-    by_default = Selection("i", "infokv", amount).resolve(trace, sinks=4, alpha=0.5)
+    assert by_infokv.size == removed  # a share of the whole prefix p = 200; a bare number is what is kept
+    by_default = Selection("i", "infokv", budget).resolve(trace, sinks=4, alpha=0.5)
     assert not torch.equal(by_default.removed, by_attention.removed)
     scores = token_scores(trace, "attention")[4 : trace.scored]
     threshold = scores.sort(descending=True).values[by_attention.size - 1]

@@ -43,29 +43,39 @@ def test_signals_on_a_real_document_are_well_formed(trace):
     assert trace.attention.mean(dim=(0, 1))[0] > 10 * trace.attention.mean()
 
 
-def test_masked_probe_equals_deletion_on_smollm2(smollm, alice, trace):
+def test_masked_probe_equals_deletion_and_a_masked_full_forward_on_smollm2(smollm, alice, trace):
+    from test_probe import fi_by_masked_full_forward
+
     gen = torch.Generator().manual_seed(0)
     sets = [
         TokenSet("random40", 4 + torch.randperm(P - 36, generator=gen)[:40]),
         TokenSet("sink0", [0]),
         TokenSet("block", torch.arange(100, 160)),
+        TokenSet("empty", []),
     ]
     masked = forward_influence(smollm.model, trace, alice.ids, sets, CHUNKS, batch_size=3).fi()
-    for i, s in enumerate(sets):
+    assert torch.equal(masked[3], torch.zeros(len(CHUNKS)))  # the empty set, through the real path
+    for i, s in enumerate(sets[:3]):
         deleted = forward_influence_by_deletion(smollm.model, trace, alice.ids, s.removed, CHUNKS)
+        oracle = fi_by_masked_full_forward(smollm.model, alice.ids, s.removed, P, CHUNKS)
         assert (masked[i] - deleted).abs().max().item() <= 1e-5, (s.label, masked[i], deleted)
-        assert (deleted > 0).all()
+        assert (masked[i] - oracle).abs().max().item() <= 1e-5, (s.label, masked[i], oracle)
+        assert (oracle > 1e-5).all()
 
 
 def test_probe_document_table(smollm, alice, trace):
     table = probe_document(
-        smollm, alice, CHUNKS, ["entropy:0.1", "attention:0.1", "random:0.1@0-1", "positions:0"], trace=trace
+        smollm, alice, CHUNKS,
+        ["entropy:remove=0.1", "attention:keep=0.9", "random:remove=0.1@0-1", "positions:0", "policy:snapkv@keep=0.9"],
+        trace=trace,
     )
-    assert len(table) == 5 * len(CHUNKS)
+    assert len(table) == 6 * len(CHUNKS)
     assert (table["fi"] > 0).all()
-    n = round(0.1 * (P - 32))
+    n = round(0.1 * P)  # one denominator: the whole prefix; keep=0.9 and remove=0.1 remove the same count
     assert set(table[table.selector != "positions"]["n_removed"]) == {n}
-    ent = table[table.selection == "entropy:0.1"]["mean_entropy"].iloc[0]
+    assert set(table[table.selector != "positions"]["n_kept"]) == {P - n}
+    assert set(table["entropy_of"]) == {"produced"}
+    ent = table[table.selection == "entropy:remove=0.1"]["mean_entropy"].iloc[0]
     rnd = table[table.selector == "random"]["mean_entropy"].mean()
     assert ent > rnd  # the entropy selector picks high-entropy tokens
     # Removing the first attention sink hurts more than removing 47 random tokens.

@@ -1,4 +1,4 @@
-"""Correlation analysis (SPEC "Correlation analysis"): per-token Forward Influence against the signals.
+"""Correlation analysis (docs/method.md, "Correlation analysis"): per-token Forward Influence against the signals.
 
 For candidate positions ``j`` of the prefix, ``FI_j = FI({j}; C)`` (leave-one-out) on every chunk,
 then Spearman (primary), Pearson and Kendall correlations with ``H``, ``A``, ``D``, ``E`` and ``S``
@@ -6,9 +6,15 @@ then Spearman (primary), Pearson and Kendall correlations with ``H``, ``A``, ``D
 every coefficient carries a paired bootstrap 95% interval from :func:`scipy.stats.bootstrap`.
 
 Choices (each an argument):
-- ``sample:N`` candidates are stratified by entropy: the candidates ``[sinks, p - w)`` sorted by
-  ``H`` are cut into ``N`` equal strata and one position is drawn from each (seeded), so the sample
-  spans the whole entropy range instead of clustering where most tokens sit.
+- Candidates (``[sinks, p - w)``): ``all``; ``sample:N``, a uniform sample without replacement
+  (seeded; the default, so every coefficient estimates the population's); or ``stratified:N``,
+  the positions sorted by ``H`` cut into ``N`` strata and one drawn from each, which spans the
+  entropy range evenly but gives each position the inclusion probability ``1 / |stratum|``: its
+  coefficients are then computed with weights ``|stratum|`` (inverse inclusion probability), so
+  they estimate the population's too. Weighted Spearman is the weighted Pearson of weighted
+  mid-ranks, weighted Kendall the tau-b of pairs weighted ``w_i w_j``; both equal scipy's with
+  equal weights. Weighted coefficients have no closed-form p-value (reported NaN); their
+  intervals come from the bootstrap over (x, y, w) triples.
 - Bootstrap intervals are percentile intervals (``method="percentile"``): BCa is undefined for
   degenerate resample distributions (a perfect monotone relation gives rho = 1 in every resample).
 - Per-layer signals get Spearman only (the primary coefficient); the five mean signals get all three.
@@ -36,29 +42,44 @@ MEAN_SIGNALS = {"H": "entropy", "A": "attention", "D": "distance", "E": "layer_e
 LAYER_SIGNALS = ("A", "D", "E", "S")
 
 
-def parse_candidates(spec: str) -> int | None:
-    """``"all"`` -> None; ``"sample:256"`` -> 256."""
-    spec = spec.strip().lower()
-    if spec == "all":
-        return None
-    m = re.fullmatch(r"sample:(\d+)", spec)
-    if not m or int(m.group(1)) < 1:
-        raise FIError(f"invalid --candidates '{spec}': use 'all' or 'sample:N' with N >= 1, e.g. sample:256")
-    return int(m.group(1))
+SAMPLINGS = ("all", "sample", "stratified")
 
 
-def candidate_positions(trace: Trace, spec: str = "all", sinks: int = 4, seed: int = 0) -> torch.Tensor:
-    """Candidate positions from ``[sinks, p - w)``: all of them, or ``sample:N`` stratified by entropy."""
-    n = parse_candidates(spec)
+def parse_candidates(spec: str) -> tuple[str, int | None]:
+    """``"all"`` -> ("all", None); ``"sample:256"`` -> ("sample", 256); ``"stratified:64"`` -> ("stratified", 64)."""
+    text = spec.strip().lower()
+    if text == "all":
+        return "all", None
+    m = re.fullmatch(r"(sample|stratified):(\d+)", text)
+    if not m or int(m.group(2)) < 1:
+        raise FIError(f"invalid --candidates '{spec}': use 'all', 'sample:N' (uniform) or 'stratified:N' "
+                      "(by entropy, reweighted) with N >= 1, e.g. sample:256")
+    return m.group(1), int(m.group(2))
+
+
+def candidate_positions(trace: Trace, spec: str = "sample:256", sinks: int = 4,
+                        seed: int = 0) -> tuple[torch.Tensor, np.ndarray]:
+    """Candidate positions from ``[sinks, p - w)`` and each one's weight (inverse inclusion probability,
+    normalised to mean 1): ``all`` and ``sample:N`` (uniform) weigh every position equally."""
+    kind, n = parse_candidates(spec)
+    if seed < 0:
+        raise FIError(f"--seed must be >= 0, got {seed}")
+    if sinks < 0 or sinks >= trace.scored:
+        raise FIError(f"--sinks {sinks} leaves no candidates: the scored prefix [0, {trace.scored}) "
+                      f"has {trace.scored} positions")
     pool = torch.arange(sinks, trace.scored)
-    if pool.numel() == 0:
-        raise FIError(f"no candidate positions: the scored prefix [{sinks}, {trace.scored}) is empty")
     if n is None or n >= pool.numel():
-        return pool
-    order = np.argsort(trace.entropy[pool].numpy(), kind="stable")
+        return pool, np.ones(pool.numel())
     rng = np.random.default_rng(seed)
-    picked = [int(rng.choice(stratum)) for stratum in np.array_split(order, n)]
-    return torch.sort(pool[picked]).values
+    if kind == "sample":
+        picked = np.sort(rng.choice(pool.numel(), size=n, replace=False))
+        return pool[picked], np.ones(n)
+    order = np.argsort(trace.entropy[pool].numpy(), kind="stable")
+    strata = np.array_split(order, n)
+    picked = np.array([int(rng.choice(stratum)) for stratum in strata])
+    weights = np.array([len(stratum) for stratum in strata], dtype=np.float64)
+    by_position = np.argsort(picked)
+    return pool[picked[by_position]], weights[by_position] / weights.mean()
 
 
 def per_token_fi(
@@ -96,39 +117,76 @@ def _kendall(x, y):
     return stats.kendalltau(x, y).statistic
 
 
-# method -> (scipy point estimate with p-value, bootstrap statistic, is the statistic vectorized)
+def weighted_pearson(x, y, w) -> float:
+    w = w / w.sum()
+    xm, ym = x - (w * x).sum(), y - (w * y).sum()
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return float((w * xm * ym).sum() / np.sqrt((w * xm * xm).sum() * (w * ym * ym).sum()))
+
+
+def weighted_ranks(x, w) -> np.ndarray:
+    """Weighted mid-ranks: the weight strictly below each value plus half the weight of its ties."""
+    below = (w[None, :] * (x[None, :] < x[:, None])).sum(axis=1)
+    tied = (w[None, :] * (x[None, :] == x[:, None])).sum(axis=1)
+    return below + 0.5 * tied
+
+
+def weighted_spearman(x, y, w) -> float:
+    return weighted_pearson(weighted_ranks(x, w), weighted_ranks(y, w), w)
+
+
+def weighted_kendall(x, y, w) -> float:
+    """Tau-b over pairs weighted ``w_i w_j``."""
+    sx, sy = np.sign(x[:, None] - x[None, :]), np.sign(y[:, None] - y[None, :])
+    ww = w[:, None] * w[None, :]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return float((ww * sx * sy).sum() / np.sqrt((ww * (sx != 0)).sum() * (ww * (sy != 0)).sum()))
+
+
+# method -> (scipy point estimate with p-value, bootstrap statistic, is it vectorized, weighted statistic)
 _METHODS = {
-    "spearman": (stats.spearmanr, _spearman, True),
-    "pearson": (stats.pearsonr, _pearson, True),
-    "kendall": (stats.kendalltau, _kendall, False),
+    "spearman": (stats.spearmanr, _spearman, True, weighted_spearman),
+    "pearson": (stats.pearsonr, _pearson, True, weighted_pearson),
+    "kendall": (stats.kendalltau, _kendall, False, weighted_kendall),
 }
 
 
 def correlation(
-    x, y, method: str = "spearman", n_resamples: int = 1000, confidence: float = 0.95, seed: int = 0
+    x, y, method: str = "spearman", n_resamples: int = 1000, confidence: float = 0.95, seed: int = 0,
+    weights=None,
 ) -> dict:
     """Coefficient, p-value and paired percentile bootstrap interval of ``x`` vs ``y`` (non-finite pairs dropped).
 
-    Equal to ``scipy.stats.<method>`` and ``scipy.stats.bootstrap((x, y), stat, paired=True,
-    method="percentile", rng=np.random.default_rng(seed))`` on the same arrays. Constant input
-    or fewer than 3 pairs gives NaN (a correlation is undefined there).
+    Unweighted (``weights`` None or all equal): equal to ``scipy.stats.<method>`` and
+    ``scipy.stats.bootstrap((x, y), stat, paired=True, method="percentile",
+    rng=np.random.default_rng(seed))`` on the same arrays. Weighted: the weighted coefficient, no
+    p-value (NaN), the bootstrap over (x, y, w) triples. Constant input or fewer than 3 pairs gives
+    NaN (a correlation is undefined there).
     """
     if method not in _METHODS:
         raise FIError(f"unknown correlation method '{method}' (choose from {', '.join(METHODS)})")
     x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    w = np.ones_like(x) if weights is None else np.asarray(weights, dtype=np.float64)
     ok = np.isfinite(x) & np.isfinite(y)
-    x, y = x[ok], y[ok]
-    row = {"method": method, "rho": np.nan, "p_value": np.nan, "ci_low": np.nan, "ci_high": np.nan, "n": int(x.size)}
+    x, y, w = x[ok], y[ok], w[ok]
+    weighted = bool(w.size and np.ptp(w) > 0)
+    row = {"method": method, "weighted": weighted, "rho": np.nan, "p_value": np.nan, "ci_low": np.nan,
+           "ci_high": np.nan, "n": int(x.size)}
     if x.size < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
         return row
-    point, statistic, vectorized = _METHODS[method]
-    res = point(x, y)
-    row["rho"], row["p_value"] = float(res.statistic), float(res.pvalue)
+    point, statistic, vectorized, weighted_statistic = _METHODS[method]
+    if weighted:
+        row["rho"] = weighted_statistic(x, y, w)
+        data, stat, vectorized = (x, y, w), weighted_statistic, False
+    else:
+        res = point(x, y)
+        row["rho"], row["p_value"] = float(res.statistic), float(res.pvalue)
+        data, stat = (x, y), statistic
     if n_resamples > 0:
         with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", stats.DegenerateDataWarning)
             boot = stats.bootstrap(
-                (x, y), statistic, paired=True, vectorized=vectorized, n_resamples=n_resamples,
+                data, stat, paired=True, vectorized=vectorized, n_resamples=n_resamples,
                 confidence_level=confidence, method="percentile", rng=np.random.default_rng(seed),
             )
         row["ci_low"], row["ci_high"] = float(boot.confidence_interval.low), float(boot.confidence_interval.high)
@@ -146,9 +204,9 @@ def signal_columns(trace: Trace, positions: torch.Tensor) -> pd.DataFrame:
 
 def correlate_signals(
     fi: np.ndarray, signals: pd.DataFrame, chunks: Sequence[Chunk], prefix: int, n_resamples: int = 1000,
-    seed: int = 0, methods: Sequence[str] = METHODS,
+    seed: int = 0, methods: Sequence[str] = METHODS, weights: np.ndarray | None = None,
 ) -> pd.DataFrame:
-    """Tidy correlations: one row per chunk x signal x (mean or layer) x method."""
+    """Tidy correlations: one row per chunk x signal x (mean or layer) x method (``weights``: per candidate)."""
     rows = []
     layers = sum(1 for c in signals.columns if re.fullmatch(r"D_\d+", c))
     for c_idx, chunk in enumerate(chunks):
@@ -156,11 +214,12 @@ def correlate_signals(
         y = fi[:, c_idx]
         for short, column in MEAN_SIGNALS.items():
             for method in methods:
-                r = correlation(signals[column].to_numpy(), y, method, n_resamples, seed=seed)
+                r = correlation(signals[column].to_numpy(), y, method, n_resamples, seed=seed, weights=weights)
                 rows.append({**base, "signal": short, "scope": "mean", "layer": pd.NA, **r})
         for short in LAYER_SIGNALS:
             for layer in range(layers):
-                r = correlation(signals[f"{short}_{layer}"].to_numpy(), y, "spearman", n_resamples, seed=seed)
+                r = correlation(signals[f"{short}_{layer}"].to_numpy(), y, "spearman", n_resamples, seed=seed,
+                                weights=weights)
                 rows.append({**base, "signal": short, "scope": "layer", "layer": layer, **r})
     table = pd.DataFrame(rows)
     table["layer"] = table["layer"].astype("Int64")
@@ -173,11 +232,12 @@ def correlate_document(
     token_text: Callable[[int], str] | None = None, on_progress: Callable[[int], None] | None = None,
 ) -> dict[str, pd.DataFrame]:
     """Per-token FI and its correlations for one document -> ``{"tokens": ..., "correlations": ...}``."""
-    positions = candidate_positions(trace, candidates, sinks, seed)
+    positions, weights = candidate_positions(trace, candidates, sinks, seed)
     fi = per_token_fi(model, trace, doc.ids, positions, chunks, batch_size, block, on_progress)
     signals = signal_columns(trace, positions)
-    corr = correlate_signals(fi, signals, chunks, trace.prefix_len, n_resamples, seed)
+    corr = correlate_signals(fi, signals, chunks, trace.prefix_len, n_resamples, seed, weights=weights)
     corr.insert(0, "document", doc.name)
+    corr.insert(1, "sampling", parse_candidates(candidates)[0])
     ids = doc.ids[positions].tolist()
     token_rows = []
     for c_idx, chunk in enumerate(chunks):
@@ -185,7 +245,7 @@ def correlate_document(
             "document": doc.name, "position": positions.numpy(),
             "token": [token_text(i) if token_text else str(i) for i in ids],
             "chunk": chunk.label, "chunk_start": chunk.start, "distance_from_p": chunk.start - trace.prefix_len,
-            "fi": fi[:, c_idx],
+            "fi": fi[:, c_idx], "weight": weights,
         })
         for column in MEAN_SIGNALS.values():
             part[column] = signals[column].to_numpy()
@@ -195,7 +255,7 @@ def correlate_document(
 
 def summarize_correlations(corr: pd.DataFrame) -> pd.DataFrame:
     """Across documents: mean, spread (std, min, max) and sign agreement of each coefficient."""
-    keys = ["chunk", "chunk_start", "distance_from_p", "signal", "scope", "layer", "method"]
+    keys = ["chunk", "chunk_start", "distance_from_p", "signal", "scope", "layer", "method", "sampling", "weighted"]
     grouped = corr.groupby(keys, dropna=False, sort=False)["rho"]
     out = grouped.agg(rho_mean="mean", rho_std="std", rho_min="min", rho_max="max", n_documents="count")
     out["share_positive"] = grouped.apply(lambda r: float((r > 0).mean()))

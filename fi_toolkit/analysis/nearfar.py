@@ -1,7 +1,7 @@
 """Near/far set analysis (SPEC "Set-level analysis"): which selector's sets matter for distant chunks?
 
-Equal-size sets are selected by entropy, attention, distance, InfoKV and random (several seeds),
-each removed at ``p``; FI is measured on chunks ``[p + d, p + d + len)`` at increasing distances
+Equal-size sets (one :class:`~fi_toolkit.budget.Budget`, default ``remove=0.1`` of the prefix) are
+selected by entropy, attention, distance, InfoKV and random (several seeds), each removed at ``p``; FI is measured on chunks ``[p + d, p + d + len)`` at increasing distances
 ``d``, all in one batched pass per batch of sets. Each set is measured with sink protection (the
 first ``s`` positions never picked) and without it (``s = 0``). Derived columns:
 
@@ -26,10 +26,11 @@ import pandas as pd
 import torch
 from scipy import stats
 
+from ..budget import Budget
 from ..errors import FIError
 from ..experiment import fi_table
 from ..probe import Chunk, ProbeResult, forward_influence
-from ..selections import SCORE_SELECTORS, parse_selections
+from ..selections import MAX_SEEDS, SCORE_SELECTORS, parse_selections
 from ..trace import Trace
 from .token_classes import token_class_table
 
@@ -53,17 +54,18 @@ def parse_distances(text: str) -> list[int]:
         raise FIError(f"invalid --distances '{text}': expected integers like 0,256,512") from None
 
 
-def nearfar_selections(ratio: float, seeds: int) -> list[str]:
-    if not 0 < ratio < 1:
-        raise FIError(f"--ratio must lie in (0, 1), got {ratio}")
-    if seeds < 1:
-        raise FIError(f"--seeds must be >= 1, got {seeds}")
-    amount = repr(float(ratio))
-    return [f"{k}:{amount}" for k in SCORE_SELECTORS] + [f"random:{amount}@0-{seeds - 1}"]
+def nearfar_selections(budget: Budget | str, seeds: int) -> list[str]:
+    """``--select`` specs of the study: every score-based selector and ``seeds`` random sets, one budget."""
+    budget = Budget.parse(budget, "--budget")
+    if budget.kept(1_000_000) in (0, 1_000_000) and budget.is_share:
+        raise FIError(f"--budget {budget.label} removes nothing or everything; use a share strictly between 0 and 1")
+    if not 1 <= seeds <= MAX_SEEDS:
+        raise FIError(f"--seeds must lie in [1, {MAX_SEEDS}], got {seeds}")
+    return [f"{k}:{budget.label}" for k in SCORE_SELECTORS] + [f"random:{budget.label}@0-{seeds - 1}"]
 
 
 def nearfar_document(
-    model, doc, trace: Trace, chunks: Sequence[Chunk], ratio: float = 0.1, seeds: int = 3,
+    model, doc, trace: Trace, chunks: Sequence[Chunk], budget: Budget | str = "remove=0.1", seeds: int = 3,
     sink_options: Sequence[int] = (4, 0), batch_size: int | None = None, block: int = 512,
     token_text: Callable[[int], str] | None = None, on_progress: Callable[[int], None] | None = None,
 ) -> dict[str, pd.DataFrame]:
@@ -72,7 +74,7 @@ def nearfar_document(
     Identical sets (a selector that never picks a sink gives the same set for every ``sinks``) are
     measured once. Returns ``{"nearfar": tidy FI table, "token_classes": class shares per set}``.
     """
-    selections = parse_selections(nearfar_selections(ratio, seeds))
+    selections = parse_selections(nearfar_selections(budget, seeds))
     evictions = []
     for sinks in sink_options:
         for sel in selections:

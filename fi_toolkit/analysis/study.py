@@ -15,6 +15,7 @@ from typing import Callable, Sequence
 import pandas as pd
 
 from .. import results
+from ..budget import Budget
 from ..errors import FIError
 from ..experiment import max_context, trace_document
 from ..probe import Chunk, check_chunks
@@ -80,15 +81,18 @@ def run_correlate(
 ) -> dict[str, pd.DataFrame]:
     """Per-token FI and correlations for every document -> ``tokens``, ``correlations``, ``correlation_summary``."""
     parse_candidates(candidates)
-    if sinks < 0 or n_resamples < 0 or (batch_size is not None and batch_size < 1):
-        raise FIError("--sinks and --resamples must be >= 0 and --batch-size >= 1")
+    if sinks < 0 or n_resamples < 0 or seed < 0 or (batch_size is not None and batch_size < 1):
+        raise FIError("--sinks, --seed and --resamples must be >= 0 and --batch-size >= 1")
+    if sinks >= prefix - config.window:
+        raise FIError(f"--sinks {sinks} leaves no candidates: the scored prefix [0, {prefix - config.window}) "
+                      f"has {prefix - config.window} positions")
     settings = {**_describe(lm, docs, prefix, chunks, config), "candidates": candidates, "sinks": sinks,
                 "seed": seed, "n_resamples": n_resamples}
     run = ResumableRun(out_dir, "correlate", settings, resume, overwrite)
 
     def compute(doc):
         trace = trace_document(lm, doc, prefix, config)
-        total = min(trace.scored - sinks, parse_candidates(candidates) or trace.scored)
+        total = min(trace.scored - sinks, parse_candidates(candidates)[1] or trace.scored)
         done = [0]
 
         def tick(n):
@@ -104,7 +108,7 @@ def run_correlate(
 
 
 def run_nearfar(
-    lm, docs, out_dir: Path, prefix: int, distances: Sequence[int], chunk_len: int, ratio: float = 0.1,
+    lm, docs, out_dir: Path, prefix: int, distances: Sequence[int], chunk_len: int, budget: str = "remove=0.1",
     seeds: int = 3, sinks: Sequence[int] = (4, 0), config: SignalConfig = SignalConfig(), batch_size: int | None = None,
     block: int = 512, resume: bool = False, overwrite: bool = False, progress: Progress | None = None,
 ) -> dict[str, pd.DataFrame]:
@@ -113,7 +117,7 @@ def run_nearfar(
     if (batch_size is not None and batch_size < 1) or any(s < 0 for s in sinks):
         raise FIError("--batch-size must be >= 1 and sink counts >= 0")
     settings = {**_describe(lm, docs, prefix, chunks, config), "distances": sorted(distances),
-                "chunk_len": chunk_len, "ratio": ratio, "seeds": seeds, "sinks": list(sinks)}
+                "chunk_len": chunk_len, "budget": Budget.parse(budget, "--budget").label, "seeds": seeds, "sinks": list(sinks)}
     run = ResumableRun(out_dir, "nearfar", settings, resume, overwrite)
 
     def compute(doc):
@@ -125,7 +129,7 @@ def run_nearfar(
             if progress:
                 progress(doc.name, done[0], 0)
 
-        return nearfar_document(lm.model, doc, trace, chunks, ratio, seeds, tuple(sinks), batch_size, block,
+        return nearfar_document(lm.model, doc, trace, chunks, budget, seeds, tuple(sinks), batch_size, block,
                                 _token_text(lm), tick)
 
     def summaries(tables):

@@ -6,7 +6,8 @@ or the decoding :class:`Signals`. Add a policy: add a file and one line in ``POL
 from __future__ import annotations
 
 from ..errors import FIError
-from .base import Policy, Signals, allocate, budget_tokens, parse_budget, select
+from ..budget import Budget
+from .base import Policy, Signals, allocate, select
 from .h2o import H2O
 from .infokv import InfoKV
 from .knorm import KNorm
@@ -29,7 +30,7 @@ POLICIES: dict[str, type[Policy]] = {
 
 
 def make_policy(name: str, **kwargs) -> Policy:
-    """``make_policy("infokv", budget=0.25, alpha=0.9)``; options a policy does not have are ignored."""
+    """``make_policy("infokv", budget="keep=0.25", alpha=0.9)``; options a policy does not have are ignored."""
     key = name.strip().lower()
     if key == "infokv-adaptive":
         key, kwargs = "infokv", {**kwargs, "adaptive": True}
@@ -41,6 +42,6 @@ def make_policy(name: str, **kwargs) -> Policy:
 
 
 __all__ = [
-    "POLICIES", "H2O", "InfoKV", "KNorm", "Policy", "PyramidKV", "RPC", "RandomPolicy", "Signals", "SnapKV",
-    "StreamingLLM", "allocate", "budget_tokens", "make_policy", "parse_budget", "select",
+    "POLICIES", "Budget", "H2O", "InfoKV", "KNorm", "Policy", "PyramidKV", "RPC", "RandomPolicy", "Signals", "SnapKV",
+    "StreamingLLM", "allocate", "make_policy", "select",
 ]

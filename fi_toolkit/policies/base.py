@@ -17,6 +17,7 @@ from typing import ClassVar
 
 import torch
 
+from ..budget import Budget
 from ..errors import FIError
 from ..eviction import KeepMap
 
@@ -26,13 +27,13 @@ class Signals:
     """Per layer ``l`` (lists of length L), tensors ``[Hkv, n_l]`` unless said otherwise."""
 
     window: int
-    seen: int  # tokens seen so far: the compression point that ratio budgets refer to
+    seen: int  # tokens seen so far: the compression point that budgets refer to
     keys: list[torch.Tensor]  # [1, Hkv, n_l, head_dim], RoPE-rotated
     positions: list[torch.Tensor]  # original position of each slot
     entropy: list[torch.Tensor] | None = None  # top-k entropy H of the slot's token
     distance: list[torch.Tensor] | None = None  # D^(l) of the slot's token
     attention: list[torch.Tensor] | None = None  # window attention of the last `window` queries (pooled)
-    accumulated: list[torch.Tensor] | None = None  # summed attention received so far (H2O), if tracked
+    accumulated: list[torch.Tensor] | None = None  # attention received so far, summed, unpooled (H2O)
     protected: list[int] = field(default_factory=list)  # leading slots never evicted
 
     def __post_init__(self):
@@ -60,35 +61,12 @@ class Signals:
             entropy=[entropy] * trace.num_layers,
             distance=[d.to(device).expand(hkv, p) for d in trace.distance],
             attention=[a.to(device) for a in trace.attention],
+            accumulated=[a.to(device) for a in trace.accumulated],
         )
 
 
 def as_signals(signals) -> Signals:
     return signals if isinstance(signals, Signals) else Signals.from_trace(signals)
-
-
-def parse_budget(text: str | float | int) -> float | int:
-    """``"0.25"`` -> ratio 0.25 (has a decimal point); ``"512"`` -> 512 tokens. Floats are ratios, ints counts."""
-    if isinstance(text, bool):
-        raise FIError(f"invalid budget {text!r}")
-    if isinstance(text, (int, float)):
-        value = text
-    else:
-        try:
-            value = float(text) if any(c in text for c in ".eE") else int(text)
-        except ValueError:
-            raise FIError(f"invalid budget '{text}': use a ratio like 0.25 or a token count like 512") from None
-    if isinstance(value, float):
-        if not (math.isfinite(value) and 0.0 < value <= 1.0):
-            raise FIError(f"a budget ratio must lie in (0, 1], got {value}")
-    elif value < 1:
-        raise FIError(f"a budget token count must be >= 1, got {value}")
-    return value
-
-
-def budget_tokens(budget: float | int, seen: int) -> int:
-    """Entries kept per layer and head at a compression point that has seen ``seen`` tokens."""
-    return int(round(budget * seen)) if isinstance(budget, float) else int(budget)
 
 
 def allocate(weights: torch.Tensor, total: int, lo: list[int], hi: list[int]) -> list[int]:
@@ -129,12 +107,15 @@ def select(scores: torch.Tensor, keep: int, protected: int, window: int) -> torc
     """
     hkv, n = scores.shape
     device = scores.device
+    candidates = scores[:, protected : n - window].float()
+    if not torch.isfinite(candidates).all():
+        raise FIError("a policy produced non-finite scores (NaN or inf) for entries it may evict; "
+                      "refusing to rank them")
     if keep >= n:
         return torch.arange(n, device=device).expand(hkv, n).clone()
     picks = keep - protected - window
     if picks < 0:
         raise FIError(f"a budget of {keep} cannot hold the {protected} protected entries and the window of {window}")
-    candidates = scores[:, protected : n - window].float()
     order = torch.sort(candidates, dim=-1, descending=True, stable=True).indices[:, :picks] + protected
     fixed = torch.cat([torch.arange(protected, device=device), torch.arange(n - window, n, device=device)])
     return torch.sort(torch.cat([fixed.expand(hkv, -1), order], dim=-1), dim=-1).values
@@ -142,11 +123,15 @@ def select(scores: torch.Tensor, keep: int, protected: int, window: int) -> torc
 
 @dataclass
 class Policy:
-    """Base of every policy: a budget (ratio of the sequence at the compression point, or a count,
-    window included) and the observation window. Subclasses define :meth:`scores` (higher = keep)
-    and may override :meth:`layer_budgets` (uneven per-layer budgets)."""
+    """Base of every policy: a :class:`~fi_toolkit.budget.Budget` and the observation window.
 
-    budget: float | int = 0.25
+    The budget acts on the entries the policy may compress: at a point that has seen ``n`` tokens
+    whose first ``protected`` are never evicted (RPC's prompt), the cache keeps
+    ``protected + budget.kept(n - protected)`` entries per layer and head, window included. A bare
+    number is what is kept (``0.25``: a quarter; ``512``: 512 entries). Subclasses define
+    :meth:`scores` (higher = keep) and may override :meth:`layer_budgets` (uneven per-layer budgets)."""
+
+    budget: Budget | str | float | int = "keep=0.25"
     window: int = 32
 
     name: ClassVar[str] = "policy"
@@ -156,25 +141,31 @@ class Policy:
     tracks_accumulated: ClassVar[bool] = False  # H2O: accumulate attention over decoding steps
 
     def __post_init__(self):
-        self.budget = parse_budget(self.budget)
+        self.budget = Budget.parse(self.budget)
         if self.window < 1:
             raise FIError(f"window must be >= 1, got {self.window}")
 
     @property
     def label(self) -> str:
-        return f"{self.name}@{self.budget}"
+        return f"{self.name}@{self.budget.label}"
 
-    def tokens(self, seen: int) -> int:
-        """Budget in entries per layer and head at a point that has seen ``seen`` tokens; validated."""
-        k = budget_tokens(self.budget, seen)
-        if k <= self.window:
+    def kept_total(self, seen: int, protected: int = 0) -> int:
+        """Entries per layer and head that stay at a point that has seen ``seen`` tokens (unvalidated)."""
+        return protected + self.budget.kept(seen - protected)
+
+    def tokens(self, seen: int, protected: int = 0) -> int:
+        """:meth:`kept_total`, validated: the budget must fit the compressible tokens and exceed the window."""
+        n = seen - protected
+        if self.budget.exceeds(n):
+            raise FIError(f"budget {self.budget.label} asks for more than the {n} compressible tokens "
+                          f"(the sequence length is {seen})")
+        kept = self.budget.kept(n)
+        if kept <= self.window:
             raise FIError(
-                f"budget of {k} tokens ({self.budget} of {seen}) is not above the window of {self.window}: "
+                f"budget {self.budget.label} keeps {kept} of {n} tokens, not above the window of {self.window}: "
                 "nothing but the window would fit"
             )
-        if k > seen:
-            raise FIError(f"budget of {k} tokens is above the sequence length of {seen} tokens")
-        return k
+        return protected + kept
 
     def scores(self, s: Signals, layer: int) -> torch.Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -194,11 +185,11 @@ class Policy:
         s = as_signals(signals)
         if s.window != self.window:
             raise FIError(f"{self.name}: signals were traced with window {s.window}, the policy uses {self.window}")
-        k = self.tokens(s.seen)
+        k = self.tokens(s.seen, max(s.protected))
         budgets = self.layer_budgets(s, k)
         keep = [
             select(self.scores(s, layer), budgets[layer], s.protected[layer], s.window)
             for layer in range(s.num_layers)
         ]
-        meta = {"selector": f"policy:{self.name}", "budget": str(self.budget), "policy": self.name, "per_layer": budgets}
+        meta = {"selector": f"policy:{self.name}", "budget": self.budget.label, "policy": self.name, "per_layer": budgets}
         return KeepMap(f"policy:{self.label}", keep, meta)

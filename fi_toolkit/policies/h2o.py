@@ -1,12 +1,11 @@
 """H2O, heavy-hitter oracle (arXiv 2306.14048, Zhang et al. 2023): keep the entries with the largest
 accumulated attention, plus the recent window.
 
-"Accumulated" here is the attention an entry has received from every query available without an
-``N x N`` matrix: at prefill, the sum over the observation-window queries (the window attention
-times ``window``; so H2O ranks the prompt like SnapKV); during generation, plus the attention of
-every generated token, added step by step (mean over each GQA group) and carried through
-compressions. The paper also accumulates over all prompt queries, which would need the full
-attention matrix. Defaults: ``window=32`` (the recent part), ``budget=0.25``.
+"Accumulated" is one quantity on one scale: the softmax attention an entry has received, summed
+over queries, unpooled, averaged over each GQA group (:func:`fi_toolkit.signals.attention_received`).
+At prefill the queries are the observation window's (the full ``N x N`` matrix the paper sums over
+is never built); during generation every generated token's attention is added step by step and
+carried through compressions. Defaults: ``window=32`` (the recent part), ``budget=keep=0.25``.
 """
 
 from __future__ import annotations
@@ -14,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from ..errors import FIError
 from .base import Policy, Signals
 
 
@@ -23,6 +23,6 @@ class H2O(Policy):
     tracks_accumulated: ClassVar[bool] = True
 
     def scores(self, s: Signals, layer: int):
-        if s.accumulated is not None:
-            return s.accumulated[layer]
-        return s.attention[layer] * s.window
+        if s.accumulated is None:
+            raise FIError("h2o needs accumulated attention; these signals were tracked without it")
+        return s.accumulated[layer]

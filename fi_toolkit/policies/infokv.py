@@ -1,6 +1,8 @@
 """InfoKV (arXiv 2606.26875, "Information-Aware KV Cache Compression for Long Reasoning").
 
-``S = alpha * A + (1 - alpha) * softmax(E^(l))``, ``E^(l) = (D^(l) + tau) * H`` (SPEC signals 3-5).
+``S = alpha * A + (1 - alpha) * softmax(E^(l))``, ``E^(l) = (D^(l) + tau) * H`` (docs/method.md,
+signals 3-5), computed by :func:`fi_toolkit.signals.infokv_score`, the same function the trace uses;
+the softmax runs over the slots the policy may evict (``[protected, n - w)``).
 Defaults: ``alpha=0.9, tau=1.0, top_k=256, window=32, budget=0.25, adaptive=False``. ``alpha=1``
 is SnapKV scoring exactly. ``adaptive=True`` gives layer ``l`` the share ``mean(E^(l)) / sum_m
 mean(E^(m))`` of ``L * k`` entries (total exact, each layer within ``[window, held]``).
@@ -14,6 +16,7 @@ from typing import ClassVar
 import torch
 
 from ..errors import FIError
+from ..signals import infokv_score, layer_entropy_score
 from .base import Policy, Signals, allocate
 
 
@@ -35,13 +38,12 @@ class InfoKV(Policy):
     def layer_entropy(self, s: Signals, layer: int) -> torch.Tensor:
         """``E^(l)`` over the candidate slots ``[protected, n - w)`` -> ``[Hkv, m]``."""
         lo, hi = s.protected[layer], s.slots(layer) - s.window
-        return (s.distance[layer][:, lo:hi].float() + self.tau) * s.entropy[layer][:, lo:hi].float()
+        return layer_entropy_score(s.distance[layer][:, lo:hi], s.entropy[layer][:, lo:hi], self.tau)
 
     def scores(self, s: Signals, layer: int) -> torch.Tensor:
         lo, hi = s.protected[layer], s.slots(layer) - s.window
         out = s.attention[layer].float().clone()
-        soft = torch.softmax(self.layer_entropy(s, layer), dim=-1)
-        out[:, lo:hi] = self.alpha * out[:, lo:hi] + (1.0 - self.alpha) * soft
+        out[:, lo:hi] = infokv_score(out[:, lo:hi], self.layer_entropy(s, layer), self.alpha)
         return out
 
     def layer_budgets(self, s: Signals, k: int) -> list[int]:
@@ -53,4 +55,4 @@ class InfoKV(Policy):
 
     @property
     def label(self) -> str:
-        return f"{self.name}{'-adaptive' if self.adaptive else ''}@{self.budget}"
+        return f"{self.name}{'-adaptive' if self.adaptive else ''}@{self.budget.label}"

@@ -23,4 +23,4 @@ class StreamingLLM(Policy):
 
     def scores(self, s: Signals, layer: int):
         pos = s.positions[layer].float()
-        return torch.where(pos < self.sinks, torch.full_like(pos, float("inf")), pos)
+        return torch.where(pos < self.sinks, pos.max() + 1, pos)  # sinks above every recent position

@@ -28,7 +28,7 @@ def caption(manifest: dict) -> str:
     names = ", ".join(docs[:6]) + (f" (+{len(docs) - 6} more)" if len(docs) > 6 else "")
     chunks = s.get("chunks", [])
     if "chunk_len" in s:
-        chunk_text = f"chunks of {s['chunk_len']} tokens at distances {s.get('distances')} from p, ratio {s.get('ratio')}"
+        chunk_text = f"chunks of {s['chunk_len']} tokens at distances {s.get('distances')} from p, sets of {s.get('budget')}"
     else:
         chunk_text = f"chunks {', '.join(chunks)}, candidates {s.get('candidates')}"
     return f"model {manifest.get('model', {}).get('name', s.get('model'))} | {len(docs)} document(s): {names} | " \
