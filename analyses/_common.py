@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import shutil
 from pathlib import Path
+
+from fi_toolkit.results import atomic_copy
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -20,9 +21,7 @@ def add_output_args(ap: argparse.ArgumentParser, name: str) -> None:
 
 
 def copy_results(args, names: list[str]) -> None:
-    """Copy the small result files ``names`` from --out to --results (unless --results '')."""
+    """Copy the small result files ``names`` from --out to --results (unless --results ''), each atomically."""
     if args.results:
-        results = Path(args.results)
-        results.mkdir(parents=True, exist_ok=True)
         for name in names:
-            shutil.copyfile(args.out / name, results / name)
+            atomic_copy(args.out / name, Path(args.results) / name)

@@ -3,7 +3,8 @@
 ``fi probe`` -> :func:`fi_toolkit.experiment.probe_document` -> :func:`fi_toolkit.probe.forward_influence`
 -> :func:`fi_toolkit.probe.kl_divergence_rows`.
 
-Every user error is one line on stderr (``error: ...``) and exit status 2; Ctrl-C is exit 130.
+Every user error is one line on stderr (``error: ...``) and exit status 2; Ctrl-C is one line
+(``interrupted: ...``) and exit 130. Options shared by the commands live in :mod:`fi_toolkit.cli_options`.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from .cli_options import (AlphaOpt, DeviceOpt, DtypeOpt, EntropyOfOpt, ModelOpt, OverwriteOpt, PoolOpt, TauOpt,
+                          TopKOpt, WindowOpt, _progress, _signal_config, check_prefix, check_selections, err, out)
 from .errors import FIError
 
 app = typer.Typer(
@@ -26,56 +27,37 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="Forward Influence analysis for KV-cache compression (InfoKV and attention baselines).",
 )
-out = Console(emoji=False)
-err = Console(stderr=True, emoji=False)
 
 try:  # typer >= 0.20 vendors click; older typer uses the click package
     from typer._click import exceptions as click_exceptions
+    from typer.exceptions import Abort
 except ImportError:  # pragma: no cover
     from click import exceptions as click_exceptions
+    from click.exceptions import Abort
 
-DEFAULT_SELECTIONS = ["entropy:0.1", "attention:0.1", "distance:0.1", "infokv:0.1", "random:0.1@0-2"]
-
-# Options shared by every command that runs a model.
-ModelOpt = typer.Option("smollm2-135m", "--model", "-m", help="smollm2-135m (embedded), a local directory or a HF id.")
-DeviceOpt = typer.Option("cpu", help="cpu, cuda, cuda:N or auto.")
-DtypeOpt = typer.Option("float32", help="float32 or bfloat16 (signals and KL stay float32).")
-WindowOpt = typer.Option(32, help="Observation window w (last w prefix positions).")
-TopKOpt = typer.Option(256, "--top-k", help="Entropy over the k largest logits (k >= vocab: full entropy).")
-AlphaOpt = typer.Option(0.9, help="InfoKV mix: alpha*attention + (1-alpha)*softmax(E).")
-TauOpt = typer.Option(1.0, help="Bias in E = (D + tau) * H.")
-PoolOpt = typer.Option(7, "--pool", help="Average-pool kernel for window attention (1 = off).")
-
-
-def _signal_config(window, top_k, alpha, tau, pool):
-    from .trace import SignalConfig
-
-    config = SignalConfig(top_k=top_k, window=window, pool_kernel=pool, tau=tau, alpha=alpha)
-    config.validate()
-    return config
-
-
-def _progress() -> Progress:
-    return Progress(
-        TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TimeElapsedColumn(), console=err, transient=True, disable=not err.is_terminal,
-    )
+DEFAULT_SELECTIONS = ["entropy:remove=0.1", "attention:remove=0.1", "distance:remove=0.1", "infokv:remove=0.1",
+                      "random:remove=0.1@0-2"]  # budgets as fi_toolkit.budget spells them: a bare 0.1 would be keep=0.1
+INTERRUPTED = 130  # typer turns KeyboardInterrupt into this exit code under standalone_mode=False
 
 
 @app.command()
 def probe(
     documents: List[str] = typer.Argument(None, help="Text/JSONL files or bundled names (default: alice)."),
     chunk: List[str] = typer.Option(..., "--chunk", "-c", help="Future chunk START:END (repeatable)."),
-    select: List[str] = typer.Option(None, "--select", "-s", help="entropy:R, attention:R, distance:R, infokv:R, random:R@SEED, positions:A-B,C remove a token set; policy:NAME@R evicts what a compression policy would (R = what it keeps). Repeatable."),
+    select: List[str] = typer.Option(None, "--select", "-s", help="entropy:B, attention:B, distance:B, infokv:B, random:B@SEED, positions:A-B,C remove a token set; policy:NAME@B evicts what a compression policy would. B is a budget: remove=X or keep=X (a bare X is keep=X), X a share of the prefix [0, p) (0.1) or a token count (100). Repeatable."),
     prefix: Optional[int] = typer.Option(None, help="Compression point p (default: smallest chunk start)."),
     sinks: int = typer.Option(4, help="First N positions are never picked by score-based or random selectors."),
     model: str = ModelOpt, device: str = DeviceOpt, dtype: str = DtypeOpt,
     window: int = WindowOpt, top_k: int = TopKOpt, alpha: float = AlphaOpt, tau: float = TauOpt, pool: int = PoolOpt,
+    entropy_of: str = EntropyOfOpt,
     batch_size: Optional[int] = typer.Option(None, help="Evictions per batched forward (default: 1 on CPU, 8 on CUDA)."),
-    out_dir: Optional[Path] = typer.Option(None, "--out", "-o", help="Results directory (default: runs/probe-<time>)."),
-    overwrite: bool = typer.Option(False, help="Replace results already in --out."),
+    out_dir: Optional[Path] = typer.Option(None, "--out", "-o", help="Results directory (default: runs/probe-<time>-<random>)."),
+    overwrite: bool = OverwriteOpt,
 ):
-    """Remove token sets from the KV cache at p and measure Forward Influence on future chunks."""
+    """Remove token sets from the KV cache at p and measure Forward Influence on future chunks.
+
+    Everything that can be checked without the model is checked first; the results directory is
+    created only when the results are written, so a failed or interrupted run leaves none behind."""
     from . import results
     from .documents import read_texts, tokenize_texts
     from .experiment import probe_document, trace_document
@@ -85,12 +67,16 @@ def probe(
 
     chunks = [parse_chunk(c) for c in chunk]
     selections = parse_selections(select or DEFAULT_SELECTIONS)
-    config = _signal_config(window, top_k, alpha, tau, pool)
+    config = _signal_config(window, top_k, alpha, tau, pool, entropy_of)
     if batch_size is not None and batch_size < 1:
         raise FIError(f"--batch-size must be >= 1, got {batch_size}")
     p = prefix if prefix is not None else min(c.start for c in chunks)
+    check_chunks(chunks, p, float("inf"), None)  # chunk starts vs p now; lengths once the documents are read
+    check_prefix(p, config.window)
+    check_selections(selections, p, config.window, sinks)
     texts = [t for spec in (documents or [None]) for t in read_texts(spec)]
-    out_path = results.prepare_out_dir(out_dir or results.default_out_dir("probe"), overwrite)
+    if out_dir is not None:
+        results.check_results_dir(out_dir, overwrite)
     started, t0 = results.now(), time.perf_counter()
     lm = load_model(model, device, dtype)
     docs = tokenize_texts(texts, lm.tokenizer, max_tokens=max(c.end for c in chunks))
@@ -109,7 +95,6 @@ def probe(
     import pandas as pd
 
     table = pd.concat(tables, ignore_index=True)
-    results.write_table(out_path / "fi.csv", table)
     manifest = {
         "command": "probe", "argv": sys.argv, "started": started, "finished": results.now(),
         "seconds": round(time.perf_counter() - t0, 2),
@@ -117,11 +102,18 @@ def probe(
                   "kv_heads": lm.config.num_key_value_heads, "vocab": lm.config.vocab_size},
         "documents": [{"name": d.name, "source": d.source, "sha256": d.sha256, "tokens_used": len(d)} for d in docs],
         "prefix": p, "chunks": [c.label for c in chunks], "selections": [s.label for s in selections],
-        "sinks": sinks, "batch_size": batch_size, "signals": config.__dict__, "versions": results.versions(),
+        "sinks": sinks, "batch_size": batch_size, "signals": dict(config.__dict__), "versions": results.versions(),
     }
+    if out_dir is None:
+        out_path = results.new_default_dir("probe")
+    else:  # checked again: another run may have written there meanwhile
+        out_path = results.check_results_dir(out_dir, overwrite)
+        if overwrite:
+            results.clear_results(out_path)
+    results.write_table(out_path / "fi.csv", table)
     results.write_json(out_path / "manifest.json", manifest)
     _print_fi_table(table, f"Forward Influence (nats), {model}, p={p}, {len(docs)} document(s)")
-    err.print(f"results: {out_path}/fi.csv, {out_path}/manifest.json")
+    err.print(f"results: {out_path}/fi.csv, {out_path}/manifest.json", markup=False, highlight=False)
 
 
 def _print_fi_table(table, title: str) -> None:
@@ -143,7 +135,9 @@ def scores(
     prefix: int = typer.Option(2048, help="Trace the first PREFIX tokens."),
     model: str = ModelOpt, device: str = DeviceOpt, dtype: str = DtypeOpt,
     window: int = WindowOpt, top_k: int = TopKOpt, alpha: float = AlphaOpt, tau: float = TauOpt, pool: int = PoolOpt,
+    entropy_of: str = EntropyOfOpt,
     out_file: Path = typer.Option(Path("scores.csv"), "--out", "-o", help="Output .csv or .parquet."),
+    overwrite: bool = typer.Option(False, help="Replace --out if it exists."),
 ):
     """Write per-token signals (H, A, D, E, S; per layer too) with the token text."""
     from . import results
@@ -151,9 +145,13 @@ def scores(
     from .experiment import trace_document
     from .models import load_model
 
-    config = _signal_config(window, top_k, alpha, tau, pool)
+    config = _signal_config(window, top_k, alpha, tau, pool, entropy_of)
+    check_prefix(prefix, config.window)
     if out_file.suffix not in (".csv", ".parquet"):
         raise FIError(f"--out must end in .csv or .parquet, got '{out_file}'")
+    results.check_out_path(out_file, want_dir=False)
+    if out_file.exists() and not overwrite:
+        raise FIError(f"--out '{out_file}' exists; choose another file or pass --overwrite")
     texts = read_texts(document)[:1]
     lm = load_model(model, device, dtype)
     doc = tokenize_texts(texts, lm.tokenizer, max_tokens=prefix)[0]
@@ -164,7 +162,7 @@ def scores(
     table = trace.token_table(tokens)
     table.insert(0, "document", doc.name)
     results.write_table(out_file, table)
-    err.print(f"wrote {len(table):,} tokens x {table.shape[1]} columns to {out_file}")
+    err.print(f"wrote {len(table):,} tokens x {table.shape[1]} columns to {out_file}", markup=False, highlight=False)
     summary = table[~table.in_window][["entropy", "attention", "distance", "infokv"]].describe().loc[["mean", "std", "min", "max"]]
     t = Table(title=f"signals over the scored prefix [0, {trace.scored}) of '{doc.name}'")
     t.add_column("")
@@ -191,28 +189,45 @@ def models():
 
 
 # --- commands defined in other modules register here (one import line each) ---
-from .cli_study import register as _register_study; _register_study(app)  # noqa: E402,E702
-from .cli_generate import register as _register_generate; _register_generate(app)  # noqa: E402,E702
+from .cli_study import register as _register_study  # noqa: E402
+from .cli_generate import register as _register_generate  # noqa: E402
+
+_register_study(app)
+_register_generate(app)
+
+
+def _line(message: str) -> str:
+    return " ".join(str(message).split())  # one line, whatever the message holds
 
 
 def main() -> None:
-    """Console entry point: one line on stderr for any user error, never a traceback."""
+    """Console entry point: one line on stderr for any user error, never a traceback.
+
+    Bare ``fi`` prints the help (typer prints it while raising NoArgsIsHelpError) and exits 0.
+    """
     import torch
 
     try:
         code = app(standalone_mode=False)
+    except click_exceptions.NoArgsIsHelpError as exc:
+        text = exc.format_message()  # empty when rich already printed the help
+        if text.strip():
+            out.print(text, markup=False, highlight=False)
+        sys.exit(0)
     except FIError as exc:
-        err.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
+        err.print(f"error: {_line(exc)}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(2)
     except click_exceptions.ClickException as exc:
-        err.print(f"error: {exc.format_message()}", markup=False, highlight=False, soft_wrap=True)
+        err.print(f"error: {_line(exc.format_message())}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(2)
-    except KeyboardInterrupt:
-        err.print("interrupted: results already written are intact", markup=False)
-        sys.exit(130)
+    except (KeyboardInterrupt, Abort):
+        code = INTERRUPTED
     except torch.OutOfMemoryError:
         err.print("error: out of memory; lower --batch-size, the chunk length or the prefix", markup=False)
         sys.exit(3)
+    if code == INTERRUPTED:
+        err.print("interrupted: results already written are intact", markup=False, highlight=False)
+        sys.exit(INTERRUPTED)
     sys.exit(code if isinstance(code, int) else 0)
 
 

@@ -10,12 +10,11 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from .cli_options import (AlphaOpt, DeviceOpt, DtypeOpt, EntropyOfOpt, ModelOpt, PoolOpt, TauOpt, TopKOpt, WindowOpt,
+                          check_entropy_of, check_finite, err)
 from .errors import FIError
-
-err = Console(stderr=True, emoji=False)
 
 
 def _human(n: float) -> str:
@@ -62,33 +61,39 @@ def generate(
     top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling threshold."),
     seed: int = typer.Option(0, help="Sampling seed."),
     chat: bool = typer.Option(True, "--chat/--raw", help="Wrap the prompt in the model's chat template (when it has one)."),
-    window: int = typer.Option(32, help="Observation window w (always kept)."),
-    alpha: float = typer.Option(0.9, help="InfoKV mix: alpha*attention + (1-alpha)*softmax(E)."),
-    tau: float = typer.Option(1.0, help="Bias in E = (D + tau) * H."),
-    top_k: int = typer.Option(256, "--top-k", help="Entropy over the k largest logits."),
-    model: str = typer.Option("smollm2-135m", "--model", "-m", help="smollm2-135m (embedded), a local directory or a HF id."),
-    device: str = typer.Option("cpu", help="cpu, cuda, cuda:N or auto."),
-    dtype: str = typer.Option("float32", help="float32 or bfloat16."),
+    window: int = WindowOpt, alpha: float = AlphaOpt, tau: float = TauOpt, top_k: int = TopKOpt, pool: int = PoolOpt,
+    entropy_of: str = EntropyOfOpt,
+    model: str = ModelOpt, device: str = DeviceOpt, dtype: str = DtypeOpt,
     stream: bool = typer.Option(True, "--stream/--no-stream", help="Stream text as it is generated."),
 ):
     """Generate text with the KV cache compressed by a policy (prefill and every --interval tokens)."""
     from .generate import generate as run_generate
+    from .generate import signal_config_for
     from .models import load_model
     from .policies import make_policy
 
     if (prompt is None) == (file is None):
         raise FIError("give a prompt or --file (exactly one)")
-    if file is not None:
-        if not file.is_file():
-            raise FIError(f"prompt file not found: {file}")
-        prompt = file.read_text(encoding="utf-8", errors="replace")
+    check_finite("--temperature", temperature)
+    check_finite("--top-p", top_p)
+    check_entropy_of(entropy_of)
     if interval < 1:
         raise FIError(f"--interval must be >= 1, got {interval}")
     if max_new < 1:
         raise FIError(f"--max-new must be >= 1, got {max_new}")
+    if file is not None:
+        if file.is_dir():
+            raise FIError(f"--file '{file}' is a directory, not a prompt file")
+        if not file.is_file():
+            raise FIError(f"prompt file not found: {file}")
+        try:
+            prompt = file.read_text(encoding="utf-8", errors="replace")
+        except OSError as exc:
+            raise FIError(f"cannot read --file '{file}': {exc.strerror}") from None
     chosen = None
     if policy.strip().lower() not in ("none", "full"):
         chosen = make_policy(policy, budget=budget, window=window, alpha=alpha, tau=tau, top_k=top_k)
+    config = signal_config_for(chosen, pool_kernel=pool, entropy_of=entropy_of)
     lm = load_model(model, device, dtype)
 
     def emit(text: str) -> None:
@@ -98,7 +103,7 @@ def generate(
     result = run_generate(
         lm.model, lm.tokenizer, prompt, chosen, max_new_tokens=max_new, interval=interval,
         compress_prompt=compress_prompt, temperature=temperature, top_p=top_p, seed=seed, chat=None if chat else False,
-        on_text=emit if stream else None,
+        on_text=emit if stream else None, config=config,
     )
     if not stream:
         emit(result.text)

@@ -13,23 +13,31 @@ from typing import List, Optional
 
 import typer
 
+from .cli_options import (AlphaOpt, DeviceOpt, DtypeOpt, EntropyOfOpt, ModelOpt, PoolOpt, TauOpt, TopKOpt, WindowOpt,
+                          _progress, _signal_config, check_prefix, check_sinks, err, out)
 from .errors import FIError
 
+DocsArg = typer.Argument(None, help="Text/JSONL files or bundled names (default: alice).")
+ResumeOpt = typer.Option(False, help="Continue a stopped run of the same command in --out: skip finished documents "
+                                     "(same settings only; a finished document that fails its checks is recomputed).")
+StudyOverwriteOpt = typer.Option(False, help="Replace the results already in --out.")
+BatchOpt = typer.Option(None, help="Evictions per batched forward (default: 1 on CPU, 8 on CUDA).")
 
-def _documents(specs, lm, max_tokens: int):
-    from .documents import read_texts, tokenize_texts
 
-    texts = [t for spec in (specs or [None]) for t in read_texts(spec)]
-    return tokenize_texts(texts, lm.tokenizer, max_tokens=max_tokens)
+def _read_documents(specs):
+    from .documents import read_texts
+
+    return [t for spec in (specs or [None]) for t in read_texts(spec)]
 
 
-def _run_study(bar_factory, label: str, model: str, device: str, dtype: str, documents, max_tokens: int, study):
-    """Load the model and documents, then ``study(lm, docs, progress)`` under a progress bar per document."""
+def _run_study(label: str, model: str, device: str, dtype: str, texts, max_tokens: int, study):
+    """Load the model, tokenise ``texts``, then ``study(lm, docs, progress)`` under a progress bar per document."""
+    from .documents import tokenize_texts
     from .models import load_model
 
     lm = load_model(model, device, dtype)
-    docs = _documents(documents, lm, max_tokens)
-    with bar_factory() as bar:
+    docs = tokenize_texts(texts, lm.tokenizer, max_tokens=max_tokens)
+    with _progress() as bar:
         tasks: dict = {}
 
         def progress(doc: str, done: int, total: int):
@@ -40,115 +48,126 @@ def _run_study(bar_factory, label: str, model: str, device: str, dtype: str, doc
         return docs, study(lm, docs, progress)
 
 
+def correlate(
+    documents: List[str] = DocsArg,
+    chunk: List[str] = typer.Option(..., "--chunk", "-c", help="Future chunk START:END (repeatable)."),
+    prefix: Optional[int] = typer.Option(None, help="Compression point p (default: smallest chunk start)."),
+    candidates: str = typer.Option("sample:256", help="'all', 'sample:N' (N uniform positions) or 'stratified:N' (by entropy, reweighted)."),
+    sinks: int = typer.Option(4, help="First N positions are never candidates."),
+    seed: int = typer.Option(0, help="Seed of the candidate sample and the bootstrap."),
+    resamples: int = typer.Option(1000, help="Bootstrap resamples per coefficient (0: no intervals)."),
+    model: str = ModelOpt, device: str = DeviceOpt, dtype: str = DtypeOpt,
+    window: int = WindowOpt, top_k: int = TopKOpt, alpha: float = AlphaOpt, tau: float = TauOpt, pool: int = PoolOpt,
+    entropy_of: str = EntropyOfOpt,
+    batch_size: Optional[int] = BatchOpt,
+    out_dir: Path = typer.Option(Path("runs/correlate"), "--out", "-o", help="Results directory."),
+    resume: bool = ResumeOpt, overwrite: bool = StudyOverwriteOpt,
+):
+    """Per-token (leave-one-out) FI of candidate positions, correlated with H, A, D, E, S (and per layer)."""
+    from .analysis import parse_candidates, run_correlate
+    from .analysis.runs import check_run_dir
+    from .probe import check_chunks, parse_chunk
+
+    chunks = [parse_chunk(c) for c in chunk]
+    parse_candidates(candidates)
+    p = prefix if prefix is not None else min(c.start for c in chunks)
+    config = _signal_config(window, top_k, alpha, tau, pool, entropy_of)
+    check_chunks(chunks, p, float("inf"), None)  # chunk starts vs p now; lengths once the documents are read
+    check_prefix(p, config.window)
+    check_sinks(sinks, p, config.window)
+    if resamples < 0 or (batch_size is not None and batch_size < 1):
+        raise FIError("--resamples must be >= 0 and --batch-size >= 1")
+    texts = _read_documents(documents)
+    check_run_dir(out_dir, "correlate", resume, overwrite)
+    docs, tables = _run_study("correlate", model, device, dtype, texts, max(c.end for c in chunks),
+                              lambda lm, docs, progress: run_correlate(
+        lm, docs, out_dir, p, chunks, candidates, sinks, seed, resamples, config, batch_size,
+        resume=resume, overwrite=overwrite, progress=progress))
+    s = tables["correlation_summary"]
+    s = s[(s["scope"] == "mean") & (s["method"] == "spearman")]
+    pivot = s.pivot_table(index="signal", columns="chunk", values="rho_mean", sort=False)
+    out.print(f"Spearman rho of per-token FI with each signal (mean over {len(docs)} document(s)), p={p}")
+    out.print(pivot.to_string(float_format=lambda v: f"{v:+.3f}"))
+    err.print(f"results: {out_dir}/ (correlations.csv, correlation_summary.csv, tokens.csv, manifest.json)",
+              markup=False, highlight=False)
+
+
+def nearfar(
+    documents: List[str] = DocsArg,
+    prefix: int = typer.Option(1024, help="Compression point p."),
+    distances: str = typer.Option("0,256,512,1024", help="Chunk starts as distances from p, comma-separated."),
+    chunk_len: int = typer.Option(256, help="Tokens per chunk."),
+    budget: str = typer.Option("remove=0.1", "--budget", "-b",
+                               help="Set size, one budget for every set: remove=X or keep=X, a share of the prefix "
+                                    "[0, p) (0.1) or a token count (100)."),
+    seeds: int = typer.Option(3, help="Random sets (seeds 0..N-1)."),
+    sinks: int = typer.Option(4, help="Sink protection: the first N positions are never selected."),
+    no_sink_runs: bool = typer.Option(True, "--with-unprotected/--protected-only",
+                                      help="Also measure every set without sink protection."),
+    model: str = ModelOpt, device: str = DeviceOpt, dtype: str = DtypeOpt,
+    window: int = WindowOpt, top_k: int = TopKOpt, alpha: float = AlphaOpt, tau: float = TauOpt, pool: int = PoolOpt,
+    entropy_of: str = EntropyOfOpt,
+    batch_size: Optional[int] = BatchOpt,
+    out_dir: Path = typer.Option(Path("runs/nearfar"), "--out", "-o", help="Results directory."),
+    resume: bool = ResumeOpt, overwrite: bool = StudyOverwriteOpt,
+):
+    """Equal-size sets by entropy/attention/distance/InfoKV/random: FI on chunks at increasing distance from p."""
+    from .analysis import run_nearfar
+    from .analysis.nearfar import nearfar_chunks, nearfar_selections, parse_distances
+    from .analysis.runs import check_run_dir
+
+    dist = parse_distances(distances)
+    chunks = nearfar_chunks(prefix, dist, chunk_len)
+    nearfar_selections(budget, seeds)
+    config = _signal_config(window, top_k, alpha, tau, pool, entropy_of)
+    check_prefix(prefix, config.window)
+    check_sinks(sinks, prefix, config.window)
+    if batch_size is not None and batch_size < 1:
+        raise FIError(f"--batch-size must be >= 1, got {batch_size}")
+    sink_options = (sinks, 0) if no_sink_runs and sinks > 0 else (sinks,)
+    texts = _read_documents(documents)
+    check_run_dir(out_dir, "nearfar", resume, overwrite)
+    docs, tables = _run_study("nearfar", model, device, dtype, texts, max(c.end for c in chunks),
+                              lambda lm, docs, progress: run_nearfar(
+        lm, docs, out_dir, prefix, dist, chunk_len, budget, seeds, sink_options, config, batch_size,
+        resume=resume, overwrite=overwrite, progress=progress))
+    _print_nearfar(tables, len(docs))
+    err.print(f"results: {out_dir}/ (nearfar.csv, nearfar_summary.csv, nearfar_tests.csv, token_class_summary.csv)",
+              markup=False, highlight=False)
+
+
+def _print_nearfar(tables, n_docs: int) -> None:
+    s = tables["nearfar_summary"]
+    for metric, label in (("fi_mean", "FI (nats)"), ("fi_share_near_mean", "FI / nearest-chunk FI")):
+        pivot = s.pivot_table(index=["sinks", "selector"], columns="distance_from_p", values=metric, sort=False)
+        out.print(f"{label}, mean over {n_docs} document(s); columns: chunk start - p")
+        out.print(pivot.to_string(float_format=lambda v: f"{v:.5f}"))
+    t = tables["nearfar_tests"]
+    t = t[t["metric"].isin(["fi", "fi_share_near"])]
+    out.print("entropy > attention across documents (one-sided Wilcoxon signed-rank):")
+    out.print(t[["sinks", "distance_from_p", "metric", "a_wins", "n_documents", "wilcoxon_p"]].to_string(index=False))
+
+
+def report(
+    runs: List[Path] = typer.Argument(..., help="Result directories of fi correlate / fi nearfar."),
+    formats: str = typer.Option("html,md,csv,json", "--format", "-f", help="Any of html,md,csv,json."),
+    out_dir: Path = typer.Option(Path("report"), "--out", "-o", help="Report directory."),
+    overwrite: bool = typer.Option(False, help="Replace a report (or other results) already in --out."),
+):
+    """Turn result directories into a self-contained HTML page, Markdown, and CSV/JSON tables."""
+    from .report import build_report, parse_formats
+
+    written = build_report(runs, out_dir, parse_formats(formats), overwrite=overwrite)
+    for path in written:
+        if path.suffix in (".html", ".md", ".json"):
+            err.print(f"wrote {path}", markup=False, highlight=False)
+    if "csv" in formats:
+        err.print(f"wrote {sum(p.suffix == '.csv' for p in written)} CSV table(s) under {out_dir}/tables/",
+                  markup=False, highlight=False)
+
+
 def register(app: typer.Typer) -> None:
-    """Add ``correlate``, ``nearfar`` and ``report`` to ``app``.
-
-    The shared options come from :mod:`fi_toolkit.cli`, imported here rather than at module level so
-    that ``python -m fi_toolkit.cli`` (cli.py running as ``__main__``) does not import itself circularly.
-    """
-    from .cli import (AlphaOpt, DeviceOpt, DtypeOpt, ModelOpt, PoolOpt, TauOpt, TopKOpt, WindowOpt, _progress,
-                      _signal_config, err, out)
-
-    DocsArg = typer.Argument(None, help="Text/JSONL files or bundled names (default: alice).")
-    ResumeOpt = typer.Option(False, help="Continue a stopped run in --out: skip finished documents (same settings only).")
-    OverwriteOpt = typer.Option(False, help="Replace a run already in --out.")
-    BatchOpt = typer.Option(None, help="Evictions per batched forward (default: 1 on CPU, 8 on CUDA).")
-
-    def correlate(
-        documents: List[str] = DocsArg,
-        chunk: List[str] = typer.Option(..., "--chunk", "-c", help="Future chunk START:END (repeatable)."),
-        prefix: Optional[int] = typer.Option(None, help="Compression point p (default: smallest chunk start)."),
-        candidates: str = typer.Option("sample:256", help="'all' or 'sample:N' (N positions stratified by entropy)."),
-        sinks: int = typer.Option(4, help="First N positions are never candidates."),
-        seed: int = typer.Option(0, help="Seed of the candidate sample and the bootstrap."),
-        resamples: int = typer.Option(1000, help="Bootstrap resamples per coefficient (0: no intervals)."),
-        model: str = ModelOpt, device: str = DeviceOpt, dtype: str = DtypeOpt,
-        window: int = WindowOpt, top_k: int = TopKOpt, alpha: float = AlphaOpt, tau: float = TauOpt, pool: int = PoolOpt,
-        batch_size: Optional[int] = BatchOpt,
-        out_dir: Path = typer.Option(Path("runs/correlate"), "--out", "-o", help="Results directory."),
-        resume: bool = ResumeOpt, overwrite: bool = OverwriteOpt,
-    ):
-        """Per-token (leave-one-out) FI of candidate positions, correlated with H, A, D, E, S (and per layer)."""
-        from .analysis import parse_candidates, run_correlate
-        from .probe import parse_chunk
-
-        chunks = [parse_chunk(c) for c in chunk]
-        parse_candidates(candidates)
-        p = prefix if prefix is not None else min(c.start for c in chunks)
-        config = _signal_config(window, top_k, alpha, tau, pool)
-        docs, tables = _run_study(_progress, "correlate", model, device, dtype, documents, max(c.end for c in chunks),
-                                  lambda lm, docs, progress: run_correlate(
-            lm, docs, out_dir, p, chunks, candidates, sinks, seed, resamples, config, batch_size,
-            resume=resume, overwrite=overwrite, progress=progress))
-        s = tables["correlation_summary"]
-        s = s[(s["scope"] == "mean") & (s["method"] == "spearman")]
-        pivot = s.pivot_table(index="signal", columns="chunk", values="rho_mean", sort=False)
-        out.print(f"Spearman rho of per-token FI with each signal (mean over {len(docs)} document(s)), p={p}")
-        out.print(pivot.to_string(float_format=lambda v: f"{v:+.3f}"))
-        err.print(f"results: {out_dir}/ (correlations.csv, correlation_summary.csv, tokens.csv, manifest.json)")
-
-
-    def nearfar(
-        documents: List[str] = DocsArg,
-        prefix: int = typer.Option(1024, help="Compression point p."),
-        distances: str = typer.Option("0,256,512,1024", help="Chunk starts as distances from p, comma-separated."),
-        chunk_len: int = typer.Option(256, help="Tokens per chunk."),
-        ratio: float = typer.Option(0.1, help="Set size as a fraction of the scored prefix [0, p - w)."),
-        seeds: int = typer.Option(3, help="Random sets (seeds 0..N-1)."),
-        sinks: int = typer.Option(4, help="Sink protection: the first N positions are never selected."),
-        no_sink_runs: bool = typer.Option(True, "--with-unprotected/--protected-only",
-                                          help="Also measure every set without sink protection."),
-        model: str = ModelOpt, device: str = DeviceOpt, dtype: str = DtypeOpt,
-        window: int = WindowOpt, top_k: int = TopKOpt, alpha: float = AlphaOpt, tau: float = TauOpt, pool: int = PoolOpt,
-        batch_size: Optional[int] = BatchOpt,
-        out_dir: Path = typer.Option(Path("runs/nearfar"), "--out", "-o", help="Results directory."),
-        resume: bool = ResumeOpt, overwrite: bool = OverwriteOpt,
-    ):
-        """Equal-size sets by entropy/attention/distance/InfoKV/random: FI on chunks at increasing distance from p."""
-        from .analysis import run_nearfar
-        from .analysis.nearfar import nearfar_chunks, nearfar_selections, parse_distances
-
-        dist = parse_distances(distances)
-        chunks = nearfar_chunks(prefix, dist, chunk_len)
-        nearfar_selections(ratio, seeds)
-        if sinks < 0:
-            raise FIError(f"--sinks must be >= 0, got {sinks}")
-        sink_options = (sinks, 0) if no_sink_runs and sinks > 0 else (sinks,)
-        config = _signal_config(window, top_k, alpha, tau, pool)
-        docs, tables = _run_study(_progress, "nearfar", model, device, dtype, documents, max(c.end for c in chunks),
-                                  lambda lm, docs, progress: run_nearfar(
-            lm, docs, out_dir, prefix, dist, chunk_len, ratio, seeds, sink_options, config, batch_size,
-            resume=resume, overwrite=overwrite, progress=progress))
-        _print_nearfar(tables, len(docs))
-        err.print(f"results: {out_dir}/ (nearfar.csv, nearfar_summary.csv, nearfar_tests.csv, token_class_summary.csv)")
-
-
-    def _print_nearfar(tables, n_docs: int) -> None:
-        s = tables["nearfar_summary"]
-        for metric, label in (("fi_mean", "FI (nats)"), ("fi_share_near_mean", "FI / nearest-chunk FI")):
-            pivot = s.pivot_table(index=["sinks", "selector"], columns="distance_from_p", values=metric, sort=False)
-            out.print(f"{label}, mean over {n_docs} document(s); columns: chunk start - p")
-            out.print(pivot.to_string(float_format=lambda v: f"{v:.5f}"))
-        t = tables["nearfar_tests"]
-        t = t[t["metric"].isin(["fi", "fi_share_near"])]
-        out.print("entropy > attention across documents (one-sided Wilcoxon signed-rank):")
-        out.print(t[["sinks", "distance_from_p", "metric", "a_wins", "n_documents", "wilcoxon_p"]].to_string(index=False))
-
-
-    def report(
-        runs: List[Path] = typer.Argument(..., help="Result directories of fi correlate / fi nearfar."),
-        formats: str = typer.Option("html,md,csv,json", "--format", "-f", help="Any of html,md,csv,json."),
-        out_dir: Path = typer.Option(Path("report"), "--out", "-o", help="Report directory."),
-    ):
-        """Turn result directories into a self-contained HTML page, Markdown, and CSV/JSON tables."""
-        from .report import build_report, parse_formats
-
-        written = build_report(runs, out_dir, parse_formats(formats))
-        for path in written:
-            if path.suffix in (".html", ".md", ".json"):
-                err.print(f"wrote {path}")
-        err.print(f"wrote {sum(p.suffix == '.csv' for p in written)} CSV table(s) under {out_dir}/tables/" if "csv" in formats else "")
-
+    """Add ``correlate``, ``nearfar`` and ``report`` to ``app``."""
     app.command()(correlate)
     app.command()(nearfar)
     app.command()(report)

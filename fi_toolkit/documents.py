@@ -60,10 +60,22 @@ def _read_text(path: Path) -> str:
         raise FIError(f"'{path}' is not UTF-8 text") from None
     except IsADirectoryError:
         raise FIError(f"'{path}' is a directory, not a document") from None
+    except OSError as exc:
+        raise FIError(f"cannot read '{path}': {exc.strerror}") from None
 
 
 def read_texts(spec: str | None) -> list[tuple[str, str, str]]:
-    """(name, text, source) for a path (.txt or .jsonl), a bundled name, or None (the default)."""
+    """(name, text, source) for a path (.txt or .jsonl), a bundled name, or None (the default).
+
+    Empty documents are refused here, before any model is loaded."""
+    texts = _read_texts(spec)
+    for name, text, source in texts:
+        if not text.strip():
+            raise FIError(f"document '{name}' ({source}) is empty")
+    return texts
+
+
+def _read_texts(spec: str | None) -> list[tuple[str, str, str]]:
     if spec is None:
         spec = DEFAULT_DOCUMENT
     path = Path(spec)
@@ -79,11 +91,16 @@ def read_texts(spec: str | None) -> list[tuple[str, str, str]]:
                 continue
             try:
                 record = json.loads(line)
-                text = record["text"]
-            except (json.JSONDecodeError, KeyError, TypeError):
-                raise FIError(f"{path}:{lineno}: expected a JSON object with a 'text' field") from None
-            name = str(record.get("id", f"{path.stem}#{lineno}"))
-            texts.append((name, str(text), f"{path}:{lineno}"))
+            except json.JSONDecodeError:
+                record = None
+            if not isinstance(record, dict) or "text" not in record:
+                raise FIError(f"{path}:{lineno}: expected a JSON object with a 'text' field")
+            text, name = record["text"], record.get("id", f"{path.stem}#{lineno}")
+            if not isinstance(text, str):  # never str(): null would become the document "None"
+                raise FIError(f"{path}:{lineno}: 'text' must be a string")
+            if isinstance(name, bool) or not isinstance(name, (str, int)):
+                raise FIError(f"{path}:{lineno}: 'id' must be a string or an integer")
+            texts.append((str(name), text, f"{path}:{lineno}"))
         if not texts:
             raise FIError(f"'{path}' holds no documents")
         return texts

@@ -108,6 +108,21 @@ def _converted_embedded_copy() -> Path:
     return target
 
 
+def _hub_cached(name: str) -> bool:
+    """Whether hub id ``name`` has a snapshot (its config.json) in the local Hugging Face cache."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        return isinstance(try_to_load_from_cache(name, "config.json"), str)
+    except ValueError:  # not a valid repo id ("a b", "a/b/c")
+        return False
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
 def load_model(
     name: str = DEFAULT_MODEL,
     device: str = "cpu",
@@ -117,28 +132,36 @@ def load_model(
     """Load ``name``: the embedded default (``smollm2-135m``), a local directory or a HF model id.
 
     Hub ids load from the local Hugging Face cache (this toolkit never needs the network itself).
+    "Not in the local cache" is said only when that is what failed; a model that is found (a local
+    directory, a cached snapshot) but does not load is reported with the first line of the real
+    error (an unsupported architecture, a missing weights file...).
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+    torch_device, torch_dtype = resolve_device(device), resolve_dtype(dtype)
+    embedded = name.lower() in EMBEDDED_ALIASES
+    source = str(_converted_embedded_copy()) if embedded else name
+    local = Path(source).exists()
+    if not local and not _hub_cached(source):
+        raise FIError(
+            f"unknown model '{name}': not '{DEFAULT_MODEL}', not a local model directory, and not in the "
+            "local Hugging Face cache"
+        )
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    torch_device, torch_dtype = resolve_device(device), resolve_dtype(dtype)
-    source = str(_converted_embedded_copy()) if name.lower() in EMBEDDED_ALIASES else name
     logging.getLogger("transformers").setLevel(logging.ERROR)
-    offline = not Path(source).exists()  # hub ids come from the local HF cache only: no network calls
+    offline = not local  # hub ids come from the local HF cache only: no network calls
     try:
+        AutoConfig.from_pretrained(source, local_files_only=offline)  # first: names an unknown architecture
         tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=offline)
         model = AutoModelForCausalLM.from_pretrained(
             source, dtype=torch_dtype, attn_implementation=attn_implementation, local_files_only=offline
         )
-    except (OSError, ValueError) as exc:
-        if Path(name).exists():
-            raise FIError(f"cannot load model from '{name}': {str(exc).splitlines()[0]}") from None
-        raise FIError(
-            f"unknown model '{name}': not '{DEFAULT_MODEL}', not a local model directory, and not in the "
-            "local Hugging Face cache"
-        ) from None
+    except torch.OutOfMemoryError:
+        raise
+    except (OSError, ValueError, KeyError, ImportError, RuntimeError, TypeError) as exc:
+        where = f"from '{name}'" if local else f"'{name}' (found in the local Hugging Face cache)"
+        raise FIError(f"cannot load model {where}: {_first_line(exc)}") from None
     model.to(torch_device).eval()
     return LoadedModel(model, tokenizer, name, torch_device, torch_dtype)
 

@@ -1,7 +1,8 @@
 """Result directories: tidy CSV tables and a JSON manifest, written atomically.
 
-Every file is written to a temporary sibling and renamed into place, so an interrupted run never
-leaves a half-written table, and results already on disk are only replaced by complete ones.
+Every file (and every copy) is written to a temporary sibling and renamed into place, so an
+interrupted run never leaves a half-written table, and results already on disk are only replaced by
+complete ones. A directory that already holds results is never written into without --overwrite.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import platform
+import secrets
+import shutil
 import sys
 import tempfile
 from datetime import datetime, timezone
@@ -26,16 +29,18 @@ def _umask_mode(path: str) -> None:
     os.chmod(path, 0o666 & ~umask)
 
 
-def atomic_write_text(path: Path, text: str) -> None:
+def _atomic(path: Path, fill) -> None:
+    """``fill(tmp)`` writes a temporary sibling of ``path``, which is then renamed into place.
+
+    The temporary file is removed whatever goes wrong (an error, Ctrl-C), so nothing half-written stays.
+    """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dir(path.parent)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
     try:
         _umask_mode(tmp)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
+        fill(tmp)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -43,19 +48,38 @@ def atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
+def atomic_write_text(path: Path, text: str) -> None:
+    def fill(tmp):
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    _atomic(path, fill)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    def fill(tmp):
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    _atomic(path, fill)
+
+
+def atomic_copy(src: Path, dst: Path) -> None:
+    """Copy ``src`` to ``dst`` byte for byte through a temporary sibling: ``dst`` is the old file or the whole new one."""
+    _atomic(dst, lambda tmp: shutil.copyfile(src, tmp))
+
+
 def write_table(path: Path, df: pd.DataFrame) -> None:
     """CSV (or Parquet for a ``.parquet`` path), atomically."""
     path = Path(path)
     if path.suffix == ".parquet":
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        os.close(fd)
-        _umask_mode(tmp)
         try:
-            df.to_parquet(tmp, index=False)
-            os.replace(tmp, path)
+            _atomic(path, lambda tmp: df.to_parquet(tmp, index=False))
         except ImportError:
-            os.unlink(tmp)
             raise FIError("writing Parquet needs pyarrow: pip install pyarrow (or write .csv)") from None
         return
     atomic_write_text(path, df.to_csv(index=False))
@@ -65,20 +89,96 @@ def write_json(path: Path, data: dict) -> None:
     atomic_write_text(path, json.dumps(data, indent=2, default=str, allow_nan=False) + "\n")
 
 
-def prepare_out_dir(path: Path, overwrite: bool = False) -> Path:
-    """Refuse to mix a new run into a directory that already holds one (unless ``overwrite``)."""
+def check_out_path(path: Path, want_dir: bool = True, option: str = "--out") -> Path:
+    """Refuse with one line a path that cannot be written: one under a regular file, a file where a
+    directory is wanted (``want_dir``) or a directory where a file is wanted. Creates nothing."""
     path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise FIError(f"--out '{path}' exists and is not a directory")
-    if (path / "manifest.json").exists() and not overwrite:
-        raise FIError(f"'{path}' already holds results; choose another --out or pass --overwrite")
-    path.mkdir(parents=True, exist_ok=True)
+    for parent in reversed(path.parents):
+        if parent.exists() and not parent.is_dir():
+            raise FIError(f"{option} '{path}' lies under '{parent}', which is a file, not a directory")
+    if want_dir and path.exists() and not path.is_dir():
+        raise FIError(f"{option} '{path}' is a file, not a directory")
+    if not want_dir and path.is_dir():
+        raise FIError(f"{option} '{path}' is a directory; name a file")
     return path
 
 
-def default_out_dir(kind: str) -> Path:
+def make_dir(path: Path) -> Path:
+    """``mkdir -p`` with a one-line error instead of a traceback."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise FIError(f"cannot create directory '{path}': a file of that name exists") from None
+    except NotADirectoryError:
+        check_out_path(path, option="directory")
+        raise FIError(f"cannot create directory '{path}'") from None
+    except OSError as exc:
+        raise FIError(f"cannot create directory '{path}': {exc.strerror}") from None
+    return path
+
+
+# What a results directory of any ``fi`` command holds (run tables, per-document units, reports).
+RESULT_FILES = ("manifest.json", "settings.json", "report.html", "report.md", "report.json")
+RESULT_DIRS = ("per_document", "tables", "figures")
+
+
+def held_results(path: Path) -> list[str]:
+    """Names of the results already in directory ``path`` (empty when it holds none or does not exist)."""
+    path = Path(path)
+    if not path.is_dir():
+        return []
+    found = [n for n in RESULT_FILES + RESULT_DIRS if (path / n).exists()]
+    return found + sorted(f.name for f in path.iterdir() if f.suffix in (".csv", ".parquet") and f.is_file())
+
+
+def held_command(path: Path) -> str | None:
+    """The command whose run is in ``path``: from settings.json, else manifest.json; None if unreadable or absent."""
+    for name in ("settings.json", "manifest.json"):
+        try:
+            data = json.loads((Path(path) / name).read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and isinstance(data.get("command"), str):
+            return data["command"]
+    return None
+
+
+def clear_results(path: Path) -> None:
+    """Remove the results of any ``fi`` command from ``path`` (for --overwrite); other files stay."""
+    path = Path(path)
+    for name in RESULT_DIRS:
+        shutil.rmtree(path / name, ignore_errors=True)
+    for name in held_results(path):
+        if (path / name).is_file():
+            (path / name).unlink()
+
+
+def check_results_dir(path: Path, overwrite: bool = False) -> Path:
+    """An --out directory a new run may write into: not under a file, not a file, and holding no
+    results unless ``overwrite``. Creates nothing (a run creates it when it writes its first result)."""
+    path = check_out_path(path)
+    found = held_results(path)
+    if found and not overwrite:
+        kind = held_command(path)
+        what = f"a '{kind}' run" if kind else ", ".join(found[:4])
+        raise FIError(f"'{path}' already holds results ({what}); choose another --out or pass --overwrite")
+    return path
+
+
+def new_default_dir(kind: str, root: Path = Path("runs"), tries: int = 20) -> Path:
+    """Create and return a fresh ``runs/<kind>-<time>-<random>``: two runs started in the same second
+    never share it (``mkdir`` without ``exist_ok`` either creates it or fails, and we try another name)."""
+    make_dir(root)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / f"{kind}-{stamp}"
+    for _ in range(tries):
+        path = Path(root) / f"{kind}-{stamp}-{secrets.token_hex(2)}"
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+    raise FIError(f"cannot create a fresh results directory under '{root}'")  # pragma: no cover
 
 
 def versions() -> dict:

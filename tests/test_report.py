@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import html
 import json
 import math
-import subprocess
+import shutil
 import sys
 from html.parser import HTMLParser
 
@@ -12,8 +13,9 @@ import pandas as pd
 import pytest
 import torch
 
-from fi_toolkit import Document, LoadedModel, SignalConfig
+from fi_toolkit import Document, LoadedModel, SignalConfig, cli
 from fi_toolkit.analysis import read_table, run_correlate, run_nearfar
+from fi_toolkit.errors import FIError
 from fi_toolkit.probe import Chunk
 from fi_toolkit.report import build_report
 from fi_toolkit.report.export import TABLES
@@ -39,7 +41,7 @@ def runs(tiny, tmp_path_factory):
     docs = [Document(f"{EVIL} doc{i}", EVIL, torch.randint(0, 256, (200,), generator=gen), "test") for i in range(2)]
     run_correlate(lm, docs, root / "corr", P, [Chunk(P, P + 16), Chunk(P + 32, P + 48)], "sample:10",
                   n_resamples=50, config=CFG)
-    run_nearfar(lm, docs, root / "nf", P, [0, 32], 16, ratio=0.1, seeds=2, config=CFG)
+    run_nearfar(lm, docs, root / "nf", P, [0, 32], 16, budget="remove=0.1", seeds=2, config=CFG)
     out = root / "report"
     written = build_report([root / "corr", root / "nf"], out)
     return root, out, written
@@ -70,8 +72,8 @@ def test_markdown_tables_show_the_csv_text(runs):
     root, out, _ = runs
     md = (out / "report.md").read_text()
     text = pd.read_csv(root / "nf" / "nearfar_tests.csv", dtype=str, keep_default_na=False)
-    for row in text.itertuples(index=False):
-        assert "| " + " | ".join(row) + " |" in md
+    for row in text.itertuples(index=False):  # as the CSV has it, HTML-escaped ("entropy &gt; attention")
+        assert "| " + " | ".join(html.escape(v) for v in row) + " |" in md
     summary = pd.read_csv(root / "corr" / "correlation_summary.csv", dtype=str, keep_default_na=False)
     first = summary[summary.scope == "mean"].iloc[0]
     assert f"| {first['rho_mean']} | {first['rho_std']} |" in md
@@ -107,11 +109,109 @@ def test_html_parses_and_escapes_document_text(runs):
     assert "tiny-llama" in text and "p = 96" in text  # caption: model, documents, prefix, chunks
 
 
-def test_report_cli_errors_are_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "fi_toolkit.cli", "report", str(tmp_path), "--out", str(tmp_path / "r")],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == [f"error: '{tmp_path}' is not a finished fi correlate/nearfar result directory (no manifest.json)"]
-    proc = subprocess.run([sys.executable, "-m", "fi_toolkit.cli", "report", str(tmp_path), "--format", "pdf"],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and proc.stderr.startswith("error: invalid --format")
+def _fi(args, capsys):
+    sys_argv, sys.argv = sys.argv, ["fi", *args]
+    try:
+        with pytest.raises(SystemExit) as exc:
+            cli.main()
+    finally:
+        sys.argv = sys_argv
+    return exc.value.code, capsys.readouterr().err
+
+
+def test_report_cli_errors_are_one_line(tmp_path, capsys):
+    code, err = _fi(["report", str(tmp_path), "--out", str(tmp_path / "r")], capsys)
+    assert code == 2
+    assert err.splitlines() == [f"error: '{tmp_path}' is not a finished fi correlate/nearfar result directory (no manifest.json)"]
+    code, err = _fi(["report", str(tmp_path), "--format", "pdf"], capsys)
+    assert code == 2 and err.startswith("error: invalid --format")
+
+
+def test_markdown_escapes_document_text(runs):
+    _, out, _ = runs
+    md = (out / "report.md").read_text()
+    assert "<script" not in md and "<img" not in md  # raw HTML in Markdown runs in most renderers
+    assert html.escape(EVIL) in md  # shown as text, in captions, headings and table cells
+
+
+def test_markdown_image_links_are_url_encoded(runs, tmp_path):
+    root, _, _ = runs
+    odd = tmp_path / "my run #1 <b>"
+    shutil.copytree(root / "nf", odd)
+    out = tmp_path / "report"
+    build_report([odd], out, ["md"])
+    md = (out / "report.md").read_text()
+    assert "](figures/my%20run%20%231%20%3Cb%3E__fi_vs_distance.png)" in md
+    assert (out / "figures" / "my run #1 <b>__fi_vs_distance.png").is_file()
+    assert "## my run #1 &lt;b&gt; (nearfar)" in md
+
+
+def _snapshot(root):
+    return {str(p.relative_to(root)): p.read_bytes() if p.is_file() else None for p in sorted(root.rglob("*"))}
+
+
+def test_report_is_never_overwritten_without_overwrite(runs, tmp_path):
+    root, _, _ = runs
+    out = tmp_path / "report"
+    build_report([root / "corr", root / "nf"], out, ["csv", "md"])
+    before = _snapshot(out)
+    with pytest.raises(FIError, match="already holds results .*pass --overwrite"):
+        build_report([root / "nf"], out, ["csv"])
+    assert _snapshot(out) == before
+    written = build_report([root / "nf"], out, ["csv"], overwrite=True)
+    left = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    assert left == sorted(str(p.relative_to(out)) for p in written)  # the old report's files are gone
+    assert not any(p.name.startswith(".") for p in out.rglob("*"))  # no temporary files
+
+
+def test_report_into_a_result_directory_is_refused(runs):
+    root, _, _ = runs
+    with pytest.raises(FIError, match="is the result directory"):
+        build_report([root / "nf"], root / "nf", ["csv"], overwrite=True)
+
+
+def test_copies_are_atomic(runs, tmp_path, monkeypatch):
+    """A copy that fails half-way leaves the old file whole and no temporary file."""
+    from fi_toolkit import results
+
+    root, _, _ = runs
+    target = tmp_path / "t.csv"
+    target.write_text("old\n")
+
+    def half(src, dst):
+        with open(dst, "wb") as fh:
+            fh.write(b"half")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(results.shutil, "copyfile", half)
+    with pytest.raises(OSError):
+        results.atomic_copy(root / "nf" / "nearfar.csv", target)
+    assert target.read_text() == "old\n" and [p.name for p in tmp_path.iterdir()] == ["t.csv"]
+
+
+def test_analyses_scripts_copy_results_atomically(tmp_path, monkeypatch):
+    """analyses/_common.copy_results: a copy that fails half-way leaves the kept result file whole."""
+    import argparse
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "analyses"))
+    from _common import copy_results
+
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "summary.csv").write_text("new\n")
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "summary.csv").write_text("old\n")
+
+    def half(src, dst):
+        with open(dst, "wb") as fh:
+            fh.write(b"ha")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(shutil, "copyfile", half)
+    with pytest.raises(OSError):
+        copy_results(argparse.Namespace(out=tmp_path / "out", results=str(kept)), ["summary.csv"])
+    assert [p.name for p in kept.iterdir()] == ["summary.csv"] and (kept / "summary.csv").read_text() == "old\n"
+    monkeypatch.undo()
+    copy_results(argparse.Namespace(out=tmp_path / "out", results=str(kept)), ["summary.csv"])
+    assert (kept / "summary.csv").read_text() == "new\n"

@@ -1,16 +1,19 @@
 """Resumable studies: a run stopped after k of n documents and resumed equals an uninterrupted run,
-recomputes nothing finished, and refuses different settings."""
+recomputes nothing finished, refuses different settings, and trusts nothing it finds on disk."""
 
 from __future__ import annotations
 
 import json
+import sys
 
 import pandas as pd
 import pytest
 import torch
 
 from fi_toolkit import Document, SignalConfig
+from fi_toolkit import cli
 from fi_toolkit.analysis import read_table, run_correlate, run_nearfar, study
+from fi_toolkit.analysis.runs import ResumableRun
 from fi_toolkit.errors import FIError
 from fi_toolkit.probe import Chunk
 
@@ -25,7 +28,7 @@ def docs():
 
 
 def _nearfar(tiny, docs, out, **kw):
-    return run_nearfar(tiny, docs, out, P, [0, 32], 16, ratio=0.1, seeds=2, config=CFG, **kw)
+    return run_nearfar(tiny, docs, out, P, [0, 32], 16, budget="remove=0.1", seeds=2, config=CFG, **kw)
 
 
 class Counter:
@@ -81,7 +84,7 @@ def test_resume_with_different_settings_is_refused(tiny, docs, tmp_path):
     run_correlate(tiny, docs[:1], out, P, chunks, "sample:4", n_resamples=20, config=CFG)
     with pytest.raises(FIError, match="different settings.*candidates"):
         run_correlate(tiny, docs[:1], out, P, chunks, "sample:5", n_resamples=20, config=CFG, resume=True)
-    with pytest.raises(FIError, match="already holds a run"):
+    with pytest.raises(FIError, match="already holds results \\(a 'correlate' run\\); pass --resume"):
         run_correlate(tiny, docs[:1], out, P, chunks, "sample:4", n_resamples=20, config=CFG)
     with pytest.raises(FIError, match="not 'correlate'|'correlate' run"):
         _nearfar(tiny, docs[:1], out, resume=True)
@@ -92,16 +95,184 @@ def test_resume_with_different_settings_is_refused(tiny, docs, tmp_path):
     assert read_table(out / "tokens.csv")["position"].nunique() == 5
 
 
-def test_cli_refuses_different_settings_in_one_line(tmp_path):
-    import subprocess
-    import sys
-
+def test_cli_refuses_different_settings_in_one_line(tmp_path, capsys):
     out = tmp_path / "run"
     out.mkdir()
     (out / "settings.json").write_text(json.dumps({"command": "nearfar", "settings": {"prefix": 1}}))
-    proc = subprocess.run([sys.executable, "-m", "fi_toolkit.cli", "correlate", "alice", "--chunk", "64:96",
-                           "--prefix", "64", "--candidates", "sample:2", "--out", str(out), "--resume"],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: cannot resume"), proc.stderr
+    sys_argv, sys.argv = sys.argv, ["fi", "correlate", "alice", "--chunk", "64:96", "--prefix", "64",
+                                    "--candidates", "sample:2", "--out", str(out), "--resume"]
+    try:
+        with pytest.raises(SystemExit) as exc:
+            cli.main()
+    finally:
+        sys.argv = sys_argv
+    err = capsys.readouterr().err
+    assert exc.value.code == 2
+    assert err.splitlines() == [f"error: cannot resume: '{out}' holds a 'nearfar' run, not 'correlate' "
+                                "(--resume only continues the same command)"]
+
+
+def _snapshot(root):
+    return {str(p.relative_to(root)): p.read_bytes() if p.is_file() else None for p in sorted(root.rglob("*"))}
+
+
+@pytest.fixture(scope="module")
+def reference(tiny, docs, tmp_path_factory):
+    ref = tmp_path_factory.mktemp("resume") / "ref"
+    _nearfar(tiny, docs, ref)
+    return ref
+
+
+@pytest.fixture
+def finished(reference, tmp_path):
+    """A copy of a finished 3-document nearfar run, and the run itself to compare with."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(reference, run)
+    return run, reference
+
+
+def _cut_half(f):
+    data = f.read_bytes()
+    f.write_bytes(data[: len(data) // 2])
+
+
+def _empty(f):
+    f.write_bytes(b"")
+
+
+@pytest.mark.parametrize("damage, problem", [
+    (lambda d: _cut_half(d / "nearfar.csv"), r"nearfar.csv has \d+ rows, \d+ were written"),
+    (lambda d: _empty(d / "token_classes.csv"), "token_classes.csv is empty"),
+    (lambda d: (d / "nearfar.csv").unlink(), "nearfar.csv is missing"),
+    (lambda d: (d / "nearfar.csv").write_bytes((d / "nearfar.csv").read_bytes().replace(b"0.", b"1.", 1)),
+     r"nearfar.csv differs from what was written \(sha256 mismatch\)"),
+    (lambda d: (d / "done.json").write_text("{garbage"), "done.json is not valid JSON"),
+    (lambda d: (d / "done.json").write_text("[]"), "done.json does not record"),
+    (lambda d: (d / "done.json").write_text(json.dumps({"tables": ["nearfar", "token_classes"]})), "does not record"),
+])
+def test_resume_recomputes_a_damaged_unit_and_says_so(finished, tiny, docs, monkeypatch, capsys, damage, problem):
+    run, ref = finished
+    damage(run / "per_document" / "doc_1")
+    calls = Counter(study.nearfar_document)
+    monkeypatch.setattr(study, "nearfar_document", calls)
+    capsys.readouterr()
+    _nearfar(tiny, docs, run, resume=True)
+    assert calls.calls == ["doc 1"]  # only the damaged unit, and it is not silently trusted
+    note = capsys.readouterr().err.strip().splitlines()
+    assert len(note) == 1 and note[0].startswith("note: per_document/doc_1 (doc 1): "), note
+    assert __import__("re").search(problem, note[0]) and note[0].endswith("; recomputing it"), note
+    for name in TABLES:  # no row lost: the tables equal the uninterrupted run's
+        assert (run / f"{name}.csv").read_bytes() == (ref / f"{name}.csv").read_bytes(), name
+
+
+def test_units_record_settings_rows_and_checksums(finished):
+    import hashlib
+
+    run, _ = finished
+    unit = run / "per_document" / "doc_0"
+    done = json.loads((unit / "done.json").read_text())
+    assert done["settings"]["document"]["name"] == "doc 0" and done["settings"]["prefix"] == P
+    assert done["settings"]["signals"]["entropy_of"] == CFG.entropy_of
+    for name, info in done["tables"].items():
+        data = (unit / f"{name}.csv").read_bytes()
+        assert info["sha256"] == hashlib.sha256(data).hexdigest()
+        assert info["rows"] == len(read_table(unit / f"{name}.csv")) > 0
+
+
+def test_deleted_settings_never_mix_units_of_other_settings(finished, tiny, docs, monkeypatch, capsys):
+    run, _ = finished
+    (run / "settings.json").unlink()
+    calls = Counter(study.nearfar_document)
+    monkeypatch.setattr(study, "nearfar_document", calls)
+    capsys.readouterr()
+    fresh = run.parent / "fresh"
+    run_nearfar(tiny, docs, run, P, [0, 48], 16, budget="remove=0.1", seeds=2, config=CFG, resume=True)
+    assert calls.calls == ["doc 0", "doc 1", "doc 2"]  # every unit was computed under other settings
+    notes = capsys.readouterr().err.strip().splitlines()
+    assert len(notes) == 3 and all("different settings (chunks: " in n and "distances: [0, 32] then, [0, 48] now" in n for n in notes)
+    run_nearfar(tiny, docs, fresh, P, [0, 48], 16, budget="remove=0.1", seeds=2, config=CFG)
+    for name in TABLES:
+        assert (run / f"{name}.csv").read_bytes() == (fresh / f"{name}.csv").read_bytes(), name
+
+
+@pytest.mark.parametrize("content", ["[]", "{garbage", json.dumps({"command": "nearfar"}),
+                                     json.dumps({"command": "nearfar", "settings": [1]})])
+def test_unreadable_settings_is_one_line(finished, tiny, docs, content):
+    run, _ = finished
+    (run / "settings.json").write_text(content)
+    with pytest.raises(FIError, match=r"settings.json' is not a run's settings .*pass --overwrite to start over"):
+        _nearfar(tiny, docs, run, resume=True)
+
+
+def test_resume_refusal_lists_top_level_settings_first(tiny, docs, tmp_path):
+    out = tmp_path / "corr"
+    chunks = [Chunk(P, P + 16)]
+    run_correlate(tiny, docs[:1], out, P, chunks, "sample:4", n_resamples=20, config=CFG)
+    other = SignalConfig(window=9, top_k=100, alpha=0.5, tau=2.0, pool_kernel=3, entropy_of="next")
+    with pytest.raises(FIError) as exc:  # 6 nested signal settings and 3 top-level ones differ
+        run_correlate(tiny, docs[:1], out, P - 8, [Chunk(P - 8, P + 8)], "sample:5", n_resamples=20,
+                      config=other, resume=True)
+    message = str(exc.value)
+    first = message.split("(", 1)[1]
+    assert first.startswith('candidates: "sample:4" then, "sample:5" now; chunks: ["96:112"] then, ["88:104"] now; '
+                            "prefix: 96 then, 88 now; "), message
+    assert "signals.window: 8 then, 9 now" in message or "more" in message
+
+
+def test_resume_and_overwrite_together_are_refused(tiny, docs, tmp_path):
+    with pytest.raises(FIError, match="--resume and --overwrite contradict each other"):
+        _nearfar(tiny, docs[:1], tmp_path / "x", resume=True, overwrite=True)
+    assert not (tmp_path / "x").exists()
+
+
+def test_other_results_need_overwrite(tiny, docs, tmp_path):
+    probe_run = tmp_path / "probe"
+    probe_run.mkdir()
+    (probe_run / "manifest.json").write_text(json.dumps({"command": "probe"}))
+    (probe_run / "fi.csv").write_text("selection,fi\nentropy:0.1,0.5\n")
+    before = _snapshot(probe_run)
+    with pytest.raises(FIError, match=r"already holds results \(a 'probe' run\); choose another --out or pass --overwrite"):
+        _nearfar(tiny, docs[:1], probe_run)
+    with pytest.raises(FIError, match=r"holds a 'probe' run, not 'nearfar' \(--resume only continues the same command\)"):
+        _nearfar(tiny, docs[:1], probe_run, resume=True)
+    assert _snapshot(probe_run) == before
+    _nearfar(tiny, docs[:1], probe_run, overwrite=True)
+    assert not (probe_run / "fi.csv").exists()  # the probe's results are replaced, not mixed in
+    assert json.loads((probe_run / "manifest.json").read_text())["command"] == "nearfar"
+
+
+def test_failure_before_the_first_document_leaves_nothing(tiny, docs, tmp_path, monkeypatch):
+    def fail(*args, **kwargs):
+        raise FIError("bad input found while computing")
+
+    monkeypatch.setattr(study, "nearfar_document", fail)
+    out = tmp_path / "new"
+    with pytest.raises(FIError, match="bad input"):
+        _nearfar(tiny, docs, out)
+    assert not out.exists()  # no settings.json, no empty directory to block the next valid run
+    monkeypatch.undo()
+    _nearfar(tiny, docs[:1], out)
+    assert (out / "manifest.json").exists()
+    before = _snapshot(out)
+    monkeypatch.setattr(study, "nearfar_document", fail)
+    with pytest.raises(FIError, match="bad input"):  # --overwrite clears the old run only once a document is done
+        _nearfar(tiny, docs[:1], out, overwrite=True)
+    assert _snapshot(out) == before
+
+
+def test_interrupt_while_saving_the_first_unit_leaves_nothing(tiny, docs, tmp_path, monkeypatch):
+    out = tmp_path / "new"
+    run = ResumableRun(out, "nearfar", {"prefix": P})
+    original = study.results.write_json
+
+    def interrupted(path, data):
+        if path.name == "done.json":
+            raise KeyboardInterrupt
+        return original(path, data)
+
+    monkeypatch.setattr("fi_toolkit.results.write_json", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run.run(docs[:1], lambda doc: {"t": pd.DataFrame({"a": [1, 2]})})
+    assert not out.exists()

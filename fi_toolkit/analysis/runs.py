@@ -4,20 +4,29 @@ Layout of a run directory::
 
     settings.json                 what the run computes (checked on --resume)
     per_document/<doc>/<table>.csv
-    per_document/<doc>/done.json  written last: a document without it is recomputed
+    per_document/<doc>/done.json  written last: the unit's settings (this document's, plus the run's),
+                                  and per table its row count and the sha256 of the CSV bytes
     <table>.csv                   every document's rows, concatenated from the files above
     manifest.json                 settings, model, documents, timing, versions (written at the end)
 
 Every file is written atomically (temporary file + rename), so a run stopped at any moment (Ctrl-C,
 kill) leaves each finished document's tables intact and readable. The combined tables are always
 built from the per-document files, so a resumed run and an uninterrupted one give identical tables.
+
+``--resume`` trusts nothing it finds: a unit whose done.json is unreadable, whose settings differ
+from this run's, or whose CSV is missing, empty or altered (row count or checksum) is **recomputed**,
+with one ``note:`` line on stderr naming the problem. A settings.json that is not a run's settings
+is refused with one line (``--overwrite`` starts over). Nothing is created before the first document
+finishes, so a run that fails on bad input leaves no directory and no settings.json behind.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
+import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -28,6 +37,8 @@ from ..errors import FIError
 
 SETTINGS = "settings.json"
 PER_DOCUMENT = "per_document"
+DONE = "done.json"
+SHOWN_DIFFERENCES = 8  # nested differences shown in a refusal; top-level ones are always all shown
 
 
 def document_keys(names: Sequence[str]) -> list[str]:
@@ -49,54 +60,160 @@ def _flatten(obj, path: str = "") -> dict:
     return {path: obj}
 
 
+_MISSING = object()
+
+
+def _depth(key: str) -> int:
+    return key.count(".") + key.count("[")
+
+
 def _differences(saved: dict, now: dict) -> list[str]:
+    """Differing leaves, top-level settings (prefix, chunks...) first, then nested ones by name."""
     a, b = _flatten(saved), _flatten(now)
-    return [f"{key}: {json.dumps(a.get(key), default=str)} then, {json.dumps(b.get(key), default=str)} now"
-            for key in sorted(set(a) | set(b)) if a.get(key) != b.get(key)]
+    keys = sorted((k for k in set(a) | set(b) if a.get(k, _MISSING) != b.get(k, _MISSING)), key=lambda k: (_depth(k), k))
+    return [f"{k}: {json.dumps(a.get(k), default=str)} then, {json.dumps(b.get(k), default=str)} now" for k in keys]
+
+
+def _describe_differences(diff: list[str]) -> str:
+    """Every top-level difference, then nested ones up to ``SHOWN_DIFFERENCES`` in all."""
+    top = [d for d in diff if _depth(d.split(":", 1)[0]) == 0]
+    shown = top + [d for d in diff if d not in top][: max(0, SHOWN_DIFFERENCES - len(top))]
+    more = f"; and {len(diff) - len(shown)} more" if len(diff) > len(shown) else ""
+    return "; ".join(shown) + more
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _stderr_note(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _read_settings(saved_file: Path) -> dict:
+    try:
+        saved = json.loads(saved_file.read_text())
+    except (ValueError, OSError):
+        saved = None
+    if not (isinstance(saved, dict) and isinstance(saved.get("command"), str) and isinstance(saved.get("settings"), dict)):
+        raise FIError(f"cannot resume: '{saved_file}' is not a run's settings (a JSON object with 'command' "
+                      "and 'settings'); pass --overwrite to start over")
+    return saved
+
+
+def check_run_dir(out_dir: Path, command: str, resume: bool = False, overwrite: bool = False) -> Path:
+    """The checks of ``--out`` that need no settings (the CLI runs them before loading the model).
+
+    A directory holding results of any kind needs ``--overwrite``, or ``--resume`` for a stopped run
+    of the same ``command``; ``--resume`` and ``--overwrite`` together are refused.
+    """
+    path = results.check_out_path(out_dir)
+    if resume and overwrite:
+        raise FIError("--resume and --overwrite contradict each other: --resume continues the run in --out, "
+                      "--overwrite replaces it; pass one")
+    found = results.held_results(path)
+    if not found or overwrite:
+        return path
+    holder = results.held_command(path)
+    if not resume:
+        what = f"a '{holder}' run" if holder else ", ".join(found[:4])
+        hint = "pass --resume to continue it or --overwrite to replace it" if holder == command else \
+            "choose another --out or pass --overwrite to replace it"
+        raise FIError(f"'{path}' already holds results ({what}); {hint}")
+    if (path / SETTINGS).exists():
+        holder = _read_settings(path / SETTINGS)["command"]
+    if holder is not None and holder != command:
+        raise FIError(f"cannot resume: '{path}' holds a '{holder}' run, not '{command}' "
+                      "(--resume only continues the same command)")
+    if holder is None and not (path / PER_DOCUMENT).is_dir():
+        raise FIError(f"cannot resume: '{path}' holds other results ({', '.join(found[:4])}), not a stopped run; "
+                      "choose another --out or pass --overwrite")
+    return path
 
 
 class ResumableRun:
-    """A run directory for ``command`` with ``settings`` (a JSON-able dict of everything that changes results)."""
+    """A run directory for ``command`` with ``settings`` (a JSON-able dict of everything that changes results).
 
-    def __init__(self, out_dir: Path, command: str, settings: dict, resume: bool = False, overwrite: bool = False):
-        self.path = Path(out_dir)
-        self.command = command
+    The constructor only checks (:func:`check_run_dir`, and on ``--resume`` the saved settings); the
+    directory and settings.json are written when the first document finishes (:meth:`run`).
+    """
+
+    def __init__(self, out_dir: Path, command: str, settings: dict, resume: bool = False, overwrite: bool = False,
+                 note: Callable[[str], None] = _stderr_note):
+        self.path = check_run_dir(out_dir, command, resume, overwrite)
+        self.command, self.resume, self.overwrite, self.note = command, resume, overwrite, note
         self.settings = json.loads(json.dumps(settings, default=str))  # normalised as it will be read back
-        if self.path.exists() and not self.path.is_dir():
-            raise FIError(f"--out '{self.path}' exists and is not a directory")
+        self._started = False
         saved_file = self.path / SETTINGS
-        if saved_file.exists() and not resume and not overwrite:
-            raise FIError(f"'{self.path}' already holds a run; pass --resume to continue it or --overwrite to replace it")
-        if saved_file.exists() and resume:
-            try:
-                saved = json.loads(saved_file.read_text())
-            except json.JSONDecodeError:
-                raise FIError(f"'{saved_file}' is not valid JSON; cannot resume this run") from None
-            if saved.get("command") != command:
-                raise FIError(f"cannot resume: '{self.path}' holds a '{saved.get('command')}' run, not '{command}'")
-            diff = _differences(saved.get("settings", {}), self.settings)
+        if resume and saved_file.exists():
+            diff = _differences(_read_settings(saved_file)["settings"], self.settings)
             if diff:
-                more = f"; and {len(diff) - 4} more" if len(diff) > 4 else ""
-                raise FIError(f"cannot resume '{self.path}' with different settings ({'; '.join(diff[:4])}{more}); "
+                raise FIError(f"cannot resume '{self.path}' with different settings ({_describe_differences(diff)}); "
                               "use the original settings, a new --out, or --overwrite")
-        if saved_file.exists() and overwrite and not resume:
-            shutil.rmtree(self.path / PER_DOCUMENT, ignore_errors=True)
-            for f in self.path.glob("*.csv"):
-                f.unlink()
-            (self.path / "manifest.json").unlink(missing_ok=True)
-        self.path.mkdir(parents=True, exist_ok=True)
-        results.write_json(saved_file, {"command": command, "settings": self.settings})
+        # settings.json missing but per_document/ present: each unit's own settings decide (see _problem)
+
+    def _start(self) -> None:
+        """Create the directory (clearing old results for --overwrite) and write settings.json, once."""
+        if self._started:
+            return
+        if self.overwrite:
+            results.clear_results(self.path)
+        self._created_dir = not self.path.exists()
+        self._fresh_settings = not (self.path / SETTINGS).exists()
+        results.make_dir(self.path)
+        results.write_json(self.path / SETTINGS, {"command": self.command, "settings": self.settings})
+        self._started = True
 
     def doc_dir(self, key: str) -> Path:
         return self.path / PER_DOCUMENT / key
 
-    def is_done(self, key: str) -> bool:
-        return (self.doc_dir(key) / "done.json").exists()
+    def unit_settings(self, doc) -> dict:
+        """What one document's tables depend on: the run's settings with this document instead of the list."""
+        unit = {k: v for k, v in self.settings.items() if k != "documents"}
+        unit["document"] = {"name": doc.name, "sha256": getattr(doc, "sha256", None), "tokens": len(doc)}
+        return json.loads(json.dumps(unit, default=str))
+
+    def _problem(self, key: str, unit: dict) -> str | None:
+        """Why the finished unit ``key`` cannot be reused (None: it can). Only called when done.json exists."""
+        try:
+            done = json.loads((self.doc_dir(key) / DONE).read_text())
+        except (ValueError, OSError):
+            return f"{DONE} is not valid JSON"
+        tables = done.get("tables") if isinstance(done, dict) else None
+        if not isinstance(tables, dict) or not tables or not all(
+                isinstance(t, dict) and isinstance(t.get("rows"), int) and isinstance(t.get("sha256"), str)
+                for t in tables.values()):
+            return f"{DONE} does not record its tables' row counts and checksums"
+        if done.get("settings") != unit:
+            diff = _differences(done.get("settings") if isinstance(done.get("settings"), dict) else {}, unit)
+            return f"it was computed with different settings ({_describe_differences(diff)})"
+        for name, info in tables.items():
+            f = self.doc_dir(key) / f"{name}.csv"
+            if not f.is_file():
+                return f"{name}.csv is missing"
+            if f.stat().st_size == 0:
+                return f"{name}.csv is empty"
+            if _sha256(f) != info["sha256"]:
+                try:
+                    rows = len(read_table(f))
+                except Exception:  # noqa: BLE001 - any unreadable CSV is reported the same way
+                    return f"{name}.csv is unreadable"
+                if rows != info["rows"]:
+                    return f"{name}.csv has {rows} rows, {info['rows']} were written"
+                return f"{name}.csv differs from what was written (sha256 mismatch)"
+        return None
+
+    def tables_of(self, key: str) -> list[str]:
+        return list(json.loads((self.doc_dir(key) / DONE).read_text())["tables"])
 
     def save(self, key: str, tables: dict[str, pd.DataFrame], info: dict | None = None) -> None:
+        self._start()
+        record = {}
         for name, table in tables.items():
-            results.write_table(self.doc_dir(key) / f"{name}.csv", table)
-        results.write_json(self.doc_dir(key) / "done.json", {"tables": sorted(tables), "finished": results.now(), **(info or {})})
+            f = self.doc_dir(key) / f"{name}.csv"
+            results.write_table(f, table)
+            record[name] = {"rows": len(table), "sha256": _sha256(f)}
+        results.write_json(self.doc_dir(key) / DONE, {"tables": record, "finished": results.now(), **(info or {})})
 
     def load(self, keys: Sequence[str], name: str) -> pd.DataFrame:
         return pd.concat([read_table(self.doc_dir(k) / f"{name}.csv") for k in keys], ignore_index=True)
@@ -105,20 +222,43 @@ class ResumableRun:
         self, documents: Sequence, compute: Callable[[object], dict[str, pd.DataFrame]],
         on_skip: Callable[[object], None] | None = None,
     ) -> dict[str, pd.DataFrame]:
-        """``compute(doc)`` for every unfinished document, saving each as it finishes; -> combined tables."""
+        """``compute(doc)`` for every document not validly finished, saving each as it finishes; -> combined tables."""
         keys = document_keys([d.name for d in documents])
         names: list[str] = []
-        for key, doc in zip(keys, documents):
-            if self.is_done(key):
-                if on_skip:
-                    on_skip(doc)
-            else:
-                self.save(key, compute(doc), {"document": doc.name})
-            names = json.loads((self.doc_dir(key) / "done.json").read_text())["tables"]
+        try:
+            for key, doc in zip(keys, documents):
+                unit = self.unit_settings(doc)
+                done_file = self.doc_dir(key) / DONE
+                finished = done_file.exists() and not self.overwrite  # --overwrite: old units are cleared on start
+                problem = self._problem(key, unit) if finished else None
+                if finished and problem is None:
+                    if on_skip:
+                        on_skip(doc)
+                else:
+                    if problem:
+                        self.note(f"note: {PER_DOCUMENT}/{key} ({doc.name}): {problem}; recomputing it")
+                        done_file.unlink()  # an interruption while recomputing leaves it unfinished, not stale
+                    self.save(key, compute(doc), {"document": doc.name, "settings": unit})
+                names = names or self.tables_of(key)
+            self._start()
+        except BaseException:
+            self._remove_if_empty(keys)
+            raise
         combined = {name: self.load(keys, name) for name in names}
         for name, table in combined.items():
             results.write_table(self.path / f"{name}.csv", table)
         return combined
+
+    def _remove_if_empty(self, keys: Sequence[str]) -> None:
+        """A run that stops before any document is finished leaves nothing of its own behind."""
+        if not self._started or any((self.doc_dir(k) / DONE).exists() for k in keys):
+            return
+        if (self.path / PER_DOCUMENT).is_dir() and not any((self.path / PER_DOCUMENT).glob(f"*/{DONE}")):
+            shutil.rmtree(self.path / PER_DOCUMENT, ignore_errors=True)
+        if self._fresh_settings:
+            (self.path / SETTINGS).unlink(missing_ok=True)
+        if self._created_dir and self.path.is_dir() and not any(self.path.iterdir()):
+            self.path.rmdir()
 
 
 def read_table(path: Path) -> pd.DataFrame:

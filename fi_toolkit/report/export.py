@@ -3,7 +3,11 @@
 The tables are the result files themselves: CSV files are copied byte for byte, JSON holds the
 same rows read back at full precision, and the tables shown in HTML and Markdown carry each
 cell's text exactly as the CSV file has it. Every string from the data (document names, token
-text) is HTML-escaped before it reaches the page; figures are embedded as base64 PNG.
+text, run labels) is HTML-escaped before it reaches the page or the Markdown (which renderers
+read as HTML too); Markdown image links are URL-encoded; figures are embedded as base64 PNG.
+
+Every file is written or copied atomically. An --out that already holds a report (or any results)
+is refused unless ``overwrite``; then the new report replaces the old one, stale files included.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import html
 import io
 import json
 import math
-import shutil
+import urllib.parse
 from pathlib import Path
 from typing import Sequence
 
@@ -45,26 +49,47 @@ def parse_formats(text: str) -> list[str]:
     return formats
 
 
+def _check_manifest(manifest, manifest_file: Path) -> str:
+    """The fields a report reads: a dict with 'command' and 'settings' (documents, chunks); -> the command."""
+    if not isinstance(manifest, dict):
+        raise FIError(f"'{manifest_file}' is not a run manifest (expected a JSON object)")
+    kind = manifest.get("command")
+    if kind is None:
+        raise FIError(f"'{manifest_file}' lacks the field 'command'; is it a fi correlate/nearfar manifest?")
+    if kind not in TABLES:
+        raise FIError(f"'{manifest_file.parent}' holds a '{kind}' run; fi report reads correlate and nearfar runs")
+    settings = manifest.get("settings")
+    if not isinstance(settings, dict):
+        raise FIError(f"'{manifest_file}' lacks the field 'settings' (an object); was it written by fi {kind}?")
+    docs = settings.get("documents", [])
+    if not isinstance(docs, list) or not all(isinstance(d, dict) and "name" in d for d in docs):
+        raise FIError(f"'{manifest_file}': 'settings.documents' must be a list of objects with a 'name'")
+    if not isinstance(settings.get("chunks", []), list) or not isinstance(manifest.get("model", {}), dict):
+        raise FIError(f"'{manifest_file}': 'settings.chunks' must be a list and 'model' an object")
+    return kind
+
+
 def load_run(path: Path) -> dict:
     """A finished result directory -> {label, path, manifest, kind, tables (DataFrames), text (str cells)}."""
     path = Path(path)
     manifest_file = path / "manifest.json"
-    if not manifest_file.exists():
+    if not manifest_file.is_file():
         raise FIError(f"'{path}' is not a finished fi correlate/nearfar result directory (no manifest.json)")
     try:
         manifest = json.loads(manifest_file.read_text())
-    except json.JSONDecodeError:
+    except (ValueError, OSError):
         raise FIError(f"'{manifest_file}' is not valid JSON") from None
-    kind = manifest.get("command")
-    if kind not in TABLES:
-        raise FIError(f"'{path}' holds a '{kind}' run; fi report reads correlate and nearfar runs")
+    kind = _check_manifest(manifest, manifest_file)
     tables, text = {}, {}
     for name, _shown in TABLES[kind]:
         f = path / f"{name}.csv"
         if not f.exists():
             raise FIError(f"'{path}' lacks {name}.csv; was the run interrupted? finish it with --resume")
-        tables[name] = read_table(f)
-        text[name] = pd.read_csv(f, dtype=str, keep_default_na=False)
+        try:
+            tables[name] = read_table(f)
+            text[name] = pd.read_csv(f, dtype=str, keep_default_na=False)
+        except (ValueError, pd.errors.ParserError):  # EmptyDataError is a ValueError
+            raise FIError(f"'{f}' is not a readable CSV table") from None
     return {"label": path.name, "path": path, "manifest": manifest, "kind": kind, "tables": tables, "text": text}
 
 
@@ -105,9 +130,14 @@ def _shown(run: dict, name: str) -> pd.DataFrame:
     return df[cols]
 
 
+def _md(text) -> str:
+    """Markdown-safe text: HTML-escaped (renderers pass raw HTML through), one line, no cell breaks."""
+    return html.escape(str(text)).replace("|", "\\|").replace("\n", " ").replace("\r", " ")
+
+
 def _md_table(df: pd.DataFrame) -> str:
     def cell(v):
-        return str(v).replace("|", "\\|").replace("\n", " ")
+        return _md(v)
     lines = ["| " + " | ".join(cell(c) for c in df.columns) + " |", "|" + "---|" * len(df.columns)]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
     return "\n".join(lines)
@@ -154,27 +184,51 @@ table{border-collapse:collapse;font-size:12px;margin:0.5em 0 1.5em}td,th{border:
 th{background:#f3f3f3}img{max-width:100%;border:1px solid #eee}code{background:#f5f5f5}.cap{color:#555;font-size:13px}"""
 
 
-def build_report(run_dirs: Sequence[Path], out_dir: Path, formats: Sequence[str] = FORMATS) -> list[Path]:
-    """Write the report of ``run_dirs`` into ``out_dir`` in ``formats``; returns the files written."""
+REPORT_FILES = ("report.html", "report.md", "report.json")
+
+
+def _check_out(out_dir: Path, runs: list[dict], overwrite: bool) -> Path:
+    out_dir = results.check_out_path(out_dir)
+    for run in runs:
+        if out_dir.resolve() == Path(run["path"]).resolve():
+            raise FIError(f"--out '{out_dir}' is the result directory '{run['path']}'; choose another --out")
+    return results.check_results_dir(out_dir, overwrite)
+
+
+def _remove_stale(out_dir: Path, written: list[Path]) -> None:
+    """After ``--overwrite``: drop the old report's files that the new report did not write."""
+    keep = {p.resolve() for p in written}
+    stale = [out_dir / n for n in REPORT_FILES] + sorted((out_dir / "tables").glob("*.csv")) \
+        + sorted((out_dir / "figures").glob("*.png"))
+    for f in stale:
+        if f.is_file() and f.resolve() not in keep:
+            f.unlink()
+
+
+def build_report(run_dirs: Sequence[Path], out_dir: Path, formats: Sequence[str] = FORMATS,
+                 overwrite: bool = False) -> list[Path]:
+    """Write the report of ``run_dirs`` into ``out_dir`` in ``formats``; returns the files written.
+
+    Everything is read and checked before the first file is written; an ``out_dir`` holding a report
+    or other results is refused unless ``overwrite``."""
     if not run_dirs:
         raise FIError("no result directory given: fi report RUN_DIR [RUN_DIR ...]")
     runs = [load_run(p) for p in run_dirs]
+    out_dir = _check_out(Path(out_dir), runs, overwrite)
     labels: dict[str, int] = {}
     for run in runs:  # unique labels even for runs/a/corr and runs/b/corr
         labels[run["label"]] = labels.get(run["label"], 0) + 1
         if labels[run["label"]] > 1:
             run["label"] = f"{run['label']}-{labels[run['label']]}"
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     figs = {run["label"]: [(name, _png(fig)) for name, fig in _figures(run)] for run in runs} \
         if {"html", "md"} & set(formats) else {}
+    results.make_dir(out_dir)
     if "csv" in formats:
         for run in runs:
             for name, _ in TABLES[run["kind"]]:
                 target = out_dir / "tables" / f"{run['label']}__{name}.csv"
-                target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(run["path"] / f"{name}.csv", target)
+                results.atomic_copy(run["path"] / f"{name}.csv", target)
                 written.append(target)
     if "json" in formats:
         data = {"generated": results.now(), "runs": [
@@ -183,32 +237,35 @@ def build_report(run_dirs: Sequence[Path], out_dir: Path, formats: Sequence[str]
         results.atomic_write_text(out_dir / "report.json", json.dumps(data, indent=1, allow_nan=False, default=str) + "\n")
         written.append(out_dir / "report.json")
     if "md" in formats:
-        written.append(_write_markdown(runs, figs, out_dir))
+        written += _write_markdown(runs, figs, out_dir)
     if "html" in formats:
         written.append(_write_html(runs, figs, out_dir))
+    if overwrite:
+        _remove_stale(out_dir, written)
     return written
 
 
-def _write_markdown(runs, figs, out_dir: Path) -> Path:
-    parts = ["# Forward Influence report", ""]
+def _write_markdown(runs, figs, out_dir: Path) -> list[Path]:
+    """report.md and its figure files (listed after it)."""
+    parts, pngs = ["# Forward Influence report", ""], []
     for run in runs:
-        parts += [f"## {run['label']} ({run['kind']})", "", figures.caption(run["manifest"]), ""]
-        parts += [f"- {line}" for line in _headline(run)] + [""]
+        parts += [f"## {_md(run['label'])} ({_md(run['kind'])})", "", _md(figures.caption(run["manifest"])), ""]
+        parts += [f"- {_md(line)}" for line in _headline(run)] + [""]
         for name, png in figs.get(run["label"], []):
             f = out_dir / "figures" / f"{run['label']}__{name}.png"
-            f.parent.mkdir(parents=True, exist_ok=True)
-            f.write_bytes(png)
-            parts += [f"![{name}](figures/{f.name})", ""]
+            results.atomic_write_bytes(f, png)
+            pngs.append(f)
+            parts += [f"![{_md(name)}](figures/{urllib.parse.quote(f.name)})", ""]
         for name, shown in TABLES[run["kind"]]:
             if shown:
-                parts += [f"### {name}", "", _md_table(_shown(run, name)), ""]
+                parts += [f"### {_md(name)}", "", _md_table(_shown(run, name)), ""]
         top = _top_tokens(run)
         if top is not None:
             parts += ["### tokens with the largest per-token FI (first chunk)", "", _md_table(top), ""]
-        parts += [f"Full tables: `{run['path']}` (CSV), and `tables/`, `report.json` here.", ""]
+        parts += [f"Full tables: {_md(run['path'])} (CSV), and tables/, report.json here.", ""]
     path = out_dir / "report.md"
     results.atomic_write_text(path, "\n".join(parts))
-    return path
+    return [path] + pngs
 
 
 def _write_html(runs, figs, out_dir: Path) -> Path:

@@ -1,0 +1,88 @@
+"""Options, consoles and helpers shared by every ``fi`` command (cli.py, cli_study.py, cli_generate.py).
+
+One module that imports nothing else of the CLI, so the command modules import it and never each other.
+"""
+
+from __future__ import annotations
+
+import math
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from .errors import FIError
+
+out = Console(emoji=False)
+err = Console(stderr=True, emoji=False)
+
+ModelOpt = typer.Option("smollm2-135m", "--model", "-m", help="smollm2-135m (embedded), a local directory or a HF id.")
+DeviceOpt = typer.Option("cpu", help="cpu, cuda, cuda:N or auto.")
+DtypeOpt = typer.Option("float32", help="float32, bfloat16 or float16 (signals and KL stay float32).")
+WindowOpt = typer.Option(32, help="Observation window w (last w prefix positions).")
+TopKOpt = typer.Option(256, "--top-k", help="Entropy over the k largest logits (k >= vocab: full entropy).")
+AlphaOpt = typer.Option(0.9, help="InfoKV mix: alpha*attention + (1-alpha)*softmax(E).")
+TauOpt = typer.Option(1.0, help="Bias in E = (D + tau) * H.")
+PoolOpt = typer.Option(7, "--pool", help="Average-pool kernel for window attention (1 = off).")
+EntropyOfOpt = typer.Option(
+    "produced", "--entropy-of",
+    help="Which entropy H_i is: 'produced' = the distribution that produced token i (logits at i-1, the default), "
+         "'next' = the distribution computed at i (predicting token i+1).",
+)
+OverwriteOpt = typer.Option(False, help="Replace results already in --out.")
+
+
+def check_entropy_of(entropy_of: str) -> str:
+    from .trace import ENTROPY_OF
+
+    if entropy_of not in ENTROPY_OF:
+        raise FIError(f"--entropy-of must be one of {', '.join(ENTROPY_OF)}, got '{entropy_of}'")
+    return entropy_of
+
+
+def _signal_config(window, top_k, alpha, tau, pool, entropy_of="produced"):
+    from .trace import SignalConfig
+
+    config = SignalConfig(top_k=top_k, window=window, pool_kernel=pool, tau=tau, alpha=alpha,
+                          entropy_of=check_entropy_of(entropy_of))
+    config.validate()
+    return config
+
+
+def check_finite(name: str, value: float) -> float:
+    """Typer parses 'nan' and 'inf' as floats; refuse them with one line."""
+    if not math.isfinite(value):
+        raise FIError(f"{name} must be a finite number, got {value}")
+    return value
+
+
+def check_prefix(prefix: int, window: int) -> None:
+    """The traced prefix must be longer than the window: only ``[0, p - w)`` is scored."""
+    if prefix <= window:
+        raise FIError(f"--prefix {prefix} leaves nothing to score: it must be larger than the window ({window})")
+
+
+def check_sinks(sinks: int, prefix: int, window: int) -> int:
+    """``[sinks, p - w)`` must hold at least one candidate; returns the number of scored positions."""
+    scored = prefix - window
+    if sinks < 0:
+        raise FIError(f"--sinks must be >= 0, got {sinks}")
+    if sinks >= scored:
+        raise FIError(f"--sinks {sinks} leaves no candidates: the scored prefix [0, {scored}) has {scored} positions")
+    return scored
+
+
+def check_selections(selections, prefix: int, window: int, sinks: int) -> None:
+    """Score-based and random selectors draw from ``[sinks, p - w)``: refuse sinks that leave none,
+    before the model is loaded (budgets are checked against the trace, by the selections)."""
+    if sinks < 0:
+        raise FIError(f"--sinks must be >= 0, got {sinks}")
+    if any(s.kind not in ("positions", "policy") for s in selections):
+        check_sinks(sinks, prefix, window)
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TimeElapsedColumn(), console=err, transient=True, disable=not err.is_terminal,
+    )

@@ -1,0 +1,245 @@
+"""Every bad input of issue 7, table-driven: exit 2 with exactly one line ``error: ...`` on stderr, no
+traceback, nothing half-written and the results already on disk unchanged byte for byte.
+
+All cases fail before the embedded model is loaded (the model-dependent ones live in test_cli.py,
+marked ``smollm``); the finished run they need is made with the tiny random model.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pandas as pd
+import pytest
+import torch
+
+from fi_toolkit import Document, SignalConfig, cli, results
+from fi_toolkit.analysis import run_nearfar
+
+NO_SUCH_HUB_ID = "no-such-owner/no-such-model"
+
+
+def run_cli(args, capsys):
+    sys_argv, sys.argv = sys.argv, ["fi", *args]
+    try:
+        with pytest.raises(SystemExit) as exc:
+            cli.main()
+    finally:
+        sys.argv = sys_argv
+    captured = capsys.readouterr()
+    return exc.value.code, captured.out, captured.err
+
+
+def snapshot(root):
+    """Every path under ``root`` with its bytes (None for a directory): catches changes, new and temp files."""
+    return {str(p.relative_to(root)): p.read_bytes() if p.is_file() else None for p in sorted(root.rglob("*"))}
+
+
+@pytest.fixture(scope="module")
+def finished_run(tiny, tmp_path_factory):
+    """A finished nearfar run (tiny model, one document) to point commands at."""
+    out = tmp_path_factory.mktemp("bad_input") / "nf"
+    doc = Document("doc", "text", torch.randint(0, 256, (200,), generator=torch.Generator().manual_seed(5)), "test")
+    run_nearfar(tiny, [doc], out, 96, [0, 32], 16, budget="remove=0.1", seeds=1, config=SignalConfig(window=8))
+    return out
+
+
+# --- set-ups: each writes what the case needs under tmp (the working directory) and returns nothing ---
+
+def a_file(tmp):
+    (tmp / "f").write_text("a regular file\n")
+
+
+def a_run(tmp, run):
+    shutil.copytree(run, tmp / "run")
+
+
+def a_run_with(name, content):
+    def setup(tmp, run):
+        a_run(tmp, run)
+        (tmp / "run" / name).write_text(content)
+    return setup
+
+
+def a_report(tmp, run):
+    a_run(tmp, run)
+    (tmp / "report").mkdir()
+    (tmp / "report" / "report.html").write_text("<html>an earlier report</html>\n")
+
+
+def a_probe_run(tmp):
+    (tmp / "probe").mkdir()
+    (tmp / "probe" / "manifest.json").write_text(json.dumps({"command": "probe", "prefix": 128}))
+    (tmp / "probe" / "fi.csv").write_text("selection,chunk,fi\nentropy:0.1,128:160,0.25\n")
+
+
+def jsonl(second_line):
+    def setup(tmp):
+        (tmp / "docs.jsonl").write_text(json.dumps({"text": "a fine document"}) + "\n" + second_line + "\n")
+    return setup
+
+
+def a_directory(name):
+    def setup(tmp):
+        (tmp / name).mkdir()
+    return setup
+
+
+def existing_scores(tmp):
+    (tmp / "s.csv").write_text("position,entropy\n0,1.5\n")
+
+
+def unknown_architecture(tmp):
+    (tmp / "bad-model").mkdir()
+    (tmp / "bad-model" / "config.json").write_text(json.dumps({"model_type": "no-such-architecture"}))
+
+
+SINKS = "error: --sinks 99999 leaves no candidates: the scored prefix [0, 96) has 96 positions"
+
+CASES = [
+    # --out under a regular file, or a file where a directory is wanted (and the reverse)
+    ("probe-out-under-file", a_file, ["probe", "--chunk", "128:160", "--out", "f/run"], "lies under 'f', which is a file"),
+    ("correlate-out-under-file", a_file, ["correlate", "--chunk", "128:160", "--out", "f/run"], "lies under 'f'"),
+    ("nearfar-out-under-file", a_file, ["nearfar", "--out", "f/run"], "lies under 'f'"),
+    ("report-out-under-file", lambda t, r: (a_file(t), a_run(t, r)), ["report", "run", "--out", "f/r"], "lies under 'f'"),
+    ("report-out-is-file", lambda t, r: (a_file(t), a_run(t, r)), ["report", "run", "--out", "f"],
+     "--out 'f' is a file, not a directory"),
+    ("scores-out-is-directory", a_directory("d.csv"), ["scores", "--out", "d.csv"], "--out 'd.csv' is a directory"),
+    ("scores-out-under-file", a_file, ["scores", "--out", "f/s.csv"], "lies under 'f'"),
+    # results already there are never replaced without --overwrite, nor mixed with another command's
+    ("scores-out-exists", existing_scores, ["scores", "--out", "s.csv"], "--out 's.csv' exists; choose another file or pass --overwrite"),
+    ("report-into-a-report", a_report, ["report", "run", "--out", "report"], "already holds results (report.html)"),
+    ("report-into-its-run", a_run, ["report", "run", "--out", "run", "--overwrite"], "is the result directory"),
+    ("nearfar-into-a-probe-run", a_probe_run, ["nearfar", "--out", "probe"], "already holds results (a 'probe' run)"),
+    ("nearfar-resumes-a-probe-run", a_probe_run, ["nearfar", "--out", "probe", "--resume"],
+     "holds a 'probe' run, not 'nearfar' (--resume only continues the same command)"),
+    ("probe-into-a-nearfar-run", a_run, ["probe", "--chunk", "128:160", "--out", "run"], "already holds results (a 'nearfar' run)"),
+    ("correlate-resumes-a-nearfar-run", a_run, ["correlate", "--chunk", "128:160", "--out", "run", "--resume"],
+     "holds a 'nearfar' run, not 'correlate'"),
+    ("resume-and-overwrite", a_run, ["nearfar", "--out", "run", "--resume", "--overwrite"],
+     "--resume and --overwrite contradict each other"),
+    ("resume-and-overwrite-correlate", None, ["correlate", "--chunk", "128:160", "--resume", "--overwrite"],
+     "--resume and --overwrite contradict each other"),
+    # files a run or a report reads
+    ("settings-is-a-list", a_run_with("settings.json", "[]"), ["nearfar", "--out", "run", "--resume"],
+     "settings.json' is not a run's settings"),
+    ("settings-is-garbage", a_run_with("settings.json", "{garbage"), ["nearfar", "--out", "run", "--resume"],
+     "settings.json' is not a run's settings"),
+    ("report-manifest-is-a-list", a_run_with("manifest.json", "[]"), ["report", "run"], "is not a run manifest"),
+    ("report-manifest-lacks-command", a_run_with("manifest.json", json.dumps({"settings": {}})), ["report", "run"],
+     "lacks the field 'command'"),
+    ("report-manifest-lacks-settings", a_run_with("manifest.json", json.dumps({"command": "nearfar"})), ["report", "run"],
+     "lacks the field 'settings'"),
+    ("jsonl-text-null", jsonl('{"text": null}'), ["probe", "docs.jsonl", "--chunk", "128:160"], "docs.jsonl:2: 'text' must be a string"),
+    ("jsonl-text-number", jsonl('{"text": 42}'), ["probe", "docs.jsonl", "--chunk", "128:160"], "docs.jsonl:2: 'text' must be a string"),
+    ("jsonl-text-list", jsonl('{"text": ["a", "b"]}'), ["nearfar", "docs.jsonl"], "docs.jsonl:2: 'text' must be a string"),
+    ("jsonl-not-an-object", jsonl('"just text"'), ["probe", "docs.jsonl", "--chunk", "128:160"], "docs.jsonl:2: expected a JSON object"),
+    ("empty-document", lambda t: (t / "e.txt").write_text(" \n"), ["probe", "e.txt", "--chunk", "128:160"], "is empty"),
+    # values
+    ("generate-temperature-nan", None, ["generate", "hi", "--temperature", "nan"], "--temperature must be a finite number, got nan"),
+    ("generate-temperature-inf", None, ["generate", "hi", "--temperature", "inf"], "--temperature must be a finite number, got inf"),
+    ("generate-top-p-nan", None, ["generate", "hi", "--top-p", "nan"], "--top-p must be a finite number"),
+    ("generate-file-is-directory", a_directory("d"), ["generate", "--file", "d"], "--file 'd' is a directory, not a prompt file"),
+    ("generate-entropy-of", None, ["generate", "hi", "--entropy-of", "current"], "--entropy-of must be one of produced, next"),
+    ("probe-entropy-of", None, ["probe", "--chunk", "128:160", "--entropy-of", "x"], "--entropy-of must be one of produced, next"),
+    ("scores-prefix-0", None, ["scores", "--prefix", "0"], "--prefix 0 leaves nothing to score: it must be larger than the window (32)"),
+    ("probe-sinks", None, ["probe", "--chunk", "128:160", "--sinks", "99999"], SINKS),
+    ("correlate-sinks", None, ["correlate", "--chunk", "128:160", "--sinks", "99999"], SINKS),
+    ("nearfar-sinks", None, ["nearfar", "--prefix", "128", "--sinks", "99999"], SINKS),
+    ("correlate-prefix-after-chunk", None, ["correlate", "--chunk", "100:200", "--prefix", "150"], "starts before the compression point"),
+    # models: say what really failed
+    ("model-unknown-architecture", unknown_architecture, ["probe", "--chunk", "128:160", "--model", "bad-model"],
+     "cannot load model from 'bad-model': The checkpoint you are trying to load has model type `no-such-architecture`"),
+    ("model-not-in-cache", None, ["probe", "--chunk", "128:160", "--model", NO_SUCH_HUB_ID],
+     f"unknown model '{NO_SUCH_HUB_ID}': not 'smollm2-135m', not a local model directory, and not in the local Hugging Face cache"),
+    ("generate-model-unknown-architecture", unknown_architecture, ["generate", "hi", "--model", "bad-model"],
+     "model type `no-such-architecture`"),
+]
+
+
+@pytest.mark.parametrize("setup, args, message", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input(setup, args, message, finished_run, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # default outputs (runs/, report/, scores.csv) would land here
+    if setup is not None:
+        setup(*(tmp_path, finished_run)[: setup.__code__.co_argcount])
+    before = snapshot(tmp_path)
+    code, out, err = run_cli(args, capsys)
+    assert code == 2, (code, err)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and err.count("\n") == 1 and lines[0].startswith("error: "), err
+    assert message in lines[0], lines[0]
+    assert "Traceback" not in out + err
+    assert snapshot(tmp_path) == before  # nothing created, nothing half-written, nothing changed
+
+
+def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
+    def interrupted(spec):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("fi_toolkit.documents.read_texts", interrupted)
+    code, out, err = run_cli(["probe", "--chunk", "128:160"], capsys)
+    assert code == 130
+    assert err == "interrupted: results already written are intact\n" and out == ""
+
+
+def test_sigint_to_a_running_command(tmp_path):
+    """A real SIGINT while a command works (here: while it reads its documents) prints the one line."""
+    script = textwrap.dedent("""
+        import sys, time
+        import fi_toolkit.documents as documents
+        from fi_toolkit import cli
+
+        def slow(spec):
+            print("ready", flush=True)
+            time.sleep(120)
+
+        documents.read_texts = slow
+        sys.argv = ["fi", "probe", "--chunk", "128:160"]
+        cli.main()
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=tmp_path)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130
+    assert err == "interrupted: results already written are intact\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bare_fi_prints_only_the_help(capsys):
+    code, out, err = run_cli([], capsys)
+    assert code == 0 and err == ""
+    assert "Usage" in out and "probe" in out and "nearfar" in out
+
+
+def test_parquet_error_leaves_no_temporary_file(tmp_path, monkeypatch):
+    target = tmp_path / "t.parquet"
+
+    def broken(self, path, **kwargs):
+        with open(path, "wb") as fh:
+            fh.write(b"PAR1 half")
+        raise ValueError("cannot convert column")
+
+    monkeypatch.setattr(pd.DataFrame, "to_parquet", broken)
+    with pytest.raises(ValueError):
+        results.write_table(target, pd.DataFrame({"a": [1]}))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_default_directories_are_unique(tmp_path, monkeypatch):
+    """Two runs in the same second get different directories; a name taken meanwhile is skipped."""
+    names = iter(["beef", "beef", "cafe"])
+    monkeypatch.setattr(results.secrets, "token_hex", lambda n: next(names))
+    first = results.new_default_dir("probe", tmp_path)
+    second = results.new_default_dir("probe", tmp_path)
+    assert first != second and first.name.endswith("-beef") and second.name.endswith("-cafe")
+    assert first.is_dir() and second.is_dir()
