@@ -1,11 +1,12 @@
-"""How well does each signal predict a token's own Forward Influence? (SPEC "Correlation analysis")
+"""How well does each signal predict a token's own Forward Influence? (docs/method.md, "Correlation analysis")
 
-Per-token (leave-one-out) FI of an entropy-stratified sample of prefix positions, on a near and a
-far chunk, correlated with H, A, D, E, S (Spearman primary, Pearson, Kendall; bootstrap 95% CIs)
+Per-token (leave-one-out) FI of a uniform sample of prefix positions, on a near and a far chunk, correlated with H, A, D, E, S (Spearman primary, Pearson, Kendall; bootstrap 95% CIs)
 and per layer; the spread across documents.
 
     .venv/bin/python analyses/correlation.py                  # defaults below, ~5-10 min on 2 CPU cores
     .venv/bin/python analyses/correlation.py --prefix 1024 --chunks 1024:1280,1792:2048 --candidates sample:256
+    .venv/bin/python analyses/correlation.py --entropy-of next --out runs/analyses/correlation-next \
+        --report runs/analyses/correlation-next-report --results analyses/results/correlation-next
 
 Resumable (re-running continues a stopped run); writes the report and copies the small summary
 table to analyses/results/correlation/.
@@ -22,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import add_output_args, copy_results  # noqa: E402
-from fi_toolkit import load_model  # noqa: E402
+from fi_toolkit import SignalConfig, load_model  # noqa: E402
 from fi_toolkit.analysis import run_correlate  # noqa: E402
 from fi_toolkit.documents import load_document  # noqa: E402
 from fi_toolkit.probe import parse_chunk  # noqa: E402
@@ -36,6 +37,7 @@ def main(argv=None) -> int:
     ap.add_argument("--chunks", default="512:640,768:896")
     ap.add_argument("--candidates", default="sample:48")
     ap.add_argument("--resamples", type=int, default=1000)
+    ap.add_argument("--entropy-of", default="produced", choices=["produced", "next"])
     add_output_args(ap, "correlation")
     args = ap.parse_args(argv)
 
@@ -44,16 +46,17 @@ def main(argv=None) -> int:
     lm = load_model("smollm2-135m")
     docs = [load_document(n.strip(), lm.tokenizer, max_tokens=max(c.end for c in chunks)) for n in args.documents.split(",")]
     tables = run_correlate(lm, docs, args.out, args.prefix, chunks, args.candidates, n_resamples=args.resamples,
-                           batch_size=args.batch_size, resume=not args.fresh, overwrite=args.fresh,
+                           config=SignalConfig(entropy_of=args.entropy_of), batch_size=args.batch_size,
+                           resume=not args.fresh, overwrite=args.fresh,
                            progress=lambda d, done, total: print(f"  {d}: {done}/{total}", file=sys.stderr, flush=True))
-    build_report([args.out], args.report)
+    build_report([args.out], args.report, overwrite=True)  # the script's own report, rebuilt every run
     wall = time.perf_counter() - t0
     copy_results(args, ["correlation_summary.csv", "manifest.json"])
 
     corr = tables["correlations"]
     mean = corr[(corr["scope"] == "mean") & (corr["method"] == "spearman")]
     print(f"per-token FI vs signals on {len(docs)} documents, p={args.prefix}, chunks {args.chunks}, "
-          f"candidates {args.candidates}; wall time {wall:.0f} s")
+          f"candidates {args.candidates}, H = entropy of the distribution {args.entropy_of}; wall time {wall:.0f} s")
     print("\nSpearman rho [bootstrap 95% CI] per document:")
     for r in mean.itertuples():
         print(f"  {r.document:>18} {r.chunk:>9} {r.signal}: {r.rho:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}]")

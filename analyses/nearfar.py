@@ -1,12 +1,13 @@
 """Reproduce the paper's near/far Forward Influence finding on the bundled documents.
 
-Claim under test (InfoKV paper, SPEC "Set-level analysis"): tokens picked by window attention
-matter mostly for near chunks; high-entropy tokens matter more for distant chunks.
+Claim under test (InfoKV paper; docs/method.md, "Set-level analysis"): tokens picked by window
+attention matter mostly for near chunks; high-entropy tokens matter more for distant chunks.
 
-    .venv/bin/python analyses/nearfar.py                      # p=512: 11 min on a busy 2-core CPU
+    .venv/bin/python analyses/nearfar.py                      # p=512, the default entropy (produced)
     OMP_NUM_THREADS=1 .venv/bin/python analyses/nearfar.py --prefix 1024 --distances 0,256,512,1024 \
         --chunk-len 256 --out runs/analyses/nearfar-p1024 --report runs/analyses/nearfar-p1024-report \
-        --results analyses/results/nearfar-p1024                # the issue's setting: 7 min, one thread
+        --results analyses/results/nearfar-p1024 --fresh       # about 7 min with one thread
+    ... --entropy-of next --out runs/analyses/nearfar-p1024-next ... --results analyses/results/nearfar-p1024-next
 
 On a CPU shared with other jobs, OMP_NUM_THREADS=1 avoids thread oversubscription (up to ~10x faster).
 
@@ -26,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import add_output_args, copy_results  # noqa: E402
-from fi_toolkit import load_model  # noqa: E402
+from fi_toolkit import SignalConfig, load_model  # noqa: E402
 from fi_toolkit.analysis import run_nearfar  # noqa: E402
 from fi_toolkit.analysis.nearfar import parse_distances  # noqa: E402
 from fi_toolkit.documents import BUNDLED, load_document  # noqa: E402
@@ -39,7 +40,8 @@ def main(argv=None) -> int:
     ap.add_argument("--prefix", type=int, default=512)
     ap.add_argument("--distances", default="0,128,256,384")
     ap.add_argument("--chunk-len", type=int, default=128)
-    ap.add_argument("--ratio", type=float, default=0.1)
+    ap.add_argument("--budget", default="remove=0.1", help="set size, e.g. remove=0.1 (of the prefix) or remove=100")
+    ap.add_argument("--entropy-of", default="produced", choices=["produced", "next"])
     ap.add_argument("--seeds", type=int, default=3)
     add_output_args(ap, "nearfar")
     args = ap.parse_args(argv)
@@ -53,16 +55,18 @@ def main(argv=None) -> int:
     def progress(doc, done, _total):
         print(f"  {doc}: {done} sets measured", file=sys.stderr, flush=True)
 
-    tables = run_nearfar(lm, docs, args.out, args.prefix, distances, args.chunk_len, args.ratio, args.seeds,
-                         (4, 0), batch_size=args.batch_size, resume=not args.fresh, overwrite=args.fresh,
-                         progress=progress)
-    build_report([args.out], args.report)
+    tables = run_nearfar(lm, docs, args.out, args.prefix, distances, args.chunk_len, args.budget, args.seeds,
+                         (4, 0), config=SignalConfig(entropy_of=args.entropy_of), batch_size=args.batch_size,
+                         resume=not args.fresh, overwrite=args.fresh, progress=progress)
+    build_report([args.out], args.report, overwrite=True)  # the script's own report, rebuilt every run
     wall = time.perf_counter() - t0
     copy_results(args, ["nearfar_summary.csv", "nearfar_tests.csv", "token_class_summary.csv", "manifest.json"])
 
     s, t = tables["nearfar_summary"], tables["nearfar_tests"]
     print(f"near/far on {len(docs)} documents, p={args.prefix}, chunks of {args.chunk_len} at +{distances}, "
-          f"sets of {args.ratio:.0%} of the scored prefix; wall time {wall:.0f} s")
+          f"sets of {args.budget} of the prefix, H = entropy of the distribution {args.entropy_of} "
+          f"({'that produced the token' if args.entropy_of == 'produced' else 'predicting the next token'}); "
+          f"wall time {wall:.0f} s")
     for metric, label in (("fi_mean", "FI (nats)"), ("fi_rel_random_mean", "FI / random FI"),
                           ("fi_share_near_mean", "FI / FI on the nearest chunk")):
         pivot = s.pivot_table(index=["sinks", "selector"], columns="distance_from_p", values=metric, sort=False)

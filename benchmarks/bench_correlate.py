@@ -1,7 +1,7 @@
 """Per-token Forward Influence throughput: the batched path against one eviction per forward.
 
 On SmolLM2 (embedded) with a 1,024-token prefix of 'alice' and one 256-token chunk 1024:1280
-(defaults): leave-one-out FI of N candidate positions (entropy-stratified, as ``fi correlate``
+(defaults): leave-one-out FI of N candidate positions (a uniform sample, as ``fi correlate``
 picks them) through :func:`fi_toolkit.analysis.per_token_fi`, once with ``batch_size=1`` (one
 eviction per forward) and once per larger batch size, in the same process, alternating order,
 so the ratios are measured side by side on this noisy machine. Also prints the wall time of the
@@ -46,7 +46,7 @@ def main() -> None:
     lm = load_model("smollm2-135m")
     doc = load_document(args.document, lm.tokenizer, max_tokens=chunk.end)
     trace = trace_prefix(lm.model, doc.ids, args.prefix)
-    positions = candidate_positions(trace, f"sample:{args.candidates}")
+    positions, _ = candidate_positions(trace, f"sample:{args.candidates}")
     sizes = [1] + [int(b) for b in args.batch_sizes.split(",")]
     print(f"per-token FI: SmolLM2-135M, {lm.device}, torch threads {torch.get_num_threads()}, prefix {args.prefix}, "
           f"chunk {chunk.label} ({len(chunk)} tokens), {positions.numel()} single-token evictions per run")
@@ -69,7 +69,7 @@ def main() -> None:
         m = json.loads(manifest.read_text())
         s = m["settings"]
         print(f"analyses/nearfar.py: {m['seconds']:.0f} s of study time (model load and report excluded) for {len(s['documents'])} documents "
-              f"(p={s['prefix']}, distances {s['distances']}, chunk {s['chunk_len']}, ratio {s['ratio']}, "
+              f"(p={s['prefix']}, distances {s['distances']}, chunk {s['chunk_len']}, sets of {s.get('budget', s.get('ratio'))}, "
               f"{s['seeds']} random seeds, with and without sink protection)")
 
 

@@ -1,4 +1,4 @@
-"""Compressed generation (SPEC "Decoding compression"): prefill compression, then periodic
+"""Compressed generation (docs/method.md, "Decoding compression"): prefill compression, then periodic
 compression while decoding, with signals tracked online.
 
 Flow of :func:`generate`: encode the prompt (chat template for instruct models) ->
@@ -22,6 +22,7 @@ chunk (``prefill_chunk`` tokens x L layers x d) and never for more; per-token si
 
 from __future__ import annotations
 
+import math
 import resource
 import time
 from dataclasses import asdict, dataclass, field
@@ -339,8 +340,8 @@ def generate(
         raise FIError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if interval < 1:
         raise FIError(f"interval must be >= 1 generated tokens, got {interval}")
-    if temperature < 0 or not 0 < top_p <= 1:
-        raise FIError(f"need temperature >= 0 and 0 < top_p <= 1, got {temperature} and {top_p}")
+    if not (math.isfinite(temperature) and temperature >= 0) or not 0 < top_p <= 1:
+        raise FIError(f"need a finite temperature >= 0 and 0 < top_p <= 1, got {temperature} and {top_p}")
     ids = prompt.flatten().long() if isinstance(prompt, torch.Tensor) else encode_prompt(tokenizer, prompt, chat)
     if ids.numel() == 0:
         raise FIError("the prompt is empty")

@@ -63,7 +63,11 @@ def check_chunks(chunks: Sequence[Chunk], prefix_len: int, doc_len: int, max_con
     """``p <= l_c < r_c <= N`` for every chunk, and within the model's context."""
     if not chunks:
         raise FIError("no chunk given: pass at least one --chunk START:END")
+    seen: set[Chunk] = set()
     for c in chunks:
+        if c in seen:
+            raise FIError(f"chunk {c.label} is given twice")
+        seen.add(c)
         if c.start < prefix_len:
             raise FIError(f"chunk {c.label} starts before the compression point p={prefix_len}")
         if c.end > doc_len:
@@ -72,23 +76,40 @@ def check_chunks(chunks: Sequence[Chunk], prefix_len: int, doc_len: int, max_con
             raise FIError(f"chunk {c.label} ends past the model's context of {max_context:,} tokens")
 
 
-NEGATIVE_KL_TOLERANCE = 1e-6  # float32 rounding stays far below this; anything lower is a bug, not noise
+NEGATIVE_KL_TOLERANCE = 1e-6  # the KL below is accurate to ~1e-8; anything lower than this is a bug, not noise
 
 
-def kl_from_reference(ref_p: torch.Tensor, ref_logp: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-    """``KL(P_ref || P) = sum_v p_v (log p_v - log q_v)`` per row: ``ref_p, ref_logp [n, V]`` (computed
-    once per position), ``logits [B, n, V]`` -> ``[B, n]`` float32.
+def log_sum_exp(logits: torch.Tensor) -> torch.Tensor:
+    """``log sum_v exp(z_v)`` over the last axis of float32 ``logits``, the sum accumulated in float64 -> float64.
 
-    The difference of log-probs is formed before the sum (no cancellation between two entropies),
-    and the weighted sum is one batched dot product shared by every eviction row. Nothing is
-    clamped: a value below ``-NEGATIVE_KL_TOLERANCE`` is an error, tiny negative rounding is kept.
+    A float32 ``log_softmax`` carries an error of up to ~1e-6 nats in its normaliser, which shifts every
+    log-probability of a row alike and so shifts that row's KL by as much: the size of per-token FI on
+    far chunks. Accumulating the sum in float64 brings it to ~1e-8 at no extra ``[n, V]`` copy.
     """
-    diff = torch.log_softmax(logits.float(), dim=-1).neg_().add_(ref_logp)  # in place: no second [B, n, V]
-    kl = torch.einsum("nv,bnv->bn", ref_p, diff)
+    top = logits.max(dim=-1, keepdim=True).values
+    return top.squeeze(-1).double() + torch.exp(logits - top).sum(dim=-1, dtype=torch.float64).log()
+
+
+def kl_from_reference(ref_p: torch.Tensor, ref_logits: torch.Tensor, ref_lse: torch.Tensor,
+                      logits: torch.Tensor) -> torch.Tensor:
+    """``KL(P_ref || P)`` per row over the full vocabulary -> ``[B, n]`` float32.
+
+    ``ref_p``, ``ref_logits [n, V]`` (float32) and ``ref_lse [n]`` (float64) describe the reference
+    (computed once per position); ``logits [B, n, V]`` the evicted rows. With ``log p = z - LSE(z)`` and
+    ``log q = y - LSE(y)``: ``KL = sum_v p_v (z_v - y_v) + LSE(y) - LSE(z)``, the same quantity as
+    ``sum_v p_v (log p_v - log q_v)`` (``sum_v p_v = 1``), with the logit difference formed before the
+    sum (no cancellation between two entropies) and the normalisers from :func:`log_sum_exp`.
+    Identical logits give exactly 0. Nothing is clamped: a value below ``-NEGATIVE_KL_TOLERANCE``
+    is an error; tiny negative rounding is kept.
+    """
+    logits = logits.float()
+    lse = log_sum_exp(logits)
+    diff = torch.sub(ref_logits, logits)
+    kl = torch.einsum("nv,bnv->bn", ref_p, diff).double() + (lse - ref_lse)
     if kl.numel() and float(kl.min()) < -NEGATIVE_KL_TOLERANCE:
         raise FIError(f"negative KL divergence ({float(kl.min()):.3g}): the two distributions were not "
                       "computed consistently (a numerical fault, not a result)")
-    return kl
+    return kl.float()
 
 
 def _continuation_mask(visible: torch.Tensor, past_new: int, q_len: int, dtype) -> torch.Tensor:
@@ -132,10 +153,10 @@ def _continuation_hidden(
 
 
 class Reference:
-    """The full-cache run: final hidden states at every chunk position, log-probs served in blocks.
+    """The full-cache run: final hidden states at every chunk position, its distributions served in blocks.
 
-    Reference (log-)probabilities (``2 x n x V`` float32) are kept when they fit ``keep_bytes``; otherwise
-    they are recomputed per block, so memory stays bounded for long chunks and large vocabularies.
+    Reference probabilities and logits (``2 x n x V`` float32) are kept when they fit ``keep_bytes``;
+    otherwise they are recomputed per block, so memory stays bounded for long chunks and large vocabularies.
     """
 
     def __init__(self, model, trace: Trace, ids: torch.Tensor, capture: torch.Tensor, block: int, keep_bytes: float = 2**30):
@@ -147,15 +168,15 @@ class Reference:
         self.hidden = _continuation_hidden(model, cache, ids[None], p, visible, capture, block)[0]
         vocab = self.lm_head.weight.shape[0]
         self._keep = self.hidden.shape[0] * vocab * 8 <= keep_bytes
-        self._terms: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._terms: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
-    def terms(self, start: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Reference probabilities and log-probabilities ``[n, V]`` of the block at ``start``."""
+    def terms(self, start: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Reference probabilities and logits ``[n, V]`` and normalisers ``[n]`` of the block at ``start``."""
         if start in self._terms:
             return self._terms[start]
-        logits = self.lm_head(self.hidden[start : start + self.block])
-        logp = torch.log_softmax(logits.float(), dim=-1)
-        terms = (logp.exp(), logp)
+        logits = self.lm_head(self.hidden[start : start + self.block]).float()
+        lse = log_sum_exp(logits)
+        terms = (torch.exp(logits - lse[:, None].float()), logits, lse)
         if self._keep:
             self._terms[start] = terms
         return terms
@@ -212,7 +233,7 @@ def forward_influence(
     block: int = 512,
     on_progress: Callable[[int], None] | None = None,
 ) -> ProbeResult:
-    """FI of every eviction on every chunk (SPEC "Forward Influence").
+    """FI of every eviction on every chunk (docs/method.md, "Forward Influence").
 
     ``ids`` is the whole document (1-D). One forward over ``[p, max r_c)`` per batch of
     ``batch_size`` token sets serves all chunks (default: :func:`default_batch_size`). An empty token
@@ -282,7 +303,7 @@ def forward_influence_by_deletion(
             ),
             cache=cache,
         )
-        return torch.log_softmax(out.logits[0].float(), dim=-1)
+        return torch.log_softmax(out.logits[0].double(), dim=-1)
 
     full = run([k.clone() for k in trace.keys], [v.clone() for v in trace.values])
     pruned = run([k[:, :, kept].clone() for k in trace.keys], [v[:, :, kept].clone() for v in trace.values])

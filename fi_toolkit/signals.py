@@ -1,4 +1,4 @@
-"""Per-token signals of SPEC "Signals", as pure tensor functions (float32 results).
+"""Per-token signals of docs/method.md, "Signals", as pure tensor functions (float32 results).
 
 Shapes: ``L`` layers, ``Hq`` query heads, ``Hkv`` KV heads, ``w`` window, ``p`` prefix length.
 """

@@ -41,7 +41,7 @@ def entropy_of_tokens(at_position: torch.Tensor, entropy_of: str) -> torch.Tenso
 
 @dataclass(frozen=True)
 class SignalConfig:
-    """Options of SPEC "Signals"; defaults follow the paper where it states them."""
+    """Options of docs/method.md, "Signals"; defaults follow the paper where it states them."""
 
     top_k: int = 256  # entropy over the k largest logits; k >= V is the full entropy
     window: int = 32  # observation window w: the last w prefix positions
@@ -249,7 +249,7 @@ class SignalTracker:
 
 @torch.no_grad()
 def trace_prefix(model: torch.nn.Module, ids: torch.Tensor, prefix_len: int, config: SignalConfig = SignalConfig()) -> Trace:
-    """Run ``ids[:prefix_len]`` through ``model`` once and collect cache + signals (SPEC "Signals")."""
+    """Run ``ids[:prefix_len]`` through ``model`` once and collect cache + signals (docs/method.md, "Signals")."""
     config.validate()
     p = prefix_len
     if p <= config.window:

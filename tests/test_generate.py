@@ -1,4 +1,4 @@
-"""Compressed generation (SPEC "Decoding compression"): exactness against plain generation and an
+"""Compressed generation (docs/method.md, "Decoding compression"): exactness against plain generation and an
 independently masked full model, budgets while decoding, cache bytes, sampling, and the CLI."""
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from fi_toolkit.probe import (
     forward_influence,
     forward_influence_by_deletion,
     kl_from_reference,
+    log_sum_exp,
     parse_chunk,
 )
 from fi_toolkit.trace import SignalConfig, trace_prefix
@@ -122,11 +123,25 @@ def test_kl_rows_equal_scipy_relative_entropy():
     gen = torch.Generator().manual_seed(4)
     ref_logits, logits = torch.randn(6, 50, generator=gen) * 2, torch.randn(3, 6, 50, generator=gen) * 2
     ref_logp = torch.log_softmax(ref_logits, -1)
-    ours = kl_from_reference(ref_logp.exp(), ref_logp, logits).numpy()
+    ours = kl_from_reference(ref_logp.exp(), ref_logits, log_sum_exp(ref_logits), logits).numpy()
     p = scipy.special.softmax(ref_logits.double().numpy(), -1)
     q = scipy.special.softmax(logits.double().numpy(), -1)
     expected = scipy.stats.entropy(p[None].repeat(3, 0), q, axis=-1)
     np.testing.assert_allclose(ours, expected, rtol=1e-5, atol=1e-7)
+
+
+def test_kl_is_accurate_where_per_token_fi_lives():
+    """Near-identical distributions over a 49,152-token vocabulary (KL ~ 1e-7, the size of far-chunk
+    per-token FI): a float32 log-softmax is off by up to ~5e-7 there; ours must stay within 2e-8."""
+    gen = torch.Generator().manual_seed(0)
+    ref_logits = torch.randn(32, 49152, generator=gen) * 4
+    logits = (ref_logits + 1e-3 * torch.randn(32, 49152, generator=gen))[None]
+    ours = kl_from_reference(torch.softmax(ref_logits, -1), ref_logits, log_sum_exp(ref_logits), logits).double()
+    lp, lq = torch.log_softmax(ref_logits.double(), -1), torch.log_softmax(logits[0].double(), -1)
+    exact = (lp.exp() * (lp - lq)).sum(-1)
+    assert exact.max() < 2e-6 and (ours[0] - exact).abs().max() < 2e-8
+    same = kl_from_reference(torch.softmax(ref_logits, -1), ref_logits, log_sum_exp(ref_logits), ref_logits[None])
+    assert torch.equal(same, torch.zeros(1, 32))
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Signals (SPEC "Signals") against independent computations, on the tiny random Llama."""
+"""Signals (docs/method.md, "Signals") against independent computations, on the tiny random Llama."""
 
 from __future__ import annotations
 

@@ -37,7 +37,7 @@ from ..probe import Chunk, forward_influence
 from ..trace import Trace
 
 METHODS = ("spearman", "pearson", "kendall")
-# Short signal names of SPEC "Signals" -> columns of Trace.token_table (layer-and-head means).
+# Short signal names of docs/method.md, "Signals" -> columns of Trace.token_table (layer-and-head means).
 MEAN_SIGNALS = {"H": "entropy", "A": "attention", "D": "distance", "E": "layer_entropy", "S": "infokv"}
 LAYER_SIGNALS = ("A", "D", "E", "S")
 

@@ -1,4 +1,4 @@
-"""Near/far set analysis (SPEC "Set-level analysis"): which selector's sets matter for distant chunks?
+"""Near/far set analysis (docs/method.md, "Set-level analysis"): which selector's sets matter for distant chunks?
 
 Equal-size sets (one :class:`~fi_toolkit.budget.Budget`, default ``remove=0.1`` of the prefix) are
 selected by entropy, attention, distance, InfoKV and random (several seeds), each removed at ``p``; FI is measured on chunks ``[p + d, p + d + len)`` at increasing distances

@@ -1,4 +1,4 @@
-"""The policy contract: signals in, keep map out (SPEC "Eviction policies").
+"""The policy contract: signals in, keep map out (docs/method.md, "Eviction policies").
 
 Signals live in *slot space*: slot ``j`` of layer ``l``, KV head ``h`` is the ``j``-th entry of that
 head's cache, whose original position is ``positions[l][h, j]``. Right after a prefill, slots are
