@@ -80,12 +80,7 @@ NEGATIVE_KL_TOLERANCE = 1e-6  # the KL below is accurate to ~1e-8; anything lowe
 
 
 def log_sum_exp(logits: torch.Tensor) -> torch.Tensor:
-    """``log sum_v exp(z_v)`` over the last axis of float32 ``logits``, the sum accumulated in float64 -> float64.
-
-    A float32 ``log_softmax`` carries an error of up to ~1e-6 nats in its normaliser, which shifts every
-    log-probability of a row alike and so shifts that row's KL by as much: the size of per-token FI on
-    far chunks. Accumulating the sum in float64 brings it to ~1e-8 at no extra ``[n, V]`` copy.
-    """
+    """``log sum_v exp(z_v)`` over the last axis of float32 ``logits``, the sum accumulated in float64 -> float64."""
     top = logits.max(dim=-1, keepdim=True).values
     return top.squeeze(-1).double() + torch.exp(logits - top).sum(dim=-1, dtype=torch.float64).log()
 
@@ -94,18 +89,22 @@ def kl_from_reference(ref_p: torch.Tensor, ref_logits: torch.Tensor, ref_lse: to
                       logits: torch.Tensor) -> torch.Tensor:
     """``KL(P_ref || P)`` per row over the full vocabulary -> ``[B, n]`` float32.
 
-    ``ref_p``, ``ref_logits [n, V]`` (float32) and ``ref_lse [n]`` (float64) describe the reference
-    (computed once per position); ``logits [B, n, V]`` the evicted rows. With ``log p = z - LSE(z)`` and
-    ``log q = y - LSE(y)``: ``KL = sum_v p_v (z_v - y_v) + LSE(y) - LSE(z)``, the same quantity as
-    ``sum_v p_v (log p_v - log q_v)`` (``sum_v p_v = 1``), with the logit difference formed before the
-    sum (no cancellation between two entropies) and the normalisers from :func:`log_sum_exp`.
-    Identical logits give exactly 0. Nothing is clamped: a value below ``-NEGATIVE_KL_TOLERANCE``
-    is an error; tiny negative rounding is kept.
+    ``ref_p``, ``ref_logits [n, V]`` and ``ref_lse [n]`` (float64, from float32 logits) describe the
+    reference (computed once per position); ``logits [B, n, V]`` the evicted rows. With ``log p = z - LSE(z)``
+    and ``log q = y - LSE(y)``: ``KL = sum_v p_v (z_v - y_v) / sum_v p_v + LSE(y) - LSE(z)``.
+
+    Why not a float32 log-softmax: its normaliser is off by up to ~1e-6 nats, which shifts a whole
+    row's KL by that much, the size of per-token FI on far chunks (a real run hit -1e-6); and when an
+    eviction shifts every logit by a constant ``c`` (removing a sink does), float32 differences lose
+    ``~c * 6e-8``. Here the logit differences are exact (float64), the normalisers accumulate in
+    float64, and ``p`` is renormalised, so the result is accurate to ~1e-8 at any shift. Identical
+    logits give exactly 0. Nothing is clamped: a value below ``-NEGATIVE_KL_TOLERANCE`` is an error.
     """
     logits = logits.float()
     lse = log_sum_exp(logits)
-    diff = torch.sub(ref_logits, logits)
-    kl = torch.einsum("nv,bnv->bn", ref_p, diff).double() + (lse - ref_lse)
+    p = ref_p.double()
+    diff = logits.double().neg_().add_(ref_logits)
+    kl = torch.einsum("nv,bnv->bn", p, diff) / p.sum(dim=-1) + (lse - ref_lse)
     if kl.numel() and float(kl.min()) < -NEGATIVE_KL_TOLERANCE:
         raise FIError(f"negative KL divergence ({float(kl.min()):.3g}): the two distributions were not "
                       "computed consistently (a numerical fault, not a result)")
@@ -155,11 +154,13 @@ def _continuation_hidden(
 class Reference:
     """The full-cache run: final hidden states at every chunk position, its distributions served in blocks.
 
-    Reference probabilities and logits (``2 x n x V`` float32) are kept when they fit ``keep_bytes``;
-    otherwise they are recomputed per block, so memory stays bounded for long chunks and large vocabularies.
+    Reference probabilities and logits (``2 x n x V`` float64, what :func:`kl_from_reference` reads) are
+    kept when they fit ``keep_bytes``; otherwise they are recomputed per block, so memory stays bounded
+    for long chunks and large vocabularies.
     """
 
-    def __init__(self, model, trace: Trace, ids: torch.Tensor, capture: torch.Tensor, block: int, keep_bytes: float = 2**30):
+    def __init__(self, model, trace: Trace, ids: torch.Tensor, capture: torch.Tensor, block: int,
+                 keep_bytes: float = 2**31):
         self.model, self.block = model, block
         self.lm_head = decoder_parts(model)[2]
         p = trace.prefix_len
@@ -167,16 +168,17 @@ class Reference:
         visible = torch.ones(1, p, dtype=torch.bool, device=ids.device)
         self.hidden = _continuation_hidden(model, cache, ids[None], p, visible, capture, block)[0]
         vocab = self.lm_head.weight.shape[0]
-        self._keep = self.hidden.shape[0] * vocab * 8 <= keep_bytes
+        self._keep = self.hidden.shape[0] * vocab * 16 <= keep_bytes
         self._terms: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     def terms(self, start: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Reference probabilities and logits ``[n, V]`` and normalisers ``[n]`` of the block at ``start``."""
+        """Reference probabilities, logits ``[n, V]`` (float64) and normalisers ``[n]`` of the block at ``start``."""
         if start in self._terms:
             return self._terms[start]
         logits = self.lm_head(self.hidden[start : start + self.block]).float()
         lse = log_sum_exp(logits)
-        terms = (torch.exp(logits - lse[:, None].float()), logits, lse)
+        logits = logits.double()
+        terms = (torch.exp(logits - lse[:, None]), logits, lse)
         if self._keep:
             self._terms[start] = terms
         return terms
