@@ -307,7 +307,7 @@ def prompt_file(tmp_path_factory):
         (["--budget", "16", "--window", "16"], "not above the window"),
         (["--budget", "100000"], "tokens it may compress"),
         (["--budget", "1.5"], "a share must lie in [0, 1]"),
-        (["--budget", "keep=nan"], "a share must lie in [0, 1]"),
+        (["--budget", "keep=nan"], "is not a number"),
         (["--budget", "hold=0.2"], "write keep=X or remove=X"),
         (["--policy", "magic"], "unknown policy 'magic'"),
         (["--interval", "0"], "--interval must be >= 1"),
