@@ -39,12 +39,15 @@ class Budget:
     amount: float | int
 
     @classmethod
-    def parse(cls, spec: "str | float | int | Budget", what: str = "budget") -> "Budget":
-        """``"keep=0.25"``, ``"remove=100"``, ``"0.25"`` (= keep), a float (share kept) or an int (count kept)."""
+    def parse(cls, spec: "str | float | int | Budget", where: str = "") -> "Budget":
+        """``"keep=0.25"``, ``"remove=100"``, ``"0.25"`` (= keep), a float (share kept) or an int (count kept).
+
+        ``where`` names the option in error messages (``"--budget"``, ``"--select entropy:x"``)."""
         if isinstance(spec, Budget):
             return spec
+        what = f"budget in {where}" if where else "budget"
         if isinstance(spec, bool):
-            raise FIError(f"invalid {what} {spec!r}")
+            raise FIError(f"invalid {what}: {spec!r}")
         if isinstance(spec, (int, float)):
             return cls._checked(DEFAULT_SIDE, spec, what, str(spec))
         text = str(spec).strip()
@@ -53,12 +56,12 @@ class Budget:
             side, value = DEFAULT_SIDE, text
         side = side.strip().lower()
         if side not in SIDES:
-            raise FIError(f"invalid {what} '{text}': write keep=X or remove=X (a share like 0.25 or a count like 512)")
+            raise FIError(f"invalid {what}: '{text}'; write keep=X or remove=X (a share like 0.25 or a count like 512)")
         value = value.strip()
         try:
             amount: float | int = float(value) if any(c in value for c in ".eE") else int(value)
         except ValueError:
-            raise FIError(f"invalid {what} '{text}': '{value}' is not a number "
+            raise FIError(f"invalid {what}: '{value}' is not a number "
                           "(a share like 0.25 or a count like 512)") from None
         return cls._checked(side, amount, what, text)
 
@@ -66,9 +69,9 @@ class Budget:
     def _checked(cls, side: str, amount: float | int, what: str, text: str) -> "Budget":
         if isinstance(amount, float):
             if not (math.isfinite(amount) and 0.0 <= amount <= 1.0):
-                raise FIError(f"invalid {what} '{text}': a share must lie in [0, 1]")
+                raise FIError(f"invalid {what}: '{text}'; a share must lie in [0, 1]")
         elif amount < 0:
-            raise FIError(f"invalid {what} '{text}': a token count must be >= 0")
+            raise FIError(f"invalid {what}: '{text}'; a token count must be >= 0")
         return cls(side, amount)
 
     @property

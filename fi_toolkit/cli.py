@@ -1,7 +1,7 @@
 """The ``fi`` command line (typer). Each command is a thin shell over one library call.
 
 ``fi probe`` -> :func:`fi_toolkit.experiment.probe_document` -> :func:`fi_toolkit.probe.forward_influence`
--> :func:`fi_toolkit.probe.kl_divergence_rows`.
+-> :meth:`fi_toolkit.probe.Reference.kl` -> :func:`fi_toolkit.probe.kl_from_reference`.
 
 Every user error is one line on stderr (``error: ...``) and exit status 2; Ctrl-C is one line
 (``interrupted: ...``) and exit 130. Options shared by the commands live in :mod:`fi_toolkit.cli_options`.
@@ -118,14 +118,15 @@ def probe(
 
 def _print_fi_table(table, title: str) -> None:
     pivot = table.pivot_table(index="selection", columns="chunk", values="fi", aggfunc="mean", sort=False)
-    sizes = table.groupby("selection", sort=False)["n_removed"].mean()
+    sizes = table.groupby("selection", sort=False)[["n_removed", "n_kept"]].mean()
     t = Table(title=title)
     t.add_column("selection")
     t.add_column("removed", justify="right")
+    t.add_column("kept", justify="right")
     for c in pivot.columns:
         t.add_column(f"FI {c}", justify="right")
-    for sel, row in pivot.iterrows():
-        t.add_row(sel, f"{sizes[sel]:.0f}", *[f"{v:.5f}" for v in row])
+    for sel, row in pivot.iterrows():  # per layer and head; the mean over layers where budgets differ
+        t.add_row(sel, f"{sizes.loc[sel, 'n_removed']:.0f}", f"{sizes.loc[sel, 'n_kept']:.0f}", *[f"{v:.5f}" for v in row])
     out.print(t)
 
 

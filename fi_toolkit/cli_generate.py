@@ -53,7 +53,7 @@ def generate(
     prompt: Optional[str] = typer.Argument(None, help="The prompt (or use --file)."),
     file: Optional[Path] = typer.Option(None, "--file", "-f", help="Read the prompt from a text file."),
     policy: str = typer.Option("infokv", "--policy", "-p", help="infokv, infokv-adaptive, snapkv, pyramidkv, streaming, h2o, knorm, random, rpc, or none (full cache)."),
-    budget: str = typer.Option("0.25", "--budget", "-b", help="Kept entries per layer and head, window included: a ratio (0.25) or a count (512)."),
+    budget: str = typer.Option("keep=0.25", "--budget", "-b", help="Entries kept per layer and head, window included: keep=X or remove=X (a bare X is keep=X), X a share of the tokens it may compress at each compression (0.25) or a count (512)."),
     interval: int = typer.Option(1024, help="Compress back to the budget every INTERVAL generated tokens."),
     max_new: int = typer.Option(256, "--max-new", help="Maximum number of new tokens."),
     compress_prompt: Optional[bool] = typer.Option(None, "--compress-prompt/--keep-prompt", help="Whether the prompt is compressible (default: the policy's; RPC keeps it)."),

@@ -151,11 +151,11 @@ def parse_selection(spec: str) -> list[Selection]:
         name, _, amount = rest.partition("@")
         if not amount:
             raise FIError(f"--select {spec}: expected policy:NAME@BUDGET, e.g. policy:infokv@keep=0.25")
-        budget = Budget.parse(amount, f"budget in --select {spec}")
+        budget = Budget.parse(amount, f"--select {spec}")
         make_policy(name, budget=budget)  # validate the name now, before any model work
         return [Selection(spec, kind, budget, policy=name.strip().lower())]
     amount, at, seeds = rest.partition("@")
-    budget = Budget.parse(amount, f"budget in --select {spec}")
+    budget = Budget.parse(amount, f"--select {spec}")
     if kind != "random":
         if at:
             raise FIError(f"--select {spec}: only random takes @SEED")

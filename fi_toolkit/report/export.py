@@ -36,8 +36,8 @@ TABLES = {
                 ("nearfar", False), ("token_classes", False)],
 }
 SHOWN_COLUMNS = {  # columns shown in HTML/Markdown (all columns stay in CSV/JSON)
-    "correlation_summary": ["chunk", "signal", "scope", "layer", "method", "rho_mean", "rho_std", "rho_min",
-                            "rho_max", "n_documents"],
+    "correlation_summary": ["chunk", "signal", "scope", "layer", "method", "sampling", "weighted", "rho_mean",
+                            "rho_std", "rho_min", "rho_max", "n_documents"],
 }
 
 
