@@ -73,12 +73,15 @@ def check_sinks(sinks: int, prefix: int, window: int) -> int:
 
 
 def check_selections(selections, prefix: int, window: int, sinks: int) -> None:
-    """Score-based and random selectors draw from ``[sinks, p - w)``: refuse sinks that leave none,
-    before the model is loaded (budgets are checked against the trace, by the selections)."""
+    """Score-based and random selectors draw from ``[sinks, p - w)``: refuse sinks that leave none and
+    sets that are empty or larger than their candidates, before the model is loaded."""
     if sinks < 0:
         raise FIError(f"--sinks must be >= 0, got {sinks}")
     if any(s.kind not in ("positions", "policy") for s in selections):
         check_sinks(sinks, prefix, window)
+    for s in selections:
+        if s.kind not in ("positions", "policy"):
+            s.check(prefix, window, sinks)
 
 
 def _progress() -> Progress:

@@ -14,7 +14,7 @@ from typing import List, Optional
 import typer
 
 from .cli_options import (AlphaOpt, DeviceOpt, DtypeOpt, EntropyOfOpt, ModelOpt, PoolOpt, TauOpt, TopKOpt, WindowOpt,
-                          _progress, _signal_config, check_prefix, check_sinks, err, out)
+                          _progress, _signal_config, check_prefix, check_selections, check_sinks, err, out)
 from .errors import FIError
 
 DocsArg = typer.Argument(None, help="Text/JSONL files or bundled names (default: alice).")
@@ -115,6 +115,7 @@ def nearfar(
     from .analysis import run_nearfar
     from .analysis.nearfar import nearfar_chunks, nearfar_selections, parse_distances
     from .analysis.runs import check_run_dir
+    from .selections import parse_selections
 
     dist = parse_distances(distances)
     chunks = nearfar_chunks(prefix, dist, chunk_len)
@@ -122,6 +123,7 @@ def nearfar(
     config = _signal_config(window, top_k, alpha, tau, pool, entropy_of)
     check_prefix(prefix, config.window)
     check_sinks(sinks, prefix, config.window)
+    check_selections(parse_selections(nearfar_selections(budget, seeds)), prefix, config.window, sinks)
     if batch_size is not None and batch_size < 1:
         raise FIError(f"--batch-size must be >= 1, got {batch_size}")
     sink_options = (sinks, 0) if no_sink_runs and sinks > 0 else (sinks,)

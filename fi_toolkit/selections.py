@@ -62,12 +62,24 @@ class Selection:
             return f"policy:{self.policy}@{self.budget.label}"
         return f"{self.kind}:{self.budget.label}" + (f"@{self.seed}" if self.seed is not None else "")
 
-    def count(self, trace: Trace) -> int:
-        """Positions this selector removes from the prefix ``[0, p)``."""
-        if self.budget.exceeds(trace.prefix_len):
+    def check(self, prefix_len: int, window: int, sinks: int) -> int:
+        """Positions a score-based or random selector removes from ``[0, p)``; refuses a set that is
+        empty or larger than its candidates ``[sinks, p - w)``. Needs no model (the CLI calls it first)."""
+        p = prefix_len
+        if self.budget.exceeds(p):
             raise FIError(f"--select {self.spec}: a count of {self.budget.amount:,} is more than the "
-                          f"{trace.prefix_len:,} positions of the prefix")
-        return self.budget.removed(trace.prefix_len)
+                          f"{p:,} positions of the prefix")
+        n = self.budget.removed(p)
+        candidates = max(0, p - window - sinks)
+        if n == 0:
+            raise FIError(f"--select {self.spec} removes 0 of the {p:,} prefix positions; "
+                          "give a larger share or a count")
+        if n > candidates:
+            raise FIError(
+                f"--select {self.spec}: removing {n:,} tokens needs more than the {candidates:,} candidate "
+                f"positions [{sinks}, {p - window}) of the prefix (sinks and the window are never picked)"
+            )
+        return n
 
     def resolve(self, trace: Trace, sinks: int = 4, alpha: float | None = None) -> TokenSet | KeepMap:
         p, scored = trace.prefix_len, trace.scored
@@ -80,16 +92,8 @@ class Selection:
             if bad:
                 raise FIError(f"--select {self.spec}: position {bad[0]} is outside the prefix [0, {p})")
             return TokenSet(self.label, torch.tensor(self.positions, dtype=torch.long), meta)
-        n = self.count(trace)
-        candidates = max(0, scored - sinks)
-        if n == 0:
-            raise FIError(f"--select {self.spec} removes 0 of the {p:,} prefix positions; "
-                          "give a larger share or a count")
-        if n > candidates:
-            raise FIError(
-                f"--select {self.spec}: removing {n:,} tokens needs more than the {candidates:,} candidate "
-                f"positions [{sinks}, {scored}) of the prefix (sinks and the window are never picked)"
-            )
+        n = self.check(p, p - scored, sinks)
+        candidates = scored - sinks
         if self.kind == "random":
             gen = torch.Generator().manual_seed(self.seed or 0)
             picked = sinks + torch.randperm(candidates, generator=gen)[:n]
