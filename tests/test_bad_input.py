@@ -18,21 +18,11 @@ import pandas as pd
 import pytest
 import torch
 
-from fi_toolkit import Document, SignalConfig, cli, results
+from fi_toolkit import Document, SignalConfig, results
 from fi_toolkit.analysis import run_nearfar
+from cli_runner import run_cli
 
 NO_SUCH_HUB_ID = "no-such-owner/no-such-model"
-
-
-def run_cli(args, capsys):
-    sys_argv, sys.argv = sys.argv, ["fi", *args]
-    try:
-        with pytest.raises(SystemExit) as exc:
-            cli.main()
-    finally:
-        sys.argv = sys_argv
-    captured = capsys.readouterr()
-    return exc.value.code, captured.out, captured.err
 
 
 def snapshot(root):

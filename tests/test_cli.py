@@ -10,21 +10,11 @@ import sys
 import pandas as pd
 import pytest
 
-from fi_toolkit import SignalConfig, cli
+from fi_toolkit import SignalConfig
 from fi_toolkit.errors import FIError
 from fi_toolkit.generate import signal_config_for
 from fi_toolkit.models import tiny_model
-
-
-def run_cli(args, capsys):
-    sys_argv, sys.argv = sys.argv, ["fi", *args]
-    try:
-        with pytest.raises(SystemExit) as exc:
-            cli.main()
-    finally:
-        sys.argv = sys_argv
-    captured = capsys.readouterr()
-    return exc.value.code, captured.out, captured.err
+from cli_runner import run_cli
 
 
 @pytest.fixture(scope="module")

@@ -6,19 +6,19 @@ import html
 import json
 import math
 import shutil
-import sys
 from html.parser import HTMLParser
 
 import pandas as pd
 import pytest
 import torch
 
-from fi_toolkit import Document, LoadedModel, SignalConfig, cli
+from fi_toolkit import Document, LoadedModel, SignalConfig
 from fi_toolkit.analysis import read_table, run_correlate, run_nearfar
 from fi_toolkit.errors import FIError
 from fi_toolkit.probe import Chunk
 from fi_toolkit.report import build_report
 from fi_toolkit.report.export import TABLES
+from cli_runner import run_cli
 
 CFG = SignalConfig(window=8)
 P = 96
@@ -110,13 +110,8 @@ def test_html_parses_and_escapes_document_text(runs):
 
 
 def _fi(args, capsys):
-    sys_argv, sys.argv = sys.argv, ["fi", *args]
-    try:
-        with pytest.raises(SystemExit) as exc:
-            cli.main()
-    finally:
-        sys.argv = sys_argv
-    return exc.value.code, capsys.readouterr().err
+    code, _out, err = run_cli(args, capsys)
+    return code, err
 
 
 def test_report_cli_errors_are_one_line(tmp_path, capsys):
