@@ -8,7 +8,9 @@ and later loads read that copy in well under a second.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import logging
 import os
 import shutil
@@ -88,8 +90,11 @@ def _converted_embedded_copy() -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     logging.getLogger("transformers").setLevel(logging.ERROR)
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # transformers' GGUF reader draws a plain tqdm bar on stderr, which no setting turns off; a bar
+    # would break the CLI's one-line messages on a machine's first run, so it goes to a sink.
+    with contextlib.redirect_stderr(io.StringIO()):
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # The weights are dequantised to float32 already; drop the GGUF marker so the copy can be saved.
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
@@ -136,6 +141,10 @@ def load_model(
     directory, a cached snapshot) but does not load is reported with the first line of the real
     error (an unsupported architecture, a missing weights file...).
     """
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # before the first conversion too: its bars would break one-line errors
+    logging.getLogger("transformers").setLevel(logging.ERROR)
     torch_device, torch_dtype = resolve_device(device), resolve_dtype(dtype)
     embedded = name.lower() in EMBEDDED_ALIASES
     source = str(_converted_embedded_copy()) if embedded else name
@@ -146,10 +155,7 @@ def load_model(
             "local Hugging Face cache"
         )
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()
-    logging.getLogger("transformers").setLevel(logging.ERROR)
     offline = not local  # hub ids come from the local HF cache only: no network calls
     try:
         AutoConfig.from_pretrained(source, local_files_only=offline)  # first: names an unknown architecture

@@ -10,7 +10,7 @@ from fi_toolkit.models import embedded_gguf, load_model, resolve_device, resolve
 
 
 @pytest.mark.smollm
-def test_first_load_converts_and_later_loads_hit_the_cached_copy(tmp_path, monkeypatch, smollm):
+def test_first_load_converts_and_later_loads_hit_the_cached_copy(tmp_path, monkeypatch, smollm, capfd):
     import transformers
 
     monkeypatch.setenv("FI_TOOLKIT_CACHE", str(tmp_path))
@@ -23,8 +23,10 @@ def test_first_load_converts_and_later_loads_hit_the_cached_copy(tmp_path, monke
         return real(cls, *args, **kwargs)
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", classmethod(spy))
+    capfd.readouterr()
     first = load_model()
     assert len(gguf_reads) == 1  # converted once
+    assert capfd.readouterr().err == ""  # silently: no progress bar may break the CLI's one-line messages
     copies = list((tmp_path / "models").glob(f"{embedded_gguf().stem}-*"))
     assert len(copies) == 1 and (copies[0] / "model.safetensors").exists()
     assert not list((tmp_path / "models").glob(".staging-*"))  # the atomic rename left no debris
