@@ -204,9 +204,13 @@ def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
 def test_sigint_to_a_running_command(tmp_path):
     """A real SIGINT while a command works (here: while it reads its documents) prints the one line."""
     script = textwrap.dedent("""
-        import sys, time
+        import signal, sys, time
         import fi_toolkit.documents as documents
         from fi_toolkit import cli
+
+        # A job started in the background (CI runners, `cmd &`) inherits SIGINT as ignored, and Python
+        # then installs no KeyboardInterrupt handler; a user's terminal has it. Restore it.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
         def slow(spec):
             print("ready", flush=True)
