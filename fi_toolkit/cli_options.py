@@ -80,7 +80,7 @@ def check_selections(selections, prefix: int, window: int, sinks: int) -> None:
     if any(s.kind not in ("positions", "policy") for s in selections):
         check_sinks(sinks, prefix, window)
     for s in selections:
-        if s.kind not in ("positions", "policy"):
+        if s.kind != "positions":
             s.check(prefix, window, sinks)
 
 

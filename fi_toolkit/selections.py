@@ -63,9 +63,12 @@ class Selection:
         return f"{self.kind}:{self.budget.label}" + (f"@{self.seed}" if self.seed is not None else "")
 
     def check(self, prefix_len: int, window: int, sinks: int) -> int:
-        """Positions a score-based or random selector removes from ``[0, p)``; refuses a set that is
-        empty or larger than its candidates ``[sinks, p - w)``. Needs no model (the CLI calls it first)."""
+        """Positions this selection removes from ``[0, p)`` (per layer and head, for a policy); refuses a
+        set that is empty or larger than its candidates ``[sinks, p - w)``, and a policy budget that
+        cannot be met. Needs no model, so the CLI calls it before loading one."""
         p = prefix_len
+        if self.kind == "policy":
+            return p - self._checked_policy_budget(p, window)
         if self.budget.exceeds(p):
             raise FIError(f"--select {self.spec}: a count of {self.budget.amount:,} is more than the "
                           f"{p:,} positions of the prefix")
@@ -106,15 +109,24 @@ class Selection:
             picked = sinks + order[:n]
         return TokenSet(self.label, picked, meta)
 
+    def _checked_policy_budget(self, prefix_len: int, window: int) -> int:
+        """Entries the policy keeps per layer and head (uneven budgets average to it); refuses a budget
+        that cannot be met or that keeps everything (nothing to measure)."""
+        from .policies import make_policy
+
+        kept = make_policy(self.policy, budget=self.budget, window=window).tokens(prefix_len)
+        if kept >= prefix_len:
+            raise FIError(f"--select {self.spec} keeps all {prefix_len:,} prefix positions: nothing to measure")
+        return kept
+
     def _policy_keep_map(self, trace: Trace, alpha: float | None) -> KeepMap:
         from .policies import make_policy
 
         c = trace.config
         policy = make_policy(self.policy, budget=self.budget, window=c.window,
                              alpha=c.alpha if alpha is None else alpha, tau=c.tau, top_k=c.top_k)
+        self._checked_policy_budget(trace.prefix_len, c.window)
         keep_map = policy.keep_map(trace)
-        if min(keep_map.counts()) >= trace.prefix_len:
-            raise FIError(f"--select {self.spec} keeps all {trace.prefix_len:,} prefix positions: nothing to measure")
         keep_map.label = self.label
         keep_map.meta.update(selection=self.label, seed=None)
         return keep_map
