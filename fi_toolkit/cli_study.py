@@ -8,6 +8,7 @@ run and refuses different settings.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import List, Optional
 
@@ -52,7 +53,7 @@ def correlate(
     documents: List[str] = DocsArg,
     chunk: List[str] = typer.Option(..., "--chunk", "-c", help="Future chunk START:END (repeatable)."),
     prefix: Optional[int] = typer.Option(None, help="Compression point p (default: smallest chunk start)."),
-    candidates: str = typer.Option("sample:256", help="'all', 'sample:N' (N uniform positions) or 'stratified:N' (by entropy, reweighted)."),
+    candidates: str = typer.Option("sample:256", help="'all', 'sample:N' (N uniform positions; all of them when N is at least their number) or 'stratified:N' (by entropy, reweighted)."),
     sinks: int = typer.Option(4, help="First N positions are never candidates."),
     seed: int = typer.Option(0, help="Seed of the candidate sample and the bootstrap."),
     resamples: int = typer.Option(1000, help="Bootstrap resamples per coefficient (0: no intervals)."),
@@ -123,7 +124,8 @@ def nearfar(
     config = _signal_config(window, top_k, alpha, tau, pool, entropy_of)
     check_prefix(prefix, config.window)
     check_sinks(sinks, prefix, config.window)
-    check_selections(parse_selections(nearfar_selections(budget, seeds)), prefix, config.window, sinks)
+    sets = [replace(s, source=f"--budget {budget}") for s in parse_selections(nearfar_selections(budget, seeds))]
+    check_selections(sets, prefix, config.window, sinks)
     if batch_size is not None and batch_size < 1:
         raise FIError(f"--batch-size must be >= 1, got {batch_size}")
     sink_options = (sinks, 0) if no_sink_runs and sinks > 0 else (sinks,)

@@ -53,6 +53,11 @@ class Selection:
     seed: int | None = None
     positions: tuple[int, ...] = ()
     policy: str | None = None  # kind "policy": the policy's name
+    source: str | None = None  # the option that made it, for messages (default: --select SPEC)
+
+    @property
+    def option(self) -> str:
+        return self.source or f"--select {self.spec}"
 
     @property
     def label(self) -> str:
@@ -70,16 +75,16 @@ class Selection:
         if self.kind == "policy":
             return p - self._checked_policy_budget(p, window)
         if self.budget.exceeds(p):
-            raise FIError(f"--select {self.spec}: a count of {self.budget.amount:,} is more than the "
+            raise FIError(f"{self.option}: a count of {self.budget.amount:,} is more than the "
                           f"{p:,} positions of the prefix")
         n = self.budget.removed(p)
         candidates = max(0, p - window - sinks)
         if n == 0:
-            raise FIError(f"--select {self.spec} removes 0 of the {p:,} prefix positions; "
+            raise FIError(f"{self.option} removes 0 of the {p:,} prefix positions; "
                           "give a larger share or a count")
         if n > candidates:
             raise FIError(
-                f"--select {self.spec}: removing {n:,} tokens needs more than the {candidates:,} candidate "
+                f"{self.option}: removing {n:,} tokens needs more than the {candidates:,} candidate "
                 f"positions [{sinks}, {p - window}) of the prefix (sinks and the window are never picked)"
             )
         return n
@@ -93,7 +98,7 @@ class Selection:
         if self.kind == "positions":
             bad = [i for i in self.positions if i >= p]
             if bad:
-                raise FIError(f"--select {self.spec}: position {bad[0]} is outside the prefix [0, {p})")
+                raise FIError(f"{self.option}: position {bad[0]} is outside the prefix [0, {p})")
             return TokenSet(self.label, torch.tensor(self.positions, dtype=torch.long), meta)
         n = self.check(p, p - scored, sinks)
         candidates = scored - sinks
@@ -103,7 +108,7 @@ class Selection:
         else:
             scores = token_scores(trace, self.kind, alpha)[sinks:scored]
             if not torch.isfinite(scores).all():
-                raise FIError(f"--select {self.spec}: the {self.kind} scores hold non-finite values "
+                raise FIError(f"{self.option}: the {self.kind} scores hold non-finite values "
                               "(NaN or inf); refusing to rank them")
             order = torch.sort(scores, descending=True, stable=True).indices  # ties: earlier position first
             picked = sinks + order[:n]
@@ -116,7 +121,7 @@ class Selection:
 
         kept = make_policy(self.policy, budget=self.budget, window=window).tokens(prefix_len)
         if kept >= prefix_len:
-            raise FIError(f"--select {self.spec} keeps all {prefix_len:,} prefix positions: nothing to measure")
+            raise FIError(f"{self.option} keeps all {prefix_len:,} prefix positions: nothing to measure")
         return kept
 
     def _policy_keep_map(self, trace: Trace, alpha: float | None) -> KeepMap:
