@@ -80,11 +80,22 @@ def embedded_gguf() -> Path:
     return files[0]
 
 
+CONVERTER_VERSION = 2  # bump when _converted_embedded_copy writes something different
+
+
 def _converted_embedded_copy() -> Path:
-    """Directory holding a dequantised safetensors copy of the embedded GGUF, created on first use."""
+    """Directory holding a dequantised safetensors copy of the embedded GGUF, created on first use.
+
+    The copy is keyed by the GGUF's name and size, the transformers version and this converter's
+    version: a tokenizer saved by one transformers version can load as another class (with other
+    ids) under another, so copies are never shared across versions.
+    """
+    import transformers
+
     gguf = embedded_gguf()
     stat = gguf.stat()
-    target = cache_dir() / "models" / f"{gguf.stem}-{stat.st_size}"
+    key = f"{gguf.stem}-{stat.st_size}-transformers{transformers.__version__}-c{CONVERTER_VERSION}"
+    target = cache_dir() / "models" / key
     if (target / "config.json").exists() and (target / "model.safetensors").exists():
         return target
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -34,6 +34,11 @@ def test_first_load_converts_and_later_loads_hit_the_cached_copy(tmp_path, monke
     second = load_model()
     assert len(gguf_reads) == 1  # the cache hit: no second GGUF read (no timing, which flakes on a busy machine)
     assert (copies[0] / "model.safetensors").stat().st_mtime_ns == stamp
+    # another transformers version never reuses the copy (its saved tokenizer may not load the same)
+    monkeypatch.setattr(transformers, "__version__", "0.0.0-other")
+    load_model()
+    assert len(gguf_reads) == 2
+    assert len(list((tmp_path / "models").glob(f"{embedded_gguf().stem}-*"))) == 2
     ids = torch.tensor([[1, 504, 3458, 282, 4649, 314]])
     with torch.no_grad():
         a, b, c = (m.model(ids).logits for m in (first, second, smollm))
