@@ -114,12 +114,13 @@ class Selection:
             picked = sinks + order[:n]
         return TokenSet(self.label, picked, meta)
 
-    def _checked_policy_budget(self, prefix_len: int, window: int) -> int:
+    def _checked_policy_budget(self, prefix_len: int, window: int, policy=None) -> int:
         """Entries the policy keeps per layer and head (uneven budgets average to it); refuses a budget
         that cannot be met or that keeps everything (nothing to measure)."""
         from .policies import make_policy
 
-        kept = make_policy(self.policy, budget=self.budget, window=window).tokens(prefix_len)
+        policy = policy or make_policy(self.policy, budget=self.budget, window=window)
+        kept = policy.tokens(prefix_len)
         if kept >= prefix_len:
             raise FIError(f"{self.option} keeps all {prefix_len:,} prefix positions: nothing to measure")
         return kept
@@ -130,7 +131,7 @@ class Selection:
         c = trace.config
         policy = make_policy(self.policy, budget=self.budget, window=c.window,
                              alpha=c.alpha if alpha is None else alpha, tau=c.tau, top_k=c.top_k)
-        self._checked_policy_budget(trace.prefix_len, c.window)
+        self._checked_policy_budget(trace.prefix_len, c.window, policy)
         keep_map = policy.keep_map(trace)
         keep_map.label = self.label
         keep_map.meta.update(selection=self.label, seed=None)

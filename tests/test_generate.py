@@ -156,14 +156,20 @@ def test_uneven_layers_decode_and_keep_the_total(tiny, tiny_ids):
         assert (pos[:, -W:] == torch.arange(P + 25 - W, P + 25)).all()
 
 
+def _eager_twin(model):
+    """The same tiny weights with eager attention, whose output_attentions the oracles read."""
+    eager = tiny_model(seed=0, attn_implementation="eager").model
+    eager.load_state_dict(model.state_dict())
+    return eager
+
+
 def _pooled_window_attention(model, ids: torch.Tensor, window: int, kernel: int = 7) -> list[torch.Tensor]:
     """From the eager model's output_attentions over ``ids`` (no cache, no compression): the mean over
     the last ``window`` query rows, zero-padded uniform pooling over ``[0, n - window)``, GQA-group mean."""
     import numpy as np
     from scipy.ndimage import convolve1d
 
-    eager = tiny_model(seed=0, attn_implementation="eager").model
-    eager.load_state_dict(model.state_dict())
+    eager = _eager_twin(model)
     n = ids.numel()
     with torch.no_grad():
         att = eager(ids[None], output_attentions=True).attentions
@@ -228,8 +234,7 @@ def test_h2o_decoding_accumulator_equals_summed_eager_attention(tiny, tiny_ids):
         decoder.step(int(t))
     accumulated = decoder.tracker.accumulated
     decoder.close()
-    eager = tiny_model(seed=0, attn_implementation="eager").model
-    eager.load_state_dict(tiny.model.state_dict())
+    eager = _eager_twin(tiny.model)
     n = P + steps
     with torch.no_grad():
         att = eager(tiny_ids[:n][None], output_attentions=True).attentions
