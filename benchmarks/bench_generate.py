@@ -24,6 +24,8 @@ import time
 
 import torch
 
+from fi_toolkit.compat import cache_kwargs
+
 
 def _sync(device):
     if device.type == "cuda":
@@ -51,7 +53,7 @@ def plain_prefill(model, ids, chunk=2048):
     for a in range(0, ids.numel(), chunk):
         part = ids[a : a + chunk].to(device)[None]
         pos = torch.arange(a, a + part.shape[1], device=device)[None]
-        hidden = model.base_model(input_ids=part, position_ids=pos, cache=cache, use_cache=True).last_hidden_state
+        hidden = model.base_model(input_ids=part, position_ids=pos, use_cache=True, **cache_kwargs(model.base_model, cache)).last_hidden_state
     return decoder_parts(model)[2](hidden[:, -1]).float()
 
 

@@ -20,6 +20,7 @@ import time
 
 import torch
 
+from fi_toolkit.compat import cache_kwargs
 from fi_toolkit.documents import load_document
 from fi_toolkit.eviction import TokenSet
 from fi_toolkit.models import load_model
@@ -69,7 +70,7 @@ def main() -> None:
 
         cache = DynamicCache(ddp_cache_data=[(k.clone(), v.clone()) for k, v in zip(trace.keys, trace.values)], config=model.config)
         with torch.no_grad():
-            return model(input_ids=cont[None], position_ids=torch.arange(p, end)[None], cache=cache).logits
+            return model(input_ids=cont[None], position_ids=torch.arange(p, end)[None], **cache_kwargs(model, cache)).logits
 
     def naive(ref_logp, removed):
         from transformers import DynamicCache
@@ -82,7 +83,7 @@ def main() -> None:
             layer.keys, layer.values = layer.keys[:, :, keep], layer.values[:, :, keep]
         mask = _continuation_mask(torch.ones(1, int(keep.sum()), dtype=torch.bool), 0, end - p, torch.float32)
         with torch.no_grad():
-            logits = model(input_ids=cont[None], position_ids=torch.arange(p, end)[None], attention_mask=mask, cache=cache).logits[0]
+            logits = model(input_ids=cont[None], position_ids=torch.arange(p, end)[None], attention_mask=mask, **cache_kwargs(model, cache)).logits[0]
         logp = torch.log_softmax(logits.float(), -1)
         return (ref_logp.exp() * (ref_logp - logp)).sum(-1).mean()
 

@@ -31,6 +31,7 @@ from typing import Callable
 import torch
 from transformers import DynamicCache
 
+from .compat import cache_kwargs
 from .errors import FIError
 from .eviction import KeepMap, gather_cache
 from .policies import Policy, Signals
@@ -158,7 +159,8 @@ class CompressedDecoder:
         if self.tracker:
             self.tracker.cache = self.cache
         hidden = self.model.base_model(
-            input_ids=ids[None].to(self.device), position_ids=positions, cache=self.cache, use_cache=True
+            input_ids=ids[None].to(self.device), position_ids=positions, use_cache=True,
+            **cache_kwargs(self.model.base_model, self.cache),
         ).last_hidden_state[0]
         logits = self.lm_head(hidden[-1:])[0].float()
         if self.tracker:

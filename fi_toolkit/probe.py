@@ -22,6 +22,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from .compat import cache_kwargs
 from .errors import FIError
 from .eviction import KeepMap, TokenSet, gather_cache, shared_cache
 from .ragged import ragged_attention
@@ -144,7 +145,8 @@ def _continuation_hidden(
         positions = torch.arange(start_pos + a, start_pos + b, device=device).unsqueeze(0).expand(ids.shape[0], -1)
         mask = _continuation_mask(visible, a, b - a, dtype)
         hidden = model.base_model(
-            input_ids=ids[:, a:b], position_ids=positions, attention_mask=mask, cache=cache, use_cache=True
+            input_ids=ids[:, a:b], position_ids=positions, attention_mask=mask, use_cache=True,
+            **cache_kwargs(model.base_model, cache),
         ).last_hidden_state
         if rows.numel():
             out.append(hidden[:, rows - a])
@@ -303,7 +305,7 @@ def forward_influence_by_deletion(
                 torch.ones(1, cache.get_seq_length(), dtype=torch.bool, device=device), 0, end - p,
                 next(model.parameters()).dtype,
             ),
-            cache=cache,
+            **cache_kwargs(model, cache),
         )
         return torch.log_softmax(out.logits[0].double(), dim=-1)
 

@@ -21,6 +21,7 @@ import torch
 from transformers import DynamicCache
 
 from . import signals
+from .compat import cache_kwargs
 from .errors import FIError
 
 
@@ -264,7 +265,8 @@ def trace_prefix(model: torch.nn.Module, ids: torch.Tensor, prefix_len: int, con
             b = min(p, a + config.prefill_chunk)
             positions = torch.arange(a, b, device=device).unsqueeze(0)
             hidden = model.base_model(
-                input_ids=ids[a:b].to(device).unsqueeze(0), position_ids=positions, cache=cache, use_cache=True
+                input_ids=ids[a:b].to(device).unsqueeze(0), position_ids=positions, use_cache=True,
+                **cache_kwargs(model.base_model, cache),
             ).last_hidden_state[0]
             tracker.record(a, hidden, None)
     finally:
