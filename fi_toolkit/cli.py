@@ -18,7 +18,7 @@ import typer
 from rich.table import Table
 
 from .cli_options import (AlphaOpt, DeviceOpt, DtypeOpt, EntropyOfOpt, ModelOpt, OverwriteOpt, PoolOpt, TauOpt,
-                          TopKOpt, WindowOpt, _progress, _signal_config, check_prefix, check_selections, err, out)
+                          TopKOpt, UpcastOpt, WindowOpt, _progress, _signal_config, check_prefix, check_selections, err, out)
 from .errors import FIError
 
 app = typer.Typer(
@@ -47,7 +47,7 @@ def probe(
     select: List[str] = typer.Option(None, "--select", "-s", help="entropy:B, attention:B, distance:B, infokv:B, random:B@SEED, positions:A-B,C remove a token set; policy:NAME@B evicts what a compression policy would. B is a budget: remove=X or keep=X (a bare X is keep=X), X a share of the prefix [0, p) (0.1) or a token count (100). Repeatable."),
     prefix: Optional[int] = typer.Option(None, help="Compression point p (default: smallest chunk start)."),
     sinks: int = typer.Option(4, help="First N positions are never picked by score-based or random selectors."),
-    model: str = ModelOpt, device: str = DeviceOpt, dtype: str = DtypeOpt,
+    model: str = ModelOpt, device: str = DeviceOpt, dtype: str = DtypeOpt, upcast: bool = UpcastOpt,
     window: int = WindowOpt, top_k: int = TopKOpt, alpha: float = AlphaOpt, tau: float = TauOpt, pool: int = PoolOpt,
     entropy_of: str = EntropyOfOpt,
     batch_size: Optional[int] = typer.Option(None, help="Evictions per batched forward (default: 1 on CPU, 8 on CUDA)."),
@@ -60,7 +60,7 @@ def probe(
     created only when the results are written, so a failed or interrupted run leaves none behind."""
     from . import results
     from .documents import read_texts, tokenize_texts
-    from .experiment import probe_document, trace_document
+    from .experiment import noise_floor, noise_warning, probe_document, trace_document
     from .models import load_model
     from .probe import check_chunks, parse_chunk
     from .selections import parse_selections
@@ -78,7 +78,7 @@ def probe(
     if out_dir is not None:
         results.check_results_dir(out_dir, overwrite)
     started, t0 = results.now(), time.perf_counter()
-    lm = load_model(model, device, dtype)
+    lm = load_model(model, device, dtype, upcast=upcast)
     docs = tokenize_texts(texts, lm.tokenizer, max_tokens=max(c.end for c in chunks))
     for doc in docs:
         check_chunks(chunks, p, len(doc), getattr(lm.config, "max_position_embeddings", None))
@@ -87,7 +87,7 @@ def probe(
         for doc in docs:
             task = bar.add_task(f"trace {doc.name}", total=None)
             trace = trace_document(lm, doc, p, config)
-            bar.update(task, description=f"probe {doc.name}", total=len(selections), completed=0)
+            bar.update(task, description=f"probe {doc.name}", total=len(selections) + 2, completed=0)  # + the noise controls
             tables.append(probe_document(
                 lm, doc, chunks, selections, prefix=p, sinks=sinks, config=config, batch_size=batch_size,
                 trace=trace, on_progress=lambda n, task=task: bar.advance(task, n),
@@ -98,8 +98,7 @@ def probe(
     manifest = {
         "command": "probe", "argv": sys.argv, "started": started, "finished": results.now(),
         "seconds": round(time.perf_counter() - t0, 2),
-        "model": {"name": model, "device": device, "dtype": dtype, "layers": lm.config.num_hidden_layers,
-                  "kv_heads": lm.config.num_key_value_heads, "vocab": lm.config.vocab_size},
+        "model": {**lm.describe(), "name": model}, "noise_floor": noise_floor(table),
         "documents": [{"name": d.name, "source": d.source, "sha256": d.sha256, "tokens_used": len(d)} for d in docs],
         "prefix": p, "chunks": [c.label for c in chunks], "selections": [s.label for s in selections],
         "sinks": sinks, "batch_size": batch_size, "signals": dict(config.__dict__), "versions": results.versions(),
@@ -113,6 +112,9 @@ def probe(
     results.write_table(out_path / "fi.csv", table)
     results.write_json(out_path / "manifest.json", manifest)
     _print_fi_table(table, f"Forward Influence (nats), {model}, p={p}, {len(docs)} document(s)")
+    warning = noise_warning(table)
+    if warning:
+        err.print(warning, markup=False, highlight=False)
     err.print(f"results: {out_path}/fi.csv, {out_path}/manifest.json", markup=False, highlight=False)
 
 
@@ -134,7 +136,7 @@ def _print_fi_table(table, title: str) -> None:
 def scores(
     document: str = typer.Argument(None, help="Text/JSONL file or bundled name (default: alice)."),
     prefix: int = typer.Option(2048, help="Trace the first PREFIX tokens."),
-    model: str = ModelOpt, device: str = DeviceOpt, dtype: str = DtypeOpt,
+    model: str = ModelOpt, device: str = DeviceOpt, dtype: str = DtypeOpt, upcast: bool = UpcastOpt,
     window: int = WindowOpt, top_k: int = TopKOpt, alpha: float = AlphaOpt, tau: float = TauOpt, pool: int = PoolOpt,
     entropy_of: str = EntropyOfOpt,
     out_file: Path = typer.Option(Path("scores.csv"), "--out", "-o", help="Output .csv or .parquet."),
@@ -154,7 +156,7 @@ def scores(
     if out_file.exists() and not overwrite:
         raise FIError(f"--out '{out_file}' exists; choose another file or pass --overwrite")
     texts = read_texts(document)[:1]
-    lm = load_model(model, device, dtype)
+    lm = load_model(model, device, dtype, upcast=upcast)
     doc = tokenize_texts(texts, lm.tokenizer, max_tokens=prefix)[0]
     with _progress() as bar:
         bar.add_task(f"trace {doc.name}", total=None)

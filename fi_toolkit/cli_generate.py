@@ -12,8 +12,8 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from .cli_options import (AlphaOpt, DeviceOpt, DtypeOpt, EntropyOfOpt, ModelOpt, PoolOpt, TauOpt, TopKOpt, WindowOpt,
-                          check_entropy_of, check_finite, err)
+from .cli_options import (AlphaOpt, DeviceOpt, DtypeOpt, EntropyOfOpt, GenerateUpcastOpt, ModelOpt, PoolOpt, TauOpt,
+                          TopKOpt, WindowOpt, check_entropy_of, check_finite, err)
 from .errors import FIError
 
 
@@ -63,7 +63,7 @@ def generate(
     chat: bool = typer.Option(True, "--chat/--raw", help="Wrap the prompt in the model's chat template (when it has one)."),
     window: int = WindowOpt, alpha: float = AlphaOpt, tau: float = TauOpt, top_k: int = TopKOpt, pool: int = PoolOpt,
     entropy_of: str = EntropyOfOpt,
-    model: str = ModelOpt, device: str = DeviceOpt, dtype: str = DtypeOpt,
+    model: str = ModelOpt, device: str = DeviceOpt, dtype: str = DtypeOpt, upcast: bool = GenerateUpcastOpt,
     stream: bool = typer.Option(True, "--stream/--no-stream", help="Stream text as it is generated."),
 ):
     """Generate text with the KV cache compressed by a policy (prefill and every --interval tokens)."""
@@ -94,7 +94,7 @@ def generate(
     if policy.strip().lower() not in ("none", "full"):
         chosen = make_policy(policy, budget=budget, window=window, alpha=alpha, tau=tau, top_k=top_k)
     config = signal_config_for(chosen, pool_kernel=pool, entropy_of=entropy_of)
-    lm = load_model(model, device, dtype)
+    lm = load_model(model, device, dtype, upcast=upcast)
 
     def emit(text: str) -> None:
         sys.stdout.write(text)

@@ -18,7 +18,15 @@ err = Console(stderr=True, emoji=False)
 
 ModelOpt = typer.Option("smollm2-135m", "--model", "-m", help="smollm2-135m (embedded), a local directory or a HF id.")
 DeviceOpt = typer.Option("cpu", help="cpu, cuda, cuda:N or auto.")
-DtypeOpt = typer.Option("float32", help="float32, bfloat16 or float16 (signals and KL stay float32).")
+DtypeOpt = typer.Option("float32", help="float32, bfloat16 or float16: how the weights are stored (signals and KL stay float32).")
+UpcastOpt = typer.Option(
+    True, "--upcast/--no-upcast",
+    help="With --dtype bfloat16/float16, compute in float32 (the default: per-token FI then ranks like float32). "
+         "--no-upcast computes in the weights' dtype: faster, but its rounding (the control:reorder row) swamps per-token FI.",
+)
+GenerateUpcastOpt = typer.Option(
+    False, "--upcast/--no-upcast", help="With --dtype bfloat16/float16, compute in float32 (default: in the weights' dtype).",
+)
 WindowOpt = typer.Option(32, help="Observation window w (last w prefix positions).")
 TopKOpt = typer.Option(256, "--top-k", help="Entropy over the k largest logits (k >= vocab: full entropy).")
 AlphaOpt = typer.Option(0.9, help="InfoKV mix: alpha*attention + (1-alpha)*softmax(E).")

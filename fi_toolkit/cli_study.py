@@ -14,8 +14,8 @@ from typing import List, Optional
 
 import typer
 
-from .cli_options import (AlphaOpt, DeviceOpt, DtypeOpt, EntropyOfOpt, ModelOpt, PoolOpt, TauOpt, TopKOpt, WindowOpt,
-                          _progress, _signal_config, check_prefix, check_selections, check_sinks, err, out)
+from .cli_options import (AlphaOpt, DeviceOpt, DtypeOpt, EntropyOfOpt, ModelOpt, PoolOpt, TauOpt, TopKOpt, UpcastOpt,
+                          WindowOpt, _progress, _signal_config, check_prefix, check_selections, check_sinks, err, out)
 from .errors import FIError
 
 DocsArg = typer.Argument(None, help="Text/JSONL files or bundled names (default: alice).")
@@ -31,12 +31,12 @@ def _read_documents(specs):
     return [t for spec in (specs or [None]) for t in read_texts(spec)]
 
 
-def _run_study(label: str, model: str, device: str, dtype: str, texts, max_tokens: int, study):
+def _run_study(label: str, model: str, device: str, dtype: str, upcast: bool, texts, max_tokens: int, study):
     """Load the model, tokenise ``texts``, then ``study(lm, docs, progress)`` under a progress bar per document."""
     from .documents import tokenize_texts
     from .models import load_model
 
-    lm = load_model(model, device, dtype)
+    lm = load_model(model, device, dtype, upcast=upcast)
     docs = tokenize_texts(texts, lm.tokenizer, max_tokens=max_tokens)
     with _progress() as bar:
         tasks: dict = {}
@@ -57,7 +57,7 @@ def correlate(
     sinks: int = typer.Option(4, help="First N positions are never candidates."),
     seed: int = typer.Option(0, help="Seed of the candidate sample and the bootstrap."),
     resamples: int = typer.Option(1000, help="Bootstrap resamples per coefficient (0: no intervals)."),
-    model: str = ModelOpt, device: str = DeviceOpt, dtype: str = DtypeOpt,
+    model: str = ModelOpt, device: str = DeviceOpt, dtype: str = DtypeOpt, upcast: bool = UpcastOpt,
     window: int = WindowOpt, top_k: int = TopKOpt, alpha: float = AlphaOpt, tau: float = TauOpt, pool: int = PoolOpt,
     entropy_of: str = EntropyOfOpt,
     batch_size: Optional[int] = BatchOpt,
@@ -80,7 +80,7 @@ def correlate(
         raise FIError("--resamples must be >= 0 and --batch-size >= 1")
     texts = _read_documents(documents)
     check_run_dir(out_dir, "correlate", resume, overwrite)
-    docs, tables = _run_study("correlate", model, device, dtype, texts, max(c.end for c in chunks),
+    docs, tables = _run_study("correlate", model, device, dtype, upcast, texts, max(c.end for c in chunks),
                               lambda lm, docs, progress: run_correlate(
         lm, docs, out_dir, p, chunks, candidates, sinks, seed, resamples, config, batch_size,
         resume=resume, overwrite=overwrite, progress=progress))
@@ -89,7 +89,8 @@ def correlate(
     pivot = s.pivot_table(index="signal", columns="chunk", values="rho_mean", sort=False)
     out.print(f"Spearman rho of per-token FI with each signal (mean over {len(docs)} document(s)), p={p}")
     out.print(pivot.to_string(float_format=lambda v: f"{v:+.3f}"))
-    err.print(f"results: {out_dir}/ (correlations.csv, correlation_summary.csv, tokens.csv, manifest.json)",
+    _warn_noise(tables["tokens"], tables["controls"])
+    err.print(f"results: {out_dir}/ (correlations.csv, correlation_summary.csv, tokens.csv, controls.csv, manifest.json)",
               markup=False, highlight=False)
 
 
@@ -105,7 +106,7 @@ def nearfar(
     sinks: int = typer.Option(4, help="Sink protection: the first N positions are never selected."),
     no_sink_runs: bool = typer.Option(True, "--with-unprotected/--protected-only",
                                       help="Also measure every set without sink protection."),
-    model: str = ModelOpt, device: str = DeviceOpt, dtype: str = DtypeOpt,
+    model: str = ModelOpt, device: str = DeviceOpt, dtype: str = DtypeOpt, upcast: bool = UpcastOpt,
     window: int = WindowOpt, top_k: int = TopKOpt, alpha: float = AlphaOpt, tau: float = TauOpt, pool: int = PoolOpt,
     entropy_of: str = EntropyOfOpt,
     batch_size: Optional[int] = BatchOpt,
@@ -131,13 +132,22 @@ def nearfar(
     sink_options = (sinks, 0) if no_sink_runs and sinks > 0 else (sinks,)
     texts = _read_documents(documents)
     check_run_dir(out_dir, "nearfar", resume, overwrite)
-    docs, tables = _run_study("nearfar", model, device, dtype, texts, max(c.end for c in chunks),
+    docs, tables = _run_study("nearfar", model, device, dtype, upcast, texts, max(c.end for c in chunks),
                               lambda lm, docs, progress: run_nearfar(
         lm, docs, out_dir, prefix, dist, chunk_len, budget, seeds, sink_options, config, batch_size,
         resume=resume, overwrite=overwrite, progress=progress))
     _print_nearfar(tables, len(docs))
+    _warn_noise(tables["nearfar"], tables["nearfar"])
     err.print(f"results: {out_dir}/ (nearfar.csv, nearfar_summary.csv, nearfar_tests.csv, token_class_summary.csv)",
               markup=False, highlight=False)
+
+
+def _warn_noise(measured, controls) -> None:
+    from .experiment import noise_floor, noise_warning
+
+    warning = noise_warning(measured, noise_floor(controls))
+    if warning:
+        err.print(warning, markup=False, highlight=False)
 
 
 def _print_nearfar(tables, n_docs: int) -> None:

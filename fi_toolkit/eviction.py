@@ -75,7 +75,8 @@ class TokenSet(Eviction):
 
 @dataclass
 class KeepMap(Eviction):
-    """Per layer, the sorted prefix positions each KV head keeps: ``keep[l]`` is ``[Hkv, k_l]``.
+    """Per layer, the prefix positions each KV head keeps: ``keep[l]`` is ``[Hkv, k_l]``, sorted (a
+    gathered cache holds them in the order given; only the probe's ``control:reorder`` uses another).
 
     Within a layer every head keeps the same count (so the cache stays a dense tensor); layers may
     differ (adaptive budgets, PyramidKV).

@@ -15,7 +15,7 @@ import torch
 from .documents import Document
 from .errors import FIError
 from .models import LoadedModel
-from .probe import Chunk, ProbeResult, check_chunks, forward_influence
+from .probe import CONTROL, NOISE_MARGIN, Chunk, ProbeResult, check_chunks, forward_influence
 from .selections import Selection, parse_selections, token_scores
 from .trace import SignalConfig, Trace, trace_prefix
 
@@ -45,8 +45,11 @@ def set_signals(trace: Trace, removed: torch.Tensor | None) -> dict:
 
 def fi_table(doc: Document, trace: Trace, result: ProbeResult) -> pd.DataFrame:
     """Tidy FI table: one row per eviction x chunk, with the removed and kept counts of each eviction
-    (per layer and head; the mean over layers where budgets differ), so rows compare like with like."""
+    (per layer and head; the mean over layers where budgets differ), so rows compare like with like.
+    With the noise controls in ``result``, their rows come first and ``below_noise_floor`` flags the
+    rows whose FI is below ``NOISE_MARGIN`` x the chunk's noise floor."""
     fi = result.fi()
+    below = result.below_noise_floor()
     p = trace.prefix_len
     rows = []
     for i, e in enumerate(result.evictions):
@@ -70,9 +73,12 @@ def fi_table(doc: Document, trace: Trace, result: ProbeResult) -> pd.DataFrame:
                 "chunk_end": c.end,
                 "distance_from_p": c.start - trace.prefix_len,
                 "fi": float(fi[i, j]),
+                "below_noise_floor": None if below is None else bool(below[i, j]),
                 **signals,
             })
     table = pd.DataFrame(rows)
+    if below is None:
+        table = table.drop(columns="below_noise_floor")
     if "seed" in table:
         table["seed"] = table["seed"].astype("Int64")
     return table
@@ -105,6 +111,32 @@ def probe_document(
     trace = trace if trace is not None else trace_document(lm, doc, prefix, config)
     evictions = [s.resolve(trace, sinks=sinks, alpha=config.alpha) for s in parsed]
     result = forward_influence(
-        lm.model, trace, doc.ids, evictions, chunks, batch_size=batch_size, block=block, on_progress=on_progress
+        lm.model, trace, doc.ids, evictions, chunks, batch_size=batch_size, block=block, on_progress=on_progress,
+        controls=True,
     )
     return fi_table(doc, trace, result)
+
+
+def noise_floor(table: pd.DataFrame) -> dict:
+    """``{document: {chunk: floor}}`` from a table's control rows (docs/method.md, "Noise floor")."""
+    controls = table[table["selector"] == CONTROL]
+    floors = controls.assign(fi=controls["fi"].abs()).groupby(["document", "chunk"], sort=False)["fi"].max()
+    out: dict = {}
+    for (doc, chunk), value in floors.items():
+        out.setdefault(doc, {})[chunk] = float(value)
+    return out
+
+
+def noise_warning(table: pd.DataFrame, floors: dict | None = None) -> str | None:
+    """One line when any measured (non-control) row is below ``NOISE_MARGIN`` x its noise floor
+    (``floors``: :func:`noise_floor` of the table holding the controls, default ``table`` itself)."""
+    if "below_noise_floor" not in table:
+        return None
+    floors = noise_floor(table) if floors is None else floors
+    measured = table[table["selector"] != CONTROL] if "selector" in table else table
+    flagged = measured["below_noise_floor"].astype(bool)
+    if not flagged.any():
+        return None
+    top = max(v for chunks in floors.values() for v in chunks.values())
+    return (f"warning: {int(flagged.sum())} of {len(measured)} FI values are below {NOISE_MARGIN:g}x the noise floor "
+            f"(up to {top:.2g} nats); they measure rounding, not the eviction (column below_noise_floor)")

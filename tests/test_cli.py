@@ -73,9 +73,16 @@ def test_probe_writes_table_and_manifest_and_refuses_to_overwrite(tmp_path, caps
     code, stdout, _ = run_cli(args, capsys)
     assert code == 0
     table = pd.read_csv(out / "fi.csv")
-    assert len(table) == 4 * 2 and (table["fi"] > 0).all()
-    assert list(table["chunk"].unique()) == ["256:320", "448:512"]
+    assert len(table) == (2 + 4) * 2 and list(table["chunk"].unique()) == ["256:320", "448:512"]
+    controls, measured = table[table.selector == "control"], table[table.selector != "control"]
+    assert list(controls.selection.unique()) == ["control:null", "control:reorder"]  # reported first
+    assert (table[table.selection == "control:null"]["fi"] == 0).all()  # float32 on the CPU: exactly 0
+    assert (measured["fi"] > 0).all() and not measured["below_noise_floor"].any()
     manifest = json.loads((out / "manifest.json").read_text())
+    floor = manifest["noise_floor"]["hamlet"]
+    assert set(floor) == {"256:320", "448:512"} and all(0 <= v < 1e-8 for v in floor.values())
+    assert floor["256:320"] == pytest.approx(controls[controls.chunk == "256:320"]["fi"].abs().max(), abs=1e-15)
+    assert manifest["model"]["dtype"] == manifest["model"]["compute_dtype"] == "float32"
     assert manifest["prefix"] == 256 and manifest["sinks"] == 4
     assert manifest["documents"][0]["name"] == "hamlet" and len(manifest["documents"][0]["sha256"]) == 64
     assert manifest["signals"]["top_k"] == 256 and "torch" in manifest["versions"]
@@ -160,7 +167,7 @@ def test_studies_pass_entropy_of(command, monkeypatch, capsys):
 
     seen = []
 
-    def fake_run_study(label, model, device, dtype, texts, max_tokens, study):
+    def fake_run_study(label, model, device, dtype, upcast, texts, max_tokens, study):
         seen.append(study)
         raise FIError("stop here")
 

@@ -243,6 +243,7 @@ def test_probe_policy_selection_is_a_keep_map(tiny, tiny_ids):
     doc = Document("tiny", "", tiny_ids, "memory")
     specs = ["policy:infokv@keep=0.3", "policy:pyramidkv@remove=0.7", "policy:snapkv@60", "attention:remove=0.7"]
     table = probe_document(tiny, doc, [Chunk(P, 260)], specs, config=SignalConfig(window=W), trace=trace)
+    table = table[table.selector != "control"]
     assert list(table.selection) == ["policy:infokv@keep=0.3", "policy:pyramidkv@remove=0.7", "policy:snapkv@keep=60",
                                      "attention:remove=0.7"]
     # one denominator (the prefix): every row removes 140 and keeps 60 entries per layer and head

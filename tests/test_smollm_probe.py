@@ -69,8 +69,11 @@ def test_probe_document_table(smollm, alice, trace):
         ["entropy:remove=0.1", "attention:keep=0.9", "random:remove=0.1@0-1", "positions:0", "policy:snapkv@keep=0.9"],
         trace=trace,
     )
-    assert len(table) == 6 * len(CHUNKS)
-    assert (table["fi"] > 0).all()
+    assert len(table) == (2 + 6) * len(CHUNKS)
+    assert (table[table.selection == "control:null"]["fi"] == 0).all()
+    assert (table[table.selection == "control:reorder"]["fi"].abs() < 1e-8).all()
+    table = table[table.selector != "control"]
+    assert (table["fi"] > 0).all() and not table["below_noise_floor"].any()
     n = round(0.1 * P)  # one denominator: the whole prefix; keep=0.9 and remove=0.1 remove the same count
     assert set(table[table.selector != "positions"]["n_removed"]) == {n}
     assert set(table[table.selector != "positions"]["n_kept"]) == {P - n}

@@ -33,7 +33,8 @@ from scipy import stats
 
 from ..errors import FIError
 from ..eviction import TokenSet
-from ..probe import Chunk, forward_influence
+from ..experiment import fi_table
+from ..probe import Chunk, ProbeResult, forward_influence
 from ..trace import Trace
 
 METHODS = ("spearman", "pearson", "kendall")
@@ -91,12 +92,12 @@ def per_token_fi(
     batch_size: int | None = None,
     block: int = 512,
     on_progress: Callable[[int], None] | None = None,
-) -> np.ndarray:
-    """Leave-one-out FI ``[len(positions), len(chunks)]``: one batched probe, every chunk in the same pass."""
+) -> ProbeResult:
+    """Leave-one-out FI of every position in one batched probe, every chunk in the same pass, after the
+    noise controls (rows ``[0, 2)`` of the result; the candidates follow in order)."""
     evictions = [TokenSet(f"positions:{int(j)}", [int(j)], {"selector": "positions"}) for j in positions]
-    result = forward_influence(model, trace, ids, evictions, chunks, batch_size=batch_size, block=block,
-                               on_progress=on_progress)
-    return result.fi().double().numpy()
+    return forward_influence(model, trace, ids, evictions, chunks, batch_size=batch_size, block=block,
+                             on_progress=on_progress, controls=True)
 
 
 # -- coefficients and their bootstrap intervals ------------------------------------------------------------
@@ -233,7 +234,11 @@ def correlate_document(
 ) -> dict[str, pd.DataFrame]:
     """Per-token FI and its correlations for one document -> ``{"tokens": ..., "correlations": ...}``."""
     positions, weights = candidate_positions(trace, candidates, sinks, seed)
-    fi = per_token_fi(model, trace, doc.ids, positions, chunks, batch_size, block, on_progress)
+    result = per_token_fi(model, trace, doc.ids, positions, chunks, batch_size, block, on_progress)
+    controls = result.control_rows()
+    measured = [i for i in range(len(result.evictions)) if i not in controls]
+    fi, below = result.fi()[measured].double().numpy(), result.below_noise_floor()[measured].numpy()
+    control_table = fi_table(doc, trace, result.rows(controls))
     signals = signal_columns(trace, positions)
     corr = correlate_signals(fi, signals, chunks, trace.prefix_len, n_resamples, seed, weights=weights)
     corr.insert(0, "document", doc.name)
@@ -245,12 +250,13 @@ def correlate_document(
             "document": doc.name, "position": positions.numpy(),
             "token": [token_text(i) if token_text else str(i) for i in ids],
             "chunk": chunk.label, "chunk_start": chunk.start, "distance_from_p": chunk.start - trace.prefix_len,
-            "fi": fi[:, c_idx], "weight": weights,
+            "fi": fi[:, c_idx], "below_noise_floor": below[:, c_idx], "weight": weights,
         })
         for column in MEAN_SIGNALS.values():
             part[column] = signals[column].to_numpy()
         token_rows.append(part)
-    return {"tokens": pd.concat(token_rows, ignore_index=True), "correlations": corr}
+    return {"tokens": pd.concat(token_rows, ignore_index=True), "correlations": corr,
+            "controls": control_table[["document", "selection", "selector", "chunk", "chunk_start", "distance_from_p", "fi"]]}
 
 
 def summarize_correlations(corr: pd.DataFrame) -> pd.DataFrame:

@@ -23,13 +23,12 @@ from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
-import torch
 from scipy import stats
 
 from ..budget import Budget
 from ..errors import FIError
 from ..experiment import fi_table
-from ..probe import Chunk, ProbeResult, forward_influence
+from ..probe import Chunk, forward_influence
 from ..selections import MAX_SEEDS, SCORE_SELECTORS, parse_selections
 from ..trace import Trace
 from .token_classes import token_class_table
@@ -89,10 +88,14 @@ def nearfar_document(
             index[key] = len(distinct)
             distinct.append(e)
     result = forward_influence(model, trace, doc.ids, distinct, chunks, batch_size=batch_size, block=block,
-                               on_progress=on_progress)
-    rows = torch.tensor([index[tuple(e.removed.tolist())] for e in evictions])
-    table = fi_table(doc, trace, ProbeResult(evictions, list(chunks), result.positions, result.kl[rows]))
-    table.insert(2, "sinks", np.repeat([e.meta["sinks"] for e in evictions], len(chunks)))
+                               on_progress=on_progress, controls=True)
+    controls = result.control_rows()
+    rows = controls + [len(controls) + index[tuple(e.removed.tolist())] for e in evictions]
+    measured = result.rows(rows)
+    measured.evictions = measured.evictions[: len(controls)] + evictions  # each with its own label and sinks
+    table = fi_table(doc, trace, measured)
+    sinks = pd.array([e.meta.get("sinks") for e in measured.evictions], dtype="Int64")
+    table.insert(2, "sinks", np.repeat(sinks, len(chunks)))
     text = token_text or str
     classes = token_class_table([
         {"document": doc.name, "sinks": e.meta["sinks"], "selection": e.label, "selector": e.meta["selector"],

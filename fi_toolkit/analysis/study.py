@@ -17,8 +17,9 @@ import pandas as pd
 from .. import results
 from ..budget import Budget
 from ..errors import FIError
-from ..experiment import max_context, trace_document
-from ..probe import Chunk, check_chunks
+from ..experiment import max_context, noise_floor, trace_document
+from ..models import dtype_name
+from ..probe import CONTROL, Chunk, check_chunks
 from ..trace import SignalConfig
 from .correlation import correlate_document, parse_candidates, summarize_correlations
 from .nearfar import (add_relative_columns, nearfar_chunks, nearfar_document, paired_tests, summarize_nearfar,
@@ -40,24 +41,23 @@ def _describe(lm, docs, prefix: int, chunks: Sequence[Chunk], config: SignalConf
     if prefix <= config.window:
         raise FIError(f"prefix of {prefix} tokens leaves nothing to score with a window of {config.window}")
     return {
-        "model": lm.name, "dtype": str(lm.dtype).replace("torch.", ""),
+        "model": lm.name, "dtype": dtype_name(lm.dtype), "compute_dtype": dtype_name(lm.compute_dtype),
         "documents": [{"name": d.name, "sha256": d.sha256, "tokens": len(d)} for d in docs],
         "prefix": prefix, "chunks": [c.label for c in chunks], "signals": asdict(config),
     }
 
 
 def _manifest(lm, run: ResumableRun, started: str, seconds: float, computed: list[str], extra: dict) -> dict:
-    cfg = lm.config
     return {
         "command": run.command, "started": started, "finished": results.now(), "seconds": round(seconds, 2),
-        "settings": run.settings, "computed_this_session": computed,
-        "model": {"name": lm.name, "device": str(lm.device), "dtype": str(lm.dtype).replace("torch.", ""),
-                  "layers": cfg.num_hidden_layers, "kv_heads": cfg.num_key_value_heads, "vocab": cfg.vocab_size},
+        "settings": run.settings, "computed_this_session": computed, "model": lm.describe(),
         "versions": results.versions(), **extra,
     }
 
 
-def _execute(lm, run: ResumableRun, docs, compute, summaries: Callable[[dict], dict], extra: dict) -> dict:
+def _execute(lm, run: ResumableRun, docs, compute, summaries: Callable[[dict], dict], controls: str) -> dict:
+    """Run every document, write the summaries, then the manifest with each document's noise floor
+    (from the table named ``controls``, which holds the control rows)."""
     started, t0 = results.now(), time.perf_counter()
     computed: list[str] = []
 
@@ -69,6 +69,7 @@ def _execute(lm, run: ResumableRun, docs, compute, summaries: Callable[[dict], d
     for name, table in summaries(tables).items():
         results.write_table(run.path / f"{name}.csv", table)
         tables[name] = table
+    extra = {"noise_floor": noise_floor(tables[controls])}
     results.write_json(run.path / "manifest.json", _manifest(lm, run, started, time.perf_counter() - t0, computed, extra))
     return tables
 
@@ -92,7 +93,7 @@ def run_correlate(
 
     def compute(doc):
         trace = trace_document(lm, doc, prefix, config)
-        total = min(trace.scored - sinks, parse_candidates(candidates)[1] or trace.scored)
+        total = min(trace.scored - sinks, parse_candidates(candidates)[1] or trace.scored) + 2  # + the noise controls
         done = [0]
 
         def tick(n):
@@ -104,7 +105,7 @@ def run_correlate(
                                   block, _token_text(lm), tick)
 
     return _execute(lm, run, docs, compute,
-                    lambda t: {"correlation_summary": summarize_correlations(t["correlations"])}, {})
+                    lambda t: {"correlation_summary": summarize_correlations(t["correlations"])}, "controls")
 
 
 def run_nearfar(
@@ -134,7 +135,8 @@ def run_nearfar(
 
     def summaries(tables):
         nf = add_relative_columns(tables["nearfar"])
-        return {"nearfar": nf, "nearfar_summary": summarize_nearfar(nf), "nearfar_tests": paired_tests(nf),
+        measured = nf[nf["selector"] != CONTROL]
+        return {"nearfar": nf, "nearfar_summary": summarize_nearfar(measured), "nearfar_tests": paired_tests(measured),
                 "token_class_summary": token_class_summary(tables["token_classes"])}
 
-    return _execute(lm, run, docs, compute, summaries, {})
+    return _execute(lm, run, docs, compute, summaries, "nearfar")
