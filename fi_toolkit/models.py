@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from .architectures import check_model
 from .errors import FIError
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -179,6 +180,7 @@ def load_model(
     except (OSError, ValueError, KeyError, ImportError, RuntimeError, TypeError) as exc:
         where = f"from '{name}'" if local else f"'{name}' (found in the local Hugging Face cache)"
         raise FIError(f"cannot load model {where}: {_first_line(exc)}") from None
+    check_model(model)
     model.to(torch_device).eval()
     return LoadedModel(model, tokenizer, name, torch_device, torch_dtype)
 
