@@ -60,7 +60,7 @@ def probe(
     created only when the results are written, so a failed or interrupted run leaves none behind."""
     from . import results
     from .documents import read_texts, tokenize_texts
-    from .experiment import noise_floor, noise_warning, probe_document, trace_document
+    from .experiment import max_context, noise_floor, noise_warning, probe_document, trace_document
     from .models import load_model
     from .probe import check_chunks, parse_chunk
     from .selections import parse_selections
@@ -81,7 +81,7 @@ def probe(
     lm = load_model(model, device, dtype, upcast=upcast)
     docs = tokenize_texts(texts, lm.tokenizer, max_tokens=max(c.end for c in chunks))
     for doc in docs:
-        check_chunks(chunks, p, len(doc), getattr(lm.config, "max_position_embeddings", None))
+        check_chunks(chunks, p, len(doc), max_context(lm))
     tables = []
     with _progress() as bar:
         for doc in docs:

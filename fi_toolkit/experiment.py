@@ -12,6 +12,7 @@ from typing import Callable, Sequence
 import pandas as pd
 import torch
 
+from .architectures import context_limit
 from .documents import Document
 from .errors import FIError
 from .models import LoadedModel
@@ -21,7 +22,7 @@ from .trace import SignalConfig, Trace, trace_prefix
 
 
 def max_context(lm: LoadedModel) -> int | None:
-    return getattr(lm.config, "max_position_embeddings", None)
+    return context_limit(lm.config)  # the declared context, or a sliding window / longrope bound narrowing it
 
 
 def trace_document(lm: LoadedModel, doc: Document, prefix: int, config: SignalConfig = SignalConfig()) -> Trace:

@@ -31,6 +31,7 @@ from typing import Callable
 import torch
 from transformers import DynamicCache
 
+from .architectures import check_model, context_limit, context_phrase
 from .compat import cache_kwargs
 from .errors import FIError
 from .eviction import KeepMap, gather_cache
@@ -348,9 +349,10 @@ def generate(
     if ids.numel() == 0:
         raise FIError("the prompt is empty")
     p = ids.numel()
-    limit = getattr(model.config, "max_position_embeddings", None)
+    check_model(model)
+    limit = context_limit(model.config)
     if limit is not None and p + max_new_tokens > limit:
-        raise FIError(f"prompt ({p}) + max-new ({max_new_tokens}) exceeds the model's context of {limit} tokens")
+        raise FIError(f"prompt ({p}) + max-new ({max_new_tokens}) exceeds the model's {context_phrase(model.config)}")
     if policy is not None:
         cp = policy.compress_prompt if compress_prompt is None else compress_prompt
         check_budget(policy, p, max_new_tokens, cp)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from .architectures import check_model
 from .errors import FIError
 from .precision import compute_dtype, upcast_compute
 
@@ -200,10 +201,29 @@ def load_model(
     except (OSError, ValueError, KeyError, ImportError, RuntimeError, TypeError) as exc:
         where = f"from '{name}'" if local else f"'{name}' (found in the local Hugging Face cache)"
         raise FIError(f"cannot load model {where}: {_first_line(exc)}") from None
+    check_model(model)
     model.to(torch_device).eval()
     if upcast:
         upcast_compute(model)
     return LoadedModel(model, tokenizer, name, torch_device, torch_dtype)
+
+
+# Tiny random configs of the architectures fi_toolkit serves: what each adds to the plain Llama.
+TINY_ARCHITECTURES = {
+    "llama": ("LlamaConfig", {}),
+    # Llama 3.x: rope_type llama3, scaling every frequency whose wavelength exceeds 64 / 4 positions
+    "llama3": ("LlamaConfig", {"rope_parameters": {
+        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}),
+    "qwen2": ("Qwen2Config", {}),  # q/k/v projections with biases
+    "qwen3": ("Qwen3Config", {"head_dim": 16}),  # per-head q_norm / k_norm
+    # sliding-window attention wider than every test run: fi_toolkit serves positions [0, 512)
+    "mistral": ("MistralConfig", {"sliding_window": 512}),
+    # fused qkv_proj, half the head dims rotated (Phi-4-mini style), longrope short factors below 512
+    "phi3": ("Phi3Config", {"original_max_position_embeddings": 512, "rope_parameters": {
+        "rope_type": "longrope", "rope_theta": 10000.0, "factor": 8.0, "partial_rotary_factor": 0.5,
+        "short_factor": [1.0, 1.3, 2.1, 3.7], "long_factor": [2.0, 3.0, 5.0, 8.0]}}),
+}
 
 
 def tiny_model(
@@ -214,11 +234,25 @@ def tiny_model(
     kv_heads: int = 2,
     vocab: int = 256,
     attn_implementation: str = "sdpa",
+    architecture: str = "llama",
 ) -> LoadedModel:
-    """A randomly initialised Llama (GQA + RoPE) for fast unit tests of mechanics; no tokenizer."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    """A randomly initialised decoder (GQA + RoPE) for fast unit tests of mechanics; no tokenizer.
 
-    config = LlamaConfig(
+    ``architecture`` is one of :data:`TINY_ARCHITECTURES` (default: the plain Llama the tests use).
+    Beyond the Llama, vector parameters (biases, norm weights) are randomised too, so that a query
+    path that skipped a bias or a ``q_norm`` would give other attention.
+    """
+    import transformers
+
+    try:
+        config_class, extra = TINY_ARCHITECTURES[architecture]
+    except KeyError:
+        raise FIError(f"unknown tiny architecture '{architecture}' (use {', '.join(TINY_ARCHITECTURES)})") from None
+    if architecture == "llama":
+        extra = {"rope_theta": 10000.0}
+    else:  # token ids within the tiny vocabulary (Phi-3's defaults are 32000)
+        extra = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": None, **extra}
+    config = getattr(transformers, config_class)(
         vocab_size=vocab,
         hidden_size=hidden,
         intermediate_size=2 * hidden,
@@ -226,15 +260,20 @@ def tiny_model(
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
         max_position_embeddings=4096,
-        rope_theta=10000.0,
         tie_word_embeddings=False,
         attn_implementation=attn_implementation,
+        **extra,
     )
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).eval()
+    model = getattr(transformers, config_class.replace("Config", "ForCausalLM"))(config).eval()
     # Larger-than-default init so attention patterns and predictions are far from uniform.
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 2:
                 p.normal_(0.0, 0.08)
-    return LoadedModel(model, None, "tiny-llama", torch.device("cpu"), torch.float32)
+        if architecture != "llama":
+            for p in model.parameters():
+                if p.dim() == 1:
+                    p.add_(torch.randn_like(p) * 0.3)
+    check_model(model)
+    return LoadedModel(model, None, f"tiny-{architecture}", torch.device("cpu"), torch.float32)

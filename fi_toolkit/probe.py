@@ -22,6 +22,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from .architectures import context_limit
 from .compat import cache_kwargs
 from .errors import FIError
 from .eviction import KeepMap, TokenSet, gather_cache, shared_cache
@@ -294,7 +295,7 @@ def forward_influence(
     p = trace.prefix_len
     device = trace.keys[0].device
     batch_size = batch_size or default_batch_size(device)
-    check_chunks(chunks, p, ids.numel(), None)
+    check_chunks(chunks, p, ids.numel(), context_limit(model.config))
     if controls:
         evictions = noise_controls(p, trace.num_layers, trace.num_kv_heads) + list(evictions)
     for e in evictions:

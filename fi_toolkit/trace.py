@@ -13,7 +13,6 @@ streamed LM head.
 from __future__ import annotations
 
 import math
-import sys
 from dataclasses import asdict, dataclass
 
 import pandas as pd
@@ -21,6 +20,7 @@ import torch
 from transformers import DynamicCache
 
 from . import signals
+from .architectures import apply_rope, context_limit, context_phrase, decoder_parts, queries
 from .compat import cache_kwargs
 from .errors import FIError
 
@@ -138,32 +138,12 @@ class Trace:
         return {"prefix_len": self.prefix_len, **asdict(self.config)}
 
 
-def decoder_parts(model: torch.nn.Module):
-    """(decoder layers, final norm, LM head) of a Llama-style causal LM."""
-    base = model.base_model
-    try:
-        return base.layers, base.norm, model.get_output_embeddings()
-    except AttributeError:
-        raise FIError(f"{type(model).__name__} is not a Llama-style decoder (layers/norm/lm_head)") from None
-
-
-def _rope(module: torch.nn.Module):
-    """The ``apply_rotary_pos_emb`` of the module's own modeling file (Llama, Qwen2/3, Mistral...)."""
-    fn = getattr(sys.modules[type(module).__module__], "apply_rotary_pos_emb", None)
-    if fn is None:
-        raise FIError(f"cannot find apply_rotary_pos_emb for {type(module).__name__}")
-    return fn
-
-
 def window_queries(attn_module, hidden_states, position_embeddings, window: int) -> torch.Tensor:
-    """Recompute the rotated queries of the last ``window`` positions of an attention input -> ``[Hq, w, hd]``."""
-    hs = hidden_states[:, -window:]
-    q = attn_module.q_proj(hs).view(1, window, -1, attn_module.head_dim)
-    if hasattr(attn_module, "q_norm"):  # Qwen3-style per-head query norm
-        q = attn_module.q_norm(q)
-    q = q.transpose(1, 2)
+    """Recompute the rotated queries of the last ``window`` positions of an attention input -> ``[Hq, w, hd]``:
+    the module's own query path (:func:`architectures.queries`), then its own ``apply_rotary_pos_emb``."""
+    q = queries(attn_module, hidden_states[:, -window:])
     cos, sin = position_embeddings
-    q, _ = _rope(attn_module)(q, q, cos[:, -window:], sin[:, -window:])
+    q, _ = apply_rope(attn_module)(q, q, cos[:, -window:], sin[:, -window:])
     return q[0]
 
 
@@ -257,6 +237,9 @@ def trace_prefix(model: torch.nn.Module, ids: torch.Tensor, prefix_len: int, con
         raise FIError(f"prefix of {p} tokens leaves nothing to score with a window of {config.window}")
     if p > ids.numel():
         raise FIError(f"prefix of {p:,} tokens is longer than the {ids.numel():,}-token document")
+    limit = context_limit(model.config)
+    if limit is not None and p > limit:
+        raise FIError(f"prefix of {p:,} tokens is past the model's {context_phrase(model.config)}")
     device = next(model.parameters()).device
     tracker = SignalTracker(model, config, capacity=p, accumulate=False)
     tracker.cache = cache = DynamicCache(config=model.config)
