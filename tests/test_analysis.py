@@ -10,7 +10,7 @@ from scipy import stats
 
 from fi_toolkit import Document, SignalConfig
 from fi_toolkit.analysis import (add_relative_columns, candidate_positions, correlation, nearfar_document,
-                                 paired_tests, per_token_fi, token_class)
+                                 paired_tests, per_token_fi, summarize_nearfar, token_class)
 from fi_toolkit.analysis.correlation import correlate_signals, signal_columns
 from fi_toolkit.errors import FIError
 from fi_toolkit.experiment import probe_document
@@ -176,6 +176,8 @@ def test_nearfar_sets_and_relative_columns(tiny, doc, trace):
     assert list(nf.selection[:2 * len(chunks):len(chunks)]) == ["control:null", "control:reorder"]
     assert (nf[nf.selection == "control:null"]["fi"] == 0).all()  # float32 on the CPU: exactly 0
     assert (nf[nf.selection == "control:reorder"]["fi"].abs() < 1e-8).all()
+    summary = summarize_nearfar(add_relative_columns(nf))
+    assert "control" not in set(summary.selector) and not summary.sinks.isna().any()
     nf = nf[nf.selector != "control"]
     assert set(nf["sinks"]) == {4, 0}
     assert set(nf["n_removed"]) == {round(0.1 * P)} and set(nf["n_kept"]) == {P - round(0.1 * P)}  # equal sizes

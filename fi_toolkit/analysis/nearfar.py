@@ -28,7 +28,7 @@ from scipy import stats
 from ..budget import Budget
 from ..errors import FIError
 from ..experiment import fi_table
-from ..probe import Chunk, forward_influence
+from ..probe import CONTROL, Chunk, forward_influence
 from ..selections import MAX_SEEDS, SCORE_SELECTORS, parse_selections
 from ..trace import Trace
 from .token_classes import token_class_table
@@ -126,7 +126,9 @@ METRICS = ("fi", "fi_rel_random", "fi_share_near")
 
 
 def per_document_selector(nf: pd.DataFrame) -> pd.DataFrame:
-    """One value per document x sinks x selector x distance (random seeds averaged within a document)."""
+    """One value per document x sinks x selector x distance (random seeds averaged within a document;
+    the noise controls left out)."""
+    nf = nf[nf["selector"] != CONTROL]
     keys = ["document", "sinks", "selector", "distance_from_p", "chunk"]
     return nf.groupby(keys, sort=False)[list(METRICS)].mean().reset_index()
 

@@ -19,7 +19,7 @@ from ..budget import Budget
 from ..errors import FIError
 from ..experiment import max_context, noise_floor, trace_document
 from ..models import dtype_name
-from ..probe import CONTROL, Chunk, check_chunks
+from ..probe import Chunk, check_chunks
 from ..trace import SignalConfig
 from .correlation import correlate_document, parse_candidates, summarize_correlations
 from .nearfar import (add_relative_columns, nearfar_chunks, nearfar_document, paired_tests, summarize_nearfar,
@@ -135,8 +135,7 @@ def run_nearfar(
 
     def summaries(tables):
         nf = add_relative_columns(tables["nearfar"])
-        measured = nf[nf["selector"] != CONTROL]
-        return {"nearfar": nf, "nearfar_summary": summarize_nearfar(measured), "nearfar_tests": paired_tests(measured),
+        return {"nearfar": nf, "nearfar_summary": summarize_nearfar(nf), "nearfar_tests": paired_tests(nf),
                 "token_class_summary": token_class_summary(tables["token_classes"])}
 
     return _execute(lm, run, docs, compute, summaries, "nearfar")
