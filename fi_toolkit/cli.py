@@ -128,8 +128,13 @@ def _print_fi_table(table, title: str) -> None:
     for c in pivot.columns:
         t.add_column(f"FI {c}", justify="right")
     for sel, row in pivot.iterrows():  # per layer and head; the mean over layers where budgets differ
-        t.add_row(sel, f"{sizes.loc[sel, 'n_removed']:.0f}", f"{sizes.loc[sel, 'n_kept']:.0f}", *[f"{v:.5f}" for v in row])
+        t.add_row(sel, f"{sizes.loc[sel, 'n_removed']:.0f}", f"{sizes.loc[sel, 'n_kept']:.0f}", *[_nats(v) for v in row])
     out.print(t)
+
+
+def _nats(value: float) -> str:
+    """Five decimals where FI lives; small values (the controls) in scientific notation, not as 0.00000."""
+    return f"{value:.5f}" if value == 0 or abs(value) >= 1e-4 else f"{value:.2e}"
 
 
 @app.command()
