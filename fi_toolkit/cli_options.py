@@ -14,7 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from .errors import FIError
 
 out = Console(emoji=False)
-err = Console(stderr=True, emoji=False)
+err = Console(stderr=True, emoji=False, soft_wrap=True)  # messages stay one line at any terminal width
 
 ModelOpt = typer.Option("smollm2-135m", "--model", "-m", help="smollm2-135m (embedded), a local directory or a HF id.")
 DeviceOpt = typer.Option("cpu", help="cpu, cuda, cuda:N or auto.")

@@ -1,11 +1,14 @@
 """Reduced precision: weights stored in bf16/fp16, arithmetic upcast to float32 (fi_toolkit.precision),
 and the noise controls that report each path's rounding floor (docs/method.md, "Noise floor")."""
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
 import scipy.stats
 import torch
+from cli_runner import run_cli
 
 from fi_toolkit.documents import Document
 from fi_toolkit.eviction import TokenSet
@@ -128,3 +131,26 @@ def test_bfloat16_probe_ranks_like_float32_on_an_unseen_document():
     assert scipy.stats.spearmanr(single32, single16).statistic >= 0.9
     assert fis["bfloat16"][12] == pytest.approx(fis["float32"][12], rel=0.05)
     assert np.all(single16 > 10 * floors["bfloat16"])  # the default bf16 path resolves every single token
+
+
+@pytest.mark.smollm
+def test_cli_warns_in_bfloat16_arithmetic_and_not_when_upcast(tmp_path, capsys):
+    """End to end on SmolLM2: with --no-upcast, single-token FI sits at the bf16 floor, the rows are
+    flagged and one warning line is printed; the default (upcast) resolves them, no warning."""
+    base = ["probe", "hamlet", "--chunk", "256:320", "--select", "positions:100", "--select", "positions:101",
+            "--dtype", "bfloat16"]
+    code, _, err = run_cli([*base, "--no-upcast", "--out", str(tmp_path / "bf16")], capsys)
+    assert code == 0
+    warnings = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and warnings[0].startswith("warning: 2 of 2 FI values are below 10x the noise floor")
+    table = pd.read_csv(tmp_path / "bf16" / "fi.csv")
+    assert table[table.selector == "positions"]["below_noise_floor"].all()
+    manifest = json.loads((tmp_path / "bf16" / "manifest.json").read_text())
+    assert manifest["model"]["dtype"] == manifest["model"]["compute_dtype"] == "bfloat16"
+    assert manifest["noise_floor"]["hamlet"]["256:320"] > 1e-4
+
+    code, _, err = run_cli([*base, "--out", str(tmp_path / "upcast")], capsys)
+    assert code == 0 and "warning:" not in err
+    manifest = json.loads((tmp_path / "upcast" / "manifest.json").read_text())
+    assert (manifest["model"]["dtype"], manifest["model"]["compute_dtype"]) == ("bfloat16", "float32")
+    assert manifest["noise_floor"]["hamlet"]["256:320"] < 1e-8
