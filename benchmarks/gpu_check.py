@@ -104,7 +104,8 @@ def environment(args, s) -> dict:
     import transformers
 
     try:  # the device machine gets a copy of the working tree, perhaps without .git
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+        commit = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=12"], cwd=ROOT,
+                                capture_output=True, text=True).stdout.strip()
     except OSError:
         commit = ""
     return {
