@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup probe test bench clean-cache
+.PHONY: setup probe test bench gpu-check clean-cache
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -27,3 +27,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_probe.py
+
+# On a CUDA machine (install your CUDA torch first): one JSON under benchmarks/results/, exit 1 if a check fails.
+gpu-check: $(STAMP)
+	$(BIN)/python benchmarks/gpu_check.py --device cuda
