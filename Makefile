@@ -40,7 +40,7 @@ $(STAMP_MIN): pyproject.toml requirements-min.txt
 	touch $(STAMP_MIN)
 
 # The fast suite at the lowest supported versions, with the check that `fi probe` gives the same FI
-# there as in .venv (the latest versions): tests/test_cross_version.py runs when FI_OTHER_PYTHON is set.
+# there as in .venv (the latest versions): tests/test_versions.py runs it when FI_OTHER_PYTHON is set.
 test-min: $(STAMP_MIN) $(STAMP)
 	FI_OTHER_PYTHON=$(abspath $(BIN))/python $(BIN_MIN)/python -m pytest -q -m "not smollm"
 
