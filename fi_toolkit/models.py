@@ -98,7 +98,7 @@ def embedded_gguf() -> Path:
     return files[0]
 
 
-CONVERTER_VERSION = 2  # bump when _converted_embedded_copy writes something different
+CONVERTER_VERSION = 3  # bump when _converted_embedded_copy writes something different
 
 
 def _converted_embedded_copy() -> Path:
@@ -116,13 +116,15 @@ def _converted_embedded_copy() -> Path:
     target = cache_dir() / "models" / key
     if (target / "config.json").exists() and (target / "model.safetensors").exists():
         return target
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
+
+    from .compat import gguf_tokenizer
 
     logging.getLogger("transformers").setLevel(logging.ERROR)
     # transformers' GGUF reader draws a plain tqdm bar on stderr, which no setting turns off; a bar
     # would break the CLI's one-line messages on a machine's first run, so it goes to a sink.
     with contextlib.redirect_stderr(io.StringIO()):
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        tokenizer = gguf_tokenizer(gguf)  # built alike under every supported transformers (see compat)
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # The weights are dequantised to float32 already; drop the GGUF marker so the copy can be saved.
     if hasattr(model.config, "quantization_config"):
