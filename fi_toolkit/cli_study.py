@@ -78,6 +78,8 @@ def correlate(
     check_sinks(sinks, p, config.window)
     if resamples < 0 or (batch_size is not None and batch_size < 1):
         raise FIError("--resamples must be >= 0 and --batch-size >= 1")
+    if seed < 0:
+        raise FIError(f"--seed must be >= 0, got {seed}")
     texts = _read_documents(documents)
     check_run_dir(out_dir, "correlate", resume, overwrite)
     docs, tables = _run_study("correlate", model, device, dtype, upcast, texts, max(c.end for c in chunks),
