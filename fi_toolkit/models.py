@@ -222,7 +222,8 @@ TINY_ARCHITECTURES = {
     # sliding-window attention wider than every test run: fi_toolkit serves positions [0, 512)
     "mistral": ("MistralConfig", {"sliding_window": 512}),
     # fused qkv_proj, half the head dims rotated (Phi-4-mini style), longrope short factors below 512
-    "phi3": ("Phi3Config", {"original_max_position_embeddings": 512, "rope_parameters": {
+    # (partial_rotary_factor also top-level: transformers 5.2 takes it from there, later releases from rope_parameters)
+    "phi3": ("Phi3Config", {"original_max_position_embeddings": 512, "partial_rotary_factor": 0.5, "rope_parameters": {
         "rope_type": "longrope", "rope_theta": 10000.0, "factor": 8.0, "partial_rotary_factor": 0.5,
         "short_factor": [1.0, 1.3, 2.1, 3.7], "long_factor": [2.0, 3.0, 5.0, 8.0]}}),
 }

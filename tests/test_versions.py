@@ -59,10 +59,12 @@ def test_fi_probe_agrees_across_environments(tmp_path):
     other, other_versions = _probe(OTHER, tmp_path / "other")
     print(f"transformers {this_versions['transformers']} vs {other_versions['transformers']}")
     assert this_versions["transformers"] != other_versions["transformers"], "both environments run the same transformers"
-    assert len(this) == 3 and list(this.columns) == list(other.columns)
+    assert len(this) == 2 + 3 and list(this.columns) == list(other.columns)  # the noise controls, then the sets
     keys = ["document", "selection", "chunk", "n_removed", "n_kept"]
     assert this[keys].equals(other[keys])
-    assert (this["fi"] > 1e-3).all()  # real influence, not a vacuous match of zeros
+    measured = this["selector"] != "control"
+    assert (this[measured]["fi"] > 1e-3).all()  # real influence, not a vacuous match of zeros
+    assert (this[~measured]["fi"].abs() < 1e-8).all() and (other[~measured]["fi"].abs() < 1e-8).all()
     numeric = this.select_dtypes("number").columns
     assert this[numeric].isna().equals(other[numeric].isna())
     gap = (this[numeric] - other[numeric]).abs().max()
