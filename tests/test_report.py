@@ -107,6 +107,7 @@ def test_html_parses_and_escapes_document_text(runs):
     assert EVIL in text  # the document name and token text show as text
     assert parser.images >= 5  # every figure embedded, nothing linked
     assert "tiny-llama" in text and "p = 96" in text  # caption: model, documents, prefix, chunks
+    assert "noise floor <= " in text and "(float32 weights, float32 arithmetic)" in text  # ...and its floor
 
 
 def _fi(args, capsys):

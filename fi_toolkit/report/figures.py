@@ -31,8 +31,13 @@ def caption(manifest: dict) -> str:
         chunk_text = f"chunks of {s['chunk_len']} tokens at distances {s.get('distances')} from p, sets of {s.get('budget')}"
     else:
         chunk_text = f"chunks {', '.join(chunks)}, candidates {s.get('candidates')}"
-    return f"model {manifest.get('model', {}).get('name', s.get('model'))} | {len(docs)} document(s): {names} | " \
+    text = f"model {manifest.get('model', {}).get('name', s.get('model'))} | {len(docs)} document(s): {names} | " \
            f"p = {s.get('prefix')} | {chunk_text}"
+    floors = [v for chunks in (manifest.get("noise_floor") or {}).values() for v in chunks.values()]
+    if floors:  # docs/method.md, "Noise floor"
+        model = manifest.get("model", {})
+        text += f" | noise floor <= {max(floors):.1g} nats ({model.get('dtype')} weights, {model.get('compute_dtype')} arithmetic)"
+    return text
 
 
 def _finish(fig, text: str):
