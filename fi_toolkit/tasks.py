@@ -55,14 +55,20 @@ class TaskSample:
     book: str = ""
     depths: list[float] = field(default_factory=list)
     needles: list[str] = field(default_factory=list)
+    answer_prefix: str = ""  # the start of the answer, given to the model after the question (RULER)
 
     @property
     def prompt(self) -> str:
-        """The whole user message: what the question-aware protocol compresses."""
+        """The whole user message (the context and the question)."""
         return self.context + self.question
 
+    @property
+    def asked(self) -> str:
+        """The question and the answer prefix: what question-agnostic compression never sees."""
+        return f"{self.question}\n{self.answer_prefix}" if self.answer_prefix else self.question
 
-# ---- the tasks: each draws its needles, their depths, the question and the answer from ``rng`` -------
+
+# ---- the tasks: each draws (needles, their depths, question, answer prefix, answer) from ``rng`` -----
 
 def _number(rng: random.Random, digits: int, avoid: set[str]) -> str:
     while True:
@@ -78,15 +84,15 @@ def _depths(rng: random.Random, n: int) -> list[float]:
 
 def passkey(rng: random.Random, avoid: set[str]):
     key = _number(rng, 5, avoid)
-    return [f"The pass key is {key}. Remember it."], _depths(rng, 1), "What is the pass key? The pass key is", key
+    return [f"The pass key is {key}. Remember it."], _depths(rng, 1), "What is the pass key?", "The pass key is", key
 
 
 def multikey_needle(rng: random.Random, avoid: set[str], keys: int = 4):
     names = [f"{a}-{b}" for a, b in zip(rng.sample(_WORDS, keys), rng.sample(_WORDS, keys))]
     values = [_number(rng, 7, avoid) for _ in names]
     needles = [f"One of the special magic numbers for {n} is: {v}." for n, v in zip(names, values)]
-    question = f"What is the special magic number for {names[0]} mentioned in the text? The number is"
-    return needles, _depths(rng, keys), question, values[0]
+    asked = f"special magic number for {names[0]} mentioned in the text"
+    return needles, _depths(rng, keys), f"What is the {asked}?", f"The {asked} is", values[0]
 
 
 def variable_tracking(rng: random.Random, avoid: set[str], hops: int = 4, chains: int = 2):
@@ -100,7 +106,8 @@ def variable_tracking(rng: random.Random, avoid: set[str], hops: int = 4, chains
         depths += sorted(_depths(rng, hops))
         if c == 0:
             asked, answer = chain[-1], value
-    return needles, depths, f"What is the value of the variable {asked}? Follow the chain of assignments. Answer:", answer
+    question = f"What is the value of the variable {asked}? Follow the chain of assignments."
+    return needles, depths, question, f"The value of {asked} is", answer
 
 
 def _variable_names(rng: random.Random, avoid: set[str], n: int = 64) -> list[str]:
@@ -123,12 +130,13 @@ def _chat(tokenizer, chat: bool | None) -> bool:
 
 def render(tokenizer, s: TaskSample, chat: bool | None = None) -> tuple[str, str]:
     """(context text, question text) as they are tokenised: in the chat template when there is one,
-    the template's head with the context and its tail (end of turn, assistant header) with the question."""
+    the template's head with the context, and the question with the template's tail (end of turn,
+    assistant header) and the answer prefix, which starts the assistant's turn."""
     if not _chat(tokenizer, chat):
-        return s.context, s.question
+        return s.context, s.asked
     text = tokenizer.apply_chat_template([{"role": "user", "content": s.prompt}], add_generation_prompt=True, tokenize=False)
     cut = text.rindex(s.question)
-    return text[:cut], text[cut:]
+    return text[:cut], text[cut:] + s.answer_prefix
 
 
 def encode_split(tokenizer, sample: TaskSample, protocol: str, chat: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -149,7 +157,7 @@ def split_prompt(sample: TaskSample, protocol: str) -> tuple[str, str]:
     """(text the compression sees, text appended after it) for ``protocol``, before any chat template."""
     if protocol not in PROTOCOLS:
         raise FIError(f"unknown protocol '{protocol}' (protocols: {', '.join(PROTOCOLS)})")
-    return (sample.prompt, "") if protocol == "question-aware" else (sample.context, sample.question)
+    return (sample.context + sample.asked, "") if protocol == "question-aware" else (sample.context, sample.asked)
 
 
 def _book_words(name: str) -> list[str]:
@@ -192,7 +200,7 @@ def make_sample(task: str, tokenizer, context_tokens: int, seed: int = 0, config
     book = rng.choice(sorted(books))
     words = books[book]
     avoid = set(re.findall(r"\w+", " ".join(words)))  # numbers and names that occur once: not in the book
-    needles, depths, question, answer = TASKS[task](rng, avoid)
+    needles, depths, question, prefix, answer = TASKS[task](rng, avoid)
     start = rng.randrange(len(words) - context_tokens)
     while start > 0 and not _SENTENCE_END.search(words[start - 1]):  # begin with a sentence
         start -= 1
@@ -201,7 +209,7 @@ def make_sample(task: str, tokenizer, context_tokens: int, seed: int = 0, config
     def build(n: int) -> TaskSample:
         context = f"{INSTRUCTION}\n\n{_insert(words[:n], needles, depths)}\n\n"
         sample = TaskSample(task, seed, context, question, answer, context_tokens, book=book,
-                            depths=list(depths), needles=list(needles))
+                            depths=list(depths), needles=list(needles), answer_prefix=prefix)
         sample.prompt_tokens = sum(ids.numel() for ids in encode_split(tokenizer, sample, "question-agnostic", chat))
         return sample
 

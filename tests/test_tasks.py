@@ -48,7 +48,8 @@ def test_answer_once_in_context_and_length_fits(task, seed):
     assert occurrences(s.answer, s.question) == 0
     assert all(n in s.context for n in s.needles)
     assert s.context_tokens - 30 <= s.prompt_tokens <= s.context_tokens  # within a sentence's worth
-    assert s.prompt_tokens == len(WORDS(s.prompt)["input_ids"])
+    assert s.prompt_tokens == len(WORDS(s.context + s.asked)["input_ids"])
+    assert occurrences(s.answer, s.asked) == 0
     assert all(0.1 <= d <= 0.9 for d in s.depths)
 
 
@@ -83,9 +84,9 @@ def test_length_targets(n):
 
 def test_split_prompt_protocols():
     s = make_sample("passkey", WORDS, 300, seed=0)
-    assert split_prompt(s, "question-aware") == (s.context + s.question, "")
+    assert split_prompt(s, "question-aware") == (s.context + "What is the pass key?\nThe pass key is", "")
     context, question = split_prompt(s, "question-agnostic")
-    assert context == s.context and question == s.question and s.answer in context
+    assert context == s.context and question == "What is the pass key?\nThe pass key is" and s.answer in context
     assert "pass key?" not in context
     aware, agnostic = encode_split(WORDS, s, "question-aware"), encode_split(WORDS, s, "question-agnostic")
     assert aware[1].numel() == 0 and agnostic[1].numel() > 0
@@ -156,6 +157,7 @@ def test_smollm_prompt_fits_and_splits(smollm, task):
     assert head.numel() + tail.numel() == s.prompt_tokens
     assert s.question not in tok.decode(head) and s.answer in tok.decode(head)
     assert tok.decode(tail).startswith(s.question) and "assistant" in tok.decode(tail)
+    assert tok.decode(tail).endswith(f"assistant\n{s.answer_prefix}")
     assert torch.equal(encode_split(tok, s, "question-aware")[0], torch.cat([head, tail]))
     with pytest.raises(FIError, match="exceeds the model's context of 8,192 tokens"):
         make_sample(task, tok, 9000, seed=2, config=smollm.config)
