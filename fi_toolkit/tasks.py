@@ -7,17 +7,19 @@ cut from the bundled books.
   asked for the value of the last variable of one chain; a distractor chain holds another value.
 
 :func:`make_sample` fills the haystack up to ``context_tokens`` tokens of the whole prompt (the
-instruction, the text with its needles and the question, in the tokenizer's chat template when it has
-one), measured with the tokenizer, and puts the needles at sentence boundaries at seeded depths.
+instruction, the text with its needles, the question, and the answer prefix that opens the assistant's
+turn, all in the tokenizer's chat template when it has one), measured with the tokenizer, and puts the
+needles at sentence boundaries at seeded depths.
 
 Two protocols (:func:`split_prompt`, :func:`encode_split`): ``question-aware`` gives the compression
 the whole prompt, question included; ``question-agnostic`` compresses the context alone and appends the
 question afterwards (kvpress's context/question split). Both feed the same token ids.
 
-Scoring (:func:`score`), exact match: the output's first non-empty line, lowercased, with punctuation
-turned into spaces (a comma between digits is a thousands separator and goes), must hold the answer as
-a whole-word sequence, so ``12345`` does not match ``123456``; repeating the answer is fine, but a
-line that also names another number of the answer's digit count (a hedge among candidates) is wrong.
+Scoring (:func:`score`), exact match on the generated text (what follows the answer prefix): its
+first non-empty line, lowercased, with punctuation turned into spaces (a comma between digits is a
+thousands separator and goes), must hold the answer as a whole-word sequence, so ``12345`` does not
+match ``123456``; repeating the answer is fine, but a line that also names another number of the
+answer's digit count (a hedge among candidates) is wrong.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ _SENTENCE_END = re.compile(r"[.!?][\"')\]]*$")
 @dataclass
 class TaskSample:
     """One generated sample. ``depths``: where each needle sits, as a fraction of the haystack's words
-    (the answer's needle first). ``prompt_tokens``: the whole prompt's measured length (<= ``context_tokens``)."""
+    (it goes after the last sentence that ends there or before; the answer's needle first). ``prompt_tokens``: the whole prompt's measured length (<= ``context_tokens``)."""
 
     task: str
     seed: int
