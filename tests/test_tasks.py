@@ -161,17 +161,3 @@ def test_smollm_prompt_fits_and_splits(smollm, task):
     assert torch.equal(encode_split(tok, s, "question-aware")[0], torch.cat([head, tail]))
     with pytest.raises(FIError, match="exceeds the model's context of 8,192 tokens"):
         make_sample(task, tok, 9000, seed=2, config=smollm.config)
-
-
-@pytest.mark.smollm
-def test_smollm_full_cache_measurement(smollm):
-    """SmolLM2 with its full cache, greedy, one 512-token sample per task: prints what it answers
-    (run with -s). No accuracy is asserted; the issue's defaults come from such measurements."""
-    from fi_toolkit.generate import generate
-
-    for task in TASKS:
-        s = make_sample(task, smollm.tokenizer, 512, seed=0, config=smollm.config)
-        ids = torch.cat(encode_split(smollm.tokenizer, s, "question-agnostic"))
-        result = generate(smollm.model, smollm.tokenizer, ids, None, max_new_tokens=12)
-        assert result.stats.prompt_tokens == s.prompt_tokens
-        print(f"{task}: answer {s.answer}, output {result.text!r}, correct {score(result.text, s.answer)}")
