@@ -188,3 +188,30 @@ def test_replay_on_smollm2_equals_stepwise_and_masked_model(smollm, alice):
     reference = masked_logits(model, ids[: p + new - 1], blocked)[p - 1 :]
     assert (result.logits_compressed - reference).abs().max().item() <= tol
     assert (result.logits_compressed - result.logits_full).abs().max().item() > 100 * tol  # evictions mattered
+
+
+@pytest.mark.parametrize("name", ["infokv", "h2o"])
+def test_a_block_records_the_signals_of_single_steps(tiny, tiny_ids, name):
+    """What the tracker holds after a block = after the same tokens stepped one at a time: H and D^(l) of
+    every token, the last w queries, H2O's accumulator (every row's attention added)."""
+    ids = tiny_ids[: P + 40]
+    trackers = []
+    for blockwise in (True, False):
+        decoder = CompressedDecoder(tiny.model, _policy(name), ids.numel())
+        decoder.prefill(ids[:P])
+        if blockwise:
+            decoder.block(ids[P:])
+        else:
+            for t in ids[P:]:
+                decoder.step(int(t))
+        decoder.close()
+        trackers.append(decoder.tracker)
+    block, steps = trackers
+    torch.testing.assert_close(block.entropy, steps.entropy, rtol=0, atol=1e-5)
+    torch.testing.assert_close(block.distance, steps.distance, rtol=0, atol=1e-5)
+    for a, b in zip(block.queries, steps.queries, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    if name == "h2o":
+        for a, b in zip(block.accumulated, steps.accumulated, strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+            assert a.shape[1] == _policy(name).kept_total(P) + 40  # the compressed prompt, then 40 rows
