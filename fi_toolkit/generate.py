@@ -153,8 +153,9 @@ class CompressedDecoder:
         if self.tracker:
             self.tracker.close()
 
-    def _forward(self, ids: torch.Tensor) -> torch.Tensor:
-        """Feed ``ids [q]`` at the next positions; returns float32 logits of the last one ``[V]``."""
+    def _forward(self, ids: torch.Tensor, every_row: bool = False) -> torch.Tensor:
+        """Feed ``ids [q]`` at the next positions; returns float32 logits of the last one ``[V]``
+        (``every_row``: of every one, ``[q, V]``)."""
         q = ids.numel()
         positions = torch.arange(self.seen, self.seen + q, device=self.device)[None]
         if self.tracker:
@@ -163,11 +164,11 @@ class CompressedDecoder:
             input_ids=ids[None].to(self.device), position_ids=positions, use_cache=True,
             **cache_kwargs(self.model.base_model, self.cache),
         ).last_hidden_state[0]
-        logits = self.lm_head(hidden[-1:])[0].float()
+        logits = self.lm_head(hidden if every_row else hidden[-1:]).float()
         if self.tracker:
-            self.tracker.record(self.seen, hidden, logits)
+            self.tracker.record(self.seen, hidden, logits[-1] if q == 1 else None)
         self.seen += q
-        return logits
+        return logits if every_row else logits[0]
 
     @torch.no_grad()
     def prefill(self, ids: torch.Tensor) -> tuple[torch.Tensor, KeepMap | None]:
@@ -183,12 +184,27 @@ class CompressedDecoder:
         keep = self.compress() if self.policy and self.compress_prompt else None
         return logits, keep
 
+    def _append_slots(self, q: int) -> None:
+        new = torch.arange(self.seen, self.seen + q, device=self.device).expand(self.positions[0].shape[0], q)
+        self.positions = [torch.cat([pos, new], dim=1) for pos in self.positions]
+
     @torch.no_grad()
     def step(self, token: int) -> torch.Tensor:
         """Feed one generated token; its slot is appended to every head of every layer."""
-        new = torch.full((self.positions[0].shape[0], 1), self.seen, device=self.device)
-        self.positions = [torch.cat([pos, new], dim=1) for pos in self.positions]
+        self._append_slots(1)
         return self._forward(torch.tensor([token], device=self.device))
+
+    @torch.no_grad()
+    def block(self, ids: torch.Tensor) -> torch.Tensor:
+        """Feed ``ids [q]`` (tokens that decoding would feed one at a time) as one forward -> float32
+        logits of every row ``[q, V]``. Equal to ``q`` calls of :meth:`step` on the same tokens, the
+        tracked signals included (H, D^(l), the last ``w`` queries, H2O's accumulator, which adds the
+        attention of every row of the block); it never compresses (the caller does, between blocks)."""
+        ids = ids.flatten()
+        if ids.numel() == 0:
+            return torch.empty(0, self.lm_head.weight.shape[0], device=self.device)
+        self._append_slots(ids.numel())
+        return self._forward(ids, every_row=True)
 
     def lengths(self) -> list[int]:
         return [int(l.keys.shape[2]) for l in self.cache.layers]

@@ -150,8 +150,8 @@ def window_queries(attn_module, hidden_states, position_embeddings, window: int)
 class SignalTracker:
     """Forward hooks that keep the last ``w`` rotated queries of every layer, record (when
     ``token_signals``) every fed token's top-k entropy ``H`` and ``D^(l)`` into preallocated
-    ``[capacity]`` / ``[L, capacity]`` float32 buffers, and (for H2O) add each decoding step's
-    attention to a per-slot accumulator."""
+    ``[capacity]`` / ``[L, capacity]`` float32 buffers, and (for H2O) add the attention of every row
+    fed after the prefill (one step, or each row of a replay block) to a per-slot accumulator."""
 
     def __init__(self, model, config: SignalConfig, capacity: int, accumulate: bool, token_signals: bool = True):
         self.layers, self.norm, self.lm_head = decoder_parts(model)
@@ -187,12 +187,15 @@ class SignalTracker:
     def _attention_hook(self, module, args, kwargs, _output):
         hs = args[0] if args else kwargs["hidden_states"]
         w = self.config.window
-        q = window_queries(module, hs, kwargs["position_embeddings"], min(w, hs.shape[1]))
         i = module.layer_idx
+        # decoding (the accumulator exists once the prefill is done): every fed row's attention counts,
+        # whether the rows come one step at a time or as one block (CompressedDecoder.block)
+        accumulate = self.accumulated is not None and self.accumulated[i] is not None
+        q = window_queries(module, hs, kwargs["position_embeddings"], hs.shape[1] if accumulate else min(w, hs.shape[1]))
         prev = self.queries[i]
-        self.queries[i] = (q if prev is None else torch.cat([prev, q], dim=1))[:, -w:]
-        if self.accumulated is not None and hs.shape[1] == 1 and self.accumulated[i] is not None:
-            keys = self.cache.layers[i].keys[0]  # already holds this step's key
+        self.queries[i] = (q if prev is None else torch.cat([prev, q[:, -w:]], dim=1))[:, -w:]
+        if accumulate:
+            keys = self.cache.layers[i].keys[0]  # already holds the keys of this forward's rows (the last slots)
             acc = self.accumulated[i]
             acc = torch.cat([acc, acc.new_zeros(keys.shape[0], keys.shape[1] - acc.shape[1])], dim=1)
             self.accumulated[i] = acc + signals.attention_received(q, keys, module.scaling)

@@ -8,53 +8,27 @@ import sys
 
 import pytest
 import torch
-from transformers import AttentionInterface
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from fi_toolkit import cli
 from fi_toolkit.errors import FIError
 from fi_toolkit.generate import CompressedDecoder, cache_bytes, generate, signal_config_for
 from fi_toolkit.policies import RPC, InfoKV, PyramidKV, SnapKV, StreamingLLM, make_policy
 from fi_toolkit.trace import trace_prefix
+from masked_attention import masked_logits
 
 P, W = 120, 16
-
-# --- an independent reference: the full model, eager attention, evicted entries hidden per head ---
-HIDDEN: dict = {}  # layer -> bool [Hkv, P] (True = evicted), applied to queries at positions >= P
-
-
-def _masked_eager(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    groups = query.shape[1] // key.shape[1]
-    k = key.repeat_interleave(groups, dim=1)
-    v = value.repeat_interleave(groups, dim=1)
-    scores = torch.matmul(query, k.transpose(2, 3)) * scaling  # [1, Hq, n, n]
-    n = scores.shape[-1]
-    pos = torch.arange(n)
-    blocked = (pos[None, :] > pos[:, None]).expand(query.shape[1], n, n).clone()  # causal
-    evicted = HIDDEN[module.layer_idx].repeat_interleave(groups, dim=0)  # [Hq, P]
-    blocked[:, P:, :P] |= evicted[:, None, :]
-    scores = scores.masked_fill(blocked[None], float("-inf"))
-    out = torch.matmul(torch.softmax(scores.float(), dim=-1).to(v.dtype), v)
-    return out.transpose(1, 2).contiguous(), None
-
-
-AttentionInterface.register("test_masked_eager", _masked_eager)
-AttentionMaskInterface.register("test_masked_eager", sdpa_mask)
 
 
 def _masked_reference_logits(model, ids: torch.Tensor, keep: list[torch.Tensor]) -> torch.Tensor:
     """Logits at every position of ``ids`` when positions >= P cannot see what ``keep`` evicted."""
+    n = ids.numel()
+    blocked = {}
     for layer, idx in enumerate(keep):
-        hidden = torch.ones(idx.shape[0], P, dtype=torch.bool)
-        hidden.scatter_(1, idx.cpu(), False)
-        HIDDEN[layer] = hidden
-    previous = model.config._attn_implementation
-    model.set_attn_implementation("test_masked_eager")
-    try:
-        with torch.no_grad():
-            return model(ids[None]).logits[0].float()
-    finally:
-        model.set_attn_implementation(previous)
+        evicted = torch.ones(idx.shape[0], P, dtype=torch.bool)
+        evicted.scatter_(1, idx.cpu(), False)
+        blocked[layer] = torch.zeros(idx.shape[0], n, n, dtype=torch.bool)
+        blocked[layer][:, P:, :P] = evicted[:, None, :]
+    return masked_logits(model, ids, blocked)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,219 @@
+"""Decoding replay (docs/method.md, "Decoding replay"): a known token sequence fed to a compressed
+cache exactly as compressed decoding would see it, teacher-forced, scored against the full cache.
+
+``ids [N]`` splits into a prompt ``ids[:p]`` and a continuation. :func:`replay` treats the
+continuation as if :func:`fi_toolkit.generate.generate` had produced it with ``max_new_tokens =
+N - p``: :meth:`~fi_toolkit.generate.CompressedDecoder.prefill` on the prompt (compressed or kept
+by the policy's rule), then the continuation in blocks, one forward per block
+(:meth:`~fi_toolkit.generate.CompressedDecoder.block`), compressing back to the budget after every
+``interval`` fed tokens, where ``generate`` would. The same steps as ``generate``: the points are
+:func:`~fi_toolkit.generate.compression_points`'s, and the block forward records the signals that
+single steps record.
+
+Positions (the convention): row ``r`` of every per-position tensor is position ``t = p - 1 + r``,
+``r = 0 .. N - p - 1``, whose distribution predicts ``ids[t + 1]``. Row 0 is the prompt's last
+position (before any compression: the prompt is compressed after it); decoding feeds ``ids[p .. N - 2]``
+(``ids[N - 1]`` is only predicted). The full-cache reference is one plain chunked forward of
+``ids[:N - 1]`` through a standard cache.
+
+Memory: logits exist for one block at a time (``interval`` rows, or ``max_block``), the reference's
+final hidden states for the ``N - p`` scored rows (``N - p x d``), never an ``N x V`` matrix
+(unless ``keep_logits``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pandas as pd
+import torch
+from transformers import DynamicCache
+
+from .architectures import check_model, context_limit, context_phrase, decoder_parts
+from .compat import cache_kwargs
+from .errors import FIError
+from .eviction import KeepMap
+from .generate import CompressedDecoder, check_budget
+from .policies import Policy
+from .probe import kl_from_reference, log_sum_exp
+from .ragged import ragged_attention
+from .trace import SignalConfig
+
+
+@dataclass
+class Compression:
+    """One compression that evicted something. ``step``: fed continuation tokens when it fired (0: the
+    prompt, at prefill), as in ``GenerationStats.compression_steps``; ``seen``: tokens in the sequence
+    so far (``p + step``): queries at positions ``>= seen`` no longer see what it evicted.
+    ``keep``: the policy's keep map in *slot* space (the cache before it); ``positions[l]``
+    ``[Hkv, k_l]``: the original positions each head holds after it."""
+
+    step: int
+    seen: int
+    keep: KeepMap
+    positions: list[torch.Tensor]
+
+    def counts(self) -> list[int]:
+        return self.keep.counts()
+
+
+@dataclass
+class ReplayResult:
+    """Per-position results, rows ``t = prompt_len - 1 .. N - 2`` (see the module docstring).
+
+    ``kl``: ``KL(P_full || P_compressed)`` over the full vocabulary (float32, computed as the probe's
+    :func:`~fi_toolkit.probe.kl_from_reference`); ``top1_agree``: same argmax; ``nll_full``,
+    ``nll_compressed``: ``-log P(ids[t + 1])`` under each (float32, normalisers in float64);
+    ``entries``: cache entries the query at ``t`` attends to in the compressed run (mean over layers,
+    itself included). ``logits_full``/``logits_compressed`` ``[n, V]`` only with ``keep_logits``."""
+
+    prompt_len: int
+    interval: int
+    label: str
+    positions: torch.Tensor
+    targets: torch.Tensor
+    kl: torch.Tensor
+    top1_agree: torch.Tensor
+    nll_full: torch.Tensor
+    nll_compressed: torch.Tensor
+    entries: torch.Tensor
+    compressions: list[Compression] = field(default_factory=list)
+    logits_full: torch.Tensor | None = None
+    logits_compressed: torch.Tensor | None = None
+
+    @property
+    def compression_steps(self) -> list[int]:
+        return [c.step for c in self.compressions]
+
+    def table(self) -> pd.DataFrame:
+        """One row per position."""
+        return pd.DataFrame({
+            "position": self.positions.numpy(), "target": self.targets.numpy(), "kl": self.kl.numpy(),
+            "top1_agree": self.top1_agree.numpy(), "nll_full": self.nll_full.numpy(),
+            "nll_compressed": self.nll_compressed.numpy(), "entries": self.entries.numpy(),
+        })
+
+    def summary(self) -> dict:
+        return {
+            "label": self.label, "prompt_len": self.prompt_len, "positions": int(self.kl.numel()),
+            "interval": self.interval, "compressions": len(self.compressions), "compression_steps": self.compression_steps,
+            "mean_kl": float(self.kl.mean()), "max_kl": float(self.kl.max()),
+            "top1_agreement": float(self.top1_agree.float().mean()),
+            "mean_nll_full": float(self.nll_full.mean()), "mean_nll_compressed": float(self.nll_compressed.mean()),
+        }
+
+
+def _terms(logits: torch.Tensor, targets: torch.Tensor):
+    """Float32 ``logits [n, V]`` -> (p, logits, lse) in float64 as :func:`kl_from_reference` reads them, and the NLLs."""
+    logits = logits.float()
+    lse = log_sum_exp(logits)
+    nll = (lse - logits.gather(1, targets[:, None])[:, 0].double()).float()
+    wide = logits.double()
+    return (torch.exp(wide - lse[:, None]), wide, lse), nll
+
+
+@torch.no_grad()
+def _reference_hidden(model, ids: torch.Tensor, first: int, chunk: int) -> torch.Tensor:
+    """Final-normed hidden states of ``ids`` at positions ``first ..`` from a plain chunked forward."""
+    cache = DynamicCache(config=model.config)
+    device = next(model.parameters()).device
+    out = []
+    for a in range(0, ids.numel(), chunk):
+        b = min(ids.numel(), a + chunk)
+        hidden = model.base_model(
+            input_ids=ids[None, a:b].to(device), position_ids=torch.arange(a, b, device=device)[None], use_cache=True,
+            **cache_kwargs(model.base_model, cache),
+        ).last_hidden_state[0]
+        if b > first:
+            out.append(hidden[max(0, first - a):])
+    return torch.cat(out)
+
+
+@torch.no_grad()
+def replay(
+    model,
+    ids: torch.Tensor,
+    prompt_len: int,
+    policy: Policy | None,
+    interval: int,
+    config: SignalConfig | None = None,
+    compress_prompt: bool | None = None,
+    prefill_chunk: int = 2048,
+    max_block: int | None = None,
+    keep_logits: bool = False,
+) -> ReplayResult:
+    """Teacher-forced compressed decoding of ``ids`` after its first ``prompt_len`` tokens (module docstring).
+
+    ``policy=None`` is the full cache. ``compress_prompt`` defaults to the policy's own (RPC: False).
+    ``max_block`` splits a block between two compression points into forwards of at most that many
+    tokens (the same result, less memory); by default each block is one forward.
+    """
+    ids = torch.as_tensor(ids).flatten().long()
+    n, p = ids.numel(), prompt_len
+    if not 1 <= p < n:
+        raise FIError(f"the prompt length must lie in [1, {n - 1}] for a {n}-token sequence, got {p}")
+    if interval < 1:
+        raise FIError(f"interval must be >= 1 fed tokens, got {interval}")
+    if max_block is not None and max_block < 1:
+        raise FIError(f"max_block must be >= 1, got {max_block}")
+    check_model(model)
+    limit = context_limit(model.config)
+    if limit is not None and n - 1 > limit:
+        raise FIError(f"the sequence ({n - 1} fed tokens) exceeds the model's {context_phrase(model.config)}")
+    new = n - p  # what generate(max_new_tokens=new) would produce; it feeds new - 1 of them
+    if policy is not None:
+        check_budget(policy, p, new, policy.compress_prompt if compress_prompt is None else compress_prompt)
+    device = next(model.parameters()).device
+    ids = ids.to(device)
+    targets = ids[p:]
+    lm_head = decoder_parts(model)[2]
+
+    decoder = CompressedDecoder(model, policy, n, config, compress_prompt, prefill_chunk)
+    compressions: list[Compression] = []
+    out: dict[str, list[torch.Tensor]] = {k: [] for k in ("kl", "top1", "nll_c", "nll_f", "entries", "lf", "lc")}
+    try:
+        reference = _reference_hidden(model, ids[: n - 1], p - 1, prefill_chunk)
+
+        def score(logits: torch.Tensor, rows: slice, lengths: list[int]) -> None:
+            full = lm_head(reference[rows]).float()
+            (ref_p, ref_logits, ref_lse), nll_f = _terms(full, targets[rows])
+            _, nll_c = _terms(logits, targets[rows])
+            out["kl"].append(kl_from_reference(ref_p, ref_logits, ref_lse, logits[None])[0])
+            out["top1"].append(full.argmax(-1) == logits.argmax(-1))
+            out["nll_f"].append(nll_f)
+            out["nll_c"].append(nll_c)
+            out["entries"].append(sum(lengths) / len(lengths) + 1 + torch.arange(logits.shape[0], dtype=torch.float32))
+            if keep_logits:
+                out["lf"].append(full.cpu())
+                out["lc"].append(logits.cpu())
+
+        def log(keep: KeepMap | None, step: int) -> None:
+            if keep is not None:
+                compressions.append(Compression(step, decoder.seen, keep, [pos.clone() for pos in decoder.positions]))
+
+        with ragged_attention(model):
+            logits, keep = decoder.prefill(ids[:p])
+            prompt_lengths = [p - 1] * len(decoder.lengths())  # the last prompt row saw p entries
+            score(logits[None], slice(0, 1), prompt_lengths)
+            log(keep, 0)
+            fed = 0
+            while fed < new - 1:
+                stop = min(new - 1, (fed // interval + 1) * interval)
+                while fed < stop:
+                    b = stop if max_block is None else min(stop, fed + max_block)
+                    lengths = decoder.lengths()
+                    logits = decoder.block(ids[p + fed : p + b])
+                    score(logits, slice(fed + 1, b + 1), lengths)
+                    fed = b
+                if policy is not None and fed % interval == 0:
+                    log(decoder.compress(), fed)
+    finally:
+        decoder.close()
+
+    cat = {k: torch.cat(v).cpu() if v else None for k, v in out.items()}
+    return ReplayResult(
+        prompt_len=p, interval=interval, label=policy.label if policy is not None else "full",
+        positions=torch.arange(p - 1, n - 1), targets=targets.cpu(), kl=cat["kl"], top1_agree=cat["top1"],
+        nll_full=cat["nll_f"], nll_compressed=cat["nll_c"], entries=cat["entries"], compressions=compressions,
+        logits_full=cat["lf"], logits_compressed=cat["lc"],
+    )
