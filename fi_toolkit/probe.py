@@ -89,7 +89,7 @@ def log_sum_exp(logits: torch.Tensor) -> torch.Tensor:
 
 
 def kl_from_reference(ref_p: torch.Tensor, ref_logits: torch.Tensor, ref_lse: torch.Tensor,
-                      logits: torch.Tensor) -> torch.Tensor:
+                      logits: torch.Tensor, lse: torch.Tensor | None = None) -> torch.Tensor:
     """``KL(P_ref || P)`` per row over the full vocabulary -> ``[B, n]`` float32.
 
     ``ref_p``, ``ref_logits [n, V]`` and ``ref_lse [n]`` (float64, from float32 logits) describe the
@@ -102,9 +102,10 @@ def kl_from_reference(ref_p: torch.Tensor, ref_logits: torch.Tensor, ref_lse: to
     ``~c * 6e-8``. Here the logit differences are exact (float64), the normalisers accumulate in
     float64, and ``p`` is renormalised, so the result is accurate to ~1e-8 at any shift. Identical
     logits give exactly 0. Nothing is clamped: a value below ``-NEGATIVE_KL_TOLERANCE`` is an error.
+    ``lse`` passes the rows' own :func:`log_sum_exp` where the caller has it already.
     """
     logits = logits.float()
-    lse = log_sum_exp(logits)
+    lse = log_sum_exp(logits) if lse is None else lse
     p = ref_p.double()
     diff = logits.double().neg_().add_(ref_logits)
     kl = torch.einsum("nv,bnv->bn", p, diff) / p.sum(dim=-1) + (lse - ref_lse)

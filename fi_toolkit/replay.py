@@ -103,13 +103,17 @@ class ReplayResult:
         }
 
 
+def _nll(logits: torch.Tensor, lse: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """``-log P(target)`` per row from float32 ``logits [n, V]`` and their float64 normalisers -> float32."""
+    return (lse - logits.gather(1, targets[:, None])[:, 0].double()).float()
+
+
 def _terms(logits: torch.Tensor, targets: torch.Tensor):
-    """Float32 ``logits [n, V]`` -> (p, logits, lse) in float64 as :func:`kl_from_reference` reads them, and the NLLs."""
+    """Float32 reference ``logits [n, V]`` -> (p, logits, lse) in float64 as :func:`kl_from_reference` reads them, and the NLLs."""
     logits = logits.float()
     lse = log_sum_exp(logits)
-    nll = (lse - logits.gather(1, targets[:, None])[:, 0].double()).float()
     wide = logits.double()
-    return (torch.exp(wide - lse[:, None]), wide, lse), nll
+    return (torch.exp(wide - lse[:, None]), wide, lse), _nll(logits, lse, targets)
 
 
 @torch.no_grad()
@@ -177,8 +181,10 @@ def replay(
         def score(logits: torch.Tensor, rows: slice, lengths: list[int]) -> None:
             full = lm_head(reference[rows]).float()
             (ref_p, ref_logits, ref_lse), nll_f = _terms(full, targets[rows])
-            _, nll_c = _terms(logits, targets[rows])
-            out["kl"].append(kl_from_reference(ref_p, ref_logits, ref_lse, logits[None])[0])
+            logits = logits.float()
+            lse = log_sum_exp(logits)  # once, for the NLL and the KL
+            nll_c = _nll(logits, lse, targets[rows])
+            out["kl"].append(kl_from_reference(ref_p, ref_logits, ref_lse, logits[None], lse[None])[0])
             out["top1"].append(full.argmax(-1) == logits.argmax(-1))
             out["nll_f"].append(nll_f)
             out["nll_c"].append(nll_c)
