@@ -62,7 +62,7 @@ def probe(
     from .documents import read_texts, tokenize_texts
     from .experiment import max_context, noise_floor, noise_warning, probe_document, trace_document
     from .models import load_model
-    from .probe import check_chunks, parse_chunk
+    from .probe import CONTROL_LABELS, check_chunks, parse_chunk
     from .selections import parse_selections
 
     chunks = [parse_chunk(c) for c in chunk]
@@ -87,7 +87,7 @@ def probe(
         for doc in docs:
             task = bar.add_task(f"trace {doc.name}", total=None)
             trace = trace_document(lm, doc, p, config)
-            bar.update(task, description=f"probe {doc.name}", total=len(selections) + 2, completed=0)  # + the noise controls
+            bar.update(task, description=f"probe {doc.name}", total=len(selections) + len(CONTROL_LABELS), completed=0)
             tables.append(probe_document(
                 lm, doc, chunks, selections, prefix=p, sinks=sinks, config=config, batch_size=batch_size,
                 trace=trace, on_progress=lambda n, task=task: bar.advance(task, n),

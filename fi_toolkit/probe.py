@@ -199,6 +199,7 @@ class Reference:
 
 CONTROL = "control"  # the selector of the noise-floor controls
 NOISE_MARGIN = 10.0  # rows whose FI is below NOISE_MARGIN x the noise floor are flagged
+CONTROL_LABELS = (f"{CONTROL}:null", f"{CONTROL}:reorder")  # what noise_controls returns, in order
 
 
 def noise_controls(prefix_len: int, num_layers: int, num_kv_heads: int) -> list[TokenSet | KeepMap]:
@@ -214,9 +215,10 @@ def noise_controls(prefix_len: int, num_layers: int, num_kv_heads: int) -> list[
     """
     meta = {"selector": CONTROL}
     reverse = torch.arange(prefix_len - 1, -1, -1)
+    null, reorder = CONTROL_LABELS
     return [
-        TokenSet(f"{CONTROL}:null", torch.empty(0, dtype=torch.long), dict(meta)),
-        KeepMap(f"{CONTROL}:reorder", [reverse.expand(num_kv_heads, -1).clone() for _ in range(num_layers)], dict(meta)),
+        TokenSet(null, torch.empty(0, dtype=torch.long), dict(meta)),
+        KeepMap(reorder, [reverse.expand(num_kv_heads, -1).clone() for _ in range(num_layers)], dict(meta)),
     ]
 
 

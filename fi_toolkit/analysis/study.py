@@ -19,7 +19,7 @@ from ..budget import Budget
 from ..errors import FIError
 from ..experiment import max_context, noise_floor, trace_document
 from ..models import dtype_name
-from ..probe import Chunk, check_chunks
+from ..probe import CONTROL_LABELS, Chunk, check_chunks
 from ..trace import SignalConfig
 from .correlation import correlate_document, parse_candidates, summarize_correlations
 from .nearfar import (add_relative_columns, nearfar_chunks, nearfar_document, paired_tests, summarize_nearfar,
@@ -93,7 +93,7 @@ def run_correlate(
 
     def compute(doc):
         trace = trace_document(lm, doc, prefix, config)
-        total = min(trace.scored - sinks, parse_candidates(candidates)[1] or trace.scored) + 2  # + the noise controls
+        total = min(trace.scored - sinks, parse_candidates(candidates)[1] or trace.scored) + len(CONTROL_LABELS)
         done = [0]
 
         def tick(n):
