@@ -47,6 +47,7 @@ def probe(
     select: List[str] = typer.Option(None, "--select", "-s", help="entropy:B, attention:B, distance:B, infokv:B, random:B@SEED, positions:A-B,C remove a token set; policy:NAME@B evicts what a compression policy would. B is a budget: remove=X or keep=X (a bare X is keep=X), X a share of the prefix [0, p) (0.1) or a token count (100). Repeatable."),
     prefix: Optional[int] = typer.Option(None, help="Compression point p (default: smallest chunk start)."),
     sinks: int = typer.Option(4, help="First N positions are never picked by score-based or random selectors."),
+    future: str = typer.Option("document", help="What follows p: 'document' (its own tokens) or 'generated:N[@SEED]' (the model's continuation of the first p tokens with its full cache, greedy or sampled; the chunks must lie in [p, p + N])."),
     model: str = ModelOpt, device: str = DeviceOpt, dtype: str = DtypeOpt, upcast: bool = UpcastOpt,
     window: int = WindowOpt, top_k: int = TopKOpt, alpha: float = AlphaOpt, tau: float = TauOpt, pool: int = PoolOpt,
     entropy_of: str = EntropyOfOpt,
@@ -63,8 +64,10 @@ def probe(
     from .experiment import max_context, noise_floor, noise_warning, probe_document, trace_document
     from .models import load_model
     from .probe import CONTROL_LABELS, check_chunks, parse_chunk
+    from .evaluation.future import generated_document, parse_future
     from .selections import parse_selections
 
+    fut = parse_future(future)
     chunks = [parse_chunk(c) for c in chunk]
     selections = parse_selections(select or DEFAULT_SELECTIONS)
     config = _signal_config(window, top_k, alpha, tau, pool, entropy_of)
@@ -79,7 +82,16 @@ def probe(
         results.check_results_dir(out_dir, overwrite)
     started, t0 = results.now(), time.perf_counter()
     lm = load_model(model, device, dtype, upcast=upcast)
-    docs = tokenize_texts(texts, lm.tokenizer, max_tokens=max(c.end for c in chunks))
+    for c in chunks if fut.generated else []:
+        if c.end > p + fut.tokens:
+            raise FIError(f"chunk {c.label} ends past p + N = {p + fut.tokens:,}: --future {fut.label} generates "
+                          f"{fut.tokens:,} tokens after p={p}")
+    docs = tokenize_texts(texts, lm.tokenizer, max_tokens=p if fut.generated else max(c.end for c in chunks))
+    if fut.generated:
+        check_chunks(chunks, p, p + fut.tokens, max_context(lm))
+        with _progress() as bar:
+            bar.add_task(f"generate {fut.label}", total=None)
+            docs = [generated_document(lm, doc, p, fut) for doc in docs]
     for doc in docs:
         check_chunks(chunks, p, len(doc), max_context(lm))
     tables = []
@@ -100,7 +112,7 @@ def probe(
         "seconds": round(time.perf_counter() - t0, 2),
         "model": {**lm.describe(), "name": model}, "noise_floor": noise_floor(table),
         "documents": [{"name": d.name, "source": d.source, "sha256": d.sha256, "tokens_used": len(d)} for d in docs],
-        "prefix": p, "chunks": [c.label for c in chunks], "selections": [s.label for s in selections],
+        "prefix": p, "future": fut.label, "chunks": [c.label for c in chunks], "selections": [s.label for s in selections],
         "sinks": sinks, "batch_size": batch_size, "signals": dict(config.__dict__), "versions": results.versions(),
     }
     if out_dir is None:
@@ -199,9 +211,11 @@ def models():
 # --- commands defined in other modules register here (one import line each) ---
 from .cli_study import register as _register_study  # noqa: E402
 from .cli_generate import register as _register_generate  # noqa: E402
+from .cli_eval import register as _register_eval  # noqa: E402
 
 _register_study(app)
 _register_generate(app)
+_register_eval(app)
 
 
 def _line(message: str) -> str:

@@ -143,6 +143,7 @@ class CompressedDecoder:
         self.positions: list[torch.Tensor] = []
         self.protected: list[int] = []
         self.compression_seconds = 0.0
+        self.sharing = False  # CompressedDecoder.shared: prefilled once, then forked per policy
         tracking = policy is not None and policy.needs_signals
         self.tracker = (
             SignalTracker(model, self.config, capacity, policy.tracks_accumulated, policy.needs_token_signals)
@@ -152,6 +153,48 @@ class CompressedDecoder:
     def close(self) -> None:
         if self.tracker:
             self.tracker.close()
+
+    @classmethod
+    def shared(cls, model, capacity: int, config: SignalConfig | None = None, prefill_chunk: int = 2048) -> "CompressedDecoder":
+        """A decoder without a policy that tracks every signal any policy reads (H, D^(l), the window
+        queries, H2O's accumulator): prefill it once, then :meth:`fork` it per policy (``fi eval``
+        compares policies on one prefill forward instead of one each)."""
+        decoder = cls(model, None, capacity, config, compress_prompt=False, prefill_chunk=prefill_chunk)
+        decoder.capacity, decoder.sharing = capacity, True
+        decoder.tracker = SignalTracker(model, decoder.config, capacity, accumulate=True, token_signals=True)
+        return decoder
+
+    @torch.no_grad()
+    def fork(self, policy: Policy | None, compress_prompt: bool | None = None) -> tuple["CompressedDecoder", KeepMap | None]:
+        """A decoder for ``policy`` in the state :meth:`prefill` would have left it in on the same prompt:
+        the cache and the tracked signals copied from this prefilled :meth:`shared` decoder, then the
+        prompt compressed by the policy's rule. Returns it with the prefill keep map (None: not compressed).
+
+        The shared decoder's hooks were removed at the end of its prefill (they would record other
+        decoders' forwards), so it stays a source for further forks. The fork must be closed by the caller."""
+        if not self.sharing:
+            raise FIError("only a CompressedDecoder.shared(...) decoder can be forked")
+        if self.seen == 0 or any(l.keys.shape[2] != self.seen for l in self.cache.layers):
+            raise FIError("fork a shared decoder right after its prefill, before it feeds anything else")
+        for name in ("window", "top_k", "tau", "alpha"):  # what the shared signals were computed with
+            if policy is not None and hasattr(policy, name) and getattr(policy, name) != getattr(self.config, name):
+                raise FIError(f"the policy's {name} ({getattr(policy, name)}) differs from the shared prefill's "
+                              f"({getattr(self.config, name)})")
+        child = CompressedDecoder(self.model, policy, self.capacity, self.config, compress_prompt, self.prefill_chunk)
+        for i, layer in enumerate(self.cache.layers):
+            child.cache.update(layer.keys.clone(), layer.values.clone(), i)
+        p = child.seen = self.seen
+        child.positions = [pos.clone() for pos in self.positions]
+        child.protected = [0 if child.compress_prompt else p] * len(self.cache.layers)
+        t, c = self.tracker, child.tracker
+        if c is not None:
+            c.queries = [q.clone() for q in t.queries]
+            if c.token_signals:
+                c.entropy[:p], c.distance[:, :p] = t.entropy[:p], t.distance[:, :p]
+            if c.accumulated is not None:
+                c.accumulated = [a.clone() for a in t.accumulated]
+        keep = child.compress() if policy is not None and child.compress_prompt else None
+        return child, keep
 
     def _forward(self, ids: torch.Tensor, every_row: bool = False) -> torch.Tensor:
         """Feed ``ids [q]`` at the next positions; returns float32 logits of the last one ``[V]``
@@ -182,6 +225,8 @@ class CompressedDecoder:
         if self.tracker and self.tracker.accumulated is not None:
             self.tracker.accumulated = [self.tracker.received(i, l.keys) for i, l in enumerate(self.cache.layers)]
         keep = self.compress() if self.policy and self.compress_prompt else None
+        if self.sharing:
+            self.tracker.close()  # its state is final: forks copy it
         return logits, keep
 
     def _append_slots(self, q: int) -> None:

@@ -145,12 +145,15 @@ def replay(
     prefill_chunk: int = 2048,
     max_block: int | None = None,
     keep_logits: bool = False,
+    shared: "SharedPrompt | None" = None,
 ) -> ReplayResult:
     """Teacher-forced compressed decoding of ``ids`` after its first ``prompt_len`` tokens (module docstring).
 
     ``policy=None`` is the full cache. ``compress_prompt`` defaults to the policy's own (RPC: False).
     ``max_block`` splits a block between two compression points into forwards of at most that many
-    tokens (the same result, less memory); by default each block is one forward.
+    tokens (the same result, less memory); by default each block is one forward. ``shared``: a
+    :class:`SharedPrompt` of the same ``ids`` and prompt, whose prefill and reference are reused
+    (bitwise the same result as without it).
     """
     ids = torch.as_tensor(ids).flatten().long()
     n, p = ids.numel(), prompt_len
@@ -172,11 +175,17 @@ def replay(
     targets = ids[p:]
     lm_head = decoder_parts(model)[2]
 
-    decoder = CompressedDecoder(model, policy, n, config, compress_prompt, prefill_chunk)
+    if shared is not None and (shared.prompt_len != p or not torch.equal(shared.ids, ids)):
+        raise FIError("the shared prompt was prefilled for other token ids or another prompt length")
+    decoder = None if shared else CompressedDecoder(model, policy, n, config, compress_prompt, prefill_chunk)
     compressions: list[Compression] = []
     out: dict[str, list[torch.Tensor]] = {k: [] for k in ("kl", "top1", "nll_c", "nll_f", "entries", "lf", "lc")}
     try:
-        reference = _reference_hidden(model, ids[: n - 1], p - 1, prefill_chunk)
+        if shared:
+            reference = shared.reference
+            decoder, keep = shared.decoder.fork(policy, compress_prompt)
+        else:
+            reference = _reference_hidden(model, ids[: n - 1], p - 1, prefill_chunk)
 
         def score(logits: torch.Tensor, rows: slice, lengths: list[int]) -> None:
             full = lm_head(reference[rows]).float()
@@ -198,7 +207,10 @@ def replay(
                 compressions.append(Compression(step, decoder.seen, keep, [pos.clone() for pos in decoder.positions]))
 
         with ragged_attention(model):
-            logits, keep = decoder.prefill(ids[:p])
+            if shared:
+                logits = shared.logits
+            else:
+                logits, keep = decoder.prefill(ids[:p])
             prompt_lengths = [p - 1] * len(decoder.lengths())  # the last prompt row saw p entries
             score(logits[None], slice(0, 1), prompt_lengths)
             log(keep, 0)
@@ -214,7 +226,8 @@ def replay(
                 if policy is not None and fed % interval == 0:
                     log(decoder.compress(), fed)
     finally:
-        decoder.close()
+        if decoder is not None:
+            decoder.close()
 
     cat = {k: torch.cat(v).cpu() if v else None for k, v in out.items()}
     return ReplayResult(
@@ -223,3 +236,23 @@ def replay(
         nll_full=cat["nll_f"], nll_compressed=cat["nll_c"], entries=cat["entries"], compressions=compressions,
         logits_full=cat["lf"], logits_compressed=cat["lc"],
     )
+
+
+class SharedPrompt:
+    """One prefill and one full-cache reference, reused by the replays of ``ids`` under several
+    policies (``fi eval``): :meth:`CompressedDecoder.shared` tracks every policy's signals on the
+    prompt, and each replay forks it (:meth:`~fi_toolkit.generate.CompressedDecoder.fork`).
+    ``config``: the signal options every policy shares (window, top-k, tau, alpha); ``capacity``: the
+    most tokens a fork will hold (default: ``ids``' length; more for a longer free generation)."""
+
+    def __init__(self, model, ids: torch.Tensor, prompt_len: int, config: SignalConfig | None = None,
+                 prefill_chunk: int = 2048, capacity: int | None = None):
+        self.ids = torch.as_tensor(ids).flatten().long().to(next(model.parameters()).device)
+        self.prompt_len = p = prompt_len
+        n = self.ids.numel()
+        if not 1 <= p < n:
+            raise FIError(f"the prompt length must lie in [1, {n - 1}] for a {n}-token sequence, got {p}")
+        self.decoder = CompressedDecoder.shared(model, max(n, capacity or 0), config, prefill_chunk)
+        with torch.no_grad(), ragged_attention(model):
+            self.logits, _ = self.decoder.prefill(self.ids[:p])
+        self.reference = _reference_hidden(model, self.ids[: n - 1], p - 1, prefill_chunk)

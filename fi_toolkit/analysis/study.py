@@ -55,23 +55,29 @@ def _manifest(lm, run: ResumableRun, started: str, seconds: float, computed: lis
     }
 
 
-def _execute(lm, run: ResumableRun, docs, compute, summaries: Callable[[dict], dict], controls: str) -> dict:
-    """Run every document, write the summaries, then the manifest with each document's noise floor
-    (from the table named ``controls``, which holds the control rows)."""
+def execute_run(lm, run: ResumableRun, units, compute, summaries: Callable[[dict], dict],
+                extra: Callable[[dict], dict]) -> dict:
+    """Run every unit (document or task sample), write the summaries, then the manifest with
+    ``extra(tables)`` in it (the studies: each document's noise floor)."""
     started, t0 = results.now(), time.perf_counter()
     computed: list[str] = []
 
-    def wrapped(doc):
-        computed.append(doc.name)
-        return compute(doc)
+    def wrapped(unit):
+        computed.append(unit.name)
+        return compute(unit)
 
-    tables = run.run(docs, wrapped)
+    tables = run.run(units, wrapped)
     for name, table in summaries(tables).items():
         results.write_table(run.path / f"{name}.csv", table)
         tables[name] = table
-    extra = {"noise_floor": noise_floor(tables[controls])}
-    results.write_json(run.path / "manifest.json", _manifest(lm, run, started, time.perf_counter() - t0, computed, extra))
+    results.write_json(run.path / "manifest.json",
+                       _manifest(lm, run, started, time.perf_counter() - t0, computed, extra(tables)))
     return tables
+
+
+def _floors(controls: str) -> Callable[[dict], dict]:
+    """The manifest's noise floor per document, from the table named ``controls`` (its control rows)."""
+    return lambda tables: {"noise_floor": noise_floor(tables[controls])}
 
 
 def run_correlate(
@@ -104,8 +110,8 @@ def run_correlate(
         return correlate_document(lm.model, doc, trace, chunks, candidates, sinks, seed, n_resamples, batch_size,
                                   block, _token_text(lm), tick)
 
-    return _execute(lm, run, docs, compute,
-                    lambda t: {"correlation_summary": summarize_correlations(t["correlations"])}, "controls")
+    return execute_run(lm, run, docs, compute,
+                       lambda t: {"correlation_summary": summarize_correlations(t["correlations"])}, _floors("controls"))
 
 
 def run_nearfar(
@@ -138,4 +144,4 @@ def run_nearfar(
         return {"nearfar": nf, "nearfar_summary": summarize_nearfar(nf), "nearfar_tests": paired_tests(nf),
                 "token_class_summary": token_class_summary(tables["token_classes"])}
 
-    return _execute(lm, run, docs, compute, summaries, "nearfar")
+    return execute_run(lm, run, docs, compute, summaries, _floors("nearfar"))

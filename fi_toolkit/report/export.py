@@ -26,7 +26,7 @@ import pandas as pd
 from .. import results
 from ..analysis.runs import read_table
 from ..errors import FIError
-from . import figures
+from . import eval_figures, figures
 
 FORMATS = ("html", "md", "csv", "json")
 # Tables of each run kind, in display order; the ones shown in HTML/Markdown are marked True.
@@ -34,7 +34,11 @@ TABLES = {
     "correlate": [("correlation_summary", True), ("correlations", False), ("tokens", False)],
     "nearfar": [("nearfar_summary", True), ("nearfar_tests", True), ("token_class_summary", True),
                 ("nearfar", False), ("token_classes", False)],
+    "eval-text": [("replay_summary", True), ("segment_summary", False), ("replays", False), ("segments", False),
+                  ("positions", False)],
+    "eval-tasks": [("task_summary", True), ("kl_accuracy", True), ("answers", False)],
 }
+EVAL_KINDS = {"text": "eval-text", "tasks": "eval-tasks"}  # fi eval writes command 'eval' and settings.kind
 SHOWN_COLUMNS = {  # columns shown in HTML/Markdown (all columns stay in CSV/JSON)
     "correlation_summary": ["chunk", "signal", "scope", "layer", "method", "sampling", "weighted", "rho_mean",
                             "rho_std", "rho_min", "rho_max", "n_documents"],
@@ -56,9 +60,11 @@ def _check_manifest(manifest, manifest_file: Path) -> str:
     kind = manifest.get("command")
     if kind is None:
         raise FIError(f"'{manifest_file}' lacks the field 'command'; is it a fi correlate/nearfar manifest?")
-    if kind not in TABLES:
-        raise FIError(f"'{manifest_file.parent}' holds a '{kind}' run; fi report reads correlate and nearfar runs")
     settings = manifest.get("settings")
+    if kind == "eval" and isinstance(settings, dict):
+        kind = EVAL_KINDS.get(settings.get("kind"), kind)
+    if kind not in TABLES:
+        raise FIError(f"'{manifest_file.parent}' holds a '{kind}' run; fi report reads correlate, nearfar and eval runs")
     if not isinstance(settings, dict):
         raise FIError(f"'{manifest_file}' lacks the field 'settings' (an object); was it written by fi {kind}?")
     docs = settings.get("documents", [])
@@ -94,8 +100,13 @@ def load_run(path: Path) -> dict:
 
 
 def _figures(run: dict) -> list[tuple[str, object]]:
-    cap, t = figures.caption(run["manifest"]), run["tables"]
-    if run["kind"] == "nearfar":
+    cap, t = _caption(run), run["tables"]
+    if run["kind"] == "eval-text":
+        made = [("replay_vs_retention", eval_figures.replay_vs_retention(t["replay_summary"], cap)),
+                ("kl_over_position", eval_figures.kl_over_position(t["positions"], t["segments"], cap))]
+    elif run["kind"] == "eval-tasks":
+        made = [("accuracy_vs_retention", eval_figures.accuracy_vs_retention(t["task_summary"], cap))]
+    elif run["kind"] == "nearfar":
         made = [("fi_vs_distance", figures.nearfar_distance(t["nearfar"], cap)),
                 ("token_classes", figures.token_classes(t["token_class_summary"], cap))]
     else:
@@ -103,6 +114,23 @@ def _figures(run: dict) -> list[tuple[str, object]]:
                 ("rho_heatmap", figures.rho_heatmap(t["correlation_summary"], cap)),
                 ("rho_vs_distance", figures.rho_vs_distance(t["correlations"], cap))]
     return [(name, fig) for name, fig in made if fig is not None]
+
+
+def _caption(run: dict) -> str:
+    return eval_figures.eval_caption(run["manifest"]) if run["kind"].startswith("eval") else figures.caption(run["manifest"])
+
+
+def cross_run_tables(runs: list[dict]) -> pd.DataFrame | None:
+    """With a text and a task eval run: does mean replay KL predict task accuracy across (policy, budget)?"""
+    from ..evaluation.summaries import kl_accuracy_table
+
+    text = [r for r in runs if r["kind"] == "eval-text"]
+    tasks = [r for r in runs if r["kind"] == "eval-tasks"]
+    if not text or not tasks:
+        return None
+    replay = pd.concat([r["tables"]["replay_summary"] for r in text], ignore_index=True)
+    answers = pd.concat([r["tables"]["task_summary"] for r in tasks], ignore_index=True)
+    return kl_accuracy_table(answers, replay).iloc[1:].reset_index(drop=True)
 
 
 def _png(fig) -> bytes:
@@ -164,6 +192,22 @@ def _headline(run: dict) -> list[str]:
     """A few plain sentences of what the tables say (numbers from the tables, nothing new)."""
     t = run["tables"]
     lines = []
+    if run["kind"] == "eval-text":
+        s = t["replay_summary"]
+        for future, part in s.groupby("future", sort=False):
+            best = part[part["policy"] != "full"].sort_values("mean_kl").groupby("budget", sort=False).head(1)
+            for r in best.itertuples():
+                lines.append(f"{future}, {r.budget}: lowest mean replay KL {r.policy} ({r.mean_kl:.3g} nats, "
+                             f"top-1 agreement {r.top1_agreement:.3f}); noise floor {r.noise_floor:.1g}")
+        return lines
+    if run["kind"] == "eval-tasks":
+        for r in t["kl_accuracy"].itertuples():
+            lines.append(f"{r.comparison}: Spearman {r.rho:+.2f} (95% CI {r.ci_low:+.2f} .. {r.ci_high:+.2f}, {r.cells} cells)")
+        full = t["task_summary"][t["task_summary"]["policy"] == "full"]
+        for r in full.itertuples():
+            lines.append(f"full cache, {r.task} at {r.context} tokens ({r.protocol}): accuracy {r.accuracy:.2f} "
+                         f"over {r.samples} samples")
+        return lines
     if run["kind"] == "nearfar":
         tests = t["nearfar_tests"]
         far = tests[(tests["metric"].isin(["fi", "fi_share_near"])) & (tests["distance_from_p"] == tests["distance_from_p"].max())]
@@ -223,7 +267,12 @@ def build_report(run_dirs: Sequence[Path], out_dir: Path, formats: Sequence[str]
     written: list[Path] = []
     figs = {run["label"]: [(name, _png(fig)) for name, fig in _figures(run)] for run in runs} \
         if {"html", "md"} & set(formats) else {}
+    cross = cross_run_tables(runs)
     results.make_dir(out_dir)
+    if "csv" in formats and cross is not None:
+        target = out_dir / "tables" / "replay_kl_vs_task_accuracy.csv"
+        results.write_table(target, cross)
+        written.append(target)
     if "csv" in formats:
         for run in runs:
             for name, _ in TABLES[run["kind"]]:
@@ -233,23 +282,27 @@ def build_report(run_dirs: Sequence[Path], out_dir: Path, formats: Sequence[str]
     if "json" in formats:
         data = {"generated": results.now(), "runs": [
             {"label": r["label"], "directory": str(r["path"]), "command": r["kind"], "manifest": r["manifest"],
-             "tables": {name: _records(df) for name, df in r["tables"].items()}} for r in runs]}
+             "tables": {name: _records(df) for name, df in r["tables"].items()}} for r in runs],
+            "replay_kl_vs_task_accuracy": None if cross is None else _records(cross)}
         results.atomic_write_text(out_dir / "report.json", json.dumps(data, indent=1, allow_nan=False, default=str) + "\n")
         written.append(out_dir / "report.json")
     if "md" in formats:
-        written += _write_markdown(runs, figs, out_dir)
+        written += _write_markdown(runs, figs, out_dir, cross)
     if "html" in formats:
-        written.append(_write_html(runs, figs, out_dir))
+        written.append(_write_html(runs, figs, out_dir, cross))
     if overwrite:
         _remove_stale(out_dir, written)
     return written
 
 
-def _write_markdown(runs, figs, out_dir: Path) -> list[Path]:
+CROSS_TITLE = "Does mean replay KL predict task accuracy? (Spearman across policy x budget cells, bootstrap 95% CI)"
+
+
+def _write_markdown(runs, figs, out_dir: Path, cross: pd.DataFrame | None = None) -> list[Path]:
     """report.md and its figure files (listed after it)."""
     parts, pngs = ["# Forward Influence report", ""], []
     for run in runs:
-        parts += [f"## {_md(run['label'])} ({_md(run['kind'])})", "", _md(figures.caption(run["manifest"])), ""]
+        parts += [f"## {_md(run['label'])} ({_md(run['kind'])})", "", _md(_caption(run)), ""]
         parts += [f"- {_md(line)}" for line in _headline(run)] + [""]
         for name, png in figs.get(run["label"], []):
             f = out_dir / "figures" / f"{run['label']}__{name}.png"
@@ -263,17 +316,19 @@ def _write_markdown(runs, figs, out_dir: Path) -> list[Path]:
         if top is not None:
             parts += ["### tokens with the largest per-token FI (first chunk)", "", _md_table(top), ""]
         parts += [f"Full tables: {_md(run['path'])} (CSV), and tables/, report.json here.", ""]
+    if cross is not None:
+        parts += [f"## {_md(CROSS_TITLE)}", "", _md_table(cross), ""]
     path = out_dir / "report.md"
     results.atomic_write_text(path, "\n".join(parts))
     return [path] + pngs
 
 
-def _write_html(runs, figs, out_dir: Path) -> Path:
+def _write_html(runs, figs, out_dir: Path, cross: pd.DataFrame | None = None) -> Path:
     e = html.escape
     parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>Forward Influence report</title>"
              f"<style>{CSS}</style></head><body><h1>Forward Influence report</h1>"]
     for run in runs:
-        parts.append(f"<h2>{e(run['label'])} ({e(run['kind'])})</h2><p class='cap'>{e(figures.caption(run['manifest']))}</p>")
+        parts.append(f"<h2>{e(run['label'])} ({e(run['kind'])})</h2><p class='cap'>{e(_caption(run))}</p>")
         parts.append("<ul>" + "".join(f"<li>{e(line)}</li>" for line in _headline(run)) + "</ul>")
         for name, png in figs.get(run["label"], []):
             parts.append(f"<figure><img alt='{e(name)}' src='data:image/png;base64,{base64.b64encode(png).decode()}'/></figure>")
@@ -283,6 +338,8 @@ def _write_html(runs, figs, out_dir: Path) -> Path:
         top = _top_tokens(run)
         if top is not None:
             parts.append(f"<h3>tokens with the largest per-token FI (first chunk)</h3>{_html_table(top)}")
+    if cross is not None:
+        parts.append(f"<h2>{e(CROSS_TITLE)}</h2>{_html_table(cross)}")
     parts.append("</body></html>")
     path = out_dir / "report.html"
     results.atomic_write_text(path, "\n".join(parts))

@@ -1,0 +1,202 @@
+"""``fi eval``: the compressor on trial while the model decodes (a thin shell over :mod:`fi_toolkit.evaluation`).
+
+Two kinds of run, one command: documents (teacher-forced replay of the document or of the model's own
+continuation, ``--future``, plus free generation) or ``--task`` (generated long-context tasks answered
+greedily). Lists are comma-separated; every list and option is checked before the model is loaded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.table import Table
+
+from .cli_options import (AlphaOpt, DeviceOpt, DtypeOpt, EntropyOfOpt, ModelOpt, PoolOpt, TauOpt, TopKOpt, UpcastOpt,
+                          WindowOpt, _progress, _signal_config, err, out)
+from .cli_study import ResumeOpt, StudyOverwriteOpt, _read_documents
+from .errors import FIError
+
+DEFAULT_POLICIES = "infokv,snapkv,pyramidkv,streaming,h2o,knorm,random"
+DEFAULT_TASKS = "passkey,multikey_needle,variable_tracking"
+DEFAULT_CONTEXTS = "1024"  # where SmolLM2-135M solves passkey and multi-key needle (analyses/results/eval/task_lengths.csv)
+
+
+def split_list(text: str, option: str) -> list[str]:
+    """``a,b,c`` -> items; an empty item (``a,,b``, a trailing comma) or an empty list is refused."""
+    items = [t.strip() for t in text.split(",")]
+    if not text.strip() or any(not t for t in items):
+        raise FIError(f"{option} must be a comma-separated list without empty items, got '{text}'")
+    if len(set(items)) != len(items):
+        raise FIError(f"{option} lists an item twice: '{text}'")
+    return items
+
+
+def int_list(text: str, option: str, minimum: int = 1) -> list[int]:
+    values = []
+    for item in split_list(text, option):
+        try:
+            value = int(item)
+        except ValueError:
+            raise FIError(f"{option} must list whole numbers, got '{item}' in '{text}'") from None
+        if value < minimum:
+            raise FIError(f"{option} values must be >= {minimum}, got {value}")
+        values.append(value)
+    return values
+
+
+def make_policies(names: str, budgets: str, window: int, alpha: float, tau: float, top_k: int):
+    from .budget import Budget
+    from .policies import make_policy
+
+    parsed = [Budget.parse(b, "--budget") for b in split_list(budgets, "--budget")]
+    return [make_policy(name, budget=b, window=window, alpha=alpha, tau=tau, top_k=top_k)
+            for name in split_list(names, "--policy") for b in parsed]
+
+
+def eval_(
+    documents: List[str] = typer.Argument(None, help="Text/JSONL files or bundled names (default: alice); not with --task."),
+    policy: str = typer.Option(DEFAULT_POLICIES, "--policy", "-p", help="Comma-separated policies (the full cache is always measured beside them)."),
+    budget: str = typer.Option("0.1,0.25,0.5", "--budget", "-b", help="Comma-separated budgets: keep=X or remove=X (a bare X is keep=X), a share of what each compression may compress or a count."),
+    interval: int = typer.Option(256, help="Compress back to the budget every INTERVAL fed (or generated) tokens."),
+    prompt: int = typer.Option(1024, help="Text: prompt tokens (prefilled and compressed first)."),
+    length: Optional[int] = typer.Option(None, help="Text: tokens in all, prompt included (default: 2048; with --future generated:N it is prompt + N)."),
+    future: str = typer.Option("document", help="Text: 'document' (its own next tokens) or 'generated:N[@SEED]' (the model's continuation, greedy or sampled)."),
+    free_tokens: int = typer.Option(64, "--free-tokens", help="Text: greedy tokens generated freely per policy, compared with the full cache's (0: skip)."),
+    task: Optional[str] = typer.Option(None, "--task", help="Comma-separated tasks instead of documents: passkey, multikey_needle (niah), variable_tracking (vartrack)."),
+    context: str = typer.Option(DEFAULT_CONTEXTS, help="Tasks: comma-separated prompt lengths in tokens."),
+    samples: int = typer.Option(10, help="Tasks: samples per task and context (seeds 0..N-1)."),
+    protocol: str = typer.Option("question-agnostic", help="Tasks: question-agnostic (compress the context, then ask) and/or question-aware."),
+    max_new: int = typer.Option(12, "--max-new", help="Tasks: greedy answer tokens at most (the first line is scored)."),
+    resamples: int = typer.Option(1000, help="Bootstrap resamples per interval (0: none)."),
+    model: str = ModelOpt, device: str = DeviceOpt, dtype: str = DtypeOpt, upcast: bool = UpcastOpt,
+    window: int = WindowOpt, top_k: int = TopKOpt, alpha: float = AlphaOpt, tau: float = TauOpt, pool: int = PoolOpt,
+    entropy_of: str = EntropyOfOpt,
+    out_dir: Path = typer.Option(Path("runs/eval"), "--out", "-o", help="Results directory."),
+    resume: bool = ResumeOpt, overwrite: bool = StudyOverwriteOpt,
+):
+    """Replay KL, top-1 agreement, ΔNLL and free-generation agreement on text, or task accuracy, per policy and budget."""
+    from .analysis.runs import check_run_dir
+    from .generate import check_budget
+
+    config = _signal_config(window, top_k, alpha, tau, pool, entropy_of)
+    policies = make_policies(policy, budget, window, alpha, tau, top_k)
+    if interval < 1:
+        raise FIError(f"--interval must be >= 1, got {interval}")
+    if resamples < 0:
+        raise FIError(f"--resamples must be >= 0, got {resamples}")
+    if task is not None:
+        if documents:
+            raise FIError("give documents or --task, not both")
+        return _eval_tasks(task, context, samples, protocol, max_new, policies, config, interval, resamples,
+                           model, device, dtype, upcast, out_dir, resume, overwrite)
+    from .evaluation import TextSetting, parse_future
+
+    fut = parse_future(future)
+    if fut.generated and length is not None:
+        raise FIError(f"--length and --future {fut.label} both set the length; give one")
+    setting = TextSetting(prompt, length or 2048, interval, fut, free_tokens)
+    setting.check()
+    for p in policies:
+        check_budget(p, prompt, setting.total() - prompt, p.compress_prompt)
+    texts = _read_documents(documents)
+    check_run_dir(out_dir, "eval", resume, overwrite)
+    from .documents import tokenize_texts
+    from .evaluation import run_eval_text
+    from .models import load_model
+
+    lm = load_model(model, device, dtype, upcast=upcast)
+    docs = tokenize_texts(texts, lm.tokenizer, max_tokens=setting.length if not fut.generated else prompt)
+    with _progress() as bar:
+        tables = run_eval_text(lm, docs, out_dir, policies, setting, config, resume, overwrite,
+                               _bar(bar, "eval"), resamples)
+    _print_text(tables, len(docs), setting)
+    from .evaluation.run import text_noise_warning
+
+    warning = text_noise_warning(tables["replays"])
+    if warning:
+        err.print(warning, markup=False, highlight=False)
+    err.print(f"results: {out_dir}/ (replay_summary.csv, replays.csv, segments.csv, positions.csv, manifest.json)",
+              markup=False, highlight=False)
+
+
+def _eval_tasks(task, context, samples, protocol, max_new, policies, config, interval, resamples,
+                model, device, dtype, upcast, out_dir, resume, overwrite):
+    from .analysis.runs import check_run_dir
+    from .evaluation import make_units, run_eval_tasks, task_name
+    from .evaluation.task_runs import check_protocols
+    from .models import load_model
+
+    tasks = [task_name(t) for t in split_list(task, "--task")]
+    contexts = int_list(context, "--context")
+    protocols = check_protocols(split_list(protocol, "--protocol"))
+    if samples < 1:
+        raise FIError(f"--samples must be >= 1, got {samples}")
+    if max_new < 1:
+        raise FIError(f"--max-new must be >= 1, got {max_new}")
+    for p in policies:  # the smallest prompt a compression can see: the context without the question
+        if p.budget.kept(min(contexts)) <= config.window and p.compress_prompt:
+            raise FIError(f"budget {p.budget.label} keeps {p.budget.kept(min(contexts))} of a {min(contexts)}-token "
+                          f"context, not above the window of {config.window}")
+    check_run_dir(out_dir, "eval", resume, overwrite)
+    lm = load_model(model, device, dtype, upcast=upcast)
+    units = make_units(tasks, contexts, samples, lm.tokenizer, lm.model.config)
+    with _progress() as bar:
+        tables = run_eval_tasks(lm, units, out_dir, policies, protocols, config, max_new, interval, resume, overwrite,
+                                _bar(bar, "eval"), resamples)
+    _print_tasks(tables)
+    err.print(f"results: {out_dir}/ (task_summary.csv, answers.csv, kl_accuracy.csv, manifest.json)",
+              markup=False, highlight=False)
+
+
+def _bar(bar, label: str):
+    tasks: dict = {}
+
+    def progress(name: str, done: int, total: int):
+        if name not in tasks:
+            tasks[name] = bar.add_task(f"{label} {name}", total=total or None)
+        bar.update(tasks[name], completed=done)
+
+    return progress
+
+
+def _print_text(tables, n_docs: int, setting) -> None:
+    s = tables["replay_summary"]
+    t = Table(title=f"replay over {n_docs} document(s), {setting.future.label}, prompt {setting.prompt}, "
+                    f"{setting.total()} tokens, compressing every {setting.interval}")
+    ci = s["mean_kl_low"].notna().any()
+    for c in ("policy", "keep", "mean KL" + (" [95% CI]" if ci else ""), "top-1", "ΔNLL", "1st diff", "kept"):
+        t.add_column(c, justify="left" if c == "policy" else "right")
+    for _, r in s.iterrows():
+        kl = f"{r['mean_kl']:.3g}" + (f" [{r['mean_kl_low']:.3g}, {r['mean_kl_high']:.3g}]" if ci and r["mean_kl_low"] == r["mean_kl_low"] else "")
+        t.add_row(r["policy"], r["budget"].removeprefix("keep="), kl, f"{r['top1_agreement']:.3f}",
+                  f"{r['delta_nll']:+.4f}", f"{r['free_first_divergence']:.1f}", f"{r['kept_share']:.3f}")
+    out.print(t)
+    out.print("1st diff: tokens of free greedy generation before the first that differs from the full cache's "
+              "(mean over documents); kept: mean share of the entries each position attends to")
+
+
+def _print_tasks(tables) -> None:
+    s = tables["task_summary"]
+    t = Table(title="task accuracy (exact match, greedy; 95% CI over samples)")
+    for c in ("task", "context", "protocol", "policy", "budget", "accuracy [95% CI]", "full", "answer KL"):
+        t.add_column(c, justify="left" if c in ("task", "protocol", "policy", "budget") else "right")
+    for _, r in s.iterrows():
+        ci = "" if r["accuracy_low"] != r["accuracy_low"] else f" [{r['accuracy_low']:.2f}, {r['accuracy_high']:.2f}]"
+        t.add_row(SHORT_TASKS.get(r["task"], r["task"]), str(r["context"]), r["protocol"].removeprefix("question-"),
+                  r["policy"], r["budget"].removeprefix("keep="), f"{r['accuracy']:.2f}{ci}", f"{r['full_accuracy']:.2f}",
+                  f"{r['answer_kl']:.3g}")
+    out.print(t)
+    k = tables["kl_accuracy"]
+    for _, r in k.iterrows():
+        rho = "undefined (constant accuracy or KL)" if r["rho"] != r["rho"] else \
+            f"Spearman {r['rho']:+.2f} [{r['ci_low']:+.2f}, {r['ci_high']:+.2f}]"
+        out.print(f"{r['comparison']}: {rho} over {r['cells']} cells")
+
+
+SHORT_TASKS = {"multikey_needle": "niah", "variable_tracking": "vartrack"}
+
+
+def register(app: typer.Typer) -> None:
+    app.command("eval")(eval_)

@@ -1,0 +1,108 @@
+"""``fi eval`` as resumable runs (issue 9, part 6): one unit per document (text) or per generated
+task sample (tasks), saved as it finishes (:class:`~fi_toolkit.analysis.runs.ResumableRun`); the
+summaries are recomputed from the saved units at the end, so a resumed run equals an uninterrupted one.
+
+Text runs write ``positions``, ``segments``, ``replays`` (per document) and ``replay_summary``,
+``segment_summary``; task runs write ``answers`` (per sample) and ``task_summary``, ``kl_accuracy``.
+The manifest records ``kind`` (text or tasks) and, for text, the noise floor: the full-cache replay's
+mean KL per document and future.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+from typing import Callable
+
+import pandas as pd
+
+from ..analysis.runs import ResumableRun
+from ..analysis.study import execute_run
+from ..experiment import max_context
+from ..models import dtype_name
+from ..policies import Policy
+from ..trace import SignalConfig
+from .replays import FULL, TextSetting, evaluate_text
+from .summaries import kl_accuracy_table, summarise_answers, summarise_replays, summarise_segments
+from .task_runs import SampleUnit, evaluate_sample
+
+Progress = Callable[[str, int, int], None]
+NOISE_MARGIN = 10  # a compressed mean KL below 10x the full-cache replay's is at the noise floor
+
+
+def _model_settings(lm, config: SignalConfig, policies: list[Policy]) -> dict:
+    return {"model": lm.name, "dtype": dtype_name(lm.dtype), "compute_dtype": dtype_name(lm.compute_dtype),
+            "signals": asdict(config), "policies": [p.label for p in policies]}
+
+
+def text_noise_floor(replays: pd.DataFrame) -> dict:
+    """{document: {future: |mean KL| of the full-cache replay}}."""
+    full = replays[replays["policy"] == FULL]
+    return {d: {f: abs(float(v)) for f, v in zip(part["future"], part["mean_kl"])} for d, part in full.groupby("document")}
+
+
+def text_noise_warning(replays: pd.DataFrame) -> str | None:
+    floor = replays[replays["policy"] == FULL].set_index(["document", "future"])["mean_kl"].abs()
+    rows = replays[replays["policy"] != FULL]
+    limit = [NOISE_MARGIN * floor.get((d, f), 0.0) for d, f in zip(rows["document"], rows["future"])]
+    low = rows[rows["mean_kl"].abs() < limit]
+    if not len(low):
+        return None
+    return (f"warning: {len(low)} of {len(rows)} compressed replays have a mean KL below {NOISE_MARGIN}x the full-cache "
+            f"replay's (the noise floor), e.g. {low.iloc[0]['policy']}@{low.iloc[0]['budget']} on {low.iloc[0]['document']}")
+
+
+def run_eval_text(
+    lm, docs, out_dir: Path, policies: list[Policy], setting: TextSetting, config: SignalConfig,
+    resume: bool = False, overwrite: bool = False, progress: Progress | None = None, n_resamples: int = 1000,
+) -> dict[str, pd.DataFrame]:
+    """Replays and free generations of every document -> per-document and summary tables (module docstring)."""
+    setting.check()
+    limit = max_context(lm)
+    for doc in docs:
+        if not setting.future.generated:
+            doc.require(setting.length, f"--length {setting.length}")
+        else:
+            doc.require(setting.prompt, f"the --prompt of {setting.prompt}")
+    if limit is not None and setting.total() > limit:
+        from ..errors import FIError
+
+        raise FIError(f"--prompt + future ({setting.total():,} tokens) exceeds the model's context of {limit:,}")
+    settings = {"kind": "text", **_model_settings(lm, config, policies),
+                "documents": [{"name": d.name, "sha256": d.sha256, "tokens": len(d)} for d in docs],
+                "prompt": setting.prompt, "length": setting.total(), "interval": setting.interval,
+                "future": setting.future.label, "free_tokens": setting.free_tokens}
+    run = ResumableRun(out_dir, "eval", settings, resume, overwrite)
+
+    def compute(doc):
+        tick = (lambda done, total: progress(doc.name, done, total)) if progress else None
+        return evaluate_text(lm.model, doc.ids, doc.name, policies, setting, config, progress=tick)
+
+    def summaries(tables):
+        return {"replay_summary": summarise_replays(tables["replays"], n_resamples),
+                "segment_summary": summarise_segments(tables["segments"])}
+
+    return execute_run(lm, run, docs, compute, summaries,
+                   lambda t: {"kind": "text", "noise_floor": text_noise_floor(t["replays"])})
+
+
+def run_eval_tasks(
+    lm, units: list[SampleUnit], out_dir: Path, policies: list[Policy], protocols: list[str], config: SignalConfig,
+    max_new: int = 12, interval: int = 1024, resume: bool = False, overwrite: bool = False,
+    progress: Progress | None = None, n_resamples: int = 1000,
+) -> dict[str, pd.DataFrame]:
+    """Every task sample under the full cache and every policy -> ``answers``, ``task_summary``, ``kl_accuracy``."""
+    settings = {"kind": "tasks", **_model_settings(lm, config, policies), "protocols": list(protocols),
+                "max_new": max_new, "interval": interval,
+                "documents": [{"name": u.name, "sha256": u.sha256, "tokens": len(u)} for u in units]}
+    run = ResumableRun(out_dir, "eval", settings, resume, overwrite)
+
+    def compute(unit):
+        tick = (lambda done, total: progress(unit.name, done, total)) if progress else None
+        return {"answers": evaluate_sample(lm, unit, policies, protocols, max_new, interval, config, progress=tick)}
+
+    def summaries(tables):
+        summary = summarise_answers(tables["answers"], n_resamples)
+        return {"task_summary": summary, "kl_accuracy": kl_accuracy_table(summary, None, n_resamples)}
+
+    return execute_run(lm, run, units, compute, summaries, lambda t: {"kind": "tasks"})

@@ -1,0 +1,107 @@
+"""Summaries of an evaluation (issue 9, part 5): per setting x policy x budget, means with bootstrap
+95 % intervals (:func:`scipy.stats.bootstrap`, percentile method, seeded), and the question whether
+mean replay KL predicts task accuracy (Spearman across policy x budget cells, with a bootstrap CI).
+
+Intervals resample the independent units: documents for text (positions within one document are
+correlated), samples for tasks. With fewer than two units there is no interval (NaN).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from ..analysis.correlation import correlation
+
+CONFIDENCE = 0.95
+
+
+def mean_ci(values, n_resamples: int = 1000, seed: int = 0) -> tuple[float, float, float]:
+    """(mean, low, high): the percentile bootstrap interval of the mean; constant data gives (v, v, v)."""
+    x = np.asarray(values, dtype=np.float64)
+    x = x[np.isfinite(x)]
+    if x.size == 0:
+        return (np.nan,) * 3
+    mean = float(x.mean())
+    if x.size < 2 or n_resamples <= 0:
+        return mean, np.nan, np.nan
+    if np.ptp(x) == 0:
+        return mean, mean, mean
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", stats.DegenerateDataWarning)
+        ci = stats.bootstrap((x,), np.mean, n_resamples=n_resamples, confidence_level=CONFIDENCE,
+                             method="percentile", rng=np.random.default_rng(seed)).confidence_interval
+    return mean, float(ci.low), float(ci.high)
+
+
+def _summarise(table: pd.DataFrame, keys: list[str], metrics: dict[str, str], n_resamples: int, seed: int,
+               count: str) -> pd.DataFrame:
+    rows = []
+    for group, part in table.groupby(keys, sort=False, dropna=False):
+        row = dict(zip(keys, group if isinstance(group, tuple) else (group,)))
+        row[count] = len(part)
+        for name, column in metrics.items():
+            row[name], row[f"{name}_low"], row[f"{name}_high"] = mean_ci(part[column], n_resamples, seed)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+REPLAY_METRICS = {"mean_kl": "mean_kl", "top1_agreement": "top1_agreement", "delta_nll": "delta_nll",
+                  "free_first_divergence": "free_first_divergence", "kept_share": "kept_share"}
+
+
+def summarise_replays(replays: pd.DataFrame, n_resamples: int = 1000, seed: int = 0) -> pd.DataFrame:
+    """Per (future, policy, budget): each metric's mean over documents with its interval."""
+    out = _summarise(replays, ["future", "policy", "budget", "retention"], REPLAY_METRICS, n_resamples, seed, "documents")
+    floor = replays[replays["policy"] == "full"].groupby("future")["mean_kl"].apply(lambda s: s.abs().max())
+    out["noise_floor"] = out["future"].map(floor)
+    return out
+
+
+def summarise_segments(segments: pd.DataFrame) -> pd.DataFrame:
+    """Mean KL in the interval after each compression, averaged over documents."""
+    keys = ["future", "policy", "budget", "retention", "segment"]
+    return (segments.groupby(keys, sort=False, dropna=False)
+            .agg(compressed_at_seen=("compressed_at_seen", "first"), mean_kl=("mean_kl", "mean"),
+                 top1_agreement=("top1_agreement", "mean"), documents=("document", "nunique")).reset_index())
+
+
+def summarise_answers(answers: pd.DataFrame, n_resamples: int = 1000, seed: int = 0) -> pd.DataFrame:
+    """Per (task, context, protocol, policy, budget): accuracy with its interval, the full cache's
+    accuracy beside it, and the mean answer KL."""
+    table = answers.assign(correct=answers["correct"].astype(float))
+    keys = ["task", "context", "protocol", "policy", "budget", "retention"]
+    out = _summarise(table, keys, {"accuracy": "correct", "answer_kl": "answer_kl"}, n_resamples, seed, "samples")
+    full = out[out["policy"] == "full"].set_index(["task", "context", "protocol"])["accuracy"]
+    out.insert(out.columns.get_loc("accuracy"), "full_accuracy",
+               [full.get((t, c, p), np.nan) for t, c, p in zip(out["task"], out["context"], out["protocol"])])
+    return out
+
+
+def kl_predicts_accuracy(kl: pd.Series, accuracy: pd.Series, label: str, n_resamples: int = 1000, seed: int = 0) -> dict:
+    """Spearman of ``kl`` against ``accuracy`` over the cells both hold (aligned on the index), with
+    its bootstrap CI; a negative rho means: more divergence, fewer right answers."""
+    both = pd.concat([kl.rename("kl"), accuracy.rename("accuracy")], axis=1, join="inner").dropna()
+    row = correlation(both["kl"].to_numpy(), both["accuracy"].to_numpy(), "spearman", n_resamples, seed=seed)
+    return {"comparison": label, "cells": len(both), **row}
+
+
+def kl_accuracy_table(answer_summary: pd.DataFrame, replay_summary: pd.DataFrame | None = None,
+                      n_resamples: int = 1000, seed: int = 0) -> pd.DataFrame:
+    """Does divergence predict accuracy? Cells are compressed (policy, budget) settings per task,
+    context and protocol. Always: the answer KL on the task itself. With a text run's summary: its mean
+    replay KL per (policy, budget) against the task accuracy of the same (policy, budget)."""
+    cells = answer_summary[answer_summary["policy"] != "full"]
+    idx = ["task", "context", "protocol", "policy", "budget"]
+    rows = [kl_predicts_accuracy(cells.set_index(idx)["answer_kl"], cells.set_index(idx)["accuracy"],
+                                 "answer KL vs accuracy (all task cells)", n_resamples, seed)]
+    if replay_summary is not None and len(replay_summary):
+        replay = replay_summary[replay_summary["policy"] != "full"]
+        for future, part in replay.groupby("future", sort=False):
+            kl = part.set_index(["policy", "budget"])["mean_kl"]
+            acc = cells.groupby(["policy", "budget"])["accuracy"].mean()
+            rows.append(kl_predicts_accuracy(kl, acc, f"replay KL ({future}) vs mean task accuracy", n_resamples, seed))
+    return pd.DataFrame(rows)

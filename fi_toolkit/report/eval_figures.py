@@ -1,0 +1,119 @@
+"""Figures of ``fi eval`` runs (issue 9, part 5): kvpress-style metric against retention (one line per
+policy, bootstrap 95 % bands, the full cache as a dashed line) and KL over position with the
+compression points marked.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from .figures import _finish, _spans_decades, plt, sns
+
+POLICY_ORDER = ["infokv", "snapkv", "pyramidkv", "streaming", "h2o", "knorm", "random", "rpc"]
+
+
+def eval_caption(manifest: dict) -> str:
+    s, model = manifest.get("settings", {}), manifest.get("model", {})
+    units = [d["name"] for d in s.get("documents", [])]
+    names = ", ".join(units[:6]) + (f" (+{len(units) - 6} more)" if len(units) > 6 else "")
+    if s.get("kind") == "tasks":
+        what = (f"{len(units)} task sample(s): {names} | protocols {', '.join(s.get('protocols', []))} | "
+                f"greedy answers of at most {s.get('max_new')} tokens")
+    else:
+        what = (f"{len(units)} document(s): {names} | prompt {s.get('prompt')} tokens, {s.get('length')} in all, "
+                f"future {s.get('future')} | compression every {s.get('interval')} tokens")
+        floors = [v for per in (manifest.get("noise_floor") or {}).values() for v in per.values()]
+        if floors:
+            what += f" | noise floor (full-cache replay KL) <= {max(floors):.1g} nats"
+    return (f"model {model.get('name', s.get('model'))} ({model.get('dtype')} weights, {model.get('compute_dtype')} "
+            f"arithmetic) | {what}")
+
+
+def _order(policies) -> list[str]:
+    present = [p for p in dict.fromkeys(policies) if p != "full"]
+    return [p for p in POLICY_ORDER if p in present] + [p for p in present if p not in POLICY_ORDER]
+
+
+def _against_retention(ax, part: pd.DataFrame, metric: str, label: str, legend: bool) -> None:
+    full = part[part["policy"] == "full"]
+    rows = part[(part["policy"] != "full") & part["retention"].notna()]
+    colors = dict(zip(_order(rows["policy"]), sns.color_palette("tab10")))
+    for policy, color in colors.items():
+        p = rows[rows["policy"] == policy].sort_values("retention")
+        ax.plot(p["retention"], p[metric], marker="o", color=color, label=policy)
+        if f"{metric}_low" in p and p[f"{metric}_low"].notna().any():
+            ax.fill_between(p["retention"], p[f"{metric}_low"], p[f"{metric}_high"], color=color, alpha=0.15, lw=0)
+    if len(full) and metric in full:
+        ax.axhline(float(full[metric].mean()), color="#333", ls="--", lw=1, label="full cache")
+    if metric == "mean_kl" and _spans_decades(rows[metric]):
+        ax.set_yscale("log")
+    ax.set_xlabel("retention (share of the cache kept)")
+    ax.set_ylabel(label)
+    if legend:
+        ax.legend(fontsize=8)
+
+
+def replay_vs_retention(summary: pd.DataFrame, text: str):
+    """Mean replay KL, top-1 agreement and ΔNLL against retention, one panel each (per future: rows)."""
+    if summary.empty:
+        return None
+    futures = list(dict.fromkeys(summary["future"]))
+    metrics = [("mean_kl", "mean KL(full || compressed) (nats)"), ("top1_agreement", "top-1 agreement"),
+               ("delta_nll", "ΔNLL of the true token (nats)")]
+    fig, axes = plt.subplots(len(futures), 3, figsize=(15, 4.2 * len(futures)), squeeze=False)
+    for r, future in enumerate(futures):
+        for c, (metric, label) in enumerate(metrics):
+            _against_retention(axes[r][c], summary[summary["future"] == future], metric, label, r == 0 and c == 0)
+            axes[r][c].set_title(f"future: {future}", fontsize=10)
+    fig.suptitle("Decoding replay against retention (mean over documents, bootstrap 95% bands)", fontsize=11)
+    return _finish(fig, text)
+
+
+def accuracy_vs_retention(summary: pd.DataFrame, text: str):
+    """Task accuracy against retention, one panel per task x context x protocol."""
+    if summary.empty:
+        return None
+    groups = list(summary.groupby(["task", "context", "protocol"], sort=False))
+    cols = min(3, len(groups))
+    rows = -(-len(groups) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 4 * rows), squeeze=False)
+    for i, ((task, context, protocol), part) in enumerate(groups):
+        ax = axes[i // cols][i % cols]
+        _against_retention(ax, part, "accuracy", "exact-match accuracy", i == 0)
+        ax.set_ylim(-0.05, 1.05)
+        ax.set_title(f"{task}, {context} tokens, {protocol}", fontsize=10)
+    for j in range(len(groups), rows * cols):
+        axes[j // cols][j % cols].axis("off")
+    fig.suptitle("Task accuracy against retention (bootstrap 95% bands over samples; dashed: full cache)", fontsize=11)
+    return _finish(fig, text)
+
+
+def kl_over_position(positions: pd.DataFrame, segments: pd.DataFrame, text: str, smooth: int = 16):
+    """KL over position for the first document and future, one panel per budget, compression points marked."""
+    if positions.empty:
+        return None
+    doc, future = positions["document"].iloc[0], positions["future"].iloc[0]
+    part = positions[(positions["document"] == doc) & (positions["future"] == future) & (positions["policy"] != "full")]
+    budgets = list(dict.fromkeys(part["budget"]))
+    if not budgets:
+        return None
+    fig, axes = plt.subplots(len(budgets), 1, figsize=(12, 3.4 * len(budgets)), squeeze=False, sharex=True)
+    colors = dict(zip(_order(part["policy"]), sns.color_palette("tab10")))
+    for i, budget in enumerate(budgets):
+        ax = axes[i][0]
+        b = part[part["budget"] == budget]
+        for policy, color in colors.items():
+            p = b[b["policy"] == policy].sort_values("position")
+            if len(p):
+                ax.plot(p["position"], p["kl"].rolling(smooth, min_periods=1).mean(), color=color, lw=1, label=policy)
+        seg = segments[(segments["document"] == doc) & (segments["future"] == future) & (segments["budget"] == budget)]
+        for seen in sorted(set(seg["compressed_at_seen"]) - {0}):
+            ax.axvline(seen, color="#999", ls=":", lw=0.8)
+        if _spans_decades(b["kl"].clip(lower=1e-12)):
+            ax.set_yscale("log")
+        ax.set_ylabel(f"KL (nats), {budget}")
+        if i == 0:
+            ax.legend(fontsize=8, ncol=4)
+    axes[-1][0].set_xlabel("position (dotted: compressions; rolling mean over %d positions)" % smooth)
+    fig.suptitle(f"Replay KL over position: {doc}, future {future}", fontsize=11)
+    return _finish(fig, text)
