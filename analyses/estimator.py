@@ -1,11 +1,11 @@
 """Does the Fisher (gradient) estimate of per-token FI rank positions like exact leave-one-out? (issue 10)
 
 For each compression point (default p = 512 with chunks 512:640, 768:896 and p = 1024 with chunks
-1024:1280, 1792:2048: a near and a far chunk each) and each bundled document: ``fi correlate
+1024:1280, 1536:1664: a near and a far chunk each; 1792:2048 would triple the exact cost at p = 1024) and each bundled document: ``fi correlate
 --estimator fisher --samples 16 --validate 64`` (the estimate at every position of [4, p - 32),
 exact leave-one-out FI at 64 entropy-stratified positions, Spearman / Pearson / top-10 % overlap
 with bootstrap 95 % CIs). Then the sinks and their neighbours, which no study candidate covers:
-exact FI and the estimate at positions 0-7 (``--sink-positions``). Finally, per-layer estimates: the
+exact FI at positions 0-7 (``--sink-positions``) beside their estimates. Finally, per-layer estimates: the
 mean share of each layer in the sum of per-layer estimates.
 
     .venv/bin/python analyses/estimator.py                 # about 40 min on 2 CPU cores
@@ -33,12 +33,11 @@ from _common import ROOT  # noqa: E402
 from fi_toolkit import load_model, results  # noqa: E402
 from fi_toolkit.analysis import per_token_fi, run_correlate  # noqa: E402
 from fi_toolkit.documents import load_document  # noqa: E402
-from fi_toolkit.estimator import fisher_fi  # noqa: E402
 from fi_toolkit.probe import parse_chunk  # noqa: E402
 from fi_toolkit.trace import trace_prefix  # noqa: E402
 
 COPIED = ("agreement.csv", "agreement_summary.csv", "validation.csv", "estimator_time.csv", "controls.csv",
-          "manifest.json")
+          "sink_estimates.csv", "manifest.json")
 
 
 def parse_config(text: str):
@@ -46,16 +45,23 @@ def parse_config(text: str):
     return int(prefix), [parse_chunk(c) for c in chunks.split(",")]
 
 
-def sink_rows(lm, doc, prefix, chunks, positions, samples, seed) -> pd.DataFrame:
-    """Exact FI and the estimate (every layer and head) at ``positions`` (the sinks and their neighbours)."""
+def sink_rows(lm, doc, prefix, chunks, n_positions, tables) -> pd.DataFrame:
+    """Exact FI at positions ``[0, n_positions)`` (the sinks and their neighbours) beside the run's estimates."""
+    positions = torch.arange(n_positions)
     trace = trace_prefix(lm.model, doc.ids, prefix)
-    est = fisher_fi(lm.model, trace, doc.ids, chunks, samples, seed)
     exact = per_token_fi(lm.model, trace, doc.ids, positions, chunks).fi()[2:].double()
-    return pd.concat([pd.DataFrame({
-        "document": doc.name, "prefix": prefix, "chunk": c.label, "position": positions.numpy(),
-        "fi_exact": exact[:, k].numpy(), "fi_estimate": est.fi[positions, k].numpy(),
-        "fi_se": est.se[positions, k].numpy(), "median_estimate_all": float(est.fi[4:prefix - 32, k].median()),
-    }) for k, c in enumerate(chunks)], ignore_index=True)
+    tokens = tables["tokens"][tables["tokens"]["document"] == doc.name]
+    estimates = pd.concat([tables["sink_estimates"][tables["sink_estimates"]["document"] == doc.name],
+                           tokens[["document", "position", "chunk", "fi", "fi_se"]].rename(columns={"fi": "fi_estimate"})])
+    rows = []
+    for k, c in enumerate(chunks):
+        part = estimates[estimates["chunk"] == c.label].set_index("position")
+        median = float(tokens.loc[tokens["chunk"] == c.label, "fi"].median())
+        for j in range(n_positions):
+            rows.append({"document": doc.name, "prefix": prefix, "chunk": c.label, "position": j,
+                         "fi_exact": float(exact[j, k]), "fi_estimate": float(part.loc[j, "fi_estimate"]),
+                         "fi_se": float(part.loc[j, "fi_se"]), "median_estimate_candidates": median})
+    return pd.DataFrame(rows)
 
 
 def layer_shares(tokens: pd.DataFrame) -> pd.DataFrame:
@@ -72,12 +78,12 @@ def layer_shares(tokens: pd.DataFrame) -> pd.DataFrame:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--documents", default="alice,hamlet,botchan")
-    ap.add_argument("--configs", nargs="+", default=["512:512:640,768:896", "1024:1024:1280,1792:2048"],
+    ap.add_argument("--configs", nargs="+", default=["512:512:640,768:896", "1024:1024:1280,1536:1664"],
                     help="PREFIX:CHUNK,CHUNK per compression point")
     ap.add_argument("--samples", type=int, default=16)
     ap.add_argument("--validate", type=int, default=64)
     ap.add_argument("--sink-positions", type=int, default=8, help="exact and estimated FI at positions [0, N)")
-    ap.add_argument("--sink-prefixes", default="512", help="compression points of the sink comparison")
+    ap.add_argument("--sink-prefixes", default="512,1024", help="compression points of the sink comparison")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "analyses" / "estimator")
     ap.add_argument("--results", type=Path, default=ROOT / "analyses" / "results" / "estimator")
@@ -100,14 +106,13 @@ def main(argv=None) -> int:
             results.atomic_copy(out / name, target / name)
         results.write_table(target / "layer_shares.csv", layer_shares(tables["tokens"]))
         if str(prefix) in args.sink_prefixes.split(","):
-            positions = torch.arange(args.sink_positions)
-            sinks = pd.concat([sink_rows(lm, d, prefix, chunks, positions, args.samples, args.seed) for d in docs],
+            sinks = pd.concat([sink_rows(lm, d, prefix, chunks, args.sink_positions, tables) for d in docs],
                               ignore_index=True)
             results.write_table(target / "sinks.csv", sinks)
             lines.append(f"\nsinks and neighbours, p={prefix} (exact FI, estimate, estimate / median estimate):")
             for r in sinks.itertuples():
                 lines.append(f"  {r.document:>8} {r.chunk:>9} pos {r.position}: exact {r.fi_exact:.3g}, "
-                             f"estimate {r.fi_estimate:.3g} (se {r.fi_se:.2g}), x{r.fi_estimate / r.median_estimate_all:.0f}")
+                             f"estimate {r.fi_estimate:.3g} (se {r.fi_se:.2g}), x{r.fi_estimate / r.median_estimate_candidates:.0f}")
         a = tables["agreement"]
         lines.append(f"\np={prefix}, chunks {', '.join(c.label for c in chunks)}, {args.validate} validated of "
                      f"{prefix - 36} positions per document, {args.samples} samples; {time.perf_counter() - t0:.0f} s")

@@ -199,12 +199,15 @@ def fisher_fi(
                           time.perf_counter() - t0, {"seed": seed})
 
 
+@torch.no_grad()  # forward-mode AD is not affected by no_grad
 def expected_fisher(
     model, trace: Trace, ids: torch.Tensor, positions: torch.Tensor, chunks: Sequence[Chunk], block: int = 512,
+    layer: int | None = None, head: int | None = None,
 ) -> torch.Tensor:
     """The full-vocabulary expectation of the estimate (no sampling) at ``positions`` -> ``[len(positions), K]``
-    float64: per position one forward-mode pass gives ``dh_t/db_j`` (bias on every layer and head),
-    then ``1/2 mean_{t in C} Var_{y~P_t}(W_y . dh_t/db_j)`` over the full vocabulary, in float64."""
+    float64: per position one forward-mode pass gives ``dh_t/db_j`` (the bias on every layer and head,
+    or on ``layer`` only, or on its KV ``head`` only), then ``1/2 mean_{t in C} Var_{y~P_t}(W_y . dh_t/db_j)``
+    over the full vocabulary, in float64."""
     p, device, cont, capture, rows = _prepare(model, trace, ids, chunks)
     lm_head = decoder_parts(model)[2]
     weight = lm_head.weight.double()
@@ -212,8 +215,8 @@ def expected_fisher(
     shape = (trace.num_layers, trace.num_kv_heads, p)
     for i, j in enumerate(torch.as_tensor(positions).tolist()):
         tangent = torch.zeros(shape, device=device)
-        tangent[..., j] = 1.0
-        with torch.no_grad(), forward_ad.dual_level():
+        tangent[(slice(None) if layer is None else layer, slice(None) if head is None else head, j)] = 1.0
+        with forward_ad.dual_level():
             bias = forward_ad.make_dual(torch.zeros(shape, device=device), tangent)
             with attention_bias(model, bias, eager=True):
                 primal, dh = forward_ad.unpack_dual(_hidden(model, trace, cont, capture, block))

@@ -97,6 +97,10 @@ def estimated_fi(
                                               "distance_from_p", "fi"]), columns)
     measured.tables["estimator_time"] = pd.DataFrame([{"document": doc.name, "positions": int(pool.numel()),
                                                        "samples": samples, "seconds": round(est.seconds, 2)}])
+    measured.tables["sink_estimates"] = pd.DataFrame([  # the excluded sinks, for comparison with the candidates
+        {"document": doc.name, "position": j, "chunk": c.label, "fi_estimate": float(est.fi[j, k]),
+         "fi_se": float(est.se[j, k])} for j in range(sinks) for k, c in enumerate(chunks)],
+        columns=["document", "position", "chunk", "fi_estimate", "fi_se"])
     if validate:
         picked, weights = candidate_positions(trace, f"stratified:{validate}", sinks, seed)
         result = per_token_fi(model, trace, doc.ids, picked, chunks, batch_size, block, on_progress)
