@@ -156,17 +156,22 @@ def scores(
     model: str = ModelOpt, device: str = DeviceOpt, dtype: str = DtypeOpt, upcast: bool = UpcastOpt,
     window: int = WindowOpt, top_k: int = TopKOpt, alpha: float = AlphaOpt, tau: float = TauOpt, pool: int = PoolOpt,
     entropy_of: str = EntropyOfOpt,
+    fi_chunk: List[str] = typer.Option(None, "--fi-chunk", help="Also per-token FI of every prefix position on this future chunk START:END (repeatable): columns fi_<chunk> (and fi_se_<chunk> for fisher)."),
+    estimator: Optional[str] = typer.Option(None, help="With --fi-chunk: 'fisher' (the gradient estimate, the default here) or 'exact' (leave-one-out, one forward per position)."),
+    samples: Optional[int] = typer.Option(None, help="With --estimator fisher: label draws per chunk (default 16)."),
+    seed: Optional[int] = typer.Option(None, help="With --estimator fisher: seed of the label draws (default 0)."),
     out_file: Path = typer.Option(Path("scores.csv"), "--out", "-o", help="Output .csv or .parquet."),
     overwrite: bool = typer.Option(False, help="Replace --out if it exists."),
 ):
-    """Write per-token signals (H, A, D, E, S; per layer too) with the token text."""
+    """Write per-token signals (H, A, D, E, S; per layer too) with the token text; with --fi-chunk, per-token FI too."""
     from . import results
     from .documents import read_texts, tokenize_texts
-    from .experiment import trace_document
+    from .experiment import max_context, trace_document
     from .models import load_model
 
     config = _signal_config(window, top_k, alpha, tau, pool, entropy_of)
     check_prefix(prefix, config.window)
+    fi_chunks, estimator, samples, seed = _score_fi_options(fi_chunk, estimator, samples, seed, prefix)
     if out_file.suffix not in (".csv", ".parquet"):
         raise FIError(f"--out must end in .csv or .parquet, got '{out_file}'")
     results.check_out_path(out_file, want_dir=False)
@@ -174,13 +179,19 @@ def scores(
         raise FIError(f"--out '{out_file}' exists; choose another file or pass --overwrite")
     texts = read_texts(document)[:1]
     lm = load_model(model, device, dtype, upcast=upcast)
-    doc = tokenize_texts(texts, lm.tokenizer, max_tokens=prefix)[0]
+    doc = tokenize_texts(texts, lm.tokenizer, max_tokens=max([prefix] + [c.end for c in fi_chunks]))[0]
     with _progress() as bar:
-        bar.add_task(f"trace {doc.name}", total=None)
+        task = bar.add_task(f"trace {doc.name}", total=None)
         trace = trace_document(lm, doc, prefix, config)
-    tokens = [lm.tokenizer.decode([int(i)]) for i in doc.ids[:prefix]]
-    table = trace.token_table(tokens)
-    table.insert(0, "document", doc.name)
+        tokens = [lm.tokenizer.decode([int(i)]) for i in doc.ids[:prefix]]
+        table = trace.token_table(tokens)
+        table.insert(0, "document", doc.name)
+        if fi_chunks:
+            from .probe import check_chunks
+
+            check_chunks(fi_chunks, prefix, len(doc), max_context(lm))
+            bar.update(task, description=f"FI ({estimator}) {doc.name}", total=None)
+            _add_fi_columns(lm, doc, trace, table, fi_chunks, estimator, samples, seed)
     results.write_table(out_file, table)
     err.print(f"wrote {len(table):,} tokens x {table.shape[1]} columns to {out_file}", markup=False, highlight=False)
     summary = table[~table.in_window][["entropy", "attention", "distance", "infokv"]].describe().loc[["mean", "std", "min", "max"]]
@@ -191,6 +202,48 @@ def scores(
     for stat, row in summary.iterrows():
         t.add_row(stat, *[f"{v:.4g}" for v in row])
     out.print(t)
+
+
+def _score_fi_options(fi_chunk, estimator, samples, seed, prefix: int):
+    """``fi scores``' FI options -> (chunks, estimator, samples, seed); options that would be ignored are refused."""
+    from .estimator import DEFAULT_SAMPLES, ESTIMATORS, check_samples
+    from .probe import check_chunks, parse_chunk
+
+    if not fi_chunk:
+        if estimator is not None or samples is not None or seed is not None:
+            raise FIError("--estimator, --samples and --seed go with --fi-chunk START:END")
+        return [], None, None, None
+    chunks = [parse_chunk(c) for c in fi_chunk]
+    check_chunks(chunks, prefix, float("inf"), None)
+    estimator = (estimator or "fisher").strip().lower()
+    if estimator not in ESTIMATORS:
+        raise FIError(f"unknown --estimator '{estimator}' (choose {' or '.join(ESTIMATORS)})")
+    if estimator == "exact" and (samples is not None or seed is not None):
+        raise FIError("--samples and --seed go with --estimator fisher")
+    if seed is not None and seed < 0:
+        raise FIError(f"--seed must be >= 0, got {seed}")
+    return chunks, estimator, check_samples(DEFAULT_SAMPLES if samples is None else samples), seed or 0
+
+
+def _add_fi_columns(lm, doc, trace, table, chunks, estimator: str, samples: int, seed: int) -> None:
+    """Per-token FI of every prefix position as columns ``fi_<chunk>`` (fisher: ``fi_se_<chunk>`` too)."""
+    import torch
+
+    if estimator == "fisher":
+        from .estimator import fisher_fi
+
+        est = fisher_fi(lm.model, trace, doc.ids, chunks, samples, seed)
+        fi, se = est.fi, est.se
+    else:
+        from .analysis import per_token_fi
+
+        result = per_token_fi(lm.model, trace, doc.ids, torch.arange(trace.prefix_len), chunks)
+        fi, se = result.fi()[len(result.control_rows()):].double(), None
+    table.insert(table.columns.get_loc("in_window"), "fi_estimator", estimator)
+    for k, c in enumerate(chunks):
+        table[f"fi_{c.label}"] = fi[:, k].numpy()
+        if se is not None:
+            table[f"fi_se_{c.label}"] = se[:, k].numpy()
 
 
 @app.command()

@@ -53,7 +53,10 @@ def correlate(
     documents: List[str] = DocsArg,
     chunk: List[str] = typer.Option(..., "--chunk", "-c", help="Future chunk START:END (repeatable)."),
     prefix: Optional[int] = typer.Option(None, help="Compression point p (default: smallest chunk start)."),
-    candidates: str = typer.Option("sample:256", help="'all', 'sample:N' (N uniform positions; all of them when N is at least their number) or 'stratified:N' (by entropy, reweighted)."),
+    candidates: Optional[str] = typer.Option(None, help="'all', 'sample:N' (N uniform positions; all of them when N is at least their number) or 'stratified:N' (by entropy, reweighted); default sample:256. --estimator exact only."),
+    estimator: Optional[str] = typer.Option(None, help="'exact' (leave-one-out FI of the candidates, the default) or 'fisher' (the gradient estimate at every position of [sinks, p - w) in one pass; docs/method.md, 'Gradient estimator')."),
+    samples: Optional[int] = typer.Option(None, help="--estimator fisher: label draws per chunk (default 16); more draws, smaller standard error."),
+    validate: Optional[int] = typer.Option(None, help="--estimator fisher: also measure exact FI at N entropy-stratified positions and report the agreement (Spearman, Pearson, top-10 percent overlap, bootstrap CIs)."),
     sinks: int = typer.Option(4, help="First N positions are never candidates."),
     seed: int = typer.Option(0, help="Seed of the candidate sample and the bootstrap."),
     resamples: int = typer.Option(1000, help="Bootstrap resamples per coefficient (0: no intervals)."),
@@ -70,12 +73,14 @@ def correlate(
     from .probe import check_chunks, parse_chunk
 
     chunks = [parse_chunk(c) for c in chunk]
-    parse_candidates(candidates)
     p = prefix if prefix is not None else min(c.start for c in chunks)
     config = _signal_config(window, top_k, alpha, tau, pool, entropy_of)
     check_chunks(chunks, p, float("inf"), None)  # chunk starts vs p now; lengths once the documents are read
     check_prefix(p, config.window)
-    check_sinks(sinks, p, config.window)
+    scored = check_sinks(sinks, p, config.window)
+    estimator, candidates, samples, validate = _estimator_options(estimator, candidates, samples, validate, batch_size,
+                                                                  scored - sinks)
+    parse_candidates(candidates)
     if resamples < 0 or (batch_size is not None and batch_size < 1):
         raise FIError("--resamples must be >= 0 and --batch-size >= 1")
     if seed < 0:
@@ -85,15 +90,42 @@ def correlate(
     docs, tables = _run_study("correlate", model, device, dtype, upcast, texts, max(c.end for c in chunks),
                               lambda lm, docs, progress: run_correlate(
         lm, docs, out_dir, p, chunks, candidates, sinks, seed, resamples, config, batch_size,
-        resume=resume, overwrite=overwrite, progress=progress))
+        resume=resume, overwrite=overwrite, progress=progress, estimator=estimator, samples=samples, validate=validate))
     s = tables["correlation_summary"]
     s = s[(s["scope"] == "mean") & (s["method"] == "spearman")]
     pivot = s.pivot_table(index="signal", columns="chunk", values="rho_mean", sort=False)
     out.print(f"Spearman rho of per-token FI with each signal (mean over {len(docs)} document(s)), p={p}")
     out.print(pivot.to_string(float_format=lambda v: f"{v:+.3f}"))
+    if "agreement_summary" in tables:
+        a = tables["agreement_summary"]
+        out.print(f"agreement of the fisher estimate with exact FI on {validate} validated positions per document "
+                  "(mean over documents)")
+        out.print(a.pivot_table(index="metric", columns="chunk", values="value_mean", sort=False)
+                  .to_string(float_format=lambda v: f"{v:+.3f}"))
     _warn_noise(tables["tokens"], tables["controls"])
-    err.print(f"results: {out_dir}/ (correlations.csv, correlation_summary.csv, tokens.csv, controls.csv, manifest.json)",
-              markup=False, highlight=False)
+    extra = ", agreement.csv, validation.csv" if "agreement" in tables else ""
+    err.print(f"results: {out_dir}/ (correlations.csv, correlation_summary.csv, tokens.csv, controls.csv{extra}, "
+              "manifest.json)", markup=False, highlight=False)
+
+
+def _estimator_options(estimator, candidates, samples, validate, batch_size, n_candidates: int):
+    """Resolve ``--estimator`` and the options that go with it; refuse any option the estimator would ignore."""
+    from .analysis.study import check_estimator
+    from .estimator import DEFAULT_SAMPLES
+
+    estimator = (estimator or "exact").strip().lower()
+    if estimator == "fisher":
+        if candidates is not None:
+            raise FIError("--candidates goes with --estimator exact: --estimator fisher covers every position of "
+                          "[sinks, p - w) (use --validate N for exact FI at N of them)")
+        if batch_size is not None and not validate:
+            raise FIError("--batch-size sets the batches of exact FI: with --estimator fisher it needs --validate N")
+    elif samples is not None or validate is not None:
+        raise FIError("--samples and --validate go with --estimator fisher")
+    samples = DEFAULT_SAMPLES if samples is None else samples
+    validate = 0 if validate is None else validate
+    check_estimator(estimator, samples, validate, n_candidates)
+    return estimator, candidates or "sample:256", samples, validate
 
 
 def nearfar(

@@ -128,12 +128,14 @@ def _continuation_mask(visible: torch.Tensor, past_new: int, q_len: int, dtype) 
     return torch.cat([prefix_part, causal.expand(batch, 1, -1, -1)], dim=-1)
 
 
-@torch.no_grad()
 def _continuation_hidden(
     model, cache, ids: torch.Tensor, start_pos: int, visible: torch.Tensor, capture: torch.Tensor, block: int
 ) -> torch.Tensor:
     """Feed ``ids [B, n]`` at original positions ``start_pos..`` after ``cache``; return final-normed
     hidden states at relative positions ``capture`` -> ``[B, len(capture), d]``.
+
+    Gradient mode is the caller's: the probe runs it under ``torch.no_grad``, the gradient estimator
+    (:mod:`fi_toolkit.estimator`) with gradients flowing to an attention bias.
 
     ``visible [B, P]`` says which of the cache's ``P`` prefix entries each row may attend to. The
     continuation runs in query blocks of ``block`` tokens, so the mask never exceeds ``B x block x keys``.
@@ -164,6 +166,7 @@ class Reference:
     for long chunks and large vocabularies.
     """
 
+    @torch.no_grad()
     def __init__(self, model, trace: Trace, ids: torch.Tensor, capture: torch.Tensor, block: int,
                  keep_bytes: float = 2**31):
         self.model, self.block = model, block

@@ -227,22 +227,50 @@ def correlate_signals(
     return table
 
 
-def correlate_document(
-    model, doc, trace: Trace, chunks: Sequence[Chunk], candidates: str = "sample:256", sinks: int = 4,
-    seed: int = 0, n_resamples: int = 1000, batch_size: int | None = None, block: int = 512,
-    token_text: Callable[[int], str] | None = None, on_progress: Callable[[int], None] | None = None,
-) -> dict[str, pd.DataFrame]:
-    """Per-token FI and its correlations for one document -> ``{"tokens": ..., "correlations": ...}``."""
+def exact_fi(model, doc, trace: Trace, chunks: Sequence[Chunk], candidates: str = "sample:256", sinks: int = 4,
+             seed: int = 0, batch_size: int | None = None, block: int = 512,
+             on_progress: Callable[[int], None] | None = None):
+    """Leave-one-out FI of the candidate positions, with the noise controls -> :class:`.agreement.Measured`."""
+    from .agreement import Measured
+
     positions, weights = candidate_positions(trace, candidates, sinks, seed)
     result = per_token_fi(model, trace, doc.ids, positions, chunks, batch_size, block, on_progress)
     controls = result.control_rows()
     measured = [i for i in range(len(result.evictions)) if i not in controls]
     fi, below = result.fi()[measured].double().numpy(), result.below_noise_floor()[measured].numpy()
     control_table = fi_table(doc, trace, result.rows(controls))
+    return Measured(positions, weights, fi, below, control_table[["document", "selection", "selector", "chunk",
+                                                                  "chunk_start", "distance_from_p", "fi"]])
+
+
+def correlate_document(
+    model, doc, trace: Trace, chunks: Sequence[Chunk], candidates: str = "sample:256", sinks: int = 4,
+    seed: int = 0, n_resamples: int = 1000, batch_size: int | None = None, block: int = 512,
+    token_text: Callable[[int], str] | None = None, on_progress: Callable[[int], None] | None = None,
+    estimator: str = "exact", samples: int = 16, validate: int = 0,
+) -> dict[str, pd.DataFrame]:
+    """Per-token FI and its correlations for one document -> ``{"tokens", "correlations", "controls"}``.
+
+    ``estimator="exact"``: leave-one-out FI of the ``candidates``. ``"fisher"``: the gradient estimate
+    (:mod:`fi_toolkit.estimator`, ``samples`` label draws) at every position of ``[sinks, p - w)``,
+    with ``validate`` positions also measured exactly (tables ``validation`` and ``agreement``).
+    """
+    from .agreement import estimated_fi
+
+    if estimator == "fisher":
+        m = estimated_fi(model, doc, trace, chunks, sinks, seed, samples, validate, n_resamples, batch_size, block,
+                         token_text, on_progress)
+        sampling = "all"
+    elif estimator == "exact":
+        m = exact_fi(model, doc, trace, chunks, candidates, sinks, seed, batch_size, block, on_progress)
+        sampling = parse_candidates(candidates)[0]
+    else:
+        raise FIError(f"unknown --estimator '{estimator}' (choose exact or fisher)")
+    positions, weights, fi = m.positions, m.weights, m.fi
     signals = signal_columns(trace, positions)
     corr = correlate_signals(fi, signals, chunks, trace.prefix_len, n_resamples, seed, weights=weights)
     corr.insert(0, "document", doc.name)
-    corr.insert(1, "sampling", parse_candidates(candidates)[0])
+    corr.insert(1, "sampling", sampling)
     ids = doc.ids[positions].tolist()
     token_rows = []
     for c_idx, chunk in enumerate(chunks):
@@ -250,13 +278,17 @@ def correlate_document(
             "document": doc.name, "position": positions.numpy(),
             "token": [token_text(i) if token_text else str(i) for i in ids],
             "chunk": chunk.label, "chunk_start": chunk.start, "distance_from_p": chunk.start - trace.prefix_len,
-            "fi": fi[:, c_idx], "below_noise_floor": below[:, c_idx], "weight": weights,
+            "fi": fi[:, c_idx], "below_noise_floor": m.below[:, c_idx], "weight": weights,
         })
         for column in MEAN_SIGNALS.values():
             part[column] = signals[column].to_numpy()
+        for name, values in m.columns.items():
+            part[name] = values[:, c_idx] if values.ndim == 2 else values
         token_rows.append(part)
-    return {"tokens": pd.concat(token_rows, ignore_index=True), "correlations": corr,
-            "controls": control_table[["document", "selection", "selector", "chunk", "chunk_start", "distance_from_p", "fi"]]}
+    out = {"tokens": pd.concat(token_rows, ignore_index=True), "correlations": corr, "controls": m.controls}
+    for name, table in m.tables.items():
+        out[name] = table
+    return out
 
 
 def summarize_correlations(corr: pd.DataFrame) -> pd.DataFrame:

@@ -17,10 +17,12 @@ import pandas as pd
 from .. import results
 from ..budget import Budget
 from ..errors import FIError
+from ..estimator import ESTIMATORS, check_samples
 from ..experiment import max_context, noise_floor, trace_document
 from ..models import dtype_name
 from ..probe import CONTROL_LABELS, Chunk, check_chunks
 from ..trace import SignalConfig
+from .agreement import summarize_agreement
 from .correlation import correlate_document, parse_candidates, summarize_correlations
 from .nearfar import (add_relative_columns, nearfar_chunks, nearfar_document, paired_tests, summarize_nearfar,
                       token_class_summary)
@@ -84,22 +86,33 @@ def run_correlate(
     lm, docs, out_dir: Path, prefix: int, chunks: Sequence[Chunk], candidates: str = "sample:256",
     sinks: int = 4, seed: int = 0, n_resamples: int = 1000, config: SignalConfig = SignalConfig(),
     batch_size: int | None = None, block: int = 512, resume: bool = False, overwrite: bool = False,
-    progress: Progress | None = None,
+    progress: Progress | None = None, estimator: str = "exact", samples: int = 16, validate: int = 0,
 ) -> dict[str, pd.DataFrame]:
-    """Per-token FI and correlations for every document -> ``tokens``, ``correlations``, ``correlation_summary``."""
+    """Per-token FI and correlations for every document -> ``tokens``, ``correlations``, ``correlation_summary``.
+
+    ``estimator="fisher"``: the gradient estimate at every position of ``[sinks, p - w)``
+    (``candidates`` unused), ``samples`` label draws; ``validate = N`` adds exact leave-one-out FI at
+    N entropy-stratified positions and the tables ``validation``, ``agreement``, ``agreement_summary``.
+    """
     parse_candidates(candidates)
     if sinks < 0 or n_resamples < 0 or seed < 0 or (batch_size is not None and batch_size < 1):
         raise FIError("--sinks, --seed and --resamples must be >= 0 and --batch-size >= 1")
     if sinks >= prefix - config.window:
         raise FIError(f"--sinks {sinks} leaves no candidates: the scored prefix [0, {prefix - config.window}) "
                       f"has {prefix - config.window} positions")
+    check_estimator(estimator, samples, validate, prefix - config.window - sinks)
     settings = {**_describe(lm, docs, prefix, chunks, config), "candidates": candidates, "sinks": sinks,
                 "seed": seed, "n_resamples": n_resamples}
+    if estimator != "exact":  # exact runs keep the settings they always had, so their --resume still matches
+        settings.update(candidates="all", estimator=estimator, samples=samples, validate=validate)
     run = ResumableRun(out_dir, "correlate", settings, resume, overwrite)
 
     def compute(doc):
         trace = trace_document(lm, doc, prefix, config)
-        total = min(trace.scored - sinks, parse_candidates(candidates)[1] or trace.scored) + len(CONTROL_LABELS)
+        if estimator == "fisher":
+            total = samples + (validate + len(CONTROL_LABELS) if validate else 0)
+        else:
+            total = min(trace.scored - sinks, parse_candidates(candidates)[1] or trace.scored) + len(CONTROL_LABELS)
         done = [0]
 
         def tick(n):
@@ -108,10 +121,24 @@ def run_correlate(
                 progress(doc.name, done[0], total)
 
         return correlate_document(lm.model, doc, trace, chunks, candidates, sinks, seed, n_resamples, batch_size,
-                                  block, _token_text(lm), tick)
+                                  block, _token_text(lm), tick, estimator, samples, validate)
 
-    return execute_run(lm, run, docs, compute,
-                       lambda t: {"correlation_summary": summarize_correlations(t["correlations"])}, _floors("controls"))
+    def summaries(tables):
+        out = {"correlation_summary": summarize_correlations(tables["correlations"])}
+        if "agreement" in tables:
+            out["agreement_summary"] = summarize_agreement(tables["agreement"])
+        return out
+
+    return execute_run(lm, run, docs, compute, summaries, _floors("controls"))
+
+
+def check_estimator(estimator: str, samples: int, validate: int, candidates: int) -> None:
+    """``--estimator`` is exact or fisher; ``--samples >= 1``; ``--validate`` within ``[0, candidates]``."""
+    if estimator not in ESTIMATORS:
+        raise FIError(f"unknown --estimator '{estimator}' (choose {' or '.join(ESTIMATORS)})")
+    check_samples(samples)
+    if validate < 0 or validate > candidates:
+        raise FIError(f"--validate {validate} must lie in [0, {candidates}], the number of candidate positions")
 
 
 def run_nearfar(

@@ -39,6 +39,8 @@ TABLES = {
     "eval-tasks": [("task_summary", True), ("kl_accuracy", True), ("answers", False)],
 }
 EVAL_KINDS = {"text": "eval-text", "tasks": "eval-tasks"}  # fi eval writes command 'eval' and settings.kind
+# Tables a run holds only with some settings (fi correlate --estimator fisher --validate N), read when present.
+OPTIONAL_TABLES = {"correlate": [("agreement", True), ("agreement_summary", True), ("validation", False)]}
 SHOWN_COLUMNS = {  # columns shown in HTML/Markdown (all columns stay in CSV/JSON)
     "correlation_summary": ["chunk", "signal", "scope", "layer", "method", "sampling", "weighted", "rho_mean",
                             "rho_std", "rho_min", "rho_max", "n_documents"],
@@ -87,7 +89,8 @@ def load_run(path: Path) -> dict:
         raise FIError(f"'{manifest_file}' is not valid JSON") from None
     kind = _check_manifest(manifest, manifest_file)
     tables, text = {}, {}
-    for name, _shown in TABLES[kind]:
+    names = TABLES[kind] + [t for t in OPTIONAL_TABLES.get(kind, []) if (path / f"{t[0]}.csv").exists()]
+    for name, _shown in names:
         f = path / f"{name}.csv"
         if not f.exists():
             raise FIError(f"'{path}' lacks {name}.csv; was the run interrupted? finish it with --resume")
@@ -96,7 +99,8 @@ def load_run(path: Path) -> dict:
             text[name] = pd.read_csv(f, dtype=str, keep_default_na=False)
         except (ValueError, pd.errors.ParserError):  # EmptyDataError is a ValueError
             raise FIError(f"'{f}' is not a readable CSV table") from None
-    return {"label": path.name, "path": path, "manifest": manifest, "kind": kind, "tables": tables, "text": text}
+    return {"label": path.name, "path": path, "manifest": manifest, "kind": kind, "tables": tables, "text": text,
+            "names": names}
 
 
 def _figures(run: dict) -> list[tuple[str, object]]:
@@ -113,6 +117,8 @@ def _figures(run: dict) -> list[tuple[str, object]]:
         made = [("fi_vs_signals", figures.fi_vs_signals(t["tokens"], cap)),
                 ("rho_heatmap", figures.rho_heatmap(t["correlation_summary"], cap)),
                 ("rho_vs_distance", figures.rho_vs_distance(t["correlations"], cap))]
+        if "validation" in t:
+            made.append(("estimate_vs_exact", figures.estimate_vs_exact(t["validation"], cap)))
     return [(name, fig) for name, fig in made if fig is not None]
 
 
@@ -215,6 +221,9 @@ def _headline(run: dict) -> list[str]:
             lines.append(f"sinks={r.sinks}, farthest chunk (+{r.distance_from_p}), {r.metric}: entropy beats attention in "
                          f"{r.a_wins}/{r.n_documents} documents, one-sided Wilcoxon p = {r.wilcoxon_p:.3g}")
     else:
+        for r in t.get("agreement_summary", pd.DataFrame()).itertuples():
+            lines.append(f"chunk {r.chunk}: fisher estimate vs exact FI, {r.metric} = {r.value_mean:.3f} "
+                         f"(range {r.value_min:.3f} .. {r.value_max:.3f} over {r.n_documents} document(s))")
         s = t["correlation_summary"]
         m = s[(s["scope"] == "mean") & (s["method"] == "spearman")]
         for r in m.itertuples():
@@ -275,7 +284,7 @@ def build_report(run_dirs: Sequence[Path], out_dir: Path, formats: Sequence[str]
         written.append(target)
     if "csv" in formats:
         for run in runs:
-            for name, _ in TABLES[run["kind"]]:
+            for name, _ in run["names"]:
                 target = out_dir / "tables" / f"{run['label']}__{name}.csv"
                 results.atomic_copy(run["path"] / f"{name}.csv", target)
                 written.append(target)
@@ -309,7 +318,7 @@ def _write_markdown(runs, figs, out_dir: Path, cross: pd.DataFrame | None = None
             results.atomic_write_bytes(f, png)
             pngs.append(f)
             parts += [f"![{_md(name)}](figures/{urllib.parse.quote(f.name)})", ""]
-        for name, shown in TABLES[run["kind"]]:
+        for name, shown in run["names"]:
             if shown:
                 parts += [f"### {_md(name)}", "", _md_table(_shown(run, name)), ""]
         top = _top_tokens(run)
@@ -332,7 +341,7 @@ def _write_html(runs, figs, out_dir: Path, cross: pd.DataFrame | None = None) ->
         parts.append("<ul>" + "".join(f"<li>{e(line)}</li>" for line in _headline(run)) + "</ul>")
         for name, png in figs.get(run["label"], []):
             parts.append(f"<figure><img alt='{e(name)}' src='data:image/png;base64,{base64.b64encode(png).decode()}'/></figure>")
-        for name, shown in TABLES[run["kind"]]:
+        for name, shown in run["names"]:
             if shown:
                 parts.append(f"<h3>{e(name)}</h3>{_html_table(_shown(run, name))}")
         top = _top_tokens(run)

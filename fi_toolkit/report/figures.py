@@ -140,3 +140,27 @@ def rho_vs_distance(correlations: pd.DataFrame, text: str):
     ax.set_ylabel("Spearman rho (FI_j vs signal)")
     ax.set_title("Correlation of per-token FI with each signal vs chunk distance (band: 1 sd over documents)", fontsize=10)
     return _finish(fig, text)
+
+
+def estimate_vs_exact(validation: pd.DataFrame, text: str):
+    """Estimated (Fisher) against exact leave-one-out FI of the validated positions, log-log, one panel per
+    chunk, with the identity line: the estimate is the curvature at the full cache, so its scale may differ."""
+    if validation.empty:
+        return None
+    chunks = list(dict.fromkeys(validation["chunk"]))
+    fig, axes = plt.subplots(1, len(chunks), figsize=(4.6 * len(chunks), 4.4), squeeze=False)
+    for i, chunk in enumerate(chunks):
+        part = validation[(validation["chunk"] == chunk) & (validation["fi_exact"] > 0) & (validation["fi_estimate"] > 0)]
+        ax = axes[0][i]
+        sns.scatterplot(data=part, x="fi_exact", y="fi_estimate", hue="document", s=14, alpha=0.8, ax=ax,
+                        legend=(i == 0))
+        if len(part):
+            lo = min(part["fi_exact"].min(), part["fi_estimate"].min())
+            hi = max(part["fi_exact"].max(), part["fi_estimate"].max())
+            ax.plot([lo, hi], [lo, hi], color="#888", lw=0.8, ls="--", label="identity")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel(f"exact per-token FI on {chunk} (nats)")
+        ax.set_ylabel("Fisher estimate (nats)")
+    fig.suptitle("Gradient (Fisher) estimate against exact leave-one-out FI (dashed: identity)", fontsize=11)
+    return _finish(fig, text)

@@ -1,0 +1,231 @@
+"""Per-token Forward Influence of every prefix position from gradients: the Fisher estimator (issue 10).
+
+Exact leave-one-out FI costs one forward over ``[p, max r_c)`` per candidate. Here key ``j`` gets an
+additive bias ``b_j`` on its attention logits, in every layer and head, for every query at ``t >= p``
+(removing ``j`` is ``b_j -> -inf``). At ``b = 0`` the KL and its gradient vanish, so for small ``b``
+``KL_t(b) ~ 1/2 b^T F_t b`` with ``F_t = E_{y~P_t}[grad_b log P_t(y) grad_b log P_t(y)^T]``, the
+Fisher information of the bias. The estimate of ``FI_j`` on chunk ``C`` is
+
+    fi_j = 1/2 * sum_{t in C} F_t[j, j] / |C|  =  lim_{eps -> 0} FI(b_j = -eps) / eps^2,
+
+the curvature of FI at the full cache: it ranks positions (validated against exact leave-one-out in
+``analyses/estimator.py``); its scale is not that of FI at removal.
+
+**Sampled** (:func:`fisher_fi`, the default): draw ``y_t ~ P_t`` (the model's own distribution, a
+seeded generator) at every ``t`` of the chunk and take ``g = grad_b sum_t log P_t(y_t)`` in one
+backward pass for every ``j`` at once. The score has zero mean and the labels at different ``t`` are
+independent given the (teacher-forced) inputs, so ``E[g_j^2] = sum_t F_t[j, j]``: ``1/2 g_j^2 / |C|``
+is unbiased; ``samples`` draws give its mean and standard error. The backward starts at the final
+hidden states with ``dlog P_t(y)/dh_t = W_y - sum_v P_tv W_v`` (``W``: the LM head), so no
+``[n, V]`` gradient is formed. Weights are frozen: only the bias gets a gradient.
+
+**Full-vocabulary expectation** (:func:`expected_fisher`): per candidate, forward-mode AD gives
+``dh_t/db_j`` and ``F_t[j, j] = Var_{y~P_t}(W_y . dh_t/db_j)`` exactly. One forward-mode pass per
+candidate (about the cost of a leave-one-out forward), so it serves the tests and small candidate
+sets, not all positions.
+
+**Per layer and KV head**: the bias is one leaf ``B [L, H_kv, p]``; layer ``l`` adds ``B[l, h]`` to the
+logits of the query heads of KV group ``h`` (a registered attention function around the model's own,
+:func:`attention_bias`: the bias enters through the mask, no model surgery). The all-layers bias is
+``B[:, :, j]`` moved together, whose gradient is the sum over layers and heads, so one backward gives
+all three: every layer and head, one layer (``layer_fi``), one layer's KV head (``head_fi``).
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch.autograd import forward_ad
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
+from transformers.models.llama.modeling_llama import eager_attention_forward
+
+from .architectures import context_limit
+from .errors import FIError
+from .eviction import shared_cache
+from .probe import Chunk, _capture_positions, _continuation_hidden, check_chunks
+from .trace import Trace, decoder_parts
+
+ESTIMATORS = ("exact", "fisher")
+DEFAULT_SAMPLES = 16
+
+_BIAS: list = [None]  # the bias [L, H_kv, p] the biased attention functions add while attention_bias is active
+
+
+def _biased(attention_fn):
+    def forward(module, query, key, value, attention_mask, *args, **kwargs):
+        bias = _BIAS[0]
+        if bias is not None and attention_mask is not None:
+            b = bias[module.layer_idx].repeat_interleave(query.shape[1] // bias.shape[1], dim=0)  # [H_q, p]
+            b = F.pad(b, (0, attention_mask.shape[-1] - b.shape[-1]))  # prefix keys only; the continuation's get 0
+            attention_mask = attention_mask + b[None, :, None, :].to(attention_mask.dtype)
+        return attention_fn(module, query, key, value, attention_mask, *args, **kwargs)
+
+    return forward
+
+
+BIASED = {"sdpa": "fi_biased_sdpa", "eager": "fi_biased_eager"}
+AttentionInterface.register("fi_biased_sdpa", _biased(sdpa_attention_forward))
+AttentionInterface.register("fi_biased_eager", _biased(eager_attention_forward))
+AttentionMaskInterface.register("fi_biased_sdpa", sdpa_mask)
+AttentionMaskInterface.register("fi_biased_eager", eager_mask)
+
+
+@contextmanager
+def attention_bias(model: torch.nn.Module, bias: torch.Tensor, eager: bool = False):
+    """Inside the block, layer ``l`` adds ``bias[l, h]`` ``[L, H_kv, p]`` to the attention logits of
+    KV group ``h`` for the ``p`` prefix keys (4-D float masks only); the weights are frozen, so only
+    ``bias`` can receive a gradient. ``eager`` runs eager attention (forward-mode AD needs it)."""
+    previous = model.config._attn_implementation
+    if previous not in BIASED:
+        raise FIError(f"the gradient estimator needs sdpa or eager attention, not '{previous}'")
+    grads = [q.requires_grad for q in model.parameters()]
+    model.set_attn_implementation(BIASED["eager" if eager else previous])
+    model.requires_grad_(False)
+    _BIAS[0] = bias
+    try:
+        yield model
+    finally:
+        _BIAS[0] = None
+        model.set_attn_implementation(previous)
+        for q, g in zip(model.parameters(), grads):
+            q.requires_grad_(g)
+
+
+@dataclass
+class FisherEstimate:
+    """Estimated FI of every prefix position ``j in [0, p)`` per chunk (float64, nats, the mean over the chunk).
+
+    ``fi [p, K]``: every layer and head; ``se [p, K]``: its standard error over the samples (0 for
+    the full-vocabulary expectation); ``layer_fi [L, p, K]``: the bias on one layer; ``head_fi
+    [L, H_kv, p, K]``: on one layer's KV head. ``samples`` is 0 for the full-vocabulary expectation.
+    """
+
+    chunks: list[Chunk]
+    samples: int
+    fi: torch.Tensor
+    se: torch.Tensor
+    layer_fi: torch.Tensor
+    head_fi: torch.Tensor
+    seconds: float = 0.0
+    meta: dict = field(default_factory=dict)
+
+
+def check_samples(samples: int) -> int:
+    if samples < 1:
+        raise FIError(f"--samples must be >= 1, got {samples}")
+    return samples
+
+
+def _prepare(model, trace: Trace, ids: torch.Tensor, chunks: Sequence[Chunk]):
+    p = trace.prefix_len
+    check_chunks(chunks, p, ids.numel(), context_limit(model.config))
+    device = trace.keys[0].device
+    end = max(c.end for c in chunks)
+    positions = _capture_positions(chunks)
+    rows = [((positions >= c.start) & (positions < c.end)).to(device) for c in chunks]
+    return p, device, ids[p:end].to(device), (positions - p).to(device), rows
+
+
+def _hidden(model, trace: Trace, cont: torch.Tensor, capture: torch.Tensor, block: int) -> torch.Tensor:
+    """Final-normed hidden states at the chunk positions of the full-cache continuation ``[n, d]``."""
+    p = trace.prefix_len
+    cache = shared_cache(trace.keys, trace.values, 1, model.config)
+    visible = torch.ones(1, p, dtype=torch.bool, device=cont.device)
+    return _continuation_hidden(model, cache, cont[None], p, visible, capture, block)[0]
+
+
+@torch.no_grad()
+def _label_terms(hidden: torch.Tensor, lm_head, samples: int, generator: torch.Generator, block: int):
+    """Sampled labels ``y [n, S]`` from each row's own distribution and the rows' mean output
+    embedding ``sum_v P_v W_v`` ``[n, d]``, the LM head streamed ``block`` rows at a time."""
+    weight = lm_head.weight
+    labels, mean_w = [], []
+    for a in range(0, hidden.shape[0], block):
+        probs = torch.softmax(lm_head(hidden[a : a + block]).float(), dim=-1)
+        labels.append(torch.multinomial(probs, samples, replacement=True, generator=generator))
+        mean_w.append(probs.to(weight.dtype) @ weight)
+    return torch.cat(labels), torch.cat(mean_w)
+
+
+def fisher_fi(
+    model, trace: Trace, ids: torch.Tensor, chunks: Sequence[Chunk], samples: int = DEFAULT_SAMPLES, seed: int = 0,
+    block: int = 512, on_progress: Callable[[int], None] | None = None,
+) -> FisherEstimate:
+    """The sampled Fisher estimate of per-token FI for every prefix position (module docstring).
+
+    One forward over ``[p, max r_c)`` with gradients to the bias, then ``samples`` backward passes per
+    chunk through the same graph. Deterministic for a ``seed`` (labels come from a seeded generator).
+    ``on_progress(1)`` after each sample.
+    """
+    check_samples(samples)
+    t0 = time.perf_counter()
+    p, device, cont, capture, rows = _prepare(model, trace, ids, chunks)
+    lm_head = decoder_parts(model)[2]
+    n_layers, n_heads, n_chunks = trace.num_layers, trace.num_kv_heads, len(chunks)
+    bias = torch.zeros(n_layers, n_heads, p, device=device, requires_grad=True)
+    total = torch.zeros(p, n_chunks, dtype=torch.float64)
+    total_sq = torch.zeros_like(total)
+    layer = torch.zeros(n_layers, p, n_chunks, dtype=torch.float64)
+    head = torch.zeros(n_layers, n_heads, p, n_chunks, dtype=torch.float64)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    with torch.enable_grad(), attention_bias(model, bias):
+        hidden = _hidden(model, trace, cont, capture, block)
+        labels, mean_w = _label_terms(hidden.detach(), lm_head, samples, generator, block)
+        for s in range(samples):
+            score = lm_head.weight[labels[:, s]] - mean_w  # d log P_t(y_t) / d h_t
+            for k, (c, in_chunk) in enumerate(zip(chunks, rows)):
+                (g,) = torch.autograd.grad(hidden, bias, grad_outputs=score * in_chunk[:, None].to(score.dtype),
+                                           retain_graph=s < samples - 1 or k < n_chunks - 1)
+                g = g.detach().double().cpu()
+                half_sq = 0.5 / len(c)
+                x = g.sum(dim=(0, 1)).square_().mul_(half_sq)
+                total[:, k] += x
+                total_sq[:, k] += x.square()
+                layer[..., k] += g.sum(dim=1).square_().mul_(half_sq)
+                head[..., k] += g.square_().mul_(half_sq)
+            if on_progress:
+                on_progress(1)
+    mean = total / samples
+    se = ((total_sq / samples - mean.square()).clamp_min(0) / (samples - 1)).sqrt() if samples > 1 \
+        else torch.full_like(mean, float("nan"))  # the standard error of the mean over samples
+    return FisherEstimate(list(chunks), samples, mean, se, layer / samples, head / samples,
+                          time.perf_counter() - t0, {"seed": seed})
+
+
+@torch.no_grad()  # forward-mode AD is not affected by no_grad
+def expected_fisher(
+    model, trace: Trace, ids: torch.Tensor, positions: torch.Tensor, chunks: Sequence[Chunk], block: int = 512,
+    layer: int | None = None, head: int | None = None,
+) -> torch.Tensor:
+    """The full-vocabulary expectation of the estimate (no sampling) at ``positions`` -> ``[len(positions), K]``
+    float64: per position one forward-mode pass gives ``dh_t/db_j`` (the bias on every layer and head,
+    or on ``layer`` only, or on its KV ``head`` only), then ``1/2 mean_{t in C} Var_{y~P_t}(W_y . dh_t/db_j)``
+    over the full vocabulary, in float64."""
+    p, device, cont, capture, rows = _prepare(model, trace, ids, chunks)
+    lm_head = decoder_parts(model)[2]
+    weight = lm_head.weight.double()
+    out = torch.zeros(len(positions), len(chunks), dtype=torch.float64)
+    shape = (trace.num_layers, trace.num_kv_heads, p)
+    for i, j in enumerate(torch.as_tensor(positions).tolist()):
+        tangent = torch.zeros(shape, device=device)
+        tangent[(slice(None) if layer is None else layer, slice(None) if head is None else head, j)] = 1.0
+        with forward_ad.dual_level():
+            bias = forward_ad.make_dual(torch.zeros(shape, device=device), tangent)
+            with attention_bias(model, bias, eager=True):
+                primal, dh = forward_ad.unpack_dual(_hidden(model, trace, cont, capture, block))
+        per_row = torch.zeros(primal.shape[0], dtype=torch.float64)
+        for a in range(0, primal.shape[0], block):
+            probs = torch.softmax(lm_head(primal[a : a + block]).double(), dim=-1)
+            dz = dh[a : a + block].double() @ weight.T  # d z_t / d b_j over the vocabulary
+            centred = dz - (probs * dz).sum(-1, keepdim=True)
+            per_row[a : a + block] = (probs * centred.square()).sum(-1).cpu()
+        for k, in_chunk in enumerate(rows):
+            out[i, k] = 0.5 * per_row[in_chunk.cpu()].mean()
+    return out
