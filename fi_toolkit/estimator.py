@@ -41,15 +41,12 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 from torch.autograd import forward_ad
-from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
-from transformers.models.llama.modeling_llama import eager_attention_forward
 
 from .architectures import context_limit
 from .errors import FIError
 from .eviction import shared_cache
 from .probe import Chunk, _capture_positions, _continuation_hidden, check_chunks
+from .ragged import register_wrapped
 from .trace import Trace, decoder_parts
 
 ESTIMATORS = ("exact", "fisher")
@@ -70,11 +67,7 @@ def _biased(attention_fn):
     return forward
 
 
-BIASED = {"sdpa": "fi_biased_sdpa", "eager": "fi_biased_eager"}
-AttentionInterface.register("fi_biased_sdpa", _biased(sdpa_attention_forward))
-AttentionInterface.register("fi_biased_eager", _biased(eager_attention_forward))
-AttentionMaskInterface.register("fi_biased_sdpa", sdpa_mask)
-AttentionMaskInterface.register("fi_biased_eager", eager_mask)
+BIASED = register_wrapped("fi_biased", _biased)
 
 
 @contextmanager

@@ -40,11 +40,17 @@ def _ragged(attention_fn):
     return forward
 
 
-RAGGED = {"sdpa": "fi_ragged_sdpa", "eager": "fi_ragged_eager"}
-AttentionInterface.register("fi_ragged_sdpa", _ragged(sdpa_attention_forward))
-AttentionInterface.register("fi_ragged_eager", _ragged(eager_attention_forward))
-AttentionMaskInterface.register("fi_ragged_sdpa", sdpa_mask)
-AttentionMaskInterface.register("fi_ragged_eager", eager_mask)
+def register_wrapped(prefix: str, wrap) -> dict[str, str]:
+    """Register ``wrap(sdpa)`` and ``wrap(eager)`` as attention functions ``<prefix>_sdpa`` and
+    ``<prefix>_eager`` (with the masks their base builds) -> {base implementation: registered name}."""
+    names = {"sdpa": f"{prefix}_sdpa", "eager": f"{prefix}_eager"}
+    for base, forward, mask in (("sdpa", sdpa_attention_forward, sdpa_mask), ("eager", eager_attention_forward, eager_mask)):
+        AttentionInterface.register(names[base], wrap(forward))
+        AttentionMaskInterface.register(names[base], mask)
+    return names
+
+
+RAGGED = register_wrapped("fi_ragged", _ragged)
 
 
 @contextmanager
