@@ -321,6 +321,9 @@ def test_cli_eval_text_and_tasks_then_report(smollm, tmp_path, capsys):
     assert set(s.task) == {"passkey", "multikey_needle"} and (s.samples == 2).all()
     answers = pd.read_csv(tasks / "answers.csv", keep_default_na=False)
     assert len(answers) == 2 * 2 * 3 and answers["answer"].astype(str).str.fullmatch(r"\d+").all()
+    code, _, err = run_cli(["report", str(text), str(tasks), "--out", str(tmp_path / "report")], capsys)
+    assert code == 0, err
+    assert (tmp_path / "report" / "tables" / "replay_kl_vs_task_accuracy.csv").exists()
     code, _, err = run_cli(["eval", "--task", "passkey", "--context", "9000", "--out", str(tmp_path / "x")], capsys)
     assert code == 2 and "exceeds the model's" in err and err.count("\n") == 1
 
@@ -339,3 +342,39 @@ def test_question_agnostic_answer_kl_is_a_replay(tiny):
     assert len(answer_rows) == answer.numel()
     assert rows.loc["snapkv", "answer_kl"] == pytest.approx(float(answer_rows.double().mean()), rel=1e-4, abs=1e-7)
     assert rows.loc["snapkv", "answer_top1"] == pytest.approx(float(r.top1_agree[question.numel():].double().mean()))
+
+
+def test_report_of_a_text_run_and_a_task_run(tiny, tmp_path, monkeypatch):
+    """fi report reads eval runs: their figures, their tables byte for byte, and the cross-run
+    Spearman of replay KL against task accuracy recomputed here with scipy."""
+    import fi_toolkit.evaluation.task_runs as task_runs
+    from fi_toolkit.evaluation import run_eval_tasks
+    from fi_toolkit.report import build_report
+
+    # the random tiny model never answers right: a stand-in rule that varies with the output, so
+    # accuracy is not constant and the Spearman is defined
+    monkeypatch.setattr(task_runs, "score", lambda output, answer: sum(map(ord, output)) % 3 == 0)
+    policies = [_policy(n, 0.3) for n in ("snapkv", "streaming", "knorm")] + [_policy("snapkv", 0.6)]
+    config = signal_config_for(policies[0])
+    docs = [Document(f"d{i}", f"text {i}", _ids(N, seed=20 + i), "test") for i in range(2)]
+    run_eval_text(tiny, docs, tmp_path / "text", policies, TextSetting(prompt=P, length=N, interval=INTERVAL, free_tokens=4),
+                  config, n_resamples=50)
+    lm = LoadedModel(tiny.model, Chars(), "tiny", torch.device("cpu"), torch.float32)
+    units = [_unit("passkey", 400, s) for s in range(3)]
+    run_eval_tasks(lm, units, tmp_path / "tasks", policies, ["question-agnostic"], config, max_new=3, n_resamples=50)
+    written = build_report([tmp_path / "text", tmp_path / "tasks"], tmp_path / "report")
+    names = {p.name for p in written}
+    assert {"text__replay_vs_retention.png", "text__kl_over_position.png", "tasks__accuracy_vs_retention.png"} <= names
+    assert (tmp_path / "report" / "tables" / "text__replay_summary.csv").read_bytes() == \
+        (tmp_path / "text" / "replay_summary.csv").read_bytes()
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    cross = report["replay_kl_vs_task_accuracy"][0]
+    replay = pd.read_csv(tmp_path / "text" / "replay_summary.csv")
+    tasks = pd.read_csv(tmp_path / "tasks" / "task_summary.csv")
+    kl = replay[replay.policy != "full"].set_index(["policy", "budget"])["mean_kl"]
+    acc = tasks[tasks.policy != "full"].groupby(["policy", "budget"])["accuracy"].mean()
+    both = pd.concat([kl, acc], axis=1, join="inner")
+    expected = stats.spearmanr(both["mean_kl"], both["accuracy"]).statistic
+    assert cross["cells"] == 4 and np.isfinite(expected)
+    assert cross["rho"] == pytest.approx(expected)
+    assert "Does mean replay KL predict task accuracy" in (tmp_path / "report" / "report.html").read_text()

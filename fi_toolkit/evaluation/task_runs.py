@@ -142,6 +142,8 @@ def evaluate_sample(
     done = 0
     for protocol in protocols:
         context, question = encode_split(tokenizer, sample, protocol)
+        if protocol == "question-agnostic" and not question.numel():  # the split must keep the question out
+            raise FIError(f"{unit.name}: the question-agnostic split left no question to append")
         if on_prefill:
             on_prefill(protocol, context)
         shared = CompressedDecoder.shared(model, context.numel() + question.numel() + max_new, config)
