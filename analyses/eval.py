@@ -82,6 +82,9 @@ def main(argv=None) -> int:
     ap.add_argument("--report", type=Path, default=ROOT / "runs" / "analyses" / "eval-report")
     ap.add_argument("--results", default=str(ROOT / "analyses" / "results" / "eval"))
     ap.add_argument("--fresh", action="store_true", help="discard a previous run in --out instead of resuming it")
+    ap.add_argument("--part", choices=["text", "tasks", "all"], default="all",
+                    help="run only the text or the task half (two processes on two cores); 'all' (the default) "
+                         "runs or resumes both, then writes the report and the tables")
     args = ap.parse_args(argv)
 
     t0 = time.perf_counter()
@@ -93,11 +96,15 @@ def main(argv=None) -> int:
 
     docs = [load_document(name.strip(), lm.tokenizer, max_tokens=args.length) for name in args.documents.split(",")]
     setting = TextSetting(args.prompt, args.length, args.interval, free_tokens=args.free_tokens)
-    text = run_eval_text(lm, docs, text_dir, policies, setting, config, resume=resume[text_dir],
-                         overwrite=args.fresh, progress=_progress("text"))
-    units = make_units(args.tasks.split(","), [args.context], args.samples, lm.tokenizer, lm.model.config)
-    tasks = run_eval_tasks(lm, units, task_dir, policies, args.protocols.split(","), config, interval=args.interval,
-                           resume=resume[task_dir], overwrite=args.fresh, progress=_progress("tasks"))
+    if args.part in ("text", "all"):
+        text = run_eval_text(lm, docs, text_dir, policies, setting, config, resume=resume[text_dir],
+                             overwrite=args.fresh, progress=_progress("text"))
+    if args.part in ("tasks", "all"):
+        units = make_units(args.tasks.split(","), [args.context], args.samples, lm.tokenizer, lm.model.config)
+        tasks = run_eval_tasks(lm, units, task_dir, policies, args.protocols.split(","), config, interval=args.interval,
+                               resume=resume[task_dir], overwrite=args.fresh, progress=_progress("tasks"))
+    if args.part != "all":
+        return 0
     build_report([text_dir, task_dir], args.report, overwrite=True)
 
     table = readme_table(text["replay_summary"], tasks["task_summary"])

@@ -47,7 +47,7 @@ def probe(
     select: List[str] = typer.Option(None, "--select", "-s", help="entropy:B, attention:B, distance:B, infokv:B, random:B@SEED, positions:A-B,C remove a token set; policy:NAME@B evicts what a compression policy would. B is a budget: remove=X or keep=X (a bare X is keep=X), X a share of the prefix [0, p) (0.1) or a token count (100). Repeatable."),
     prefix: Optional[int] = typer.Option(None, help="Compression point p (default: smallest chunk start)."),
     sinks: int = typer.Option(4, help="First N positions are never picked by score-based or random selectors."),
-    future: str = typer.Option("document", help="What follows p: 'document' (its own tokens) or 'generated:N[@SEED]' (the model's continuation of the first p tokens with its full cache, greedy or sampled; the chunks must lie in [p, p + N])."),
+    future: str = typer.Option("document", help="What follows p: 'document' (its own tokens), 'generated:N' (the model's greedy continuation of the first p tokens with its full cache) or 'generated:N@SEED' (sampled from SEED; the chunks must end by p + N)."),
     model: str = ModelOpt, device: str = DeviceOpt, dtype: str = DtypeOpt, upcast: bool = UpcastOpt,
     window: int = WindowOpt, top_k: int = TopKOpt, alpha: float = AlphaOpt, tau: float = TauOpt, pool: int = PoolOpt,
     entropy_of: str = EntropyOfOpt,

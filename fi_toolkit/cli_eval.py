@@ -62,7 +62,7 @@ def eval_(
     interval: int = typer.Option(256, help="Compress back to the budget every INTERVAL fed (or generated) tokens."),
     prompt: int = typer.Option(1024, help="Text: prompt tokens (prefilled and compressed first)."),
     length: Optional[int] = typer.Option(None, help="Text: tokens in all, prompt included (default: 2048; with --future generated:N it is prompt + N)."),
-    future: str = typer.Option("document", help="Text: 'document' (its own next tokens) or 'generated:N[@SEED]' (the model's continuation, greedy or sampled)."),
+    future: str = typer.Option("document", help="Text: 'document' (its own next tokens) or 'generated:N' (the model's greedy continuation, N tokens) or 'generated:N@SEED' (sampled from SEED)."),
     free_tokens: int = typer.Option(64, "--free-tokens", help="Text: greedy tokens generated freely per policy, compared with the full cache's (0: skip)."),
     task: Optional[str] = typer.Option(None, "--task", help="Comma-separated tasks instead of documents: passkey, multikey_needle (niah), variable_tracking (vartrack)."),
     context: str = typer.Option(DEFAULT_CONTEXTS, help="Tasks: comma-separated prompt lengths in tokens."),
