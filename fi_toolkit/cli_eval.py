@@ -20,7 +20,7 @@ from .errors import FIError
 
 DEFAULT_POLICIES = "infokv,snapkv,pyramidkv,streaming,h2o,knorm,random"
 DEFAULT_TASKS = "passkey,multikey_needle,variable_tracking"
-DEFAULT_CONTEXTS = "1024"  # where SmolLM2-135M solves passkey and multi-key needle (analyses/results/eval/task_lengths.csv)
+DEFAULT_CONTEXTS = "1024"  # where SmolLM2-135M solves passkey and multi-key needle best (analyses/results/eval/task_lengths.csv)
 
 
 def split_list(text: str, option: str) -> list[str]:

@@ -21,9 +21,10 @@ thousands separator and goes), must hold the answer as a whole-word sequence, so
 match ``123456``; repeating the answer is fine, but a line that also names another number of the
 answer's digit count (a hedge among candidates) is wrong.
 
-Measured once (SmolLM2-135M, full cache, greedy, seeds 0-4; the evaluation loop that will record
-such runs is still to come): passkey 3/5 at 512 tokens and 4/5 at 1,024; multi-key needle 5/5 at
-both; variable tracking (2 chains of 4 hops) 0/5 at both. The model does not solve variable tracking.
+Measured (SmolLM2-135M, full cache, greedy, question-aware, seeds 0-7, ``analyses/task_lengths.py``
+-> ``analyses/results/eval/task_lengths.csv``): passkey 0.75 / 0.62 / 0.25 at 1,024 / 2,048 / 4,096
+tokens; multi-key needle 0.75 / 0.50 / 0.75; variable tracking (2 chains of 4 hops) 0 at every
+length: the model does not solve it. ``fi eval --task`` therefore defaults to 1,024 tokens.
 """
 
 from __future__ import annotations
