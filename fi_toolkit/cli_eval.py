@@ -111,6 +111,8 @@ def eval_(
     with _progress() as bar:
         tables = run_eval_text(lm, docs, out_dir, policies, setting, config, resume, overwrite,
                                _bar(bar, "eval"), resamples)
+    if tables is None:  # a rank other than 0 of a sharded run: rank 0 reports
+        return
     _print_text(tables, len(docs), setting)
     from .evaluation.run import text_noise_warning
 
@@ -145,6 +147,8 @@ def _eval_tasks(task, context, samples, protocol, max_new, policies, config, int
     with _progress() as bar:
         tables = run_eval_tasks(lm, units, out_dir, policies, protocols, config, max_new, interval, resume, overwrite,
                                 _bar(bar, "eval"), resamples)
+    if tables is None:
+        return
     _print_tasks(tables)
     err.print(f"results: {out_dir}/ (task_summary.csv, answers.csv, kl_accuracy.csv, manifest.json)",
               markup=False, highlight=False)

@@ -91,6 +91,8 @@ def correlate(
                               lambda lm, docs, progress: run_correlate(
         lm, docs, out_dir, p, chunks, candidates, sinks, seed, resamples, config, batch_size,
         resume=resume, overwrite=overwrite, progress=progress, estimator=estimator, samples=samples, validate=validate))
+    if tables is None:  # a rank other than 0 of a sharded run: rank 0 reports
+        return
     s = tables["correlation_summary"]
     s = s[(s["scope"] == "mean") & (s["method"] == "spearman")]
     pivot = s.pivot_table(index="signal", columns="chunk", values="rho_mean", sort=False)
@@ -170,6 +172,8 @@ def nearfar(
                               lambda lm, docs, progress: run_nearfar(
         lm, docs, out_dir, prefix, dist, chunk_len, budget, seeds, sink_options, config, batch_size,
         resume=resume, overwrite=overwrite, progress=progress))
+    if tables is None:  # a rank other than 0 of a sharded run: rank 0 reports
+        return
     _print_nearfar(tables, len(docs))
     _warn_noise(tables["nearfar"], tables["nearfar"])
     err.print(f"results: {out_dir}/ (nearfar.csv, nearfar_summary.csv, nearfar_tests.csv, token_class_summary.csv)",

@@ -71,6 +71,10 @@ def cache_dir() -> Path:
 
 
 def resolve_device(device: str) -> torch.device:
+    """``cpu``, ``cuda``, ``cuda:N`` or ``auto``; on a rank of a torchrun launch ``cuda`` is ``cuda:LOCAL_RANK``."""
+    from .distributed import rank_device
+
+    device = rank_device(device) if device in ("cuda", "auto") else device
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
@@ -178,6 +182,9 @@ def load_model(
     """
     from transformers.utils import logging as hf_logging
 
+    from .distributed import current
+
+    current()  # under torchrun: join the process group, share the CPU threads among this node's ranks
     hf_logging.disable_progress_bar()  # before the first conversion too: its bars would break one-line errors
     logging.getLogger("transformers").setLevel(logging.ERROR)
     torch_device, torch_dtype = resolve_device(device), resolve_dtype(dtype)

@@ -120,7 +120,7 @@ def make_dir(path: Path) -> Path:
 
 # What a results directory of any ``fi`` command holds (run tables, per-document units, reports).
 RESULT_FILES = ("manifest.json", "settings.json", "report.html", "report.md", "report.json")
-RESULT_DIRS = ("per_document", "tables", "figures")
+RESULT_DIRS = ("per_document", "unit_log", "tables", "figures")
 
 
 def held_results(path: Path) -> list[str]:

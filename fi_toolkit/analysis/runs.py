@@ -7,7 +7,8 @@ Layout of a run directory::
     per_document/<doc>/done.json  written last: the unit's settings (this document's, plus the run's),
                                   and per table its row count and the sha256 of the CSV bytes
     <table>.csv                   every document's rows, concatenated from the files above
-    manifest.json                 settings, model, documents, timing, versions (written at the end)
+    unit_log/<session>.rank<r>.jsonl  one line per unit computed: which rank, which session, how long
+    manifest.json                 settings, model, documents, timing, versions, the unit log (written at the end)
 
 Every file is written atomically (temporary file + rename), so a run stopped at any moment (Ctrl-C,
 kill) leaves each finished document's tables intact and readable. The combined tables are always
@@ -18,6 +19,13 @@ from this run's, or whose CSV is missing, empty or altered (row count or checksu
 with one ``note:`` line on stderr naming the problem. A settings.json that is not a run's settings
 is refused with one line (``--overwrite`` starts over). Nothing is created before the first document
 finishes, so a run that fails on bad input leaves no directory and no settings.json behind.
+
+Under ``torchrun`` (issue 11) the units are shared among the ranks (:mod:`fi_toolkit.distributed`):
+rank 0 checks what is finished, writes settings.json and broadcasts the plan; every rank computes and
+saves its own units (the same atomic per-unit files); after a barrier rank 0 checks every unit and
+writes the combined tables and the manifest, byte for byte what one process would have written. A
+rank that dies loses only the unit it was computing; ``--resume`` with any world size computes only
+what is missing, and after an elastic restart (``torchrun --max-restarts``) the run resumes by itself.
 """
 
 from __future__ import annotations
@@ -25,19 +33,23 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import secrets
 import shutil
 import sys
+import time
+from datetime import datetime
 from pathlib import Path
 from typing import Callable, Sequence
 
 import pandas as pd
 
-from .. import results
+from .. import distributed, results
 from ..errors import FIError
 
 SETTINGS = "settings.json"
 PER_DOCUMENT = "per_document"
 DONE = "done.json"
+UNIT_LOG = "unit_log"
 SHOWN_DIFFERENCES = 8  # nested differences shown in a refusal; top-level ones are always all shown
 
 
@@ -117,6 +129,11 @@ def check_run_dir(out_dir: Path, command: str, resume: bool = False, overwrite: 
     holder = results.held_command(path)
     if not resume:
         what = f"a '{holder}' run" if holder else ", ".join(found[:4])
+        sizes = sorted(written_world_sizes(path) - {distributed.from_env().size})
+        if holder == command and sizes:
+            raise FIError(f"'{path}' already holds results (a '{holder}' run computed with world size "
+                          f"{' and '.join(map(str, sizes))}, this run has {distributed.from_env().size}); pass --resume "
+                          "to continue it with any world size or --overwrite to replace it")
         hint = "pass --resume to continue it or --overwrite to replace it" if holder == command else \
             "choose another --out or pass --overwrite to replace it"
         raise FIError(f"'{path}' already holds results ({what}); {hint}")
@@ -131,6 +148,24 @@ def check_run_dir(out_dir: Path, command: str, resume: bool = False, overwrite: 
     return path
 
 
+def written_world_sizes(path: Path) -> set[int]:
+    """The world sizes that computed the finished units in run directory ``path`` (as their done.json say)."""
+    sizes = set()
+    for done in Path(path).glob(f"{PER_DOCUMENT}/*/{DONE}"):
+        try:
+            size = json.loads(done.read_text())["computed_by"]["world_size"]
+        except (ValueError, OSError, KeyError, TypeError):
+            continue
+        if isinstance(size, int):
+            sizes.add(size)
+    return sizes
+
+
+def new_session() -> str:
+    """A file-safe, sortable id of one launch (all ranks share rank 0's)."""
+    return f"{datetime.now().strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(3)}"
+
+
 class ResumableRun:
     """A run directory for ``command`` with ``settings`` (a JSON-able dict of everything that changes results).
 
@@ -139,7 +174,10 @@ class ResumableRun:
     """
 
     def __init__(self, out_dir: Path, command: str, settings: dict, resume: bool = False, overwrite: bool = False,
-                 note: Callable[[str], None] = _stderr_note):
+                 note: Callable[[str], None] = _stderr_note, world: distributed.World | None = None):
+        self.world = world or distributed.current()
+        if self.world.restart > 0:  # torchrun --max-restarts: the restarted ranks continue what the first ones began
+            resume, overwrite = True, False
         self.path = check_run_dir(out_dir, command, resume, overwrite)
         self.command, self.resume, self.overwrite, self.note = command, resume, overwrite, note
         self.settings = json.loads(json.dumps(settings, default=str))  # normalised as it will be read back
@@ -218,36 +256,112 @@ class ResumableRun:
     def load(self, keys: Sequence[str], name: str) -> pd.DataFrame:
         return pd.concat([read_table(self.doc_dir(k) / f"{name}.csv") for k in keys], ignore_index=True)
 
+    def _pending(self, keys: Sequence[str], documents: Sequence, on_skip) -> list[int]:
+        """Indices of the units to compute; a finished unit that fails its checks is noted and unmarked."""
+        todo = []
+        for i, (key, doc) in enumerate(zip(keys, documents)):
+            done_file = self.doc_dir(key) / DONE
+            finished = done_file.exists() and not self.overwrite  # --overwrite: old units are cleared on start
+            problem = self._problem(key, self.unit_settings(doc)) if finished else None
+            if finished and problem is None:
+                if on_skip:
+                    on_skip(doc)
+                continue
+            if problem:
+                self.note(f"note: {PER_DOCUMENT}/{key} ({doc.name}): {problem}; recomputing it")
+                done_file.unlink()  # an interruption while recomputing leaves it unfinished, not stale
+            todo.append(i)
+        return todo
+
+    def _compute(self, key: str, doc, compute) -> None:
+        """Compute one unit, save it, and log who computed it (done.json and this rank's unit log)."""
+        t0 = time.perf_counter()
+        tables = compute(doc)
+        by = {"rank": self.world.rank, "world_size": self.world.size, "session": self.session,
+              "seconds": round(time.perf_counter() - t0, 3)}
+        self.save(key, tables, {"document": doc.name, "settings": self.unit_settings(doc), "computed_by": by})
+        line = json.dumps({"unit": key, "document": doc.name, **by, "finished": results.now()}) + "\n"
+        log = self.path / UNIT_LOG / f"{self.session}.rank{self.world.rank}.jsonl"
+        results.make_dir(log.parent)
+        with open(log, "a", encoding="utf-8") as fh:  # one file per rank and session: no two writers
+            fh.write(line)
+            fh.flush()
+
     def run(
         self, documents: Sequence, compute: Callable[[object], dict[str, pd.DataFrame]],
-        on_skip: Callable[[object], None] | None = None,
-    ) -> dict[str, pd.DataFrame]:
-        """``compute(doc)`` for every document not validly finished, saving each as it finishes; -> combined tables."""
+        on_skip: Callable[[object], None] | None = None, costs: Sequence[float] | None = None,
+    ) -> dict[str, pd.DataFrame] | None:
+        """``compute(doc)`` for every document not validly finished, saving each as it finishes; -> combined tables.
+
+        Sharded (more than one rank): each rank computes its share (``costs``, default the token counts,
+        balance it); rank 0 returns the combined tables, the other ranks None.
+        """
         keys = document_keys([d.name for d in documents])
-        names: list[str] = []
+        if self.world.sharded:
+            return self._run_sharded(keys, documents, compute, on_skip, costs)
+        self.session = new_session()
         try:
-            for key, doc in zip(keys, documents):
-                unit = self.unit_settings(doc)
-                done_file = self.doc_dir(key) / DONE
-                finished = done_file.exists() and not self.overwrite  # --overwrite: old units are cleared on start
-                problem = self._problem(key, unit) if finished else None
-                if finished and problem is None:
-                    if on_skip:
-                        on_skip(doc)
-                else:
-                    if problem:
-                        self.note(f"note: {PER_DOCUMENT}/{key} ({doc.name}): {problem}; recomputing it")
-                        done_file.unlink()  # an interruption while recomputing leaves it unfinished, not stale
-                    self.save(key, compute(doc), {"document": doc.name, "settings": unit})
-                names = names or self.tables_of(key)
+            for i in self._pending(keys, documents, on_skip):
+                self._compute(keys[i], documents[i], compute)
             self._start()
         except BaseException:
             self._remove_if_empty(keys)
             raise
+        return self._merge(keys)
+
+    def _run_sharded(self, keys, documents, compute, on_skip, costs):
+        world = self.world
+        world.barrier()  # every rank has checked --out before rank 0 writes into it
+        plan = None
+        if world.main:
+            todo = self._pending(keys, documents, on_skip)
+            self._start()
+            plan = (todo, new_session())
+        todo, self.session = world.broadcast(plan)
+        self._started = True  # rank 0 made the directory (and cleared it for --overwrite)
+        costs = [len(d) for d in documents] if costs is None else list(costs)
+        owner = distributed.assign([costs[i] for i in todo], world.size)
+        mine = [i for i, r in zip(todo, owner) if r == world.rank]
+        if not mine:
+            self.note(f"note: rank {world.rank} of {world.size} has no unit to compute ({len(todo)} unit(s) to "
+                      f"compute for {world.size} ranks); it waits for the others")
+        for i in mine:
+            self._compute(keys[i], documents[i], compute)
+        world.barrier()
+        if not world.main:
+            return None
+        missing = [d.name for k, d in zip(keys, documents)
+                   if not (self.doc_dir(k) / DONE).exists() or self._problem(k, self.unit_settings(d)) is not None]
+        if missing:
+            raise FIError(f"{len(missing)} unit(s) unfinished after every rank was done ({', '.join(missing[:4])}); "
+                          "rerun with --resume")
+        return self._merge(keys)
+
+    def _merge(self, keys: Sequence[str]) -> dict[str, pd.DataFrame]:
+        names = self.tables_of(keys[0]) if keys else []
         combined = {name: self.load(keys, name) for name in names}
         for name, table in combined.items():
             results.write_table(self.path / f"{name}.csv", table)
         return combined
+
+    def units(self, keys: Sequence[str]) -> list[dict]:
+        """Who computed each finished unit, from its done.json: the manifest's ``units``."""
+        out = []
+        for key in keys:
+            done = json.loads((self.doc_dir(key) / DONE).read_text())
+            out.append({"unit": key, "document": done.get("document"), **(done.get("computed_by") or {})})
+        return out
+
+    def unit_log(self) -> list[dict]:
+        """Every unit computed in this directory, by any rank of any session (a unit recomputed shows twice)."""
+        lines = []
+        for f in sorted((self.path / UNIT_LOG).glob("*.jsonl")):
+            for line in f.read_text(encoding="utf-8").splitlines():
+                try:
+                    lines.append(json.loads(line))
+                except ValueError:  # a line cut by a kill mid-write
+                    continue
+        return sorted(lines, key=lambda e: (str(e.get("finished")), str(e.get("session")), e.get("rank", 0)))
 
     def _remove_if_empty(self, keys: Sequence[str]) -> None:
         """A run that stops before any document is finished leaves nothing of its own behind."""
@@ -255,6 +369,7 @@ class ResumableRun:
             return
         if (self.path / PER_DOCUMENT).is_dir() and not any((self.path / PER_DOCUMENT).glob(f"*/{DONE}")):
             shutil.rmtree(self.path / PER_DOCUMENT, ignore_errors=True)
+            shutil.rmtree(self.path / UNIT_LOG, ignore_errors=True)
         if self._fresh_settings:
             (self.path / SETTINGS).unlink(missing_ok=True)
         if self._created_dir and self.path.is_dir() and not any(self.path.iterdir()):

@@ -26,7 +26,7 @@ from .agreement import summarize_agreement
 from .correlation import correlate_document, parse_candidates, summarize_correlations
 from .nearfar import (add_relative_columns, nearfar_chunks, nearfar_document, paired_tests, summarize_nearfar,
                       token_class_summary)
-from .runs import ResumableRun
+from .runs import ResumableRun, document_keys
 
 Progress = Callable[[str, int, int], None]  # (document name, done, total) after each batch
 
@@ -49,31 +49,35 @@ def _describe(lm, docs, prefix: int, chunks: Sequence[Chunk], config: SignalConf
     }
 
 
-def _manifest(lm, run: ResumableRun, started: str, seconds: float, computed: list[str], extra: dict) -> dict:
+def _manifest(lm, run: ResumableRun, started: str, seconds: float, keys: list[str], extra: dict) -> dict:
+    units = run.units(keys)
     return {
         "command": run.command, "started": started, "finished": results.now(), "seconds": round(seconds, 2),
-        "settings": run.settings, "computed_this_session": computed, "model": lm.describe(),
-        "versions": results.versions(), **extra,
+        "settings": run.settings,
+        "computed_this_session": [u["document"] for u in units if u.get("session") == run.session],
+        "model": lm.describe(), "versions": results.versions(), **extra,
+        "world_size": run.world.size, "units": units, "unit_log": run.unit_log(),
     }
 
 
 def execute_run(lm, run: ResumableRun, units, compute, summaries: Callable[[dict], dict],
-                extra: Callable[[dict], dict]) -> dict:
+                extra: Callable[[dict], dict], costs=None) -> dict | None:
     """Run every unit (document or task sample), write the summaries, then the manifest with
-    ``extra(tables)`` in it (the studies: each document's noise floor)."""
+    ``extra(tables)`` in it (the studies: each document's noise floor).
+
+    Under torchrun the units are shared among the ranks (``costs`` balance them, default token counts);
+    rank 0 writes the summaries and the manifest and returns the tables, the other ranks None.
+    """
     started, t0 = results.now(), time.perf_counter()
-    computed: list[str] = []
-
-    def wrapped(unit):
-        computed.append(unit.name)
-        return compute(unit)
-
-    tables = run.run(units, wrapped)
+    tables = run.run(units, compute, costs=costs)
+    if tables is None:  # not rank 0 of a sharded run: its units are saved, rank 0 merges
+        return None
     for name, table in summaries(tables).items():
         results.write_table(run.path / f"{name}.csv", table)
         tables[name] = table
+    keys = document_keys([u.name for u in units])
     results.write_json(run.path / "manifest.json",
-                       _manifest(lm, run, started, time.perf_counter() - t0, computed, extra(tables)))
+                       _manifest(lm, run, started, time.perf_counter() - t0, keys, extra(tables)))
     return tables
 
 

@@ -1,0 +1,76 @@
+"""One rank of a sharded run of the tiny model (run by tests/test_distributed.py under torchrun, or
+alone as the single-process reference): ``python dist_worker.py OUT STUDIES [--kill RANK:N]``.
+
+STUDIES is a comma-separated subset of nearfar, correlate, eval, single (a nearfar run of one document:
+idle ranks); each writes OUT/<study>. ``--kill RANK:N``: rank RANK kills itself (SIGKILL, no clean-up)
+when it starts its N-th nearfar unit, in the first launch only (not after a torchrun restart).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+import torch
+
+from fi_toolkit import Document, SignalConfig
+from fi_toolkit.analysis import run_correlate, run_nearfar, study
+from fi_toolkit.evaluation import TextSetting, run_eval_text
+from fi_toolkit.generate import signal_config_for
+from fi_toolkit.models import tiny_model
+from fi_toolkit.policies import make_policy
+from fi_toolkit.probe import Chunk
+
+P, CFG = 96, SignalConfig(window=8)
+LENGTHS = [400, 150, 160, 170, 180]  # one long document: cost balancing gives it a rank to itself
+
+
+def documents():
+    gen = torch.Generator().manual_seed(11)
+    return [Document(f"doc {i}", f"text {i}", torch.randint(0, 256, (n,), generator=gen), "test")
+            for i, n in enumerate(LENGTHS)]
+
+
+def run(out: Path, studies: list[str], resume: bool = False) -> None:
+    tiny, docs = tiny_model(seed=0), documents()
+    if "nearfar" in studies:
+        run_nearfar(tiny, docs, out / "nearfar", P, [0, 32], 16, budget="remove=0.1", seeds=2, config=CFG, resume=resume)
+    if "single" in studies:
+        run_nearfar(tiny, docs[1:2], out / "single", P, [0, 32], 16, budget="remove=0.1", seeds=1, config=CFG,
+                    resume=resume)
+    if "correlate" in studies:
+        run_correlate(tiny, docs, out / "correlate", P, [Chunk(P, P + 16)], "sample:6", n_resamples=20, config=CFG,
+                      resume=resume)
+    if "eval" in studies:
+        policies = [make_policy("snapkv", budget=0.4, window=16)]
+        setting = TextSetting(prompt=P, length=144, interval=32, free_tokens=4)
+        run_eval_text(tiny, docs, out / "eval", policies, setting, signal_config_for(policies[0]), resume=resume,
+                      n_resamples=20)
+
+
+def main(argv: list[str]) -> None:
+    out, studies = Path(argv[0]), argv[1].split(",")
+    if "--kill" in argv:
+        rank, n = (int(v) for v in argv[argv.index("--kill") + 1].split(":"))
+        started = []
+        original = study.nearfar_document
+
+        def dying(*args, **kwargs):
+            started.append(1)
+            first_launch = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+            if first_launch and int(os.environ.get("RANK", 0)) == rank and len(started) == n:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return original(*args, **kwargs)
+
+        study.nearfar_document = dying
+    run(out, studies, resume="--resume" in argv)
+
+
+if __name__ == "__main__":
+    import faulthandler
+
+    faulthandler.dump_traceback_later(float(os.environ.get("FI_WORKER_TIMEOUT", "240")), exit=True)  # never hang a test
+    torch.set_num_threads(1)
+    main(sys.argv[1:])

@@ -1,0 +1,165 @@
+"""Sharded runs under torchrun (issue 11): the plan, the merged tables against a single process, a
+rank killed mid-run, resumed with one rank or restarted by torchrun, and CPU threads per rank.
+
+The torchrun tests launch ``tests/dist_worker.py`` (the tiny model through the library) with two gloo
+ranks; the single-process reference is computed here, in this process, by the unsharded code path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+import dist_worker
+from fi_toolkit import distributed
+from fi_toolkit.analysis import read_table
+
+ROOT = Path(__file__).resolve().parents[1]
+STUDIES = ["nearfar", "correlate", "eval", "single"]
+TIMINGS = {"replays.csv": ["seconds"]}  # the only columns that hold wall-clock time
+
+
+def torchrun(args, nproc=2, restarts=0, timeout=300):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "FI_WORKER_TIMEOUT": "240"}
+    if restarts:  # restarted ranks otherwise may read the first attempt's gloo addresses (pytorch#135712, #167288)
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+           "--max-restarts", str(restarts), *args]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def worker(*args, **kwargs):
+    return torchrun([str(ROOT / "tests" / "dist_worker.py"), *map(str, args)], **kwargs)
+
+
+def assert_same_tables(a: Path, b: Path) -> None:
+    names = sorted(f.name for f in a.glob("*.csv"))
+    assert names and names == sorted(f.name for f in b.glob("*.csv"))
+    for name in names:
+        if name in TIMINGS:
+            pd.testing.assert_frame_equal(read_table(a / name).drop(columns=TIMINGS[name]),
+                                          read_table(b / name).drop(columns=TIMINGS[name]))
+        else:
+            assert (a / name).read_bytes() == (b / name).read_bytes(), name
+
+
+def computed(run: Path) -> Counter:
+    """How many times each unit was computed, over every session and rank (the manifest's unit log)."""
+    return Counter(e["unit"] for e in json.loads((run / "manifest.json").read_text())["unit_log"])
+
+
+# ---- the plan ---------------------------------------------------------------------------------------------
+
+def test_assignment_is_deterministic_and_balanced_by_cost():
+    assert distributed.assign([8, 1, 1, 1, 1, 1, 1, 1, 1], 2) == [0] + [1] * 8  # round-robin would give 4 + 8 vs 4
+    costs = [400, 150, 160, 170, 180]
+    owner = distributed.assign(costs, 2)
+    assert owner == distributed.assign(costs, 2) == [0, 0, 1, 1, 1]
+    loads = [sum(c for c, r in zip(costs, owner) if r == k) for k in range(2)]
+    assert max(loads) <= sum(costs) / 2 + max(costs)  # LPT bound
+    assert distributed.assign([5, 5], 4) == [0, 1]  # idle ranks 2 and 3
+    assert distributed.assign([], 3) == []
+
+
+def test_threads_and_devices_per_rank(monkeypatch):
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert distributed.divide_threads(distributed.World(size=2, local_size=2), cores=2) == 1
+        torch.set_num_threads(8)
+        assert distributed.divide_threads(distributed.World(size=4, local_size=2), cores=8) == 4
+        assert distributed.divide_threads(distributed.World(size=16, local_size=16), cores=8) == 1
+    finally:
+        torch.set_num_threads(before)
+    rank3 = distributed.World(rank=3, size=4, local_rank=3, local_size=4)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert distributed.rank_device("cuda", rank3) == "cuda:3"
+    assert distributed.rank_device("auto", rank3) == "cuda:3"
+    assert distributed.rank_device("cuda:1", rank3) == "cuda:1"  # an explicit device is the user's
+    assert distributed.rank_device("cuda", distributed.World()) == "cuda"  # one process: as before
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert distributed.rank_device("auto", rank3) == "cpu"
+
+
+def test_world_from_torchrun_environment(monkeypatch):
+    for k, v in {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4",
+                 "TORCHELASTIC_RESTART_COUNT": "2"}.items():
+        monkeypatch.setenv(k, v)
+    w = distributed.from_env()
+    assert (w.rank, w.size, w.local_rank, w.local_size, w.restart, w.main, w.sharded) == (5, 8, 1, 4, 2, False, True)
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT"):
+        monkeypatch.delenv(k)
+    assert distributed.from_env() == distributed.World()
+
+
+# ---- two gloo ranks against one process ---------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    out = tmp_path_factory.mktemp("single")
+    dist_worker.run(out, STUDIES)  # this process: world size 1, the unsharded path
+    return out
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sharded")
+    done = worker(out, ",".join(STUDIES))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out, done.stderr
+
+
+@pytest.mark.parametrize("name", STUDIES)
+def test_two_ranks_merge_to_the_single_process_tables(single, sharded, name):
+    out, _ = sharded
+    assert_same_tables(single / name, out / name)
+    manifest = json.loads((out / name / "manifest.json").read_text())
+    assert manifest["world_size"] == 2 and json.loads((single / name / "manifest.json").read_text())["world_size"] == 1
+    units = manifest["units"]
+    assert [u["unit"] for u in units] == sorted(p.name for p in (out / name / "per_document").iterdir())
+    if name != "single":  # the long document alone on rank 0, the four short ones on rank 1... by cost
+        assert [u["rank"] for u in units] == [0, 0, 1, 1, 1]
+    assert set(computed(out / name).values()) == {1}
+    assert manifest["computed_this_session"] == [u["document"] for u in units]
+
+
+def test_idle_ranks_say_so(sharded):
+    _, stderr = sharded
+    notes = [line for line in stderr.splitlines() if "has no unit to compute" in line]
+    assert notes == ["note: rank 1 of 2 has no unit to compute (1 unit(s) to compute for 2 ranks); it waits for the others"]
+
+
+# ---- faults ---------------------------------------------------------------------------------------------------
+
+def test_killed_rank_resumes_with_one_rank(single, tmp_path):
+    died = worker(tmp_path, "nearfar", "--kill", "1:2")  # rank 1 dies starting its second unit
+    assert died.returncode != 0
+    run = tmp_path / "nearfar"
+    before = {p.parent.name for p in run.glob("per_document/*/done.json")}
+    assert "doc_2" in before and "doc_3" not in before  # rank 1's first unit survived, its second is lost
+    assert not (run / "manifest.json").exists()
+    dist_worker.run(tmp_path, ["nearfar"], resume=True)  # one rank, this process
+    assert_same_tables(single / "nearfar", run)
+    log = json.loads((run / "manifest.json").read_text())["unit_log"]
+    assert set(computed(run).values()) == {1}  # no unit computed twice
+    assert {e["unit"] for e in log if e["world_size"] == 1} == {f"doc_{i}" for i in range(5)} - before
+    assert {e["unit"] for e in log if e["world_size"] == 2} == before
+
+
+def test_torchrun_restart_continues_the_run(single, tmp_path):
+    done = worker(tmp_path, "nearfar", "--kill", "1:2", restarts=1)
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = tmp_path / "nearfar"
+    assert_same_tables(single / "nearfar", run)
+    log = json.loads((run / "manifest.json").read_text())["unit_log"]
+    assert set(computed(run).values()) == {1} and len(log) == 5
+    assert len({e["session"] for e in log}) == 2  # the first launch and the restart
