@@ -17,8 +17,9 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from .cli_options import (AlphaOpt, DeviceOpt, DtypeOpt, EntropyOfOpt, ModelOpt, OverwriteOpt, PoolOpt, TauOpt,
-                          TopKOpt, UpcastOpt, WindowOpt, _progress, _signal_config, check_prefix, check_selections, err, out)
+from .cli_options import (AlphaOpt, DeviceMapOpt, DeviceOpt, DtypeOpt, EntropyOfOpt, ModelOpt, OverwriteOpt, PoolOpt, TauOpt,
+                          TopKOpt, UpcastOpt, WindowOpt, _progress, _signal_config, check_placement, check_prefix, check_selections,
+                          err, out)
 from .errors import FIError
 
 app = typer.Typer(
@@ -48,8 +49,8 @@ def probe(
     prefix: Optional[int] = typer.Option(None, help="Compression point p (default: smallest chunk start)."),
     sinks: int = typer.Option(4, help="First N positions are never picked by score-based or random selectors."),
     future: str = typer.Option("document", help="What follows p: 'document' (its own tokens), 'generated:N' (the model's greedy continuation of the first p tokens with its full cache) or 'generated:N@SEED' (sampled from SEED; the chunks must end by p + N)."),
-    model: str = ModelOpt, device: str = DeviceOpt, dtype: str = DtypeOpt, upcast: bool = UpcastOpt,
-    window: int = WindowOpt, top_k: int = TopKOpt, alpha: float = AlphaOpt, tau: float = TauOpt, pool: int = PoolOpt,
+    model: str = ModelOpt, device: str = DeviceOpt, device_map: Optional[str] = DeviceMapOpt, dtype: str = DtypeOpt,
+    upcast: bool = UpcastOpt, window: int = WindowOpt, top_k: int = TopKOpt, alpha: float = AlphaOpt, tau: float = TauOpt, pool: int = PoolOpt,
     entropy_of: str = EntropyOfOpt,
     batch_size: Optional[int] = typer.Option(None, help="Evictions per batched forward (default: 1 on CPU, 8 on CUDA)."),
     out_dir: Optional[Path] = typer.Option(None, "--out", "-o", help="Results directory (default: runs/probe-<time>-<random>)."),
@@ -67,6 +68,7 @@ def probe(
     from .evaluation.future import generated_document, parse_future
     from .selections import parse_selections
 
+    placement = check_placement(device, device_map)
     fut = parse_future(future)
     chunks = [parse_chunk(c) for c in chunk]
     selections = parse_selections(select or DEFAULT_SELECTIONS)
@@ -81,7 +83,7 @@ def probe(
     if out_dir is not None:
         results.check_results_dir(out_dir, overwrite)
     started, t0 = results.now(), time.perf_counter()
-    lm = load_model(model, device, dtype, upcast=upcast)
+    lm = load_model(model, device, dtype, upcast=upcast, device_map=placement)
     for c in chunks if fut.generated else []:
         if c.end > p + fut.tokens:
             raise FIError(f"chunk {c.label} ends past p + N = {p + fut.tokens:,}: --future {fut.label} generates "
@@ -153,8 +155,8 @@ def _nats(value: float) -> str:
 def scores(
     document: str = typer.Argument(None, help="Text/JSONL file or bundled name (default: alice)."),
     prefix: int = typer.Option(2048, help="Trace the first PREFIX tokens."),
-    model: str = ModelOpt, device: str = DeviceOpt, dtype: str = DtypeOpt, upcast: bool = UpcastOpt,
-    window: int = WindowOpt, top_k: int = TopKOpt, alpha: float = AlphaOpt, tau: float = TauOpt, pool: int = PoolOpt,
+    model: str = ModelOpt, device: str = DeviceOpt, device_map: Optional[str] = DeviceMapOpt, dtype: str = DtypeOpt,
+    upcast: bool = UpcastOpt, window: int = WindowOpt, top_k: int = TopKOpt, alpha: float = AlphaOpt, tau: float = TauOpt, pool: int = PoolOpt,
     entropy_of: str = EntropyOfOpt,
     fi_chunk: List[str] = typer.Option(None, "--fi-chunk", help="Also per-token FI of every prefix position on this future chunk START:END (repeatable): columns fi_<chunk> (and fi_se_<chunk> for fisher)."),
     estimator: Optional[str] = typer.Option(None, help="With --fi-chunk: 'fisher' (the gradient estimate, the default here) or 'exact' (leave-one-out, one forward per position)."),
@@ -169,6 +171,7 @@ def scores(
     from .experiment import max_context, trace_document
     from .models import load_model
 
+    placement = check_placement(device, device_map)
     config = _signal_config(window, top_k, alpha, tau, pool, entropy_of)
     check_prefix(prefix, config.window)
     fi_chunks, estimator, samples, seed = _score_fi_options(fi_chunk, estimator, samples, seed, prefix)
@@ -178,7 +181,7 @@ def scores(
     if out_file.exists() and not overwrite:
         raise FIError(f"--out '{out_file}' exists; choose another file or pass --overwrite")
     texts = read_texts(document)[:1]
-    lm = load_model(model, device, dtype, upcast=upcast)
+    lm = load_model(model, device, dtype, upcast=upcast, device_map=placement)
     doc = tokenize_texts(texts, lm.tokenizer, max_tokens=max([prefix] + [c.end for c in fi_chunks]))[0]
     with _progress() as bar:
         task = bar.add_task(f"trace {doc.name}", total=None)

@@ -13,8 +13,8 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from .cli_options import (AlphaOpt, DeviceOpt, DtypeOpt, EntropyOfOpt, ModelOpt, PoolOpt, TauOpt, TopKOpt, UpcastOpt,
-                          WindowOpt, _progress, _signal_config, err, out)
+from .cli_options import (AlphaOpt, DeviceMapOpt, DeviceOpt, DtypeOpt, EntropyOfOpt, ModelOpt, PoolOpt, TauOpt, TopKOpt, UpcastOpt,
+                          WindowOpt, _progress, _signal_config, check_placement, err, out)
 from .cli_study import ResumeOpt, StudyOverwriteOpt, _read_documents
 from .errors import FIError
 
@@ -70,8 +70,8 @@ def eval_(
     protocol: str = typer.Option("question-agnostic", help="Tasks: question-agnostic (compress the context, then ask) and/or question-aware."),
     max_new: int = typer.Option(12, "--max-new", help="Tasks: greedy answer tokens at most (the first line is scored)."),
     resamples: int = typer.Option(1000, help="Bootstrap resamples per interval (0: none)."),
-    model: str = ModelOpt, device: str = DeviceOpt, dtype: str = DtypeOpt, upcast: bool = UpcastOpt,
-    window: int = WindowOpt, top_k: int = TopKOpt, alpha: float = AlphaOpt, tau: float = TauOpt, pool: int = PoolOpt,
+    model: str = ModelOpt, device: str = DeviceOpt, device_map: Optional[str] = DeviceMapOpt, dtype: str = DtypeOpt,
+    upcast: bool = UpcastOpt, window: int = WindowOpt, top_k: int = TopKOpt, alpha: float = AlphaOpt, tau: float = TauOpt, pool: int = PoolOpt,
     entropy_of: str = EntropyOfOpt,
     out_dir: Path = typer.Option(Path("runs/eval"), "--out", "-o", help="Results directory."),
     resume: bool = ResumeOpt, overwrite: bool = StudyOverwriteOpt,
@@ -80,6 +80,7 @@ def eval_(
     from .analysis.runs import check_run_dir
     from .generate import check_budget
 
+    placement = check_placement(device, device_map)
     config = _signal_config(window, top_k, alpha, tau, pool, entropy_of)
     policies = make_policies(policy, budget, window, alpha, tau, top_k)
     if interval < 1:
@@ -90,7 +91,7 @@ def eval_(
         if documents:
             raise FIError("give documents or --task, not both")
         return _eval_tasks(task, context, samples, protocol, max_new, policies, config, interval, resamples,
-                           model, device, dtype, upcast, out_dir, resume, overwrite)
+                           model, device, dtype, upcast, out_dir, resume, overwrite, placement)
     from .evaluation import TextSetting, parse_future
 
     fut = parse_future(future)
@@ -106,7 +107,7 @@ def eval_(
     from .evaluation import run_eval_text
     from .models import load_model
 
-    lm = load_model(model, device, dtype, upcast=upcast)
+    lm = load_model(model, device, dtype, upcast=upcast, device_map=placement)
     docs = tokenize_texts(texts, lm.tokenizer, max_tokens=setting.length if not fut.generated else prompt)
     with _progress() as bar:
         tables = run_eval_text(lm, docs, out_dir, policies, setting, config, resume, overwrite,
@@ -124,7 +125,7 @@ def eval_(
 
 
 def _eval_tasks(task, context, samples, protocol, max_new, policies, config, interval, resamples,
-                model, device, dtype, upcast, out_dir, resume, overwrite):
+                model, device, dtype, upcast, out_dir, resume, overwrite, placement=None):
     from .analysis.runs import check_run_dir
     from .evaluation import make_units, run_eval_tasks, task_name
     from .evaluation.task_runs import check_protocols
@@ -142,7 +143,7 @@ def _eval_tasks(task, context, samples, protocol, max_new, policies, config, int
             raise FIError(f"budget {p.budget.label} keeps {p.budget.kept(min(contexts))} of a {min(contexts)}-token "
                           f"context, not above the window of {config.window}")
     check_run_dir(out_dir, "eval", resume, overwrite)
-    lm = load_model(model, device, dtype, upcast=upcast)
+    lm = load_model(model, device, dtype, upcast=upcast, device_map=placement)
     units = make_units(tasks, contexts, samples, lm.tokenizer, lm.model.config)
     with _progress() as bar:
         tables = run_eval_tasks(lm, units, out_dir, policies, protocols, config, max_new, interval, resume, overwrite,

@@ -17,7 +17,12 @@ out = Console(emoji=False)
 err = Console(stderr=True, emoji=False, soft_wrap=True)  # messages stay one line at any terminal width
 
 ModelOpt = typer.Option("smollm2-135m", "--model", "-m", help="smollm2-135m (embedded), a local directory or a HF id.")
-DeviceOpt = typer.Option("cpu", help="cpu, cuda, cuda:N or auto.")
+DeviceOpt = typer.Option(None, help="cpu (the default), cuda, cuda:N or auto; under torchrun, cuda is cuda:LOCAL_RANK.")
+DeviceMapOpt = typer.Option(
+    None, "--device-map",
+    help="Place the layers of a model larger than one GPU across the visible GPUs (accelerate): auto, balanced, "
+         "sequential, or a JSON object / JSON file {module: device}. Not with --device.",
+)
 DtypeOpt = typer.Option("float32", help="float32, bfloat16 or float16: how the weights are stored (signals and KL stay float32).")
 UpcastOpt = typer.Option(
     True, "--upcast/--no-upcast",
@@ -38,6 +43,15 @@ EntropyOfOpt = typer.Option(
          "'next' = the distribution computed at i (predicting token i+1).",
 )
 OverwriteOpt = typer.Option(False, help="Replace results already in --out.")
+
+
+def check_placement(device, device_map):
+    """``--device`` and ``--device-map`` both say where the model goes: refused together, before anything runs."""
+    from .models import parse_device_map
+
+    if device is not None and device_map is not None:
+        raise FIError("--device-map places the model's layers across devices; it does not go with --device (give one)")
+    return parse_device_map(device_map)
 
 
 def check_entropy_of(entropy_of: str) -> str:

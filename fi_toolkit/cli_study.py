@@ -14,8 +14,8 @@ from typing import List, Optional
 
 import typer
 
-from .cli_options import (AlphaOpt, DeviceOpt, DtypeOpt, EntropyOfOpt, ModelOpt, PoolOpt, TauOpt, TopKOpt, UpcastOpt,
-                          WindowOpt, _progress, _signal_config, check_prefix, check_selections, check_sinks, err, out)
+from .cli_options import (AlphaOpt, DeviceMapOpt, DeviceOpt, DtypeOpt, EntropyOfOpt, ModelOpt, PoolOpt, TauOpt, TopKOpt, UpcastOpt,
+                          WindowOpt, _progress, _signal_config, check_placement, check_prefix, check_selections, check_sinks, err, out)
 from .errors import FIError
 
 DocsArg = typer.Argument(None, help="Text/JSONL files or bundled names (default: alice).")
@@ -31,12 +31,12 @@ def _read_documents(specs):
     return [t for spec in (specs or [None]) for t in read_texts(spec)]
 
 
-def _run_study(label: str, model: str, device: str, dtype: str, upcast: bool, texts, max_tokens: int, study):
+def _run_study(label: str, model: str, device, dtype: str, upcast: bool, texts, max_tokens: int, study, device_map=None):
     """Load the model, tokenise ``texts``, then ``study(lm, docs, progress)`` under a progress bar per document."""
     from .documents import tokenize_texts
     from .models import load_model
 
-    lm = load_model(model, device, dtype, upcast=upcast)
+    lm = load_model(model, device, dtype, upcast=upcast, device_map=device_map)
     docs = tokenize_texts(texts, lm.tokenizer, max_tokens=max_tokens)
     with _progress() as bar:
         tasks: dict = {}
@@ -60,8 +60,8 @@ def correlate(
     sinks: int = typer.Option(4, help="First N positions are never candidates."),
     seed: int = typer.Option(0, help="Seed of the candidate sample and the bootstrap."),
     resamples: int = typer.Option(1000, help="Bootstrap resamples per coefficient (0: no intervals)."),
-    model: str = ModelOpt, device: str = DeviceOpt, dtype: str = DtypeOpt, upcast: bool = UpcastOpt,
-    window: int = WindowOpt, top_k: int = TopKOpt, alpha: float = AlphaOpt, tau: float = TauOpt, pool: int = PoolOpt,
+    model: str = ModelOpt, device: str = DeviceOpt, device_map: Optional[str] = DeviceMapOpt, dtype: str = DtypeOpt,
+    upcast: bool = UpcastOpt, window: int = WindowOpt, top_k: int = TopKOpt, alpha: float = AlphaOpt, tau: float = TauOpt, pool: int = PoolOpt,
     entropy_of: str = EntropyOfOpt,
     batch_size: Optional[int] = BatchOpt,
     out_dir: Path = typer.Option(Path("runs/correlate"), "--out", "-o", help="Results directory."),
@@ -72,6 +72,7 @@ def correlate(
     from .analysis.runs import check_run_dir
     from .probe import check_chunks, parse_chunk
 
+    placement = check_placement(device, device_map)
     chunks = [parse_chunk(c) for c in chunk]
     p = prefix if prefix is not None else min(c.start for c in chunks)
     config = _signal_config(window, top_k, alpha, tau, pool, entropy_of)
@@ -90,7 +91,7 @@ def correlate(
     docs, tables = _run_study("correlate", model, device, dtype, upcast, texts, max(c.end for c in chunks),
                               lambda lm, docs, progress: run_correlate(
         lm, docs, out_dir, p, chunks, candidates, sinks, seed, resamples, config, batch_size,
-        resume=resume, overwrite=overwrite, progress=progress, estimator=estimator, samples=samples, validate=validate))
+        resume=resume, overwrite=overwrite, progress=progress, estimator=estimator, samples=samples, validate=validate), placement)
     if tables is None:  # a rank other than 0 of a sharded run: rank 0 reports
         return
     s = tables["correlation_summary"]
@@ -142,8 +143,8 @@ def nearfar(
     sinks: int = typer.Option(4, help="Sink protection: the first N positions are never selected."),
     no_sink_runs: bool = typer.Option(True, "--with-unprotected/--protected-only",
                                       help="Also measure every set without sink protection."),
-    model: str = ModelOpt, device: str = DeviceOpt, dtype: str = DtypeOpt, upcast: bool = UpcastOpt,
-    window: int = WindowOpt, top_k: int = TopKOpt, alpha: float = AlphaOpt, tau: float = TauOpt, pool: int = PoolOpt,
+    model: str = ModelOpt, device: str = DeviceOpt, device_map: Optional[str] = DeviceMapOpt, dtype: str = DtypeOpt,
+    upcast: bool = UpcastOpt, window: int = WindowOpt, top_k: int = TopKOpt, alpha: float = AlphaOpt, tau: float = TauOpt, pool: int = PoolOpt,
     entropy_of: str = EntropyOfOpt,
     batch_size: Optional[int] = BatchOpt,
     out_dir: Path = typer.Option(Path("runs/nearfar"), "--out", "-o", help="Results directory."),
@@ -155,6 +156,7 @@ def nearfar(
     from .analysis.runs import check_run_dir
     from .selections import parse_selections
 
+    placement = check_placement(device, device_map)
     dist = parse_distances(distances)
     chunks = nearfar_chunks(prefix, dist, chunk_len)
     nearfar_selections(budget, seeds)
@@ -171,7 +173,7 @@ def nearfar(
     docs, tables = _run_study("nearfar", model, device, dtype, upcast, texts, max(c.end for c in chunks),
                               lambda lm, docs, progress: run_nearfar(
         lm, docs, out_dir, prefix, dist, chunk_len, budget, seeds, sink_options, config, batch_size,
-        resume=resume, overwrite=overwrite, progress=progress))
+        resume=resume, overwrite=overwrite, progress=progress), placement)
     if tables is None:  # a rank other than 0 of a sharded run: rank 0 reports
         return
     _print_nearfar(tables, len(docs))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import io
+import json
 import logging
 import os
 import shutil
@@ -163,17 +164,72 @@ def _first_line(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
+DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
+def parse_device_map(spec: str | dict | None) -> str | dict | None:
+    """``--device-map``: accelerate's strategy (auto, balanced, balanced_low_0, sequential), a JSON
+    object ``{module: device}`` or the path of a JSON file holding one; None stays None."""
+    if spec is None or isinstance(spec, dict):
+        return spec
+    if spec in DEVICE_MAP_STRATEGIES:
+        return spec
+    text = spec
+    if not spec.lstrip().startswith(("{", "[")):
+        try:
+            text = Path(spec).read_text()
+        except OSError:
+            raise FIError(f"--device-map '{spec}' is neither {', '.join(DEVICE_MAP_STRATEGIES)}, a JSON object "
+                          "nor a readable JSON file") from None
+    try:
+        device_map = json.loads(text)
+    except ValueError as exc:
+        raise FIError(f"--device-map '{spec}' is not valid JSON: {exc.msg} (line {exc.lineno})") from None
+    if not isinstance(device_map, dict) or not device_map or not all(
+            isinstance(k, str) and isinstance(v, (str, int)) for k, v in device_map.items()):
+        raise FIError(f"--device-map '{spec}' must map module names to devices, e.g. "
+                      '{"model.embed_tokens": 0, "model.layers.0": 0, ..., "lm_head": 1}')
+    return device_map
+
+
+def _first_device(model: torch.nn.Module) -> torch.device:
+    """Where a dispatched model takes its input: the device of its input embeddings' execution."""
+    hook = getattr(model.get_input_embeddings(), "_hf_hook", None)
+    device = getattr(hook, "execution_device", None)
+    if device is None:
+        device = model.get_input_embeddings().weight.device
+    return torch.device(f"cuda:{device}" if isinstance(device, int) else device)
+
+
+def dispatch(lm: LoadedModel, device_map: dict) -> LoadedModel:
+    """Place ``lm``'s modules on the devices of an explicit ``device_map`` with accelerate's dispatch
+    hooks (always installed, also when every module is on one device: the code path of a model split
+    across GPUs, testable on the CPU). Inputs follow each module's device; outputs come back to the
+    caller's."""
+    from accelerate import dispatch_model
+
+    try:
+        dispatch_model(lm.model, device_map=device_map, force_hooks=True)
+    except (ValueError, KeyError, RuntimeError) as exc:
+        raise FIError(f"cannot place the model with --device-map: {_first_line(exc)}") from None
+    return LoadedModel(lm.model, lm.tokenizer, lm.name, _first_device(lm.model), lm.dtype)
+
+
 def load_model(
     name: str = DEFAULT_MODEL,
-    device: str = "cpu",
+    device: str | None = None,
     dtype: str = "float32",
     attn_implementation: str = "sdpa",
     upcast: bool = True,
+    device_map: str | dict | None = None,
 ) -> LoadedModel:
     """Load ``name``: the embedded default (``smollm2-135m``), a local directory or a HF model id.
 
     ``dtype`` is how the weights are stored; with a reduced one (bfloat16, float16) and ``upcast``
     (the default) the model computes in float32 (:func:`fi_toolkit.precision.upcast_compute`).
+
+    ``device_map`` (``--device-map``) places the layers across devices with accelerate instead of
+    ``device``: a strategy (``auto``: across the visible GPUs) or an explicit map (:func:`parse_device_map`).
 
     Hub ids load from the local Hugging Face cache (this toolkit never needs the network itself).
     "Not in the local cache" is said only when that is what failed; a model that is found (a local
@@ -187,7 +243,10 @@ def load_model(
     current()  # under torchrun: join the process group, share the CPU threads among this node's ranks
     hf_logging.disable_progress_bar()  # before the first conversion too: its bars would break one-line errors
     logging.getLogger("transformers").setLevel(logging.ERROR)
-    torch_device, torch_dtype = resolve_device(device), resolve_dtype(dtype)
+    device_map = parse_device_map(device_map)
+    if device_map is not None and device is not None:
+        raise FIError("--device-map places the model's layers across devices; it does not go with --device (give one)")
+    torch_device, torch_dtype = resolve_device(device or "cpu"), resolve_dtype(dtype)
     embedded = name.lower() in EMBEDDED_ALIASES
     source = str(_converted_embedded_copy()) if embedded else name
     local = Path(source).exists()
@@ -202,8 +261,9 @@ def load_model(
     try:
         AutoConfig.from_pretrained(source, local_files_only=offline)  # first: names an unknown architecture
         tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=offline)
+        placement = {} if device_map is None else {"device_map": device_map}
         model = AutoModelForCausalLM.from_pretrained(
-            source, dtype=torch_dtype, attn_implementation=attn_implementation, local_files_only=offline
+            source, dtype=torch_dtype, attn_implementation=attn_implementation, local_files_only=offline, **placement
         )
     except torch.OutOfMemoryError:
         raise
@@ -211,7 +271,11 @@ def load_model(
         where = f"from '{name}'" if local else f"'{name}' (found in the local Hugging Face cache)"
         raise FIError(f"cannot load model {where}: {_first_line(exc)}") from None
     check_model(model)
-    model.to(torch_device).eval()
+    if device_map is None:
+        model.to(torch_device)
+    else:
+        torch_device = _first_device(model)
+    model.eval()
     if upcast:
         upcast_compute(model)
     return LoadedModel(model, tokenizer, name, torch_device, torch_dtype)

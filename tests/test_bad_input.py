@@ -56,6 +56,17 @@ def a_run_with(name, content):
     return setup
 
 
+def a_run_of_world(size):
+    """The finished run, as if its units had been computed by ``size`` ranks under torchrun."""
+    def setup(tmp, run):
+        a_run(tmp, run)
+        for done in (tmp / "run" / "per_document").glob("*/done.json"):
+            record = json.loads(done.read_text())
+            record["computed_by"]["world_size"] = size
+            done.write_text(json.dumps(record))
+    return setup
+
+
 def a_report(tmp, run):
     a_run(tmp, run)
     (tmp / "report").mkdir()
@@ -216,6 +227,19 @@ CASES = [
     ("probe-generated-0", None, ["probe", "--chunk", "128:160", "--future", "generated:0"], "generates nothing"),
     ("probe-chunk-past-generated", None, ["probe", "--chunk", "128:260", "--future", "generated:64"],
      "chunk 128:260 ends past p + N = 192"),
+    # sharded runs and placement (issue 11)
+    ("nearfar-into-a-run-of-another-world-size", a_run_of_world(2), ["nearfar", "--out", "run"],
+     "already holds results (a 'nearfar' run computed with world size 2, this run has 1); pass --resume to continue "
+     "it with any world size or --overwrite to replace it"),
+    ("device-map-and-device", None, ["probe", "--chunk", "128:160", "--device", "cpu", "--device-map", "auto"],
+     "--device-map places the model's layers across devices; it does not go with --device (give one)"),
+    ("device-map-and-device-nearfar", None, ["nearfar", "--device", "cuda", "--device-map", "auto"],
+     "it does not go with --device"),
+    ("device-map-bad-json", None, ["correlate", "--chunk", "128:160", "--device-map", "{layers: 0}"],
+     "--device-map '{layers: 0}' is not valid JSON"),
+    ("device-map-not-a-map", None, ["eval", "--device-map", "[0, 1]"], "must map module names to devices"),
+    ("device-map-no-file", None, ["scores", "--device-map", "nomap.json"],
+     "--device-map 'nomap.json' is neither auto, balanced, balanced_low_0, sequential, a JSON object nor a readable JSON file"),
     # models: say what really failed
     ("model-unknown-architecture", unknown_architecture, ["probe", "--chunk", "128:160", "--model", "bad-model"],
      "cannot load model from 'bad-model': The checkpoint you are trying to load has model type `no-such-architecture`"),

@@ -163,3 +163,71 @@ def test_torchrun_restart_continues_the_run(single, tmp_path):
     log = json.loads((run / "manifest.json").read_text())["unit_log"]
     assert set(computed(run).values()) == {1} and len(log) == 5
     assert len({e["session"] for e in log}) == 2  # the first launch and the restart
+
+
+# ---- models larger than one device: accelerate's dispatch hooks ------------------------------------------------
+
+def layer_map(model) -> dict:
+    """An explicit device map naming every module group of the tiny Llama (all on the CPU here)."""
+    names = ["model.embed_tokens", *[f"model.layers.{i}" for i in range(len(model.model.layers))],
+             "model.norm", "model.rotary_emb", "lm_head"]
+    return {n: "cpu" for n in names}
+
+
+def test_explicit_device_map_gives_the_plain_model_fi(tiny, tmp_path):
+    import copy
+
+    from fi_toolkit.analysis import run_correlate, run_nearfar
+    from fi_toolkit.models import dispatch
+    from fi_toolkit.probe import Chunk
+
+    placed = dispatch(copy.deepcopy(tiny), layer_map(tiny.model))
+    assert all(hasattr(layer, "_hf_hook") for layer in placed.model.model.layers)  # the hooks are in place
+    assert not hasattr(tiny.model.model.layers[0], "_hf_hook")
+    docs = dist_worker.documents()[:2]
+    for lm, name in ((tiny, "plain"), (placed, "placed")):
+        run_nearfar(lm, docs, tmp_path / name / "nf", dist_worker.P, [0, 32], 16, seeds=1, config=dist_worker.CFG)
+        run_correlate(lm, docs[:1], tmp_path / name / "corr", dist_worker.P, [Chunk(96, 112)], "sample:8",
+                      n_resamples=0, config=dist_worker.CFG)
+    for table, column in (("nf/nearfar.csv", "fi"), ("corr/tokens.csv", "fi")):
+        a, b = read_table(tmp_path / "plain" / table), read_table(tmp_path / "placed" / table)
+        assert len(a) == len(b) > 0
+        assert (a[column] - b[column]).abs().max() <= 1e-6, table
+        assert a.drop(columns=[column]).equals(b.drop(columns=[column])) or table.startswith("corr")
+
+
+# ---- the command line with SmolLM2 -------------------------------------------------------------------------------
+
+NEARFAR = ["nearfar", "alice", "botchan", "hamlet", "--prefix", "128", "--distances", "0,64", "--chunk-len", "32",
+           "--seeds", "1", "--protected-only"]
+
+
+@pytest.mark.smollm
+def test_torchrun_cli_equals_one_process(tmp_path):
+    """``torchrun --nproc-per-node 2 -m fi_toolkit nearfar ...`` writes the tables ``python -m fi_toolkit`` does."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    one = subprocess.run([sys.executable, "-m", "fi_toolkit", *NEARFAR, "--out", str(tmp_path / "one")], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert one.returncode == 0, one.stderr[-2000:]
+    two = torchrun(["-m", "fi_toolkit", *NEARFAR, "--out", str(tmp_path / "two")], timeout=600)
+    assert two.returncode == 0, two.stderr[-2000:]
+    assert_same_tables(tmp_path / "one", tmp_path / "two")
+    assert two.stdout.count("entropy > attention across documents") == 1  # rank 0 reports, rank 1 is quiet
+    manifest = json.loads((tmp_path / "two" / "manifest.json").read_text())
+    assert manifest["world_size"] == 2 and {u["rank"] for u in manifest["units"]} == {0, 1}
+
+
+@pytest.mark.smollm
+def test_cli_device_map_gives_the_plain_fi(smollm, tmp_path, capsys):
+    from cli_runner import run_cli
+
+    layers = [f"model.layers.{i}" for i in range(smollm.config.num_hidden_layers)]
+    device_map = {n: "cpu" for n in ["model.embed_tokens", *layers, "model.norm", "model.rotary_emb", "lm_head"]}
+    (tmp_path / "map.json").write_text(json.dumps(device_map))
+    probe = ["probe", "alice", "--chunk", "128:160", "--select", "entropy:remove=0.1", "--select", "random:remove=0.1@0"]
+    for name, extra in (("plain", []), ("mapped", ["--device-map", str(tmp_path / "map.json")])):
+        code, _, err = run_cli([*probe, *extra, "--out", str(tmp_path / name)], capsys)
+        assert code == 0, err
+    a, b = read_table(tmp_path / "plain" / "fi.csv"), read_table(tmp_path / "mapped" / "fi.csv")
+    assert len(a) == len(b) > 0 and (a["fi"] - b["fi"]).abs().max() <= 1e-6
+    assert json.loads((tmp_path / "mapped" / "manifest.json").read_text())["model"]["device"] == "cpu"
