@@ -89,23 +89,31 @@ def probe(
             raise FIError(f"chunk {c.label} ends past p + N = {p + fut.tokens:,}: --future {fut.label} generates "
                           f"{fut.tokens:,} tokens after p={p}")
     docs = tokenize_texts(texts, lm.tokenizer, max_tokens=p if fut.generated else max(c.end for c in chunks))
+    world, mine = _my_documents(docs)  # under torchrun: this rank's share (all of them in one process)
     if fut.generated:
         check_chunks(chunks, p, p + fut.tokens, max_context(lm))
         with _progress() as bar:
             bar.add_task(f"generate {fut.label}", total=None)
-            docs = [generated_document(lm, doc, p, fut) for doc in docs]
+            for i in mine:
+                docs[i] = generated_document(lm, docs[i], p, fut)
     for doc in docs:
         check_chunks(chunks, p, len(doc), max_context(lm))
-    tables = []
+    parts = []
     with _progress() as bar:
-        for doc in docs:
+        for i in mine:
+            doc = docs[i]
             task = bar.add_task(f"trace {doc.name}", total=None)
             trace = trace_document(lm, doc, p, config)
             bar.update(task, description=f"probe {doc.name}", total=len(selections) + len(CONTROL_LABELS), completed=0)
-            tables.append(probe_document(
+            parts.append((i, doc, probe_document(
                 lm, doc, chunks, selections, prefix=p, sinks=sinks, config=config, batch_size=batch_size,
                 trace=trace, on_progress=lambda n, task=task: bar.advance(task, n),
-            ))
+            )))
+    gathered = world.gather(parts)
+    if gathered is None:  # a rank other than 0: its tables went to rank 0, which writes and reports
+        return
+    parts = sorted((part for rank in gathered for part in rank), key=lambda part: part[0])
+    docs, tables = [d for _, d, _ in parts], [t for _, _, t in parts]
     import pandas as pd
 
     table = pd.concat(tables, ignore_index=True)
@@ -116,6 +124,7 @@ def probe(
         "documents": [{"name": d.name, "source": d.source, "sha256": d.sha256, "tokens_used": len(d)} for d in docs],
         "prefix": p, "future": fut.label, "chunks": [c.label for c in chunks], "selections": [s.label for s in selections],
         "sinks": sinks, "batch_size": batch_size, "signals": dict(config.__dict__), "versions": results.versions(),
+        "world_size": world.size,
     }
     if out_dir is None:
         out_path = results.new_default_dir("probe")
@@ -130,6 +139,20 @@ def probe(
     if warning:
         err.print(warning, markup=False, highlight=False)
     err.print(f"results: {out_path}/fi.csv, {out_path}/manifest.json", markup=False, highlight=False)
+
+
+def _my_documents(docs):
+    """(world, indices of the documents this rank computes): all of them in one process; under torchrun
+    a share balanced by token count (:func:`fi_toolkit.distributed.assign`), an idle rank says so."""
+    from .distributed import assign, current
+
+    world = current()
+    owner = assign([len(d) for d in docs], world.size)
+    mine = [i for i, r in enumerate(owner) if r == world.rank]
+    if world.sharded and not mine:
+        err.print(f"note: rank {world.rank} of {world.size} has no document to compute ({len(docs)} document(s) for "
+                  f"{world.size} ranks); it waits for the others", markup=False, highlight=False)
+    return world, mine
 
 
 def _print_fi_table(table, title: str) -> None:

@@ -67,6 +67,16 @@ class World:
         dist.broadcast_object_list(box, src=0, group=self._group)
         return box[0]
 
+    def gather(self, obj) -> list | None:
+        """Every rank's ``obj`` on rank 0, in rank order (None on the other ranks)."""
+        if not self.sharded:
+            return [obj]
+        import torch.distributed as dist
+
+        box = [None] * self.size if self.main else None
+        dist.gather_object(obj, box, dst=0, group=self._group)
+        return box
+
     def describe(self) -> dict:
         return {"world_size": self.size, "rank": self.rank, "local_world_size": self.local_size,
                 "restart": self.restart, "torch_threads": torch.get_num_threads()}

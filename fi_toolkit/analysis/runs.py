@@ -300,10 +300,12 @@ class ResumableRun:
         if self.world.sharded:
             return self._run_sharded(keys, documents, compute, on_skip, costs)
         self.session = new_session()
+        t0 = time.perf_counter()
         try:
             for i in self._pending(keys, documents, on_skip):
                 self._compute(keys[i], documents[i], compute)
             self._start()
+            self.timing = {"units_s": round(time.perf_counter() - t0, 3), "wait_s": 0.0}
         except BaseException:
             self._remove_if_empty(keys)
             raise
@@ -325,9 +327,13 @@ class ResumableRun:
         if not mine:
             self.note(f"note: rank {world.rank} of {world.size} has no unit to compute ({len(todo)} unit(s) to "
                       f"compute for {world.size} ranks); it waits for the others")
+        t0 = time.perf_counter()
         for i in mine:
             self._compute(keys[i], documents[i], compute)
+        t1 = time.perf_counter()
         world.barrier()
+        t2 = time.perf_counter()
+        self.timing = {"units_s": round(t1 - t0, 3), "wait_s": round(t2 - t1, 3)}
         if not world.main:
             return None
         missing = [d.name for k, d in zip(keys, documents)
@@ -335,13 +341,17 @@ class ResumableRun:
         if missing:
             raise FIError(f"{len(missing)} unit(s) unfinished after every rank was done ({', '.join(missing[:4])}); "
                           "rerun with --resume")
-        return self._merge(keys)
+        return self._merge(keys, t2)
 
-    def _merge(self, keys: Sequence[str]) -> dict[str, pd.DataFrame]:
+    def _merge(self, keys: Sequence[str], t0: float | None = None) -> dict[str, pd.DataFrame]:
+        """The combined tables from every unit's files; ``timing["merge_s"]`` from ``t0`` (the checks of
+        every unit after the barrier, for a sharded run) to the tables written."""
+        t0 = time.perf_counter() if t0 is None else t0
         names = self.tables_of(keys[0]) if keys else []
         combined = {name: self.load(keys, name) for name in names}
         for name, table in combined.items():
             results.write_table(self.path / f"{name}.csv", table)
+        self.timing["merge_s"] = round(time.perf_counter() - t0, 3)
         return combined
 
     def units(self, keys: Sequence[str]) -> list[dict]:

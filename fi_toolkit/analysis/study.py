@@ -56,7 +56,7 @@ def _manifest(lm, run: ResumableRun, started: str, seconds: float, keys: list[st
         "settings": run.settings,
         "computed_this_session": [u["document"] for u in units if u.get("session") == run.session],
         "model": lm.describe(), "versions": results.versions(), **extra,
-        "world_size": run.world.size, "units": units, "unit_log": run.unit_log(),
+        "world_size": run.world.size, "timing": run.timing, "units": units, "unit_log": run.unit_log(),
     }
 
 
@@ -72,9 +72,11 @@ def execute_run(lm, run: ResumableRun, units, compute, summaries: Callable[[dict
     tables = run.run(units, compute, costs=costs)
     if tables is None:  # not rank 0 of a sharded run: its units are saved, rank 0 merges
         return None
+    t1 = time.perf_counter()
     for name, table in summaries(tables).items():
         results.write_table(run.path / f"{name}.csv", table)
         tables[name] = table
+    run.timing["summaries_s"] = round(time.perf_counter() - t1, 3)
     keys = document_keys([u.name for u in units])
     results.write_json(run.path / "manifest.json",
                        _manifest(lm, run, started, time.perf_counter() - t0, keys, extra(tables)))
