@@ -96,8 +96,8 @@ def probe(
             bar.add_task(f"generate {fut.label}", total=None)
             for i in mine:
                 docs[i] = generated_document(lm, docs[i], p, fut)
-    for doc in docs:
-        check_chunks(chunks, p, len(doc), max_context(lm))
+    for i in mine if fut.generated else range(len(docs)):  # generated futures exist on their own rank only
+        check_chunks(chunks, p, len(docs[i]), max_context(lm))
     parts = []
     with _progress() as bar:
         for i in mine:
@@ -204,6 +204,13 @@ def scores(
     if out_file.exists() and not overwrite:
         raise FIError(f"--out '{out_file}' exists; choose another file or pass --overwrite")
     texts = read_texts(document)[:1]
+    from .distributed import current
+
+    world = current()
+    if world.sharded and not world.main:  # one document: rank 0 computes it, the others have nothing to do
+        err.print(f"note: rank {world.rank} of {world.size} has no unit to compute (fi scores reads one document; "
+                  "rank 0 computes it)", markup=False, highlight=False)
+        return
     lm = load_model(model, device, dtype, upcast=upcast, device_map=placement)
     doc = tokenize_texts(texts, lm.tokenizer, max_tokens=max([prefix] + [c.end for c in fi_chunks]))[0]
     with _progress() as bar:
