@@ -25,7 +25,7 @@ def streamed_topk_entropy(hidden: torch.Tensor, lm_head: torch.nn.Module, k: int
     """
     out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
     for start in range(0, hidden.shape[0], block):
-        out[start : start + block] = topk_entropy(lm_head(hidden[start : start + block]), k)
+        out[start : start + block] = topk_entropy(lm_head(hidden[start : start + block]), k).to(out.device)
     return out
 
 

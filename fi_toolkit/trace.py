@@ -206,14 +206,17 @@ class SignalTracker:
             return
         q = hidden.shape[0]
         final = hidden if self.config.final_norm else self._inputs["pre_norm"][0]
+        # with --device-map each layer's input sits on its layer's device: bring it to the final hidden
+        # state's, and every signal to the buffers' device (no-ops on one device)
         for i in range(len(self.layers)):  # layer by layer: no [L, q, d] copy of the hidden states
-            self.distance[i, start : start + q] = signals.representation_distance(self._inputs[i][0][None], final)[0]
+            layer_input = self._inputs[i][0][None].to(final.device)
+            self.distance[i, start : start + q] = signals.representation_distance(layer_input, final)[0].to(self.distance.device)
         if q == 1 and last_logits is not None:
-            self.entropy[start] = signals.topk_entropy(last_logits, self.config.top_k)
+            self.entropy[start] = signals.topk_entropy(last_logits, self.config.top_k).to(self.entropy.device)
         else:
             self.entropy[start : start + q] = signals.streamed_topk_entropy(
                 hidden, self.lm_head, self.config.top_k, self.config.lm_head_block
-            )
+            ).to(self.entropy.device)
         self._inputs.clear()
 
     def window_attention(self, layer: int, keys: torch.Tensor) -> torch.Tensor:
