@@ -123,7 +123,7 @@ CHECKPOINT_ABOVE = 2**31  # bytes of kept graph above which fisher_fi checkpoint
 def graph_bytes(config, prefix: int, n: int, block: int) -> int:
     """The size of the graph :func:`fisher_fi` keeps without checkpointing, for ``n`` continuation
     tokens after ``prefix`` in query blocks of ``block``: per layer, float32, what the forward saves for
-    backward (counted on the tiny Llama, tests/test_checkpointing.py): per token two hidden-size and
+    backward (:func:`kept_graph_bytes` on the tiny Llama and SmolLM2): per token two hidden-size and
     three MLP-width vectors and the queries; per query block the keys and values it sees, expanded to
     every query head, and one attention map (heads x block x keys)."""
     heads = config.num_attention_heads
@@ -131,6 +131,28 @@ def graph_bytes(config, prefix: int, n: int, block: int) -> int:
     per_token = 2 * config.hidden_size + 3 * config.intermediate_size + heads * head_dim
     per_block = sum((min(block, n - a) + 2 * head_dim) * (prefix + min(n, a + block)) for a in range(0, n, block))
     return 4 * config.num_hidden_layers * (n * per_token + heads * per_block)
+
+
+def kept_graph_bytes(model, trace: Trace, ids: torch.Tensor, chunks: Sequence[Chunk], checkpoint: bool,
+                     block: int = 512) -> int:
+    """Measured: the bytes of new tensors :func:`fisher_fi`'s forward saves for backward outside any
+    checkpointed region (unique storages, weights and the trace's keys and values excluded), i.e. the
+    graph kept between its backward passes. Runs the forward only."""
+    p, device, cont, capture, _ = _prepare(model, trace, ids, chunks)
+    known = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *trace.keys, *trace.values]}
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in known:
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    bias = torch.zeros(trace.num_layers, trace.num_kv_heads, p, device=device, requires_grad=True)
+    cache = shared_cache(trace.keys, trace.values, 1, model.config)
+    bounded = checkpointed_layers(model, cache) if checkpoint else nullcontext()
+    with torch.enable_grad(), attention_bias(model, bias), bounded, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        _hidden(model, trace, cont, capture, block, cache)
+    return sum(seen.values())
 
 
 def needs_checkpoint(config, prefix: int, n: int, block: int) -> bool:

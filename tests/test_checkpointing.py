@@ -6,12 +6,9 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-import torch
 
 from fi_toolkit import SignalConfig
-from fi_toolkit.checkpointing import checkpointed_layers
-from fi_toolkit.estimator import _hidden, attention_bias, fisher_fi, graph_bytes, needs_checkpoint
-from fi_toolkit.eviction import shared_cache
+from fi_toolkit.estimator import fisher_fi, graph_bytes, kept_graph_bytes, needs_checkpoint
 from fi_toolkit.probe import Chunk
 from fi_toolkit.trace import trace_prefix
 
@@ -37,35 +34,9 @@ def test_checkpointed_estimate_equals_the_kept_graph(tiny, tiny_ids, trace, bloc
     assert all("forward" not in layer.__dict__ for layer in layers)  # the wrappers are gone
 
 
-def _saved_bytes(model, trace, ids, checkpoint: bool, block: int = 512) -> int:
-    """Bytes of new tensors the forward saves for backward outside any checkpointed region (unique
-    storages; the weights and the trace's keys and values excluded): the graph kept between backward passes."""
-    known = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *trace.keys, *trace.values]}
-    seen: dict[int, int] = {}
-
-    def pack(t):
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in known:
-            seen[storage.data_ptr()] = storage.nbytes()
-        return t
-
-    end = max(c.end for c in CHUNKS)
-    cont, capture = ids[P:end], torch.cat([torch.arange(c.start, c.end) for c in CHUNKS]).unique() - P
-    bias = torch.zeros(trace.num_layers, trace.num_kv_heads, P, requires_grad=True)
-    cache = shared_cache(trace.keys, trace.values, 1, model.config)
-    with torch.enable_grad(), attention_bias(model, bias):
-        if checkpoint:
-            with checkpointed_layers(model, cache), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                _hidden(model, trace, cont, capture, block, cache)
-        else:
-            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                _hidden(model, trace, cont, capture, block, cache)
-    return sum(seen.values())
-
-
 def test_checkpointing_keeps_a_smaller_graph_and_the_estimate_of_its_size_holds(tiny, tiny_ids, trace):
-    kept = _saved_bytes(tiny.model, trace, tiny_ids, False)
-    ckpt = _saved_bytes(tiny.model, trace, tiny_ids, True)
+    kept = kept_graph_bytes(tiny.model, trace, tiny_ids, CHUNKS, checkpoint=False)
+    ckpt = kept_graph_bytes(tiny.model, trace, tiny_ids, CHUNKS, checkpoint=True)
     assert ckpt < 0.2 * kept, (ckpt, kept)
     estimate = graph_bytes(tiny.model.config, P, max(c.end for c in CHUNKS) - P, 512)
     assert 0.8 < estimate / kept < 1.25, (estimate, kept)
