@@ -5,21 +5,23 @@ For each compression point (default p = 512 with chunks 512:640, 768:896 and p =
 --estimator fisher --samples 16 --validate 64`` (the estimate at every position of [4, p - 32),
 exact leave-one-out FI at 64 entropy-stratified positions, Spearman / Pearson / top-10 % overlap
 with bootstrap 95 % CIs). Then the sinks and their neighbours, which no study candidate covers:
-exact FI at positions 0-7 (``--sink-positions``) beside their estimates. Finally, per-layer estimates: the
-mean share of each layer in the sum of per-layer estimates.
+exact FI at positions 0-7 (``--sink-positions``) beside their estimates. Then where it misses
+(``errors.csv``: the estimate's bias in the top 10 % by exact FI and the top positions it misses).
+Finally, per-layer estimates: the mean share of each layer in the sum of per-layer estimates.
 
     .venv/bin/python analyses/estimator.py                 # about 40 min on 2 CPU cores
     .venv/bin/python analyses/estimator.py --configs 512:512:640,768:896 --documents alice
 
 Each document at each compression point is its own resumable run (``--out/p<prefix>/<document>``,
 continued where it stopped); after every document the tables of the finished ones are concatenated
-into analyses/results/estimator/p<prefix>/ (per-document manifests under manifests/) and its
-output.txt is rewritten, so a run cut off keeps what finished.
+into analyses/results/estimator/p<prefix>/ (under manifests/ each document's manifest from the session
+that computed it) and its output.txt is rewritten, so a run cut off keeps what finished.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -76,6 +78,25 @@ def layer_shares(tokens: pd.DataFrame) -> pd.DataFrame:
                                                                        value_name="mean_share")
 
 
+def error_table(validation: pd.DataFrame) -> pd.DataFrame:
+    """Where the estimate misses, per document and chunk: ``log10(estimate / exact)`` in the top 10 %
+    by exact FI (``k`` positions, as the overlap metric) and in the rest, positions off by more than 3x,
+    and each top-``k`` position the estimate's top ``k`` missed, with its rank by the estimate."""
+    rows = []
+    for (doc, chunk), part in validation.groupby(["document", "chunk"], sort=False):
+        ratio = np.log10(part["fi_estimate"] / part["fi_exact"].clip(lower=1e-12))
+        k = max(1, round(0.1 * len(part)))
+        top = part["fi_exact"].rank(ascending=False, method="first") <= k
+        rank = part["fi_estimate"].rank(ascending=False, method="first")
+        missed = part[top & (rank > k)]
+        rows.append({"document": doc, "chunk": chunk, "n": len(part), "k": k,
+                     "log_ratio_top_median": ratio[top].median(), "log_ratio_rest_median": ratio[~top].median(),
+                     "off_3x": int((ratio.abs() > np.log10(3)).sum()), "max_abs_log_ratio": ratio.abs().max(),
+                     "missed_top": "; ".join(f"{r.position} {r.token!r} (estimate rank {int(rank[i])})"
+                                             for i, r in missed.iterrows())})
+    return pd.DataFrame(rows)
+
+
 def run_document(lm, doc, prefix, chunks, args) -> dict:
     """One document at one compression point, in its own resumable run directory; the sink rows are
     kept there too (``sinks.csv``), so a finished document costs nothing when run again."""
@@ -100,9 +121,13 @@ def write_results(target: Path, out: Path, done: dict[str, dict]) -> dict:
         if name in merged:
             results.write_table(target / f"{name}.csv", merged[name])
     results.write_table(target / "agreement_summary.csv", summarize_agreement(merged["agreement"]))
+    merged["errors"] = error_table(merged["validation"])
+    results.write_table(target / "errors.csv", merged["errors"])
     results.write_table(target / "layer_shares.csv", layer_shares(merged["tokens"]))
-    for name in done:
-        results.atomic_copy(out / name / "manifest.json", target / "manifests" / f"{name}.json")
+    for name in done:  # the manifest of the session that computed the document (a resume rewrites an empty one)
+        source, copy = out / name / "manifest.json", target / "manifests" / f"{name}.json"
+        if not copy.exists() or json.loads(source.read_text())["computed_this_session"]:
+            results.atomic_copy(source, copy)
     return merged
 
 
@@ -123,6 +148,10 @@ def summary_lines(prefix: int, chunks, tables: dict, args) -> list[str]:
         lines.append(f"  {doc:>8} {chunk}: log10(estimate / exact) median {ratio.median():+.2f}, IQR "
                      f"[{ratio.quantile(0.25):+.2f}, {ratio.quantile(0.75):+.2f}]; exact FI below noise floor in "
                      f"{int(part['below_noise_floor'].sum())} of {len(part)}")
+    for r in tables["errors"].itertuples():
+        lines.append(f"  {r.document:>8} {r.chunk}: top {r.k} by exact FI log10(estimate / exact) median "
+                     f"{r.log_ratio_top_median:+.2f} (rest {r.log_ratio_rest_median:+.2f}); off by > 3x: {r.off_3x} of {r.n}; "
+                     f"top {r.k} missed: {r.missed_top or 'none'}")
     t = tables["estimator_time"]
     lines.append(f"  estimator seconds per document: {', '.join(f'{r.document} {r.seconds:.0f}' for r in t.itertuples())}")
     return lines
