@@ -9,7 +9,7 @@ exact FI at positions 0-7 (``--sink-positions``) beside their estimates. Then wh
 (``errors.csv``: the estimate's bias in the top 10 % by exact FI and the top positions it misses).
 Finally, per-layer estimates: the mean share of each layer in the sum of per-layer estimates.
 
-    .venv/bin/python analyses/estimator.py                 # about 40 min on 2 CPU cores
+    .venv/bin/python analyses/estimator.py                 # 48 min on a shared 2-core CPU (1 thread, niced)
     .venv/bin/python analyses/estimator.py --configs 512:512:640,768:896 --documents alice
 
 Each document at each compression point is its own resumable run (``--out/p<prefix>/<document>``,
@@ -112,9 +112,9 @@ def run_document(lm, doc, prefix, chunks, args) -> dict:
     return tables
 
 
-def write_results(target: Path, out: Path, done: dict[str, dict]) -> dict:
+def write_results(target: Path, out: Path, done: dict[str, dict], latest: str) -> dict:
     """The tables of every finished document at one compression point, concatenated, with the
-    cross-document agreement summary, layer shares and each document's manifest."""
+    cross-document agreement summary and layer shares; the manifest of the ``latest`` document."""
     merged = {name: pd.concat([t[name] for t in done.values() if name in t], ignore_index=True)
               for name in (*TABLES, "tokens") if any(name in t for t in done.values())}
     for name in TABLES:
@@ -124,10 +124,10 @@ def write_results(target: Path, out: Path, done: dict[str, dict]) -> dict:
     merged["errors"] = error_table(merged["validation"])
     results.write_table(target / "errors.csv", merged["errors"])
     results.write_table(target / "layer_shares.csv", layer_shares(merged["tokens"]))
-    for name in done:  # the manifest of the session that computed the document (a resume rewrites an empty one)
-        source, copy = out / name / "manifest.json", target / "manifests" / f"{name}.json"
-        if not copy.exists() or json.loads(source.read_text())["computed_this_session"]:
-            results.atomic_copy(source, copy)
+    # the manifest of the session that computed the document (a resume rewrites an empty one)
+    source, copy = out / latest / "manifest.json", target / "manifests" / f"{latest}.json"
+    if not copy.exists() or json.loads(source.read_text())["computed_this_session"]:
+        results.atomic_copy(source, copy)
     return merged
 
 
@@ -178,7 +178,7 @@ def main(argv=None) -> int:
         for name in args.documents.split(","):
             doc = load_document(name.strip(), lm.tokenizer, max_tokens=max(c.end for c in chunks))
             done[doc.name] = run_document(lm, doc, prefix, chunks, args)
-            merged = write_results(args.results / f"p{prefix}", args.out / f"p{prefix}", done)
+            merged = write_results(args.results / f"p{prefix}", args.out / f"p{prefix}", done, doc.name)
             text = "\n".join(summary_lines(prefix, chunks, merged, args)) + "\n"
             results.atomic_write_text(args.results / f"p{prefix}" / "output.txt", text)  # a cut-off run keeps what finished
             print(text, flush=True)
