@@ -10,7 +10,9 @@ The layers update the KV cache in place, so a plain recompute would append the c
 second time. Each checkpointed call records the cache layer's keys and values *before* its update;
 its recompute returns those, concatenated with the recomputed new keys, and leaves the cache alone:
 what ``DynamicLayer.update`` returned the first time, from the same tensors. The recompute is the same
-arithmetic on the same inputs, so gradients equal the unchecked ones (tested bitwise on the tiny model).
+arithmetic on the same inputs, so gradients equal the unchecked ones (bitwise, measured on the tiny
+Llama and SmolLM2). The graph is smaller, but the peak memory still grows with the continuation
+(benchmarks/results/bench_estimator_memory.txt).
 """
 
 from __future__ import annotations
