@@ -7,9 +7,12 @@ inputs, the continuation's keys and values and the output (``O(L n d)``), not ev
 weights and MLP activations (``O(L n (p + n))``).
 
 The layers update the KV cache in place, so a plain recompute would append the continuation's keys a
-second time. Each checkpointed call records the cache layer's keys and values *before* its update;
-its recompute returns those, concatenated with the recomputed new keys, and leaves the cache alone:
-what ``DynamicLayer.update`` returned the first time, from the same tensors. The recompute is the same
+second time. Each checkpointed call records the cache layer's keys and values *before* its update
+(for an append-only ``DynamicLayer`` only their length: they are then the first entries of the
+final cache, so no per-block copy is kept); its recompute returns those, concatenated with the
+recomputed new keys, and leaves the cache alone: what ``DynamicLayer.update`` returned the first
+time, with the same values (the recompute only supplies saved values; gradients flow through the
+original graph). The recompute is the same
 arithmetic on the same inputs, so gradients equal the unchecked ones (bitwise, measured on the tiny
 Llama and SmolLM2). The graph is smaller, but the peak memory still grows with the continuation
 (benchmarks/results/bench_estimator_memory.txt).
@@ -21,6 +24,7 @@ from contextlib import contextmanager
 
 import torch
 from torch.utils.checkpoint import checkpoint
+from transformers.cache_utils import DynamicLayer
 
 from .architectures import decoder_parts
 
@@ -38,11 +42,17 @@ def checkpointed_layers(model: torch.nn.Module, cache):
     def update(key_states, value_states, layer_idx, *args, **kwargs):
         if state["replay"] is not None:  # a recompute in backward: same result, cache untouched
             keys, values = before[state["replay"]]
+            if isinstance(keys, int):  # a length: the first `keys` entries of the (append-only) cache now
+                layer = cache.layers[layer_idx]
+                keys, values = layer.keys[:, :, :keys], layer.values[:, :, :keys]
             if keys is None:
                 return key_states, value_states
             return torch.cat([keys, key_states], dim=-2), torch.cat([values, value_states], dim=-2)
         layer = cache.layers[layer_idx]
-        before[state["call"]] = (getattr(layer, "keys", None), getattr(layer, "values", None))
+        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if type(layer) is DynamicLayer and keys is not None:  # append-only: keep the length, not a copy
+            keys = values = keys.shape[-2]
+        before[state["call"]] = (keys, values)
         return original_update(key_states, value_states, layer_idx, *args, **kwargs)
 
     def contexts(call):
