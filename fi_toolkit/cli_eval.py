@@ -14,7 +14,7 @@ import typer
 from rich.table import Table
 
 from .cli_options import (AlphaOpt, DeviceOpt, DtypeOpt, EntropyOfOpt, ModelOpt, PoolOpt, TauOpt, TopKOpt, UpcastOpt,
-                          WindowOpt, _progress, _signal_config, err, out)
+                          WindowOpt, _progress, _signal_config, err, out, unit_progress)
 from .cli_study import ResumeOpt, StudyOverwriteOpt, _read_documents
 from .errors import FIError
 
@@ -110,7 +110,7 @@ def eval_(
     docs = tokenize_texts(texts, lm.tokenizer, max_tokens=setting.length if not fut.generated else prompt)
     with _progress() as bar:
         tables = run_eval_text(lm, docs, out_dir, policies, setting, config, resume, overwrite,
-                               _bar(bar, "eval"), resamples)
+                               unit_progress(bar, "eval"), resamples)
     _print_text(tables, len(docs), setting)
     from .evaluation.run import text_noise_warning
 
@@ -144,21 +144,10 @@ def _eval_tasks(task, context, samples, protocol, max_new, policies, config, int
     units = make_units(tasks, contexts, samples, lm.tokenizer, lm.model.config)
     with _progress() as bar:
         tables = run_eval_tasks(lm, units, out_dir, policies, protocols, config, max_new, interval, resume, overwrite,
-                                _bar(bar, "eval"), resamples)
+                                unit_progress(bar, "eval"), resamples)
     _print_tasks(tables)
     err.print(f"results: {out_dir}/ (task_summary.csv, answers.csv, kl_accuracy.csv, manifest.json)",
               markup=False, highlight=False)
-
-
-def _bar(bar, label: str):
-    tasks: dict = {}
-
-    def progress(name: str, done: int, total: int):
-        if name not in tasks:
-            tasks[name] = bar.add_task(f"{label} {name}", total=total or None)
-        bar.update(tasks[name], completed=done)
-
-    return progress
 
 
 def _print_text(tables, n_docs: int, setting) -> None:

@@ -97,3 +97,15 @@ def _progress() -> Progress:
         TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
         TimeElapsedColumn(), console=err, transient=True, disable=not err.is_terminal,
     )
+
+
+def unit_progress(bar: Progress, label: str):
+    """``progress(unit, done, total)`` for the studies and ``fi eval``: one bar per document or task sample."""
+    tasks: dict = {}
+
+    def progress(name: str, done: int, total: int):
+        if name not in tasks:
+            tasks[name] = bar.add_task(f"{label} {name}", total=total or None)
+        bar.update(tasks[name], completed=done)
+
+    return progress

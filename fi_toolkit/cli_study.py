@@ -15,7 +15,8 @@ from typing import List, Optional
 import typer
 
 from .cli_options import (AlphaOpt, DeviceOpt, DtypeOpt, EntropyOfOpt, ModelOpt, PoolOpt, TauOpt, TopKOpt, UpcastOpt,
-                          WindowOpt, _progress, _signal_config, check_prefix, check_selections, check_sinks, err, out)
+                          WindowOpt, _progress, _signal_config, check_prefix, check_selections, check_sinks, err, out,
+                          unit_progress)
 from .errors import FIError
 
 DocsArg = typer.Argument(None, help="Text/JSONL files or bundled names (default: alice).")
@@ -39,14 +40,7 @@ def _run_study(label: str, model: str, device: str, dtype: str, upcast: bool, te
     lm = load_model(model, device, dtype, upcast=upcast)
     docs = tokenize_texts(texts, lm.tokenizer, max_tokens=max_tokens)
     with _progress() as bar:
-        tasks: dict = {}
-
-        def progress(doc: str, done: int, total: int):
-            if doc not in tasks:
-                tasks[doc] = bar.add_task(f"{label} {doc}", total=total or None)
-            bar.update(tasks[doc], completed=done)
-
-        return docs, study(lm, docs, progress)
+        return docs, study(lm, docs, unit_progress(bar, label))
 
 
 def correlate(
