@@ -14,12 +14,13 @@ import typer
 from rich.table import Table
 
 from .cli_options import (AlphaOpt, DeviceOpt, DtypeOpt, EntropyOfOpt, ModelOpt, PoolOpt, TauOpt, TopKOpt, UpcastOpt,
-                          WindowOpt, _progress, _signal_config, err, out, unit_progress)
+                          WindowOpt, _progress, _signal_config, check_resamples, err, out, unit_progress)
 from .cli_study import ResumeOpt, StudyOverwriteOpt, _read_documents
 from .errors import FIError
 
 DEFAULT_POLICIES = "infokv,snapkv,pyramidkv,streaming,h2o,knorm,random"
 DEFAULT_TASKS = "passkey,multikey_needle,variable_tracking"
+MAX_SAMPLES = 1000  # per task and context: more is a typo, not a study (every sample is built up front)
 DEFAULT_CONTEXTS = "1024"  # where SmolLM2-135M solves passkey and multi-key needle best (analyses/results/eval/task_lengths.csv)
 
 
@@ -84,8 +85,7 @@ def eval_(
     policies = make_policies(policy, budget, window, alpha, tau, top_k)
     if interval < 1:
         raise FIError(f"--interval must be >= 1, got {interval}")
-    if resamples < 0:
-        raise FIError(f"--resamples must be >= 0, got {resamples}")
+    check_resamples(resamples)
     if task is not None:
         if documents:
             raise FIError("give documents or --task, not both")
@@ -131,8 +131,8 @@ def _eval_tasks(task, context, samples, protocol, max_new, policies, config, int
     tasks = [task_name(t) for t in split_list(task, "--task")]
     contexts = int_list(context, "--context")
     protocols = check_protocols(split_list(protocol, "--protocol"))
-    if samples < 1:
-        raise FIError(f"--samples must be >= 1, got {samples}")
+    if not 1 <= samples <= MAX_SAMPLES:
+        raise FIError(f"--samples must lie in [1, {MAX_SAMPLES:,}], got {samples}")
     if max_new < 1:
         raise FIError(f"--max-new must be >= 1, got {max_new}")
     for p in policies:  # the smallest prompt a compression can see: the context without the question

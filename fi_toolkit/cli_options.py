@@ -64,6 +64,15 @@ def check_finite(name: str, value: float) -> float:
     return value
 
 
+MAX_RESAMPLES = 100_000  # bootstrap resamples: more is a typo (each resample stores an index per observation)
+
+
+def check_resamples(resamples: int) -> int:
+    if not 0 <= resamples <= MAX_RESAMPLES:
+        raise FIError(f"--resamples must lie in [0, {MAX_RESAMPLES:,}], got {resamples}")
+    return resamples
+
+
 def check_prefix(prefix: int, window: int) -> None:
     """The traced prefix must be longer than the window: only ``[0, p - w)`` is scored."""
     if prefix <= window:

@@ -15,8 +15,8 @@ from typing import List, Optional
 import typer
 
 from .cli_options import (AlphaOpt, DeviceOpt, DtypeOpt, EntropyOfOpt, ModelOpt, PoolOpt, TauOpt, TopKOpt, UpcastOpt,
-                          WindowOpt, _progress, _signal_config, check_prefix, check_selections, check_sinks, err, out,
-                          unit_progress)
+                          WindowOpt, _progress, _signal_config, check_prefix, check_selections, check_resamples, check_sinks,
+                          err, out, unit_progress)
 from .errors import FIError
 
 DocsArg = typer.Argument(None, help="Text/JSONL files or bundled names (default: alice).")
@@ -75,8 +75,9 @@ def correlate(
     estimator, candidates, samples, validate = _estimator_options(estimator, candidates, samples, validate, batch_size,
                                                                   scored - sinks)
     parse_candidates(candidates)
-    if resamples < 0 or (batch_size is not None and batch_size < 1):
-        raise FIError("--resamples must be >= 0 and --batch-size >= 1")
+    check_resamples(resamples)
+    if batch_size is not None and batch_size < 1:
+        raise FIError(f"--batch-size must be >= 1, got {batch_size}")
     if seed < 0:
         raise FIError(f"--seed must be >= 0, got {seed}")
     texts = _read_documents(documents)

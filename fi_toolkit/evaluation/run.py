@@ -67,6 +67,9 @@ def run_eval_text(
             doc.require(setting.prompt, f"the --prompt of {setting.prompt}")
     if limit is not None and setting.total() > limit:
         raise FIError(f"--prompt + future ({setting.total():,} tokens) exceeds the model's context of {limit:,}")
+    if limit is not None and setting.prompt + setting.free_tokens > limit:
+        raise FIError(f"--prompt + --free-tokens ({setting.prompt + setting.free_tokens:,} tokens) exceeds the "
+                      f"model's context of {limit:,}")
     settings = {"kind": "text", **_model_settings(lm, config, policies),
                 "documents": [{"name": d.name, "sha256": d.sha256, "tokens": len(d)} for d in docs],
                 "prompt": setting.prompt, "length": setting.total(), "interval": setting.interval,
@@ -91,6 +94,10 @@ def run_eval_tasks(
     progress: Progress | None = None, n_resamples: int = 1000,
 ) -> dict[str, pd.DataFrame]:
     """Every task sample under the full cache and every policy -> ``answers``, ``task_summary``, ``kl_accuracy``."""
+    limit = max_context(lm)
+    longest = max((len(u) for u in units), default=0)
+    if limit is not None and longest + max_new > limit:
+        raise FIError(f"a {longest:,}-token task prompt + --max-new {max_new:,} exceeds the model's context of {limit:,}")
     settings = {"kind": "tasks", **_model_settings(lm, config, policies), "protocols": list(protocols),
                 "max_new": max_new, "interval": interval,
                 "documents": [{"name": u.name, "sha256": u.sha256, "tokens": len(u)} for u in units]}
