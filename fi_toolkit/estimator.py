@@ -111,9 +111,14 @@ class FisherEstimate:
     meta: dict = field(default_factory=dict)
 
 
+MAX_SAMPLES = 10_000  # label draws per chunk: the standard error falls as 1/sqrt(samples); more is a typo
+
+
 def check_samples(samples: int) -> int:
     if samples < 1:
         raise FIError(f"--samples must be >= 1, got {samples}")
+    if samples > MAX_SAMPLES:
+        raise FIError(f"--samples must be at most {MAX_SAMPLES:,}, got {samples}")
     return samples
 
 
