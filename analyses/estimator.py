@@ -5,21 +5,24 @@ For each compression point (default p = 512 with chunks 512:640, 768:896 and p =
 --estimator fisher --samples 16 --validate 64`` (the estimate at every position of [4, p - 32),
 exact leave-one-out FI at 64 entropy-stratified positions, Spearman / Pearson / top-10 % overlap
 with bootstrap 95 % CIs). Then the sinks and their neighbours, which no study candidate covers:
-exact FI at positions 0-7 (``--sink-positions``) beside their estimates. Finally, per-layer estimates: the
-mean share of each layer in the sum of per-layer estimates.
+exact FI at positions 0-7 (``--sink-positions``) beside their estimates. Then where it misses
+(``errors.csv``: the estimate's bias in the top 10 % by exact FI and the top positions it misses).
+Finally, per-layer estimates: the mean share of each layer in the sum of per-layer estimates.
 
-    .venv/bin/python analyses/estimator.py                 # about 40 min on 2 CPU cores
+    .venv/bin/python analyses/estimator.py                 # 48 min on a shared 2-core CPU (1 thread, niced)
     .venv/bin/python analyses/estimator.py --configs 512:512:640,768:896 --documents alice
 
-Resumable (each run directory under --out continues where it stopped); the small tables go to
-analyses/results/estimator/.
+Each document at each compression point is its own resumable run (``--out/p<prefix>/<document>``,
+continued where it stopped); after every document the tables of the finished ones are concatenated
+into analyses/results/estimator/p<prefix>/ (under manifests/ each document's manifest from the session
+that computed it) and its output.txt is rewritten, so a run cut off keeps what finished.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -31,13 +34,13 @@ import torch  # noqa: E402
 
 from _common import ROOT  # noqa: E402
 from fi_toolkit import load_model, results  # noqa: E402
-from fi_toolkit.analysis import per_token_fi, run_correlate  # noqa: E402
+from fi_toolkit.analysis import per_token_fi, read_table, run_correlate  # noqa: E402
+from fi_toolkit.analysis.agreement import summarize_agreement  # noqa: E402
 from fi_toolkit.documents import load_document  # noqa: E402
 from fi_toolkit.probe import parse_chunk  # noqa: E402
 from fi_toolkit.trace import trace_prefix  # noqa: E402
 
-COPIED = ("agreement.csv", "agreement_summary.csv", "validation.csv", "estimator_time.csv", "controls.csv",
-          "sink_estimates.csv", "manifest.json")
+TABLES = ("agreement", "validation", "estimator_time", "controls", "sink_estimates", "sinks")  # concatenated over documents
 
 
 def parse_config(text: str):
@@ -75,6 +78,85 @@ def layer_shares(tokens: pd.DataFrame) -> pd.DataFrame:
                                                                        value_name="mean_share")
 
 
+def error_table(validation: pd.DataFrame) -> pd.DataFrame:
+    """Where the estimate misses, per document and chunk: ``log10(estimate / exact)`` in the top 10 %
+    by exact FI (``k`` positions, as the overlap metric) and in the rest, positions off by more than 3x,
+    and each top-``k`` position the estimate's top ``k`` missed, with its rank by the estimate."""
+    rows = []
+    for (doc, chunk), part in validation.groupby(["document", "chunk"], sort=False):
+        ratio = np.log10(part["fi_estimate"] / part["fi_exact"].clip(lower=1e-12))
+        k = max(1, round(0.1 * len(part)))
+        top = part["fi_exact"].rank(ascending=False, method="first") <= k
+        rank = part["fi_estimate"].rank(ascending=False, method="first")
+        missed = part[top & (rank > k)]
+        rows.append({"document": doc, "chunk": chunk, "n": len(part), "k": k,
+                     "log_ratio_top_median": ratio[top].median(), "log_ratio_rest_median": ratio[~top].median(),
+                     "off_3x": int((ratio.abs() > np.log10(3)).sum()), "max_abs_log_ratio": ratio.abs().max(),
+                     "missed_top": "; ".join(f"{r.position} {r.token!r} (estimate rank {int(rank[i])})"
+                                             for i, r in missed.iterrows())})
+    return pd.DataFrame(rows)
+
+
+def run_document(lm, doc, prefix, chunks, args) -> dict:
+    """One document at one compression point, in its own resumable run directory; the sink rows are
+    kept there too (``sinks.csv``), so a finished document costs nothing when run again."""
+    out = args.out / f"p{prefix}" / doc.name
+    tables = run_correlate(lm, [doc], out, prefix, chunks, seed=args.seed, estimator="fisher", samples=args.samples,
+                           validate=args.validate, resume=True,
+                           progress=lambda d, done, total: print(f"  p={prefix} {d}: {done}/{total}",
+                                                                 file=sys.stderr, flush=True))
+    if str(prefix) in args.sink_prefixes.split(","):
+        if not (out / "sinks.csv").exists():
+            results.write_table(out / "sinks.csv", sink_rows(lm, doc, prefix, chunks, args.sink_positions, tables))
+        tables["sinks"] = read_table(out / "sinks.csv")
+    return tables
+
+
+def write_results(target: Path, out: Path, done: dict[str, dict], latest: str) -> dict:
+    """The tables of every finished document at one compression point, concatenated, with the
+    cross-document agreement summary and layer shares; the manifest of the ``latest`` document."""
+    merged = {name: pd.concat([t[name] for t in done.values() if name in t], ignore_index=True)
+              for name in (*TABLES, "tokens") if any(name in t for t in done.values())}
+    for name in TABLES:
+        if name in merged:
+            results.write_table(target / f"{name}.csv", merged[name])
+    results.write_table(target / "agreement_summary.csv", summarize_agreement(merged["agreement"]))
+    merged["errors"] = error_table(merged["validation"])
+    results.write_table(target / "errors.csv", merged["errors"])
+    results.write_table(target / "layer_shares.csv", layer_shares(merged["tokens"]))
+    # the manifest of the session that computed the document (a resume rewrites an empty one)
+    source, copy = out / latest / "manifest.json", target / "manifests" / f"{latest}.json"
+    if not copy.exists() or json.loads(source.read_text())["computed_this_session"]:
+        results.atomic_copy(source, copy)
+    return merged
+
+
+def summary_lines(prefix: int, chunks, tables: dict, args) -> list[str]:
+    """The text summary of one compression point (analyses/results/estimator/output.txt)."""
+    lines = []
+    if "sinks" in tables:
+        lines.append(f"\nsinks and neighbours, p={prefix} (exact FI, estimate, estimate / median estimate):")
+        for r in tables["sinks"].itertuples():
+            lines.append(f"  {r.document:>8} {r.chunk:>9} pos {r.position}: exact {r.fi_exact:.3g}, "
+                         f"estimate {r.fi_estimate:.3g} (se {r.fi_se:.2g}), x{r.fi_estimate / r.median_estimate_candidates:.0f}")
+    lines.append(f"\np={prefix}, chunks {', '.join(c.label for c in chunks)}, {args.validate} validated of "
+                 f"{prefix - 36} positions per document, {args.samples} samples")
+    for r in tables["agreement"].itertuples():
+        lines.append(f"  {r.document:>8} {r.chunk:>9} {r.metric:>13}: {r.value:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}]")
+    for (doc, chunk), part in tables["validation"].groupby(["document", "chunk"], sort=False):
+        ratio = np.log10(part["fi_estimate"] / part["fi_exact"].clip(lower=1e-12))
+        lines.append(f"  {doc:>8} {chunk}: log10(estimate / exact) median {ratio.median():+.2f}, IQR "
+                     f"[{ratio.quantile(0.25):+.2f}, {ratio.quantile(0.75):+.2f}]; exact FI below noise floor in "
+                     f"{int(part['below_noise_floor'].sum())} of {len(part)}")
+    for r in tables["errors"].itertuples():
+        lines.append(f"  {r.document:>8} {r.chunk}: top {r.k} by exact FI log10(estimate / exact) median "
+                     f"{r.log_ratio_top_median:+.2f} (rest {r.log_ratio_rest_median:+.2f}); off by > 3x: {r.off_3x} of {r.n}; "
+                     f"top {r.k} missed: {r.missed_top or 'none'}")
+    t = tables["estimator_time"]
+    lines.append(f"  estimator seconds per document: {', '.join(f'{r.document} {r.seconds:.0f}' for r in t.itertuples())}")
+    return lines
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--documents", default="alice,hamlet,botchan")
@@ -90,46 +172,16 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     lm = load_model("smollm2-135m")
-    lines = []
     for config in args.configs:
-        t0 = time.perf_counter()
         prefix, chunks = parse_config(config)
-        docs = [load_document(n.strip(), lm.tokenizer, max_tokens=max(c.end for c in chunks))
-                for n in args.documents.split(",")]
-        out = args.out / f"p{prefix}"
-        tables = run_correlate(lm, docs, out, prefix, chunks, seed=args.seed, estimator="fisher", samples=args.samples,
-                               validate=args.validate, resume=True,
-                               progress=lambda d, done, total: print(f"  p={prefix} {d}: {done}/{total}",
-                                                                     file=sys.stderr, flush=True))
-        target = args.results / f"p{prefix}"
-        for name in COPIED:
-            results.atomic_copy(out / name, target / name)
-        results.write_table(target / "layer_shares.csv", layer_shares(tables["tokens"]))
-        if str(prefix) in args.sink_prefixes.split(","):
-            sinks = pd.concat([sink_rows(lm, d, prefix, chunks, args.sink_positions, tables) for d in docs],
-                              ignore_index=True)
-            results.write_table(target / "sinks.csv", sinks)
-            lines.append(f"\nsinks and neighbours, p={prefix} (exact FI, estimate, estimate / median estimate):")
-            for r in sinks.itertuples():
-                lines.append(f"  {r.document:>8} {r.chunk:>9} pos {r.position}: exact {r.fi_exact:.3g}, "
-                             f"estimate {r.fi_estimate:.3g} (se {r.fi_se:.2g}), x{r.fi_estimate / r.median_estimate_candidates:.0f}")
-        a = tables["agreement"]
-        lines.append(f"\np={prefix}, chunks {', '.join(c.label for c in chunks)}, {args.validate} validated of "
-                     f"{prefix - 36} positions per document, {args.samples} samples; {time.perf_counter() - t0:.0f} s")
-        for r in a.itertuples():
-            lines.append(f"  {r.document:>8} {r.chunk:>9} {r.metric:>13}: {r.value:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}]")
-        v = tables["validation"]
-        for chunk, part in v.groupby("chunk", sort=False):
-            ratio = np.log10(part["fi_estimate"] / part["fi_exact"].clip(lower=1e-12))
-            lines.append(f"  {chunk}: log10(estimate / exact) median {ratio.median():+.2f}, IQR "
-                         f"[{ratio.quantile(0.25):+.2f}, {ratio.quantile(0.75):+.2f}]; exact FI below noise floor in "
-                         f"{int(part['below_noise_floor'].sum())} of {len(part)}")
-        t = tables["estimator_time"]
-        lines.append(f"  estimator seconds per document: {', '.join(f'{r.document} {r.seconds:.0f}' for r in t.itertuples())}")
-        print("\n".join(lines[-(len(a) + 6):]), flush=True)
-    text = "\n".join(lines) + "\n"
-    results.atomic_write_text(args.results / "output.txt", text)
-    print(text)
+        done = {}
+        for name in args.documents.split(","):
+            doc = load_document(name.strip(), lm.tokenizer, max_tokens=max(c.end for c in chunks))
+            done[doc.name] = run_document(lm, doc, prefix, chunks, args)
+            merged = write_results(args.results / f"p{prefix}", args.out / f"p{prefix}", done, doc.name)
+            text = "\n".join(summary_lines(prefix, chunks, merged, args)) + "\n"
+            results.atomic_write_text(args.results / f"p{prefix}" / "output.txt", text)  # a cut-off run keeps what finished
+            print(text, flush=True)
     return 0
 
 

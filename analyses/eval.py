@@ -92,7 +92,8 @@ def main(argv=None) -> int:
     policies = make_policies(args.policies, args.budgets, 32, 0.9, 1.0, 256)
     config = signal_config_for(policies[0])
     text_dir, task_dir = args.out / "text", args.out / "tasks"
-    resume = {d: (d / "settings.json").exists() and not args.fresh for d in (text_dir, task_dir)}
+    resume = {d: ((d / "settings.json").exists() or (d / "per_document").is_dir()) and not args.fresh
+              for d in (text_dir, task_dir)}
 
     docs = [load_document(name.strip(), lm.tokenizer, max_tokens=args.length) for name in args.documents.split(",")]
     setting = TextSetting(args.prompt, args.length, args.interval, free_tokens=args.free_tokens)

@@ -14,12 +14,13 @@ import typer
 from rich.table import Table
 
 from .cli_options import (AlphaOpt, DeviceMapOpt, DeviceOpt, DtypeOpt, EntropyOfOpt, ModelOpt, PoolOpt, TauOpt, TopKOpt, UpcastOpt,
-                          WindowOpt, _progress, _signal_config, check_placement, err, out)
+                          WindowOpt, _progress, _signal_config, check_placement, check_resamples, err, out, unit_progress)
 from .cli_study import ResumeOpt, StudyOverwriteOpt, _read_documents
 from .errors import FIError
 
 DEFAULT_POLICIES = "infokv,snapkv,pyramidkv,streaming,h2o,knorm,random"
 DEFAULT_TASKS = "passkey,multikey_needle,variable_tracking"
+MAX_SAMPLES = 1000  # per task and context: more is a typo, not a study (every sample is built up front)
 DEFAULT_CONTEXTS = "1024"  # where SmolLM2-135M solves passkey and multi-key needle best (analyses/results/eval/task_lengths.csv)
 
 
@@ -85,8 +86,7 @@ def eval_(
     policies = make_policies(policy, budget, window, alpha, tau, top_k)
     if interval < 1:
         raise FIError(f"--interval must be >= 1, got {interval}")
-    if resamples < 0:
-        raise FIError(f"--resamples must be >= 0, got {resamples}")
+    check_resamples(resamples)
     if task is not None:
         if documents:
             raise FIError("give documents or --task, not both")
@@ -111,7 +111,7 @@ def eval_(
     docs = tokenize_texts(texts, lm.tokenizer, max_tokens=setting.length if not fut.generated else prompt)
     with _progress() as bar:
         tables = run_eval_text(lm, docs, out_dir, policies, setting, config, resume, overwrite,
-                               _bar(bar, "eval"), resamples)
+                               unit_progress(bar, "eval"), resamples)
     if tables is None:  # a rank other than 0 of a sharded run: rank 0 reports
         return
     _print_text(tables, len(docs), setting)
@@ -134,8 +134,8 @@ def _eval_tasks(task, context, samples, protocol, max_new, policies, config, int
     tasks = [task_name(t) for t in split_list(task, "--task")]
     contexts = int_list(context, "--context")
     protocols = check_protocols(split_list(protocol, "--protocol"))
-    if samples < 1:
-        raise FIError(f"--samples must be >= 1, got {samples}")
+    if not 1 <= samples <= MAX_SAMPLES:
+        raise FIError(f"--samples must lie in [1, {MAX_SAMPLES:,}], got {samples}")
     if max_new < 1:
         raise FIError(f"--max-new must be >= 1, got {max_new}")
     for p in policies:  # the smallest prompt a compression can see: the context without the question
@@ -147,23 +147,12 @@ def _eval_tasks(task, context, samples, protocol, max_new, policies, config, int
     units = make_units(tasks, contexts, samples, lm.tokenizer, lm.model.config)
     with _progress() as bar:
         tables = run_eval_tasks(lm, units, out_dir, policies, protocols, config, max_new, interval, resume, overwrite,
-                                _bar(bar, "eval"), resamples)
+                                unit_progress(bar, "eval"), resamples)
     if tables is None:
         return
     _print_tasks(tables)
     err.print(f"results: {out_dir}/ (task_summary.csv, answers.csv, kl_accuracy.csv, manifest.json)",
               markup=False, highlight=False)
-
-
-def _bar(bar, label: str):
-    tasks: dict = {}
-
-    def progress(name: str, done: int, total: int):
-        if name not in tasks:
-            tasks[name] = bar.add_task(f"{label} {name}", total=total or None)
-        bar.update(tasks[name], completed=done)
-
-    return progress
 
 
 def _print_text(tables, n_docs: int, setting) -> None:

@@ -78,6 +78,15 @@ def check_finite(name: str, value: float) -> float:
     return value
 
 
+MAX_RESAMPLES = 100_000  # bootstrap resamples: more is a typo (each resample stores an index per observation)
+
+
+def check_resamples(resamples: int) -> int:
+    if not 0 <= resamples <= MAX_RESAMPLES:
+        raise FIError(f"--resamples must lie in [0, {MAX_RESAMPLES:,}], got {resamples}")
+    return resamples
+
+
 def check_prefix(prefix: int, window: int) -> None:
     """The traced prefix must be longer than the window: only ``[0, p - w)`` is scored."""
     if prefix <= window:
@@ -111,3 +120,15 @@ def _progress() -> Progress:
         TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
         TimeElapsedColumn(), console=err, transient=True, disable=not err.is_terminal,
     )
+
+
+def unit_progress(bar: Progress, label: str):
+    """``progress(unit, done, total)`` for the studies and ``fi eval``: one bar per document or task sample."""
+    tasks: dict = {}
+
+    def progress(name: str, done: int, total: int):
+        if name not in tasks:
+            tasks[name] = bar.add_task(f"{label} {name}", total=total or None)
+        bar.update(tasks[name], completed=done)
+
+    return progress

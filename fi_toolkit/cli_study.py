@@ -15,7 +15,8 @@ from typing import List, Optional
 import typer
 
 from .cli_options import (AlphaOpt, DeviceMapOpt, DeviceOpt, DtypeOpt, EntropyOfOpt, ModelOpt, PoolOpt, TauOpt, TopKOpt, UpcastOpt,
-                          WindowOpt, _progress, _signal_config, check_placement, check_prefix, check_selections, check_sinks, err, out)
+                          WindowOpt, _progress, _signal_config, check_placement, check_prefix, check_selections, check_resamples,
+                          check_sinks, err, out, unit_progress)
 from .errors import FIError
 
 DocsArg = typer.Argument(None, help="Text/JSONL files or bundled names (default: alice).")
@@ -39,14 +40,7 @@ def _run_study(label: str, model: str, device, dtype: str, upcast: bool, texts, 
     lm = load_model(model, device, dtype, upcast=upcast, device_map=device_map)
     docs = tokenize_texts(texts, lm.tokenizer, max_tokens=max_tokens)
     with _progress() as bar:
-        tasks: dict = {}
-
-        def progress(doc: str, done: int, total: int):
-            if doc not in tasks:
-                tasks[doc] = bar.add_task(f"{label} {doc}", total=total or None)
-            bar.update(tasks[doc], completed=done)
-
-        return docs, study(lm, docs, progress)
+        return docs, study(lm, docs, unit_progress(bar, label))
 
 
 def correlate(
@@ -82,8 +76,9 @@ def correlate(
     estimator, candidates, samples, validate = _estimator_options(estimator, candidates, samples, validate, batch_size,
                                                                   scored - sinks)
     parse_candidates(candidates)
-    if resamples < 0 or (batch_size is not None and batch_size < 1):
-        raise FIError("--resamples must be >= 0 and --batch-size >= 1")
+    check_resamples(resamples)
+    if batch_size is not None and batch_size < 1:
+        raise FIError(f"--batch-size must be >= 1, got {batch_size}")
     if seed < 0:
         raise FIError(f"--seed must be >= 0, got {seed}")
     texts = _read_documents(documents)

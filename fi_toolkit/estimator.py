@@ -34,7 +34,7 @@ all three: every layer and head, one layer (``layer_fi``), one layer's KV head (
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from torch.autograd import forward_ad
 
 from .architectures import context_limit
+from .checkpointing import checkpointed_layers
 from .errors import FIError
 from .eviction import shared_cache
 from .probe import Chunk, _capture_positions, _continuation_hidden, check_chunks
@@ -110,10 +111,59 @@ class FisherEstimate:
     meta: dict = field(default_factory=dict)
 
 
+MAX_SAMPLES = 10_000  # label draws per chunk: the standard error falls as 1/sqrt(samples); more is a typo
+
+
 def check_samples(samples: int) -> int:
     if samples < 1:
         raise FIError(f"--samples must be >= 1, got {samples}")
+    if samples > MAX_SAMPLES:
+        raise FIError(f"--samples must be at most {MAX_SAMPLES:,}, got {samples}")
     return samples
+
+
+CHECKPOINT_ABOVE = 2**31  # bytes of kept graph above which fisher_fi checkpoints (the Reference's keep_bytes too)
+
+
+def graph_bytes(config, prefix: int, n: int, block: int) -> int:
+    """The size of the graph :func:`fisher_fi` keeps without checkpointing, for ``n`` continuation
+    tokens after ``prefix`` in query blocks of ``block``: per layer, float32, what the forward saves for
+    backward (:func:`kept_graph_bytes` on the tiny Llama and SmolLM2): per token two hidden-size and
+    three MLP-width vectors and the queries; per query block the keys and values it sees, expanded to
+    every query head, and one attention map (heads x block x keys)."""
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    per_token = 2 * config.hidden_size + 3 * config.intermediate_size + heads * head_dim
+    per_block = sum((min(block, n - a) + 2 * head_dim) * (prefix + min(n, a + block)) for a in range(0, n, block))
+    return 4 * config.num_hidden_layers * (n * per_token + heads * per_block)
+
+
+def kept_graph_bytes(model, trace: Trace, ids: torch.Tensor, chunks: Sequence[Chunk], checkpoint: bool,
+                     block: int = 512) -> int:
+    """Measured: the bytes of new tensors :func:`fisher_fi`'s forward saves for backward outside any
+    checkpointed region (unique storages, weights and the trace's keys and values excluded), i.e. the
+    graph kept between its backward passes. Runs the forward only."""
+    p, device, cont, capture, _ = _prepare(model, trace, ids, chunks)
+    known = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *trace.keys, *trace.values]}
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in known:
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    bias = torch.zeros(trace.num_layers, trace.num_kv_heads, p, device=device, requires_grad=True)
+    cache = shared_cache(trace.keys, trace.values, 1, model.config)
+    bounded = checkpointed_layers(model, cache) if checkpoint else nullcontext()
+    with torch.enable_grad(), attention_bias(model, bias), bounded, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        _hidden(model, trace, cont, capture, block, cache)
+    return sum(seen.values())
+
+
+def needs_checkpoint(config, prefix: int, n: int, block: int) -> bool:
+    """Checkpoint when the kept graph would exceed :data:`CHECKPOINT_ABOVE`: below it, keeping the
+    graph is faster (no recompute per backward); above it, memory grows with ``n (prefix + n)``."""
+    return graph_bytes(config, prefix, n, block) > CHECKPOINT_ABOVE
 
 
 def _prepare(model, trace: Trace, ids: torch.Tensor, chunks: Sequence[Chunk]):
@@ -126,10 +176,10 @@ def _prepare(model, trace: Trace, ids: torch.Tensor, chunks: Sequence[Chunk]):
     return p, device, ids[p:end].to(device), (positions - p).to(device), rows
 
 
-def _hidden(model, trace: Trace, cont: torch.Tensor, capture: torch.Tensor, block: int) -> torch.Tensor:
+def _hidden(model, trace: Trace, cont: torch.Tensor, capture: torch.Tensor, block: int, cache=None) -> torch.Tensor:
     """Final-normed hidden states at the chunk positions of the full-cache continuation ``[n, d]``."""
     p = trace.prefix_len
-    cache = shared_cache(trace.keys, trace.values, 1, model.config)
+    cache = shared_cache(trace.keys, trace.values, 1, model.config) if cache is None else cache
     visible = torch.ones(1, p, dtype=torch.bool, device=cont.device)
     return _continuation_hidden(model, cache, cont[None], p, visible, capture, block)[0]
 
@@ -149,17 +199,21 @@ def _label_terms(hidden: torch.Tensor, lm_head, samples: int, generator: torch.G
 
 def fisher_fi(
     model, trace: Trace, ids: torch.Tensor, chunks: Sequence[Chunk], samples: int = DEFAULT_SAMPLES, seed: int = 0,
-    block: int = 512, on_progress: Callable[[int], None] | None = None,
+    block: int = 512, on_progress: Callable[[int], None] | None = None, checkpoint: bool | None = None,
 ) -> FisherEstimate:
     """The sampled Fisher estimate of per-token FI for every prefix position (module docstring).
 
     One forward over ``[p, max r_c)`` with gradients to the bias, then ``samples`` backward passes per
     chunk through the same graph. Deterministic for a ``seed`` (labels come from a seeded generator).
-    ``on_progress(1)`` after each sample.
+    ``on_progress(1)`` after each sample. ``checkpoint``: recompute each decoder layer in every backward
+    instead of keeping its activations (:mod:`fi_toolkit.checkpointing`; same estimates, bounded
+    memory, more time); ``None`` decides by :func:`needs_checkpoint`.
     """
     check_samples(samples)
     t0 = time.perf_counter()
     p, device, cont, capture, rows = _prepare(model, trace, ids, chunks)
+    if checkpoint is None:
+        checkpoint = needs_checkpoint(model.config, p, cont.numel(), block)
     lm_head = decoder_parts(model)[2]
     n_layers, n_heads, n_chunks = trace.num_layers, trace.num_kv_heads, len(chunks)
     bias = torch.zeros(n_layers, n_heads, p, device=device, requires_grad=True)
@@ -168,8 +222,10 @@ def fisher_fi(
     layer = torch.zeros(n_layers, p, n_chunks, dtype=torch.float64)
     head = torch.zeros(n_layers, n_heads, p, n_chunks, dtype=torch.float64)
     generator = torch.Generator(device=device).manual_seed(seed)
-    with torch.enable_grad(), attention_bias(model, bias):
-        hidden = _hidden(model, trace, cont, capture, block)
+    cache = shared_cache(trace.keys, trace.values, 1, model.config)
+    bounded = checkpointed_layers(model, cache) if checkpoint else nullcontext()
+    with torch.enable_grad(), attention_bias(model, bias), bounded:
+        hidden = _hidden(model, trace, cont, capture, block, cache)
         labels, mean_w = _label_terms(hidden.detach(), lm_head, samples, generator, block)
         for s in range(samples):
             score = lm_head.weight[labels[:, s]] - mean_w  # d log P_t(y_t) / d h_t
@@ -189,7 +245,7 @@ def fisher_fi(
     se = ((total_sq / samples - mean.square()).clamp_min(0) / (samples - 1)).sqrt() if samples > 1 \
         else torch.full_like(mean, float("nan"))  # the standard error of the mean over samples
     return FisherEstimate(list(chunks), samples, mean, se, layer / samples, head / samples,
-                          time.perf_counter() - t0, {"seed": seed})
+                          time.perf_counter() - t0, {"seed": seed, "checkpoint": bool(checkpoint)})
 
 
 @torch.no_grad()  # forward-mode AD is not affected by no_grad

@@ -184,17 +184,12 @@ class CompressedDecoder:
         for i, layer in enumerate(self.cache.layers):
             child.cache.update(layer.keys.clone(), layer.values.clone(), i)
         p = child.seen = self.seen
-        child.positions = [pos.clone() for pos in self.positions]
-        child.protected = [0 if child.compress_prompt else p] * len(self.cache.layers)
         t, c = self.tracker, child.tracker
         if c is not None:
             c.queries = [q.clone() for q in t.queries]
             if c.token_signals:
                 c.entropy[:p], c.distance[:, :p] = t.entropy[:p], t.distance[:, :p]
-            if c.accumulated is not None:
-                c.accumulated = [a.clone() for a in t.accumulated]
-        keep = child.compress() if policy is not None and child.compress_prompt else None
-        return child, keep
+        return child, child._end_prompt()
 
     def _forward(self, ids: torch.Tensor, every_row: bool = False) -> torch.Tensor:
         """Feed ``ids [q]`` at the next positions; returns float32 logits of the last one ``[V]``
@@ -218,16 +213,22 @@ class CompressedDecoder:
         """Run the prompt (in chunks), then compress it if the policy and budget say so."""
         for a in range(0, ids.numel(), self.prefill_chunk):
             logits = self._forward(ids[a : a + self.prefill_chunk])
+        keep = self._end_prompt()
+        if self.sharing:
+            self.tracker.close()  # its state is final: forks copy it
+        return logits, keep
+
+    def _end_prompt(self) -> KeepMap | None:
+        """After the prompt's forwards (or a fork's copy of them): every slot is its position, the
+        prompt is protected unless compressible, H2O's accumulator starts from the window queries'
+        attention, then the prompt is compressed by the policy's rule (its keep map, or None)."""
         hkv = self.cache.layers[0].keys.shape[1]
         p = self.seen
         self.positions = [torch.arange(p, device=self.device).expand(hkv, p) for _ in self.cache.layers]
         self.protected = [0 if self.compress_prompt else p] * len(self.cache.layers)
         if self.tracker and self.tracker.accumulated is not None:
             self.tracker.accumulated = [self.tracker.received(i, l.keys) for i, l in enumerate(self.cache.layers)]
-        keep = self.compress() if self.policy and self.compress_prompt else None
-        if self.sharing:
-            self.tracker.close()  # its state is final: forks copy it
-        return logits, keep
+        return self.compress() if self.policy and self.compress_prompt else None
 
     def _append_slots(self, q: int) -> None:
         new = torch.arange(self.seen, self.seen + q, device=self.device).expand(self.positions[0].shape[0], q)
@@ -250,6 +251,23 @@ class CompressedDecoder:
             return torch.empty(0, self.lm_head.weight.shape[0], device=self.device)
         self._append_slots(ids.numel())
         return self._forward(ids, every_row=True)
+
+    @torch.no_grad()
+    def greedy(self, logits: torch.Tensor, max_new: int, interval: int,
+               stop: Callable[[list[int]], bool] | None = None) -> list[int]:
+        """Greedy tokens from the next-token ``logits`` on, as :func:`generate` decodes them: at most
+        ``max_new`` (EOS does not stop it; ``stop(tokens)`` may), compressing every ``interval``
+        generated tokens. Run it inside :func:`~fi_toolkit.ragged.ragged_attention`."""
+        if max_new < 1:
+            raise FIError(f"max_new must be >= 1 tokens, got {max_new}")
+        tokens: list[int] = []
+        while True:
+            tokens.append(int(torch.argmax(logits)))
+            if len(tokens) == max_new or (stop is not None and stop(tokens)):
+                return tokens
+            logits = self.step(tokens[-1])
+            if self.policy is not None and len(tokens) % interval == 0:
+                self.compress()
 
     def lengths(self) -> list[int]:
         return [int(l.keys.shape[2]) for l in self.cache.layers]

@@ -88,6 +88,15 @@ def log_sum_exp(logits: torch.Tensor) -> torch.Tensor:
     return top.squeeze(-1).double() + torch.exp(logits - top).sum(dim=-1, dtype=torch.float64).log()
 
 
+def reference_terms(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Float32 reference ``logits [n, V]`` -> (probabilities, logits, normalisers), float64, as
+    :func:`kl_from_reference` reads them (computed once per reference position)."""
+    logits = logits.float()
+    lse = log_sum_exp(logits)
+    wide = logits.double()
+    return torch.exp(wide - lse[:, None]), wide, lse
+
+
 def kl_from_reference(ref_p: torch.Tensor, ref_logits: torch.Tensor, ref_lse: torch.Tensor,
                       logits: torch.Tensor, lse: torch.Tensor | None = None) -> torch.Tensor:
     """``KL(P_ref || P)`` per row over the full vocabulary -> ``[B, n]`` float32.
@@ -183,10 +192,7 @@ class Reference:
         """Reference probabilities, logits ``[n, V]`` (float64) and normalisers ``[n]`` of the block at ``start``."""
         if start in self._terms:
             return self._terms[start]
-        logits = self.lm_head(self.hidden[start : start + self.block]).float()
-        lse = log_sum_exp(logits)
-        logits = logits.double()
-        terms = (torch.exp(logits - lse[:, None]), logits, lse)
+        terms = reference_terms(self.lm_head(self.hidden[start : start + self.block]))
         if self._keep:
             self._terms[start] = terms
         return terms

@@ -35,7 +35,7 @@ from .errors import FIError
 from .eviction import KeepMap
 from .generate import CompressedDecoder, check_budget
 from .policies import Policy
-from .probe import kl_from_reference, log_sum_exp
+from .probe import kl_from_reference, log_sum_exp, reference_terms
 from .ragged import ragged_attention
 from .trace import SignalConfig
 
@@ -106,14 +106,6 @@ class ReplayResult:
 def _nll(logits: torch.Tensor, lse: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """``-log P(target)`` per row from float32 ``logits [n, V]`` and their float64 normalisers -> float32."""
     return (lse - logits.gather(1, targets[:, None])[:, 0].double()).float()
-
-
-def _terms(logits: torch.Tensor, targets: torch.Tensor):
-    """Float32 reference ``logits [n, V]`` -> (p, logits, lse) in float64 as :func:`kl_from_reference` reads them, and the NLLs."""
-    logits = logits.float()
-    lse = log_sum_exp(logits)
-    wide = logits.double()
-    return (torch.exp(wide - lse[:, None]), wide, lse), _nll(logits, lse, targets)
 
 
 @torch.no_grad()
@@ -189,7 +181,8 @@ def replay(
 
         def score(logits: torch.Tensor, rows: slice, lengths: list[int]) -> None:
             full = lm_head(reference[rows]).float()
-            (ref_p, ref_logits, ref_lse), nll_f = _terms(full, targets[rows])
+            ref_p, ref_logits, ref_lse = reference_terms(full)
+            nll_f = _nll(full, ref_lse, targets[rows])
             logits = logits.float()
             lse = log_sum_exp(logits)  # once, for the NLL and the KL
             nll_c = _nll(logits, lse, targets[rows])

@@ -149,8 +149,7 @@ def render(tokenizer, s: TaskSample, chat: bool | None = None) -> tuple[str, str
 def encode_split(tokenizer, sample: TaskSample, protocol: str, chat: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Token ids (compressed part, appended part) for ``protocol``; their concatenation is the same
     prompt under both protocols. Question-aware: (everything, empty)."""
-    if protocol not in PROTOCOLS:
-        raise FIError(f"unknown protocol '{protocol}' (protocols: {', '.join(PROTOCOLS)})")
+    check_protocol(protocol)
     head, tail = render(tokenizer, sample, chat)
     chat = _chat(tokenizer, chat)
     context = _ids(tokenizer, head, special=not chat)
@@ -160,10 +159,15 @@ def encode_split(tokenizer, sample: TaskSample, protocol: str, chat: bool | None
     return torch.tensor(context, dtype=torch.long), torch.tensor(question, dtype=torch.long)
 
 
-def split_prompt(sample: TaskSample, protocol: str) -> tuple[str, str]:
-    """(text the compression sees, text appended after it) for ``protocol``, before any chat template."""
+def check_protocol(protocol: str) -> str:
     if protocol not in PROTOCOLS:
         raise FIError(f"unknown protocol '{protocol}' (protocols: {', '.join(PROTOCOLS)})")
+    return protocol
+
+
+def split_prompt(sample: TaskSample, protocol: str) -> tuple[str, str]:
+    """(text the compression sees, text appended after it) for ``protocol``, before any chat template."""
+    check_protocol(protocol)
     return (sample.context + sample.asked, "") if protocol == "question-aware" else (sample.context, sample.asked)
 
 

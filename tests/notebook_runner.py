@@ -13,7 +13,8 @@ NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 
 def execute(name: str, tmp_path: Path, monkeypatch=None, env: dict | None = None, timeout: int = 600):
     """Run ``notebooks/<name>`` in ``tmp_path`` (the kernel inherits ``env``) -> (code-cell outputs,
-    printed text); a failing cell raises."""
+    printed text); a failing cell raises. Every notebook draws figures inline (PNG outputs), in the
+    run and in the committed copy, so a reader sees them without running anything."""
     for key, value in (env or {}).items():
         monkeypatch.setenv(key, value)
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
@@ -23,4 +24,10 @@ def execute(name: str, tmp_path: Path, monkeypatch=None, env: dict | None = None
     outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
     printed = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
+    assert figures(nb) >= 1, f"{name} drew no inline figure"
+    assert figures(nbformat.read(NOTEBOOKS / name, as_version=4)) >= 1, f"the committed {name} holds no figure"
     return outputs, printed
+
+
+def figures(nb) -> int:
+    return sum("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.outputs)

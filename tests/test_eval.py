@@ -324,8 +324,11 @@ def test_cli_eval_text_and_tasks_then_report(smollm, tmp_path, capsys):
     code, _, err = run_cli(["report", str(text), str(tasks), "--out", str(tmp_path / "report")], capsys)
     assert code == 0, err
     assert (tmp_path / "report" / "tables" / "replay_kl_vs_task_accuracy.csv").exists()
-    code, _, err = run_cli(["eval", "--task", "passkey", "--context", "9000", "--out", str(tmp_path / "x")], capsys)
-    assert code == 2 and "exceeds the model's" in err and err.count("\n") == 1
+    for args in (["--task", "passkey", "--context", "9000"], ["--task", "passkey", "--max-new", "99999999999"],
+                 ["--free-tokens", "99999999999"]):  # bounds that need the model's context: one line, nothing written
+        code, _, err = run_cli(["eval", *args, "--out", str(tmp_path / "x")], capsys)
+        assert code == 2 and "exceeds the model's" in err and err.count("\n") == 1, err
+        assert not (tmp_path / "x").exists()
 
 
 def test_question_agnostic_answer_kl_is_a_replay(tiny):

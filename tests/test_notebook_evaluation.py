@@ -15,4 +15,4 @@ def test_evaluation_notebook_runs(tmp_path, monkeypatch):
     outputs, _ = execute("03_evaluation.ipynb", tmp_path, monkeypatch, SMALL)
     images = [o for o in outputs if "image/png" in o.get("data", {})]
     tables = "".join(o.get("data", {}).get("text/plain", "") for o in outputs)
-    assert len(images) == 1 and "infokv" in tables and "question-agnostic" in tables and "generated:64" in tables
+    assert len(images) >= 1 and "infokv" in tables and "question-agnostic" in tables and "generated:64" in tables

@@ -74,19 +74,10 @@ def policy_columns(policy: Policy | None) -> dict:
 def free_generation(shared: SharedPrompt, policy: Policy | None, tokens: int, interval: int) -> list[int]:
     """Greedy tokens after the shared prompt under ``policy``, as :func:`fi_toolkit.generate.generate`
     decodes them (EOS does not stop it; compression every ``interval`` generated tokens)."""
-    model = shared.decoder.model
     decoder, _ = shared.decoder.fork(policy)
-    out: list[int] = []
     try:
-        with ragged_attention(model):
-            logits = shared.logits
-            while True:
-                out.append(int(torch.argmax(logits)))
-                if len(out) == tokens:
-                    return out
-                logits = decoder.step(out[-1])
-                if policy is not None and len(out) % interval == 0:
-                    decoder.compress()
+        with ragged_attention(decoder.model):
+            return decoder.greedy(shared.logits, tokens, interval)
     finally:
         decoder.close()
 
@@ -107,7 +98,7 @@ def _segments(result: ReplayResult) -> np.ndarray:
 
 
 def _tables(result: ReplayResult, policy: Policy | None, keys: dict, free: tuple[int, float] | None,
-            seconds: float) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+            free_tokens: int, seconds: float) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     cols = {**keys, **policy_columns(policy)}
     positions = result.table()
     positions["segment"] = _segments(result)
@@ -129,11 +120,9 @@ def _tables(result: ReplayResult, policy: Policy | None, keys: dict, free: tuple
         "mean_nll_compressed": float(result.nll_compressed.double().mean()),
         "delta_nll": float((result.nll_compressed.double() - result.nll_full.double()).mean()),
         "kept_share": float((result.entries.double() / (result.positions.double() + 1)).mean()),
-        "free_tokens": 0 if free is None else None, "free_first_divergence": np.nan, "free_agreement": np.nan,
-        "seconds": round(seconds, 3),
+        "free_tokens": free_tokens, "free_first_divergence": free[0] if free else np.nan,
+        "free_agreement": free[1] if free else np.nan, "seconds": round(seconds, 3),
     }
-    if free is not None:
-        summary.update(free_first_divergence=free[0], free_agreement=free[1])
     return positions, seg, summary
 
 
@@ -170,9 +159,7 @@ def evaluate_text(
         if reference_free is not None:
             tokens = reference_free if policy is None else free_generation(shared, policy, setting.free_tokens, setting.interval)
             free = divergence(tokens, reference_free)
-        pos, seg, summary = _tables(result, policy, keys, free, time.perf_counter() - t0)
-        if free is not None:
-            summary["free_tokens"] = setting.free_tokens
+        pos, seg, summary = _tables(result, policy, keys, free, setting.free_tokens, time.perf_counter() - t0)
         positions.append(pos)
         segments.append(seg)
         summaries.append(summary)

@@ -18,16 +18,17 @@ import pandas as pd
 
 from ..analysis.runs import ResumableRun
 from ..analysis.study import execute_run
+from ..errors import FIError
 from ..experiment import max_context
 from ..models import dtype_name
 from ..policies import Policy
+from ..probe import NOISE_MARGIN  # a compressed mean KL below it x the full-cache replay's is at the floor
 from ..trace import SignalConfig
 from .replays import FULL, TextSetting, evaluate_text
 from .summaries import kl_accuracy_table, summarise_answers, summarise_replays, summarise_segments
 from .task_runs import SampleUnit, evaluate_sample
 
 Progress = Callable[[str, int, int], None]
-NOISE_MARGIN = 10  # a compressed mean KL below 10x the full-cache replay's is at the noise floor
 
 
 def _model_settings(lm, config: SignalConfig, policies: list[Policy]) -> dict:
@@ -48,7 +49,7 @@ def text_noise_warning(replays: pd.DataFrame) -> str | None:
     low = rows[rows["mean_kl"].abs() < limit]
     if not len(low):
         return None
-    return (f"warning: {len(low)} of {len(rows)} compressed replays have a mean KL below {NOISE_MARGIN}x the full-cache "
+    return (f"warning: {len(low)} of {len(rows)} compressed replays have a mean KL below {NOISE_MARGIN:g}x the full-cache "
             f"replay's (the noise floor), e.g. {low.iloc[0]['policy']}@{low.iloc[0]['budget']} on {low.iloc[0]['document']}")
 
 
@@ -65,9 +66,10 @@ def run_eval_text(
         else:
             doc.require(setting.prompt, f"the --prompt of {setting.prompt}")
     if limit is not None and setting.total() > limit:
-        from ..errors import FIError
-
         raise FIError(f"--prompt + future ({setting.total():,} tokens) exceeds the model's context of {limit:,}")
+    if limit is not None and setting.prompt + setting.free_tokens > limit:
+        raise FIError(f"--prompt + --free-tokens ({setting.prompt + setting.free_tokens:,} tokens) exceeds the "
+                      f"model's context of {limit:,}")
     settings = {"kind": "text", **_model_settings(lm, config, policies),
                 "documents": [{"name": d.name, "sha256": d.sha256, "tokens": len(d)} for d in docs],
                 "prompt": setting.prompt, "length": setting.total(), "interval": setting.interval,
@@ -92,6 +94,10 @@ def run_eval_tasks(
     progress: Progress | None = None, n_resamples: int = 1000,
 ) -> dict[str, pd.DataFrame]:
     """Every task sample under the full cache and every policy -> ``answers``, ``task_summary``, ``kl_accuracy``."""
+    limit = max_context(lm)
+    longest = max((len(u) for u in units), default=0)
+    if limit is not None and longest + max_new > limit:
+        raise FIError(f"a {longest:,}-token task prompt + --max-new {max_new:,} exceeds the model's context of {limit:,}")
     settings = {"kind": "tasks", **_model_settings(lm, config, policies), "protocols": list(protocols),
                 "max_new": max_new, "interval": interval,
                 "documents": [{"name": u.name, "sha256": u.sha256, "tokens": len(u)} for u in units]}

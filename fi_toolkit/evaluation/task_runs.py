@@ -25,9 +25,9 @@ import torch
 from ..errors import FIError
 from ..generate import CompressedDecoder, _eos_ids, signal_config_for
 from ..policies import Policy
-from ..probe import kl_from_reference, log_sum_exp
+from ..probe import kl_from_reference, reference_terms
 from ..ragged import ragged_attention
-from ..tasks import PROTOCOLS, TASKS, TaskSample, encode_split, make_sample, score
+from ..tasks import TASKS, TaskSample, check_protocol, encode_split, make_sample, score
 from ..trace import SignalConfig
 from .replays import divergence, policy_columns
 
@@ -86,14 +86,7 @@ def _answer(shared: CompressedDecoder, policy: Policy | None, question: torch.Te
     try:
         with ragged_attention(shared.model):
             logits = decoder.block(question)[-1] if question.numel() else prefill_logits
-            tokens: list[int] = []
-            while True:
-                tokens.append(int(torch.argmax(logits)))
-                if len(tokens) == max_new or _stops(tokenizer, tokens, eos):
-                    return tokens, kept
-                logits = decoder.step(tokens[-1])
-                if policy is not None and len(tokens) % interval == 0:
-                    decoder.compress()
+            return decoder.greedy(logits, max_new, interval, lambda tokens: _stops(tokenizer, tokens, eos)), kept
     finally:
         decoder.close()
 
@@ -116,10 +109,7 @@ def _forced(shared: CompressedDecoder, policy: Policy | None, question: torch.Te
 
 
 def _kl_top1(full: torch.Tensor, compressed: torch.Tensor) -> tuple[float, float]:
-    lse = log_sum_exp(full)
-    wide = full.double()
-    ref_p = torch.exp(wide - lse[:, None])
-    kl = kl_from_reference(ref_p, wide, lse, compressed[None], log_sum_exp(compressed)[None])[0]
+    kl = kl_from_reference(*reference_terms(full), compressed[None])[0]
     return float(kl.double().mean()), float((full.argmax(-1) == compressed.argmax(-1)).double().mean())
 
 
@@ -180,7 +170,4 @@ def evaluate_sample(
 
 
 def check_protocols(protocols: list[str]) -> list[str]:
-    for p in protocols:
-        if p not in PROTOCOLS:
-            raise FIError(f"unknown protocol '{p}' (protocols: {', '.join(PROTOCOLS)})")
-    return protocols
+    return [check_protocol(p) for p in protocols]

@@ -43,7 +43,7 @@ def _against_retention(ax, part: pd.DataFrame, metric: str, label: str, legend: 
         ax.plot(p["retention"], p[metric], marker="o", color=color, label=policy)
         if f"{metric}_low" in p and p[f"{metric}_low"].notna().any():
             ax.fill_between(p["retention"], p[f"{metric}_low"], p[f"{metric}_high"], color=color, alpha=0.15, lw=0)
-    if len(full) and metric in full:
+    if len(full) and metric in full and metric != "mean_kl":  # the full cache's KL is the noise floor (caption)
         ax.axhline(float(full[metric].mean()), color="#333", ls="--", lw=1, label="full cache")
     if metric == "mean_kl" and _spans_decades(rows[metric]):
         ax.set_yscale("log")

@@ -1,4 +1,4 @@
-"""Seaborn figures of correlate and nearfar result tables (matplotlib Agg backend, no display needed).
+"""Seaborn figures of correlate and nearfar result tables (matplotlib Agg backend outside notebooks, no display needed).
 
 Each function takes the run's tables and a caption (model, documents, prefix, chunk settings) and
 returns a Figure, or None when the tables hold nothing to draw.
@@ -6,11 +6,13 @@ returns a Figure, or None when the tables hold nothing to draw.
 
 from __future__ import annotations
 
+import sys
 import textwrap
 
 import matplotlib
 
-matplotlib.use("Agg")
+if "ipykernel" not in sys.modules:  # in a notebook, keep its inline backend so the figures show
+    matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
