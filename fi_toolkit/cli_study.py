@@ -144,6 +144,9 @@ def nearfar(
     batch_size: Optional[int] = BatchOpt,
     out_dir: Path = typer.Option(Path("runs/nearfar"), "--out", "-o", help="Results directory."),
     resume: bool = ResumeOpt, overwrite: bool = StudyOverwriteOpt,
+    unit_sets: int = typer.Option(0, "--unit-sets",
+                                  help="Split each document into work units of N sets (0: one unit per document), "
+                                       "so torchrun's ranks share documents when they are few; same tables."),
 ):
     """Equal-size sets by entropy/attention/distance/InfoKV/random: FI on chunks at increasing distance from p."""
     from .analysis import run_nearfar
@@ -163,12 +166,14 @@ def nearfar(
     if batch_size is not None and batch_size < 1:
         raise FIError(f"--batch-size must be >= 1, got {batch_size}")
     sink_options = (sinks, 0) if no_sink_runs and sinks > 0 else (sinks,)
+    if unit_sets < 0:
+        raise FIError(f"--unit-sets must be >= 0 (0: one unit per document), got {unit_sets}")
     texts = _read_documents(documents)
     check_run_dir(out_dir, "nearfar", resume, overwrite)
     docs, tables = _run_study("nearfar", model, device, dtype, upcast, texts, max(c.end for c in chunks),
                               lambda lm, docs, progress: run_nearfar(
         lm, docs, out_dir, prefix, dist, chunk_len, budget, seeds, sink_options, config, batch_size,
-        resume=resume, overwrite=overwrite, progress=progress), placement)
+        resume=resume, overwrite=overwrite, progress=progress, unit_sets=unit_sets), placement)
     if tables is None:  # a rank other than 0 of a sharded run: rank 0 reports
         return
     _print_nearfar(tables, len(docs))

@@ -135,17 +135,50 @@ def rank_device(device: str, world: World | None = None) -> str:
     return device
 
 
-def assign(costs: Sequence[float], ranks: int) -> list[int]:
+def assign(costs: Sequence[float], ranks: int, groups: Sequence | None = None) -> list[int]:
     """Rank of each unit: longest processing time first onto the least-loaded rank.
 
     Deterministic (ties: earlier unit first, then lower rank), so every rank computes the same plan.
     Balanced by cost, not by count: with costs 8, 1, 1, 1, 1, 1, 1, 1, 1 on two ranks the long unit
     gets a rank to itself.
+
+    ``groups`` (one key per unit) marks units that share set-up work, the parts of one document that
+    share its trace. When some group has several units, the units are laid out longest group first
+    (a group's units together, in order) and cut into ``ranks`` consecutive runs at equal shares of
+    the total cost (:func:`_consecutive`): a group is split only at the ``ranks - 1`` cuts, so at most
+    ``ranks - 1`` documents are traced twice.
     """
+    if groups is not None and len(set(groups)) < len(groups):
+        return _consecutive(costs, ranks, groups)
     load = [0.0] * ranks
     owner = [0] * len(costs)
     for i in sorted(range(len(costs)), key=lambda i: (-float(costs[i]), i)):
         r = min(range(ranks), key=lambda r: (load[r], r))
         owner[i] = r
         load[r] += float(costs[i])
+    return owner
+
+
+def _consecutive(costs: Sequence[float], ranks: int, groups: Sequence) -> list[int]:
+    """:func:`assign` for grouped units: consecutive runs, groups kept together and in order.
+
+    Rank ``r`` takes units while its load plus half the next unit stays within its share of what is
+    left (``left / (ranks - r)``), so no rank idles while another holds several units.
+    """
+    group_cost: dict = {}
+    first: dict = {}
+    for i, g in enumerate(groups):
+        group_cost[g] = group_cost.get(g, 0.0) + float(costs[i])
+        first.setdefault(g, i)
+    order = sorted(range(len(costs)), key=lambda i: (-group_cost[groups[i]], first[groups[i]], i))
+    owner = [0] * len(costs)
+    left = sum(float(c) for c in costs)
+    rank, load, share = 0, 0.0, left / ranks
+    for i in order:
+        c = float(costs[i])
+        if load > 0 and load + c / 2 > share and rank < ranks - 1:
+            rank, load, share = rank + 1, 0.0, left / (ranks - rank - 1)
+        owner[i] = rank
+        load += c
+        left -= c
     return owner

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -125,6 +126,20 @@ def noise_floor(table: pd.DataFrame) -> dict:
     out: dict = {}
     for (doc, chunk), value in floors.items():
         out.setdefault(doc, {})[chunk] = float(value)
+    return out
+
+
+def flag_below_noise_floor(table: pd.DataFrame) -> pd.DataFrame:
+    """``below_noise_floor`` of every row from the table's own control rows, as :func:`fi_table` sets it
+    from a :class:`ProbeResult` (float32 ``fi < NOISE_MARGIN x floor``, per document and chunk): for
+    a document measured in parts, of which only the first holds the controls."""
+    fi = table["fi"].to_numpy(dtype=np.float32)
+    floors = noise_floor(table)
+    floor = np.array([floors.get(d, {}).get(c, np.nan) for d, c in zip(table["document"], table["chunk"])],
+                     dtype=np.float32)
+    below = pd.Series(fi < np.float32(NOISE_MARGIN) * floor, index=table.index)
+    out = table.drop(columns="below_noise_floor", errors="ignore")
+    out.insert(out.columns.get_loc("fi") + 1, "below_noise_floor", below)
     return out
 
 

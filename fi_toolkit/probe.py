@@ -178,7 +178,8 @@ class Reference:
     @torch.no_grad()
     def __init__(self, model, trace: Trace, ids: torch.Tensor, capture: torch.Tensor, block: int,
                  keep_bytes: float = 2**31):
-        self.model, self.block = model, block
+        self.model, self.block, self.ids, self.capture = model, block, ids, capture
+        self.positions = capture.cpu() + trace.prefix_len  # absolute positions of the captured rows
         self.lm_head = decoder_parts(model)[2]
         p = trace.prefix_len
         cache = shared_cache(trace.keys, trace.values, 1, model.config)
@@ -280,6 +281,15 @@ def default_batch_size(device: torch.device) -> int:
     return 8 if torch.device(device).type == "cuda" else 1
 
 
+def chunk_reference(model, trace: Trace, ids: torch.Tensor, chunks: Sequence[Chunk], block: int = 512) -> Reference:
+    """The full-cache run of document ``ids`` (1-D) over ``[p, max r_c)``, capturing the chunks' positions."""
+    p = trace.prefix_len
+    device = trace.keys[0].device
+    check_chunks(chunks, p, ids.numel(), context_limit(model.config))
+    capture = (_capture_positions(chunks) - p).to(device)
+    return Reference(model, trace, ids[p : max(c.end for c in chunks)].to(device), capture, block)
+
+
 def _capture_positions(chunks: Sequence[Chunk]) -> torch.Tensor:
     return torch.unique(torch.cat([torch.arange(c.start, c.end) for c in chunks]))
 
@@ -295,6 +305,7 @@ def forward_influence(
     block: int = 512,
     on_progress: Callable[[int], None] | None = None,
     controls: bool = False,
+    reference: Reference | None = None,
 ) -> ProbeResult:
     """FI of every eviction on every chunk (docs/method.md, "Forward Influence").
 
@@ -302,21 +313,22 @@ def forward_influence(
     ``batch_size`` token sets serves all chunks (default: :func:`default_batch_size`). An empty token
     set runs through the same masked path as any other (no shortcut). ``controls`` puts the two
     :func:`noise_controls` first, so the result carries its own noise floor
-    (:meth:`ProbeResult.noise_floor`); every CLI command asks for them.
+    (:meth:`ProbeResult.noise_floor`); every CLI command asks for them. ``reference``
+    (:func:`chunk_reference` of the same trace, chunks and block) lets several calls on one document
+    share the full-cache run, as the parts of a split document do.
     """
     p = trace.prefix_len
     device = trace.keys[0].device
     batch_size = batch_size or default_batch_size(device)
-    check_chunks(chunks, p, ids.numel(), context_limit(model.config))
     if controls:
         evictions = noise_controls(p, trace.num_layers, trace.num_kv_heads) + list(evictions)
     for e in evictions:
         e.check(p)
-    end = max(c.end for c in chunks)
-    positions = _capture_positions(chunks)
-    capture = (positions - p).to(device)
-    cont = ids[p:end].to(device)
-    reference = Reference(model, trace, cont, capture, block)
+    if reference is None:
+        reference = chunk_reference(model, trace, ids, chunks, block)
+    elif not torch.equal(reference.positions, _capture_positions(chunks)) or reference.block != block:
+        raise ValueError("the reference was built for other chunks or another block size")
+    positions, capture, cont = reference.positions, reference.capture, reference.ids
     kl = torch.zeros(len(evictions), positions.numel())
 
     sets = [i for i, e in enumerate(evictions) if isinstance(e, TokenSet)]

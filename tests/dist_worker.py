@@ -1,8 +1,8 @@
 """One rank of a sharded run of the tiny model (run by tests/test_distributed.py under torchrun, or
 alone as the single-process reference): ``python dist_worker.py OUT STUDIES [--kill RANK:N]``.
 
-STUDIES is a comma-separated subset of nearfar, correlate, eval, single (a nearfar run of one document:
-idle ranks); each writes OUT/<study>. ``--kill RANK:N``: rank RANK kills itself (SIGKILL, no clean-up)
+STUDIES is a comma-separated subset of nearfar, parts (nearfar with documents split into parts),
+correlate, eval, single (a nearfar run of one document: idle ranks); each writes OUT/<study>. ``--kill RANK:N``: rank RANK kills itself (SIGKILL, no clean-up)
 when it starts its N-th nearfar unit, in the first launch only (not after a torchrun restart).
 """
 
@@ -37,6 +37,9 @@ def run(out: Path, studies: list[str], resume: bool = False) -> None:
     tiny, docs = tiny_model(seed=0), documents()
     if "nearfar" in studies:
         run_nearfar(tiny, docs, out / "nearfar", P, [0, 32], 16, budget="remove=0.1", seeds=2, config=CFG, resume=resume)
+    if "parts" in studies:  # nearfar with every document split into units of 3 sets
+        run_nearfar(tiny, docs, out / "parts", P, [0, 32], 16, budget="remove=0.1", seeds=2, config=CFG, resume=resume,
+                    unit_sets=3)
     if "single" in studies:
         run_nearfar(tiny, docs[1:2], out / "single", P, [0, 32], 16, budget="remove=0.1", seeds=1, config=CFG,
                     resume=resume)

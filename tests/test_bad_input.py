@@ -249,6 +249,8 @@ CASES = [
      "--device-map places the model's layers across devices; it does not go with --device (give one)"),
     ("device-map-and-device-nearfar", None, ["nearfar", "--device", "cuda", "--device-map", "auto"],
      "it does not go with --device"),
+    ("unit-sets-negative", None, ["nearfar", "--unit-sets", "-2"],
+     "--unit-sets must be >= 0 (0: one unit per document), got -2"),
     ("device-map-bad-json", None, ["correlate", "--chunk", "128:160", "--device-map", "{layers: 0}"],
      "--device-map '{layers: 0}' is not valid JSON"),
     ("device-map-not-a-map", None, ["eval", "--device-map", "[0, 1]"], "must map module names to devices"),

@@ -23,7 +23,8 @@ from fi_toolkit import distributed
 from fi_toolkit.analysis import read_table
 
 ROOT = Path(__file__).resolve().parents[1]
-STUDIES = ["nearfar", "correlate", "eval", "single"]
+STUDIES = ["nearfar", "parts", "correlate", "eval", "single"]
+SAME_AS = {"parts": "nearfar"}  # split into parts on two ranks: the tables of the unsplit single process
 TIMINGS = {"replays.csv": ["seconds"]}  # the only columns that hold wall-clock time
 
 
@@ -67,6 +68,18 @@ def test_assignment_is_deterministic_and_balanced_by_cost():
     assert max(loads) <= sum(costs) / 2 + max(costs)  # LPT bound
     assert distributed.assign([5, 5], 4) == [0, 1]  # idle ranks 2 and 3
     assert distributed.assign([], 3) == []
+
+
+def test_parts_of_a_document_stay_together():
+    # five documents of two equal parts on two ranks: consecutive runs, only the middle document split
+    assert distributed.assign([1] * 10, 2, [d for d in range(5) for _ in range(2)]) == [0] * 5 + [1] * 5
+    # the longest document's parts first; every rank within one unit of the mean load
+    costs, groups = [1, 1, 3, 3, 3, 2, 2], ["a", "a", "b", "b", "b", "c", "c"]
+    owner = distributed.assign(costs, 3, groups)
+    assert owner == distributed.assign(costs, 3, groups) == [2, 2, 0, 0, 1, 1, 2]
+    loads = [sum(c for c, r in zip(costs, owner) if r == k) for k in range(3)]
+    assert max(loads) <= sum(costs) / 3 + max(costs)
+    assert distributed.assign([4, 1], 2, ["x", "y"]) == distributed.assign([4, 1], 2)  # one unit per group: LPT
 
 
 def test_threads_and_devices_per_rank(monkeypatch):
@@ -121,12 +134,17 @@ def sharded(tmp_path_factory):
 @pytest.mark.parametrize("name", STUDIES)
 def test_two_ranks_merge_to_the_single_process_tables(single, sharded, name):
     out, _ = sharded
+    assert_same_tables(single / SAME_AS.get(name, name), out / name)
     assert_same_tables(single / name, out / name)
     manifest = json.loads((out / name / "manifest.json").read_text())
     assert manifest["world_size"] == 2 and json.loads((single / name / "manifest.json").read_text())["world_size"] == 1
     units = manifest["units"]
-    assert [u["unit"] for u in units] == sorted(p.name for p in (out / name / "per_document").iterdir())
-    if name != "single":  # the long document alone on rank 0, the four short ones on rank 1... by cost
+    assert sorted(u["unit"] for u in units) == sorted(p.name for p in (out / name / "per_document").iterdir())
+    if name == "parts":  # 4 parts of 3 sets per document; consecutive runs: one document on both ranks
+        assert len(units) == 20 and units[0]["unit"] == "doc_0.part1of4"
+        split = [d for d in range(5) if len({u["rank"] for u in units if u["unit"].startswith(f"doc_{d}.")}) > 1]
+        assert len(split) == 1 and {u["rank"] for u in units} == {0, 1}
+    elif name != "single":  # the long document alone on rank 0, the four short ones on rank 1... by cost
         assert [u["rank"] for u in units] == [0, 0, 1, 1, 1]
     assert set(computed(out / name).values()) == {1}
     assert manifest["computed_this_session"] == [u["document"] for u in units]

@@ -63,15 +63,27 @@ def nearfar_selections(budget: Budget | str, seeds: int) -> list[str]:
     return [f"{k}:{budget.label}" for k in SCORE_SELECTORS] + [f"random:{budget.label}@0-{seeds - 1}"]
 
 
+def count_sets(budget: Budget | str, seeds: int, sink_options: Sequence[int]) -> int:
+    """Sets a document's study measures (every selector and seed, for every sink option), controls aside."""
+    return len(parse_selections(nearfar_selections(budget, seeds))) * len(sink_options)
+
+
 def nearfar_document(
     model, doc, trace: Trace, chunks: Sequence[Chunk], budget: Budget | str = "remove=0.1", seeds: int = 3,
     sink_options: Sequence[int] = (4, 0), batch_size: int | None = None, block: int = 512,
     token_text: Callable[[int], str] | None = None, on_progress: Callable[[int], None] | None = None,
+    sets: slice = slice(None), reference=None,
 ) -> dict[str, pd.DataFrame]:
     """FI of every selector's set on every chunk, with and without sink protection, for one document.
 
     Identical sets (a selector that never picks a sink gives the same set for every ``sinks``) are
     measured once. Returns ``{"nearfar": tidy FI table, "token_classes": class shares per set}``.
+
+    ``sets`` measures a block of the sets only (a part of a split document, issue 11): the noise
+    controls go with the block that starts at 0, and the blocks' tables, concatenated in order, are
+    the whole document's; blocks without the controls leave ``below_noise_floor`` to the merge
+    (:func:`fi_toolkit.experiment.flag_below_noise_floor`). ``reference``: the document's
+    :func:`~fi_toolkit.probe.chunk_reference`, shared by its parts.
     """
     selections = parse_selections(nearfar_selections(budget, seeds))
     evictions = []
@@ -80,6 +92,8 @@ def nearfar_document(
             e = sel.resolve(trace, sinks=sinks, alpha=trace.config.alpha)
             e.meta["sinks"] = sinks
             evictions.append(e)
+    controls = sets.start in (None, 0)
+    evictions = evictions[sets]
     index: dict[tuple, int] = {}
     distinct = []
     for e in evictions:
@@ -88,7 +102,7 @@ def nearfar_document(
             index[key] = len(distinct)
             distinct.append(e)
     result = forward_influence(model, trace, doc.ids, distinct, chunks, batch_size=batch_size, block=block,
-                               on_progress=on_progress, controls=True)
+                               on_progress=on_progress, controls=controls, reference=reference)
     controls = result.control_rows()
     rows = controls + [len(controls) + index[tuple(e.removed.tolist())] for e in evictions]
     measured = result.rows(rows)

@@ -37,6 +37,7 @@ import secrets
 import shutil
 import sys
 import time
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Callable, Sequence
@@ -61,6 +62,34 @@ def document_keys(names: Sequence[str]) -> list[str]:
         seen[base] = seen.get(base, 0) + 1
         keys.append(base if seen[base] == 1 else f"{base}-{seen[base]}")
     return keys
+
+
+@dataclass(frozen=True)
+class Part:
+    """Part ``index`` (from 0) of ``count`` of a document: a work unit below the document (issue 11), for
+    studies whose documents are too few to keep every rank busy. Named ``<document>.part<i>of<n>``, so
+    every part has its own directory, done.json and unit-log lines; the parts' tables, concatenated in
+    order, are the document's."""
+
+    doc: object
+    index: int
+    count: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.doc.name}.part{self.index + 1}of{self.count}"
+
+    @property
+    def sha256(self) -> str | None:
+        return getattr(self.doc, "sha256", None)
+
+    def __len__(self) -> int:
+        return len(self.doc)
+
+
+def split_documents(documents: Sequence, parts: int) -> list[Part]:
+    """Every document as ``parts`` consecutive :class:`Part` units."""
+    return [Part(doc, i, parts) for doc in documents for i in range(parts)]
 
 
 def _flatten(obj, path: str = "") -> dict:
@@ -322,7 +351,8 @@ class ResumableRun:
         todo, self.session = world.broadcast(plan)
         self._started = True  # rank 0 made the directory (and cleared it for --overwrite)
         costs = [len(d) for d in documents] if costs is None else list(costs)
-        owner = distributed.assign([costs[i] for i in todo], world.size)
+        groups = [id(getattr(d, "doc", d)) for d in documents]  # a document's parts share its trace: keep them together
+        owner = distributed.assign([costs[i] for i in todo], world.size, [groups[i] for i in todo])
         mine = [i for i, r in zip(todo, owner) if r == world.rank]
         if not mine:
             self.note(f"note: rank {world.rank} of {world.size} has no unit to compute ({len(todo)} unit(s) to "

@@ -18,15 +18,15 @@ from .. import results
 from ..budget import Budget
 from ..errors import FIError
 from ..estimator import ESTIMATORS, check_samples
-from ..experiment import max_context, noise_floor, trace_document
+from ..experiment import flag_below_noise_floor, max_context, noise_floor, trace_document
 from ..models import dtype_name
-from ..probe import CONTROL_LABELS, Chunk, check_chunks
+from ..probe import CONTROL_LABELS, Chunk, check_chunks, chunk_reference
 from ..trace import SignalConfig
 from .agreement import summarize_agreement
 from .correlation import correlate_document, parse_candidates, summarize_correlations
-from .nearfar import (add_relative_columns, nearfar_chunks, nearfar_document, paired_tests, summarize_nearfar,
+from .nearfar import (add_relative_columns, count_sets, nearfar_chunks, nearfar_document, paired_tests, summarize_nearfar,
                       token_class_summary)
-from .runs import ResumableRun, document_keys
+from .runs import Part, ResumableRun, document_keys, split_documents
 
 Progress = Callable[[str, int, int], None]  # (document name, done, total) after each batch
 
@@ -151,30 +151,63 @@ def run_nearfar(
     lm, docs, out_dir: Path, prefix: int, distances: Sequence[int], chunk_len: int, budget: str = "remove=0.1",
     seeds: int = 3, sinks: Sequence[int] = (4, 0), config: SignalConfig = SignalConfig(), batch_size: int | None = None,
     block: int = 512, resume: bool = False, overwrite: bool = False, progress: Progress | None = None,
+    unit_sets: int = 0,
 ) -> dict[str, pd.DataFrame]:
-    """Near/far set analysis for every document -> ``nearfar``, ``token_classes`` and their summaries/tests."""
+    """Near/far set analysis for every document -> ``nearfar``, ``token_classes`` and their summaries/tests.
+
+    ``unit_sets = n > 0`` splits every document into parts of ``n`` sets (the controls go with the
+    first), each a unit of its own: torchrun's ranks then share documents when they are few (issue 11).
+    Consecutive parts of one document on one rank share its trace and reference run; the tables are
+    the same as an unsplit run's.
+    """
     chunks = nearfar_chunks(prefix, distances, chunk_len)
     if (batch_size is not None and batch_size < 1) or any(s < 0 for s in sinks):
         raise FIError("--batch-size must be >= 1 and sink counts >= 0")
+    if unit_sets < 0:
+        raise FIError(f"--unit-sets must be >= 0 (0: one unit per document), got {unit_sets}")
     settings = {**_describe(lm, docs, prefix, chunks, config), "distances": sorted(distances),
                 "chunk_len": chunk_len, "budget": Budget.parse(budget, "--budget").label, "seeds": seeds, "sinks": list(sinks)}
+    n_sets = count_sets(budget, seeds, sinks)
+    units, costs = docs, None
+    if unit_sets:  # unsplit runs keep the settings they always had, so their --resume still matches
+        settings["unit_sets"] = unit_sets
+        units = split_documents(docs, -(-n_sets // unit_sets))
+        # in forwards over the continuation: the first part also traces, runs the reference and the 2 controls
+        costs = [len(u) * (len(range(n_sets)[_part_sets(u, unit_sets)]) + (4 if u.index == 0 else 0)) for u in units]
     run = ResumableRun(out_dir, "nearfar", settings, resume, overwrite)
+    shared: dict = {}  # the document of the last unit, its trace and reference run (parts only)
 
-    def compute(doc):
-        trace = trace_document(lm, doc, prefix, config)
+    def compute(unit):
+        doc = getattr(unit, "doc", unit)
+        if shared.get("doc") is not doc:
+            shared.clear()  # before tracing the next document: one trace in memory at a time
+            trace = trace_document(lm, doc, prefix, config)
+            reference = chunk_reference(lm.model, trace, doc.ids, chunks, block) if unit_sets else None
+            if unit_sets:
+                shared.update(doc=doc, trace=trace, reference=reference)
+        else:
+            trace, reference = shared["trace"], shared["reference"]
         done = [0]
 
         def tick(n):
             done[0] += n
             if progress:
-                progress(doc.name, done[0], 0)
+                progress(unit.name, done[0], 0)
 
         return nearfar_document(lm.model, doc, trace, chunks, budget, seeds, tuple(sinks), batch_size, block,
-                                _token_text(lm), tick)
+                                _token_text(lm), tick, _part_sets(unit, unit_sets), reference)
 
     def summaries(tables):
-        nf = add_relative_columns(tables["nearfar"])
+        nf = tables["nearfar"]
+        nf = add_relative_columns(flag_below_noise_floor(nf) if unit_sets else nf)
         return {"nearfar": nf, "nearfar_summary": summarize_nearfar(nf), "nearfar_tests": paired_tests(nf),
                 "token_class_summary": token_class_summary(tables["token_classes"])}
 
-    return execute_run(lm, run, docs, compute, summaries, _floors("nearfar"))
+    return execute_run(lm, run, units, compute, summaries, _floors("nearfar"), costs)
+
+
+def _part_sets(unit, per_part: int) -> slice:
+    """The sets a unit measures: all of them for a document, block ``index`` of ``per_part`` for a :class:`Part`."""
+    if not isinstance(unit, Part):
+        return slice(None)
+    return slice(unit.index * per_part, (unit.index + 1) * per_part)
