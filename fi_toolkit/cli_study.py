@@ -60,10 +60,14 @@ def correlate(
     batch_size: Optional[int] = BatchOpt,
     out_dir: Path = typer.Option(Path("runs/correlate"), "--out", "-o", help="Results directory."),
     resume: bool = ResumeOpt, overwrite: bool = StudyOverwriteOpt,
+    unit_candidates: int = typer.Option(0, "--unit-candidates",
+                                        help="Split each document into work units of N candidates (exact FI; 0: one "
+                                             "unit per document), so torchrun's ranks share documents; same tables."),
 ):
     """Per-token (leave-one-out) FI of candidate positions, correlated with H, A, D, E, S (and per layer)."""
     from .analysis import parse_candidates, run_correlate
     from .analysis.runs import check_run_dir
+    from .analysis.study import check_unit_candidates
     from .probe import check_chunks, parse_chunk
 
     placement = check_placement(device, device_map)
@@ -76,6 +80,7 @@ def correlate(
     estimator, candidates, samples, validate = _estimator_options(estimator, candidates, samples, validate, batch_size,
                                                                   scored - sinks)
     parse_candidates(candidates)
+    check_unit_candidates(unit_candidates, estimator)
     check_resamples(resamples)
     if batch_size is not None and batch_size < 1:
         raise FIError(f"--batch-size must be >= 1, got {batch_size}")
@@ -86,7 +91,8 @@ def correlate(
     docs, tables = _run_study("correlate", model, device, dtype, upcast, texts, max(c.end for c in chunks),
                               lambda lm, docs, progress: run_correlate(
         lm, docs, out_dir, p, chunks, candidates, sinks, seed, resamples, config, batch_size,
-        resume=resume, overwrite=overwrite, progress=progress, estimator=estimator, samples=samples, validate=validate), placement)
+        resume=resume, overwrite=overwrite, progress=progress, estimator=estimator, samples=samples, validate=validate,
+        unit_candidates=unit_candidates), placement)
     if tables is None:  # a rank other than 0 of a sharded run: rank 0 reports
         return
     s = tables["correlation_summary"]

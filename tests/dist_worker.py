@@ -2,7 +2,7 @@
 alone as the single-process reference): ``python dist_worker.py OUT STUDIES [--kill RANK:N]``.
 
 STUDIES is a comma-separated subset of nearfar, parts (nearfar with documents split into parts),
-correlate, eval, single (a nearfar run of one document: idle ranks); each writes OUT/<study>. ``--kill RANK:N``: rank RANK kills itself (SIGKILL, no clean-up)
+correlate, cparts (correlate in blocks of candidates), eval, single (a nearfar run of one document: idle ranks); each writes OUT/<study>. ``--kill RANK:N``: rank RANK kills itself (SIGKILL, no clean-up)
 when it starts its N-th nearfar unit, in the first launch only (not after a torchrun restart).
 """
 
@@ -46,6 +46,9 @@ def run(out: Path, studies: list[str], resume: bool = False) -> None:
     if "correlate" in studies:
         run_correlate(tiny, docs, out / "correlate", P, [Chunk(P, P + 16)], "sample:6", n_resamples=20, config=CFG,
                       resume=resume)
+    if "cparts" in studies:  # correlate with every document split into blocks of 4 candidates
+        run_correlate(tiny, docs, out / "cparts", P, [Chunk(P, P + 16)], "sample:6", n_resamples=20, config=CFG,
+                      resume=resume, unit_candidates=4)
     if "eval" in studies:
         policies = [make_policy("snapkv", budget=0.4, window=16)]
         setting = TextSetting(prompt=P, length=144, interval=32, free_tokens=4)

@@ -34,7 +34,7 @@ from scipy import stats
 from ..errors import FIError
 from ..eviction import TokenSet
 from ..experiment import fi_table
-from ..probe import Chunk, ProbeResult, forward_influence
+from ..probe import NOISE_MARGIN, Chunk, ProbeResult, forward_influence
 from ..trace import Trace
 
 METHODS = ("spearman", "pearson", "kendall")
@@ -92,12 +92,15 @@ def per_token_fi(
     batch_size: int | None = None,
     block: int = 512,
     on_progress: Callable[[int], None] | None = None,
+    controls: bool = True,
+    reference=None,
 ) -> ProbeResult:
     """Leave-one-out FI of every position in one batched probe, every chunk in the same pass, after the
-    noise controls (rows ``[0, 2)`` of the result; the candidates follow in order)."""
+    noise controls (rows ``[0, 2)`` of the result; the candidates follow in order). ``controls=False``
+    and a shared ``reference``: a later block of a document measured in parts."""
     evictions = [TokenSet(f"positions:{int(j)}", [int(j)], {"selector": "positions"}) for j in positions]
     return forward_influence(model, trace, ids, evictions, chunks, batch_size=batch_size, block=block,
-                             on_progress=on_progress, controls=True)
+                             on_progress=on_progress, controls=controls, reference=reference)
 
 
 # -- coefficients and their bootstrap intervals ------------------------------------------------------------
@@ -229,66 +232,109 @@ def correlate_signals(
 
 def exact_fi(model, doc, trace: Trace, chunks: Sequence[Chunk], candidates: str = "sample:256", sinks: int = 4,
              seed: int = 0, batch_size: int | None = None, block: int = 512,
-             on_progress: Callable[[int], None] | None = None):
-    """Leave-one-out FI of the candidate positions, with the noise controls -> :class:`.agreement.Measured`."""
+             on_progress: Callable[[int], None] | None = None, part: slice = slice(None), reference=None):
+    """Leave-one-out FI of the candidate positions, with the noise controls -> :class:`.agreement.Measured`.
+
+    ``part``: only that block of the candidates; the controls go with the block that starts at 0, and
+    the other blocks' ``below`` and ``controls`` are None (:func:`assemble_parts` completes them)."""
     from .agreement import Measured
 
     positions, weights = candidate_positions(trace, candidates, sinks, seed)
-    result = per_token_fi(model, trace, doc.ids, positions, chunks, batch_size, block, on_progress)
+    positions, weights = positions[part], weights[part]
+    with_controls = part.start in (None, 0)
+    result = per_token_fi(model, trace, doc.ids, positions, chunks, batch_size, block, on_progress, with_controls,
+                          reference)
     controls = result.control_rows()
     measured = [i for i in range(len(result.evictions)) if i not in controls]
-    fi, below = result.fi()[measured].double().numpy(), result.below_noise_floor()[measured].numpy()
+    fi = result.fi()[measured].double().numpy()
+    if not with_controls:
+        return Measured(positions, weights, fi, None, None)
     control_table = fi_table(doc, trace, result.rows(controls))
-    return Measured(positions, weights, fi, below, control_table[["document", "selection", "selector", "chunk",
-                                                                  "chunk_start", "distance_from_p", "fi"]])
+    return Measured(positions, weights, fi, result.below_noise_floor()[measured].numpy(),
+                    control_table[["document", "selection", "selector", "chunk", "chunk_start", "distance_from_p", "fi"]])
 
 
 def correlate_document(
     model, doc, trace: Trace, chunks: Sequence[Chunk], candidates: str = "sample:256", sinks: int = 4,
     seed: int = 0, n_resamples: int = 1000, batch_size: int | None = None, block: int = 512,
     token_text: Callable[[int], str] | None = None, on_progress: Callable[[int], None] | None = None,
-    estimator: str = "exact", samples: int = 16, validate: int = 0,
+    estimator: str = "exact", samples: int = 16, validate: int = 0, part: slice | None = None, reference=None,
 ) -> dict[str, pd.DataFrame]:
     """Per-token FI and its correlations for one document -> ``{"tokens", "correlations", "controls"}``.
 
     ``estimator="exact"``: leave-one-out FI of the ``candidates``. ``"fisher"``: the gradient estimate
     (:mod:`fi_toolkit.estimator`, ``samples`` label draws) at every position of ``[sinks, p - w)``,
     with ``validate`` positions also measured exactly (tables ``validation`` and ``agreement``).
+
+    ``part`` (exact only; issue 11): one block of the candidates, sharing the document's ``reference``
+    run. It returns its ``tokens`` (``below_noise_floor`` empty unless the block holds the controls),
+    every signal column at its candidates (``signals``) and, in the first block, ``controls``;
+    :func:`assemble_parts` turns the blocks into the whole document's tables.
     """
     from .agreement import estimated_fi
 
     if estimator == "fisher":
+        if part is not None:
+            raise FIError("--unit-candidates splits exact per-token FI; the fisher estimate is one unit per document")
         m = estimated_fi(model, doc, trace, chunks, sinks, seed, samples, validate, n_resamples, batch_size, block,
                          token_text, on_progress)
         sampling = "all"
     elif estimator == "exact":
-        m = exact_fi(model, doc, trace, chunks, candidates, sinks, seed, batch_size, block, on_progress)
+        m = exact_fi(model, doc, trace, chunks, candidates, sinks, seed, batch_size, block, on_progress,
+                     slice(None) if part is None else part, reference)
         sampling = parse_candidates(candidates)[0]
     else:
         raise FIError(f"unknown --estimator '{estimator}' (choose exact or fisher)")
     positions, weights, fi = m.positions, m.weights, m.fi
     signals = signal_columns(trace, positions)
-    corr = correlate_signals(fi, signals, chunks, trace.prefix_len, n_resamples, seed, weights=weights)
-    corr.insert(0, "document", doc.name)
-    corr.insert(1, "sampling", sampling)
     ids = doc.ids[positions].tolist()
     token_rows = []
     for c_idx, chunk in enumerate(chunks):
-        part = pd.DataFrame({
+        rows = pd.DataFrame({
             "document": doc.name, "position": positions.numpy(),
             "token": [token_text(i) if token_text else str(i) for i in ids],
             "chunk": chunk.label, "chunk_start": chunk.start, "distance_from_p": chunk.start - trace.prefix_len,
-            "fi": fi[:, c_idx], "below_noise_floor": m.below[:, c_idx], "weight": weights,
+            "fi": fi[:, c_idx], "below_noise_floor": None if m.below is None else m.below[:, c_idx], "weight": weights,
         })
         for column in MEAN_SIGNALS.values():
-            part[column] = signals[column].to_numpy()
+            rows[column] = signals[column].to_numpy()
         for name, values in m.columns.items():
-            part[name] = values[:, c_idx] if values.ndim == 2 else values
-        token_rows.append(part)
-    out = {"tokens": pd.concat(token_rows, ignore_index=True), "correlations": corr, "controls": m.controls}
+            rows[name] = values[:, c_idx] if values.ndim == 2 else values
+        token_rows.append(rows)
+    tokens = pd.concat(token_rows, ignore_index=True)
+    if part is not None:
+        return {"tokens": tokens, "signals": signals, **({} if m.controls is None else {"controls": m.controls})}
+    corr = correlate_signals(fi, signals, chunks, trace.prefix_len, n_resamples, seed, weights=weights)
+    corr.insert(0, "document", doc.name)
+    corr.insert(1, "sampling", sampling)
+    out = {"tokens": tokens, "correlations": corr, "controls": m.controls}
     for name, table in m.tables.items():
         out[name] = table
     return out
+
+
+def assemble_parts(doc_name: str, parts: dict[str, pd.DataFrame], chunks: Sequence[Chunk], prefix: int,
+                   n_resamples: int, seed: int, sampling: str) -> dict[str, pd.DataFrame]:
+    """A document's ``tokens``, ``correlations`` and ``controls`` from its blocks' tables (concatenated in
+    block order), as :func:`correlate_document` computes them in one piece: the token rows chunk by
+    chunk, ``below_noise_floor`` against the controls' floor (float32, as the probe flags), and the
+    coefficients on the float32 signals (CSV keeps float32 values exact)."""
+    order = {c.label: i for i, c in enumerate(chunks)}
+    tokens = parts["tokens"]
+    tokens = tokens.iloc[np.argsort(tokens["chunk"].map(order).to_numpy(), kind="stable")].reset_index(drop=True)
+    controls = parts["controls"]
+    floor = controls.assign(fi=controls["fi"].abs()).groupby("chunk")["fi"].max()
+    limit = np.float32(NOISE_MARGIN) * tokens["chunk"].map(floor).to_numpy(dtype=np.float32)
+    tokens["below_noise_floor"] = tokens["fi"].to_numpy(dtype=np.float32) < limit
+    signals = parts["signals"]
+    signals = signals.astype({c: np.float32 for c in signals.columns if signals[c].dtype.kind == "f"})
+    first = tokens["chunk"] == chunks[0].label
+    fi = np.stack([tokens.loc[tokens["chunk"] == c.label, "fi"].to_numpy(dtype=np.float64) for c in chunks], axis=1)
+    corr = correlate_signals(fi, signals, chunks, prefix, n_resamples, seed,
+                             weights=tokens.loc[first, "weight"].to_numpy(dtype=np.float64))
+    corr.insert(0, "document", doc_name)
+    corr.insert(1, "sampling", sampling)
+    return {"tokens": tokens, "correlations": corr, "controls": controls}
 
 
 def summarize_correlations(corr: pd.DataFrame) -> pd.DataFrame:

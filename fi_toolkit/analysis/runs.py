@@ -31,6 +31,7 @@ what is missing, and after an elastic restart (``torchrun --max-restarts``) the 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import re
 import secrets
@@ -285,6 +286,20 @@ class ResumableRun:
     def load(self, keys: Sequence[str], name: str) -> pd.DataFrame:
         return pd.concat([read_table(self.doc_dir(k) / f"{name}.csv") for k in keys], ignore_index=True)
 
+    def _assembled(self, keys: Sequence[str], documents: Sequence, assemble) -> dict[str, pd.DataFrame]:
+        """Every document's tables from its parts' (``assemble(doc, {table: its parts' rows in order})``),
+        then concatenated over documents; a part may lack a table its document has (the controls)."""
+        groups: dict = {}
+        for key, unit in zip(keys, documents):
+            groups.setdefault(id(getattr(unit, "doc", unit)), (getattr(unit, "doc", unit), []))[1].append(key)
+        combined: dict[str, list] = {}
+        for doc, part_keys in groups.values():
+            names = dict.fromkeys(n for k in part_keys for n in self.tables_of(k))
+            parts = {n: self.load([k for k in part_keys if n in self.tables_of(k)], n) for n in names}
+            for name, table in assemble(doc, parts).items():  # through CSV, as a whole document's tables come
+                combined.setdefault(name, []).append(read_table(io.StringIO(table.to_csv(index=False))))
+        return {name: pd.concat(tables, ignore_index=True) for name, tables in combined.items()}
+
     def _pending(self, keys: Sequence[str], documents: Sequence, on_skip) -> list[int]:
         """Indices of the units to compute; a finished unit that fails its checks is noted and unmarked."""
         todo = []
@@ -319,13 +334,16 @@ class ResumableRun:
     def run(
         self, documents: Sequence, compute: Callable[[object], dict[str, pd.DataFrame]],
         on_skip: Callable[[object], None] | None = None, costs: Sequence[float] | None = None,
+        assemble: Callable[[object, dict], dict] | None = None,
     ) -> dict[str, pd.DataFrame] | None:
         """``compute(doc)`` for every document not validly finished, saving each as it finishes; -> combined tables.
 
         Sharded (more than one rank): each rank computes its share (``costs``, default the token counts,
-        balance it); rank 0 returns the combined tables, the other ranks None.
+        balance it); rank 0 returns the combined tables, the other ranks None. ``assemble``: units are
+        :class:`Part` s, and each document's tables are made from its parts' at the merge.
         """
         keys = document_keys([d.name for d in documents])
+        self._assemble = None if assemble is None else (lambda: self._assembled(keys, documents, assemble))
         if self.world.sharded:
             return self._run_sharded(keys, documents, compute, on_skip, costs)
         self.session = new_session()
@@ -377,8 +395,11 @@ class ResumableRun:
         """The combined tables from every unit's files; ``timing["merge_s"]`` from ``t0`` (the checks of
         every unit after the barrier, for a sharded run) to the tables written."""
         t0 = time.perf_counter() if t0 is None else t0
-        names = self.tables_of(keys[0]) if keys else []
-        combined = {name: self.load(keys, name) for name in names}
+        if self._assemble is not None:
+            combined = self._assemble()
+        else:
+            names = self.tables_of(keys[0]) if keys else []
+            combined = {name: self.load(keys, name) for name in names}
         for name, table in combined.items():
             results.write_table(self.path / f"{name}.csv", table)
         self.timing["merge_s"] = round(time.perf_counter() - t0, 3)

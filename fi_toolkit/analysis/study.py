@@ -23,7 +23,7 @@ from ..models import dtype_name
 from ..probe import CONTROL_LABELS, Chunk, check_chunks, chunk_reference
 from ..trace import SignalConfig
 from .agreement import summarize_agreement
-from .correlation import correlate_document, parse_candidates, summarize_correlations
+from .correlation import assemble_parts, correlate_document, parse_candidates, summarize_correlations
 from .nearfar import (add_relative_columns, count_sets, nearfar_chunks, nearfar_document, paired_tests, summarize_nearfar,
                       token_class_summary)
 from .runs import Part, ResumableRun, document_keys, split_documents
@@ -61,15 +61,16 @@ def _manifest(lm, run: ResumableRun, started: str, seconds: float, keys: list[st
 
 
 def execute_run(lm, run: ResumableRun, units, compute, summaries: Callable[[dict], dict],
-                extra: Callable[[dict], dict], costs=None) -> dict | None:
+                extra: Callable[[dict], dict], costs=None, assemble=None) -> dict | None:
     """Run every unit (document or task sample), write the summaries, then the manifest with
     ``extra(tables)`` in it (the studies: each document's noise floor).
 
     Under torchrun the units are shared among the ranks (``costs`` balance them, default token counts);
     rank 0 writes the summaries and the manifest and returns the tables, the other ranks None.
+    ``assemble(doc, parts)``: the units are parts of documents, joined per document at the merge.
     """
     started, t0 = results.now(), time.perf_counter()
-    tables = run.run(units, compute, costs=costs)
+    tables = run.run(units, compute, costs=costs, assemble=assemble)
     if tables is None:  # not rank 0 of a sharded run: its units are saved, rank 0 merges
         return None
     t1 = time.perf_counter()
@@ -93,41 +94,54 @@ def run_correlate(
     sinks: int = 4, seed: int = 0, n_resamples: int = 1000, config: SignalConfig = SignalConfig(),
     batch_size: int | None = None, block: int = 512, resume: bool = False, overwrite: bool = False,
     progress: Progress | None = None, estimator: str = "exact", samples: int = 16, validate: int = 0,
+    unit_candidates: int = 0,
 ) -> dict[str, pd.DataFrame]:
     """Per-token FI and correlations for every document -> ``tokens``, ``correlations``, ``correlation_summary``.
 
     ``estimator="fisher"``: the gradient estimate at every position of ``[sinks, p - w)``
     (``candidates`` unused), ``samples`` label draws; ``validate = N`` adds exact leave-one-out FI at
     N entropy-stratified positions and the tables ``validation``, ``agreement``, ``agreement_summary``.
+
+    ``unit_candidates = n > 0`` (exact only) splits every document into blocks of ``n`` candidates,
+    each a unit of its own (issue 11); the coefficients are computed when the blocks are joined, and
+    the tables are the same as an unsplit run's.
     """
-    parse_candidates(candidates)
+    kind, n_wanted = parse_candidates(candidates)
     if sinks < 0 or n_resamples < 0 or seed < 0 or (batch_size is not None and batch_size < 1):
         raise FIError("--sinks, --seed and --resamples must be >= 0 and --batch-size >= 1")
     if sinks >= prefix - config.window:
         raise FIError(f"--sinks {sinks} leaves no candidates: the scored prefix [0, {prefix - config.window}) "
                       f"has {prefix - config.window} positions")
     check_estimator(estimator, samples, validate, prefix - config.window - sinks)
+    check_unit_candidates(unit_candidates, estimator)
     settings = {**_describe(lm, docs, prefix, chunks, config), "candidates": candidates, "sinks": sinks,
                 "seed": seed, "n_resamples": n_resamples}
     if estimator != "exact":  # exact runs keep the settings they always had, so their --resume still matches
         settings.update(candidates="all", estimator=estimator, samples=samples, validate=validate)
+    if unit_candidates:
+        settings["unit_candidates"] = unit_candidates
+    n_candidates = min(prefix - config.window - sinks, n_wanted or prefix)
+    units, costs = _split(docs, n_candidates, unit_candidates)
     run = ResumableRun(out_dir, "correlate", settings, resume, overwrite)
+    setup = _document_setup(lm, prefix, config, chunks, block, bool(unit_candidates))
 
-    def compute(doc):
-        trace = trace_document(lm, doc, prefix, config)
+    def compute(unit):
+        doc, trace, reference = setup(unit)
         if estimator == "fisher":
             total = samples + (validate + len(CONTROL_LABELS) if validate else 0)
         else:
-            total = min(trace.scored - sinks, parse_candidates(candidates)[1] or trace.scored) + len(CONTROL_LABELS)
+            total = len(range(n_candidates)[_part_slice(unit, unit_candidates)])
+            total += len(CONTROL_LABELS) if getattr(unit, "index", 0) == 0 else 0
         done = [0]
 
         def tick(n):
             done[0] += n
             if progress:
-                progress(doc.name, done[0], total)
+                progress(unit.name, done[0], total)
 
         return correlate_document(lm.model, doc, trace, chunks, candidates, sinks, seed, n_resamples, batch_size,
-                                  block, _token_text(lm), tick, estimator, samples, validate)
+                                  block, _token_text(lm), tick, estimator, samples, validate,
+                                  _part_slice(unit, unit_candidates) if unit_candidates else None, reference)
 
     def summaries(tables):
         out = {"correlation_summary": summarize_correlations(tables["correlations"])}
@@ -135,7 +149,19 @@ def run_correlate(
             out["agreement_summary"] = summarize_agreement(tables["agreement"])
         return out
 
-    return execute_run(lm, run, docs, compute, summaries, _floors("controls"))
+    def assemble(doc, parts):
+        return assemble_parts(doc.name, parts, chunks, prefix, n_resamples, seed, kind)
+
+    return execute_run(lm, run, units, compute, summaries, _floors("controls"), costs,
+                       assemble if unit_candidates else None)
+
+
+def check_unit_candidates(unit_candidates: int, estimator: str) -> None:
+    """``--unit-candidates`` is >= 0 and splits exact per-token FI only."""
+    if unit_candidates < 0:
+        raise FIError(f"--unit-candidates must be >= 0 (0: one unit per document), got {unit_candidates}")
+    if unit_candidates and estimator != "exact":
+        raise FIError("--unit-candidates splits exact per-token FI; the fisher estimate is one unit per document")
 
 
 def check_estimator(estimator: str, samples: int, validate: int, candidates: int) -> None:
@@ -168,25 +194,14 @@ def run_nearfar(
     settings = {**_describe(lm, docs, prefix, chunks, config), "distances": sorted(distances),
                 "chunk_len": chunk_len, "budget": Budget.parse(budget, "--budget").label, "seeds": seeds, "sinks": list(sinks)}
     n_sets = count_sets(budget, seeds, sinks)
-    units, costs = docs, None
+    units, costs = _split(docs, n_sets, unit_sets)
     if unit_sets:  # unsplit runs keep the settings they always had, so their --resume still matches
         settings["unit_sets"] = unit_sets
-        units = split_documents(docs, -(-n_sets // unit_sets))
-        # in forwards over the continuation: the first part also traces, runs the reference and the 2 controls
-        costs = [len(u) * (len(range(n_sets)[_part_sets(u, unit_sets)]) + (4 if u.index == 0 else 0)) for u in units]
     run = ResumableRun(out_dir, "nearfar", settings, resume, overwrite)
-    shared: dict = {}  # the document of the last unit, its trace and reference run (parts only)
+    setup = _document_setup(lm, prefix, config, chunks, block, bool(unit_sets))
 
     def compute(unit):
-        doc = getattr(unit, "doc", unit)
-        if shared.get("doc") is not doc:
-            shared.clear()  # before tracing the next document: one trace in memory at a time
-            trace = trace_document(lm, doc, prefix, config)
-            reference = chunk_reference(lm.model, trace, doc.ids, chunks, block) if unit_sets else None
-            if unit_sets:
-                shared.update(doc=doc, trace=trace, reference=reference)
-        else:
-            trace, reference = shared["trace"], shared["reference"]
+        doc, trace, reference = setup(unit)
         done = [0]
 
         def tick(n):
@@ -195,19 +210,52 @@ def run_nearfar(
                 progress(unit.name, done[0], 0)
 
         return nearfar_document(lm.model, doc, trace, chunks, budget, seeds, tuple(sinks), batch_size, block,
-                                _token_text(lm), tick, _part_sets(unit, unit_sets), reference)
+                                _token_text(lm), tick, _part_slice(unit, unit_sets), reference)
 
     def summaries(tables):
-        nf = tables["nearfar"]
-        nf = add_relative_columns(flag_below_noise_floor(nf) if unit_sets else nf)
+        nf = add_relative_columns(tables["nearfar"])
         return {"nearfar": nf, "nearfar_summary": summarize_nearfar(nf), "nearfar_tests": paired_tests(nf),
                 "token_class_summary": token_class_summary(tables["token_classes"])}
 
-    return execute_run(lm, run, units, compute, summaries, _floors("nearfar"), costs)
+    def assemble(doc, parts):
+        return {"nearfar": flag_below_noise_floor(parts["nearfar"]), "token_classes": parts["token_classes"]}
+
+    return execute_run(lm, run, units, compute, summaries, _floors("nearfar"), costs, assemble if unit_sets else None)
 
 
-def _part_sets(unit, per_part: int) -> slice:
-    """The sets a unit measures: all of them for a document, block ``index`` of ``per_part`` for a :class:`Part`."""
+def _split(docs, items: int, per_part: int):
+    """The work units and their costs: the documents themselves (``per_part = 0``), or each document in
+    parts of ``per_part`` of its ``items`` evictions (sets, candidates). A part's cost counts forwards over
+    the continuation: its evictions, and in the first part the controls (2), the trace and the reference."""
+    if not per_part:
+        return docs, None
+    units = split_documents(docs, -(-items // per_part))
+    costs = [len(u) * (len(range(items)[_part_slice(u, per_part)]) + (4 if u.index == 0 else 0)) for u in units]
+    return units, costs
+
+
+def _document_setup(lm, prefix: int, config: SignalConfig, chunks: Sequence[Chunk], block: int, split: bool):
+    """``setup(unit) -> (document, trace, reference run)``. Parts of one document that follow each other
+    on a rank share its trace and reference run (one document in memory at a time); whole documents
+    are traced as before, and their reference is made inside the probe."""
+    shared: dict = {}
+
+    def setup(unit):
+        doc = getattr(unit, "doc", unit)
+        if shared.get("doc") is doc:
+            return doc, shared["trace"], shared["reference"]
+        shared.clear()  # before tracing the next document
+        trace = trace_document(lm, doc, prefix, config)
+        reference = chunk_reference(lm.model, trace, doc.ids, chunks, block) if split else None
+        if split:
+            shared.update(doc=doc, trace=trace, reference=reference)
+        return doc, trace, reference
+
+    return setup
+
+
+def _part_slice(unit, per_part: int) -> slice:
+    """The evictions a unit measures: all of them for a document, block ``index`` of ``per_part`` for a :class:`Part`."""
     if not isinstance(unit, Part):
         return slice(None)
     return slice(unit.index * per_part, (unit.index + 1) * per_part)
