@@ -219,31 +219,34 @@ def test_explicit_device_map_gives_the_plain_model_fi(tiny, tmp_path):
 # ---- the command line with SmolLM2 -------------------------------------------------------------------------------
 
 DOCS = ["alice", "botchan", "hamlet"]
-COMMANDS = {  # command line -> what rank 0 prints once
+COMMANDS = {  # command line -> what rank 0 prints once, and options of the torchrun run only (units below the document)
     "nearfar": (["nearfar", *DOCS, "--prefix", "128", "--distances", "0,64", "--chunk-len", "32", "--seeds", "1",
-                 "--protected-only"], "entropy > attention across documents"),
+                 "--protected-only"], "entropy > attention across documents", ["--unit-sets", "2"]),
+    "correlate": (["correlate", *DOCS, "--chunk", "128:160", "--candidates", "sample:8", "--resamples", "50"],
+                  "Spearman", ["--unit-candidates", "3"]),
     "probe": (["probe", *DOCS, "--chunk", "128:160", "--select", "entropy:remove=0.1", "--select", "random:remove=0.1@0"],
-              "Forward Influence (nats)"),
+              "Forward Influence (nats)", []),
 }
 
 
 @pytest.mark.smollm
 @pytest.mark.parametrize("command", list(COMMANDS))
 def test_torchrun_cli_equals_one_process(command, tmp_path):
-    """``torchrun --nproc-per-node 2 -m fi_toolkit CMD ...`` writes the tables ``python -m fi_toolkit CMD`` does."""
-    args, printed = COMMANDS[command]
+    """``torchrun --nproc-per-node 2 -m fi_toolkit CMD ...`` writes the tables ``python -m fi_toolkit CMD`` does
+    (nearfar and correlate split into parts under torchrun, whole documents in the single process)."""
+    args, printed, split = COMMANDS[command]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     one = subprocess.run([sys.executable, "-m", "fi_toolkit", *args, "--out", str(tmp_path / "one")], cwd=tmp_path,
                          env=env, capture_output=True, text=True, timeout=600)
     assert one.returncode == 0, one.stderr[-2000:]
-    two = torchrun(["-m", "fi_toolkit", *args, "--out", str(tmp_path / "two")], timeout=600)
+    two = torchrun(["-m", "fi_toolkit", *args, *split, "--out", str(tmp_path / "two")], timeout=600)
     assert two.returncode == 0, two.stderr[-2000:]
     assert_same_tables(tmp_path / "one", tmp_path / "two")
     assert two.stdout.count(printed) == 1  # rank 0 reports, rank 1 is quiet
     manifest = json.loads((tmp_path / "two" / "manifest.json").read_text())
     assert manifest["world_size"] == 2
-    if command == "nearfar":
-        assert {u["rank"] for u in manifest["units"]} == {0, 1}
+    if split:
+        assert {u["rank"] for u in manifest["units"]} == {0, 1} and len(manifest["units"]) > len(DOCS)
 
 
 @pytest.mark.smollm
