@@ -76,6 +76,10 @@ def eval_(
     entropy_of: str = EntropyOfOpt,
     out_dir: Path = typer.Option(Path("runs/eval"), "--out", "-o", help="Results directory."),
     resume: bool = ResumeOpt, overwrite: bool = StudyOverwriteOpt,
+    unit_policies: int = typer.Option(0, "--unit-policies",
+                                      help="Text: split each document into work units of N replays (the full cache and "
+                                           "the policy x budget runs; 0: one unit per document), so torchrun's ranks "
+                                           "share documents; same tables."),
 ):
     """Replay KL, top-1 agreement, ΔNLL and free-generation agreement on text, or task accuracy, per policy and budget."""
     from .analysis.runs import check_run_dir
@@ -87,9 +91,13 @@ def eval_(
     if interval < 1:
         raise FIError(f"--interval must be >= 1, got {interval}")
     check_resamples(resamples)
+    if unit_policies < 0:
+        raise FIError(f"--unit-policies must be >= 0 (0: one unit per document), got {unit_policies}")
     if task is not None:
         if documents:
             raise FIError("give documents or --task, not both")
+        if unit_policies:
+            raise FIError("--unit-policies splits text documents; a task run's unit is already one sample")
         return _eval_tasks(task, context, samples, protocol, max_new, policies, config, interval, resamples,
                            model, device, dtype, upcast, out_dir, resume, overwrite, placement)
     from .evaluation import TextSetting, parse_future
@@ -111,7 +119,7 @@ def eval_(
     docs = tokenize_texts(texts, lm.tokenizer, max_tokens=setting.length if not fut.generated else prompt)
     with _progress() as bar:
         tables = run_eval_text(lm, docs, out_dir, policies, setting, config, resume, overwrite,
-                               unit_progress(bar, "eval"), resamples)
+                               unit_progress(bar, "eval"), resamples, unit_policies)
     if tables is None:  # a rank other than 0 of a sharded run: rank 0 reports
         return
     _print_text(tables, len(docs), setting)

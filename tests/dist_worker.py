@@ -2,7 +2,8 @@
 alone as the single-process reference): ``python dist_worker.py OUT STUDIES [--kill RANK:N]``.
 
 STUDIES is a comma-separated subset of nearfar, parts (nearfar with documents split into parts),
-correlate, cparts (correlate in blocks of candidates), eval, single (a nearfar run of one document: idle ranks); each writes OUT/<study>. ``--kill RANK:N``: rank RANK kills itself (SIGKILL, no clean-up)
+correlate, cparts (correlate in blocks of candidates), eval, eparts (eval of three policies, whole
+documents in eval3 and parts of 2 replays in eparts), single (a nearfar run of one document: idle ranks); each writes OUT/<study>. ``--kill RANK:N``: rank RANK kills itself (SIGKILL, no clean-up)
 when it starts its N-th nearfar unit, in the first launch only (not after a torchrun restart).
 """
 
@@ -54,6 +55,12 @@ def run(out: Path, studies: list[str], resume: bool = False) -> None:
         setting = TextSetting(prompt=P, length=144, interval=32, free_tokens=4)
         run_eval_text(tiny, docs, out / "eval", policies, setting, signal_config_for(policies[0]), resume=resume,
                       n_resamples=20)
+    if "eparts" in studies:  # eval with every document split into parts of 2 replays (full cache, 3 policies)
+        policies = [make_policy(n, budget=0.4, window=16) for n in ("snapkv", "streaming", "infokv")]
+        setting = TextSetting(prompt=P, length=144, interval=32, free_tokens=4)
+        for name, split in (("eval3", 0), ("eparts", 2)):
+            run_eval_text(tiny, docs, out / name, policies, setting, signal_config_for(policies[0]), resume=resume,
+                          n_resamples=20, unit_policies=split)
 
 
 def main(argv: list[str]) -> None:

@@ -23,8 +23,8 @@ from fi_toolkit import distributed
 from fi_toolkit.analysis import read_table
 
 ROOT = Path(__file__).resolve().parents[1]
-STUDIES = ["nearfar", "parts", "correlate", "cparts", "eval", "single"]
-SAME_AS = {"parts": "nearfar", "cparts": "correlate"}  # split into parts on two ranks: the tables of the unsplit single process
+STUDIES = ["nearfar", "parts", "correlate", "cparts", "eval", "eparts", "single"]
+SAME_AS = {"parts": "nearfar", "cparts": "correlate", "eparts": "eval3"}  # split into parts on two ranks: the tables of the unsplit single process
 TIMINGS = {"replays.csv": ["seconds"]}  # the only columns that hold wall-clock time
 
 
@@ -146,6 +146,9 @@ def test_two_ranks_merge_to_the_single_process_tables(single, sharded, name):
         assert len(split) == 1 and {u["rank"] for u in units} == {0, 1}
     elif name == "cparts":  # 6 candidates in blocks of 4: 2 parts per document
         assert len(units) == 10 and units[1]["unit"] == "doc_0.part2of2"
+    elif name == "eparts":  # 4 replays in parts of 2
+        assert len(units) == 10 and units[1]["unit"] == "doc_0.part2of2"
+        assert_same_tables(single / "eval3", out / "eval3")
     elif name != "single":  # the long document alone on rank 0, the four short ones on rank 1... by cost
         assert [u["rank"] for u in units] == [0, 0, 1, 1, 1]
     assert set(computed(out / name).values()) == {1}

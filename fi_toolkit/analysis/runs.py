@@ -93,6 +93,25 @@ def split_documents(documents: Sequence, parts: int) -> list[Part]:
     return [Part(doc, i, parts) for doc in documents for i in range(parts)]
 
 
+def split_units(docs: Sequence, items: int, per_part: int, setup: float = 4) -> tuple[list, list | None]:
+    """The work units and their costs: the documents themselves (``per_part = 0``, costs: token counts),
+    or each document in :class:`Part` s of ``per_part`` of its ``items`` (sets, candidates, policies).
+    A part's cost counts forwards over the document: its items, plus ``setup`` in the first part (the
+    trace or prefill, the reference run, the controls)."""
+    if not per_part:
+        return list(docs), None
+    units = split_documents(docs, -(-items // per_part))
+    costs = [len(u) * (len(range(items)[part_slice(u, per_part)]) + (setup if u.index == 0 else 0)) for u in units]
+    return units, costs
+
+
+def part_slice(unit, per_part: int) -> slice:
+    """The items a unit computes: all of them for a document, block ``index`` of ``per_part`` for a :class:`Part`."""
+    if not isinstance(unit, Part):
+        return slice(None)
+    return slice(unit.index * per_part, (unit.index + 1) * per_part)
+
+
 def _flatten(obj, path: str = "") -> dict:
     """``{"a": [{"b": 1}]}`` -> ``{"a[0].b": 1}``: settings as leaf paths, so differences name the leaf."""
     if isinstance(obj, dict):

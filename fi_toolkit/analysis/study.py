@@ -26,7 +26,7 @@ from .agreement import summarize_agreement
 from .correlation import assemble_parts, correlate_document, parse_candidates, summarize_correlations
 from .nearfar import (add_relative_columns, count_sets, nearfar_chunks, nearfar_document, paired_tests, summarize_nearfar,
                       token_class_summary)
-from .runs import Part, ResumableRun, document_keys, split_documents
+from .runs import ResumableRun, document_keys, part_slice, split_units
 
 Progress = Callable[[str, int, int], None]  # (document name, done, total) after each batch
 
@@ -121,7 +121,7 @@ def run_correlate(
     if unit_candidates:
         settings["unit_candidates"] = unit_candidates
     n_candidates = min(prefix - config.window - sinks, n_wanted or prefix)
-    units, costs = _split(docs, n_candidates, unit_candidates)
+    units, costs = split_units(docs, n_candidates, unit_candidates)
     run = ResumableRun(out_dir, "correlate", settings, resume, overwrite)
     setup = _document_setup(lm, prefix, config, chunks, block, bool(unit_candidates))
 
@@ -130,7 +130,7 @@ def run_correlate(
         if estimator == "fisher":
             total = samples + (validate + len(CONTROL_LABELS) if validate else 0)
         else:
-            total = len(range(n_candidates)[_part_slice(unit, unit_candidates)])
+            total = len(range(n_candidates)[part_slice(unit, unit_candidates)])
             total += len(CONTROL_LABELS) if getattr(unit, "index", 0) == 0 else 0
         done = [0]
 
@@ -141,7 +141,7 @@ def run_correlate(
 
         return correlate_document(lm.model, doc, trace, chunks, candidates, sinks, seed, n_resamples, batch_size,
                                   block, _token_text(lm), tick, estimator, samples, validate,
-                                  _part_slice(unit, unit_candidates) if unit_candidates else None, reference)
+                                  part_slice(unit, unit_candidates) if unit_candidates else None, reference)
 
     def summaries(tables):
         out = {"correlation_summary": summarize_correlations(tables["correlations"])}
@@ -194,7 +194,7 @@ def run_nearfar(
     settings = {**_describe(lm, docs, prefix, chunks, config), "distances": sorted(distances),
                 "chunk_len": chunk_len, "budget": Budget.parse(budget, "--budget").label, "seeds": seeds, "sinks": list(sinks)}
     n_sets = count_sets(budget, seeds, sinks)
-    units, costs = _split(docs, n_sets, unit_sets)
+    units, costs = split_units(docs, n_sets, unit_sets)
     if unit_sets:  # unsplit runs keep the settings they always had, so their --resume still matches
         settings["unit_sets"] = unit_sets
     run = ResumableRun(out_dir, "nearfar", settings, resume, overwrite)
@@ -210,7 +210,7 @@ def run_nearfar(
                 progress(unit.name, done[0], 0)
 
         return nearfar_document(lm.model, doc, trace, chunks, budget, seeds, tuple(sinks), batch_size, block,
-                                _token_text(lm), tick, _part_slice(unit, unit_sets), reference)
+                                _token_text(lm), tick, part_slice(unit, unit_sets), reference)
 
     def summaries(tables):
         nf = add_relative_columns(tables["nearfar"])
@@ -221,17 +221,6 @@ def run_nearfar(
         return {"nearfar": flag_below_noise_floor(parts["nearfar"]), "token_classes": parts["token_classes"]}
 
     return execute_run(lm, run, units, compute, summaries, _floors("nearfar"), costs, assemble if unit_sets else None)
-
-
-def _split(docs, items: int, per_part: int):
-    """The work units and their costs: the documents themselves (``per_part = 0``), or each document in
-    parts of ``per_part`` of its ``items`` evictions (sets, candidates). A part's cost counts forwards over
-    the continuation: its evictions, and in the first part the controls (2), the trace and the reference."""
-    if not per_part:
-        return docs, None
-    units = split_documents(docs, -(-items // per_part))
-    costs = [len(u) * (len(range(items)[_part_slice(u, per_part)]) + (4 if u.index == 0 else 0)) for u in units]
-    return units, costs
 
 
 def _document_setup(lm, prefix: int, config: SignalConfig, chunks: Sequence[Chunk], block: int, split: bool):
@@ -252,10 +241,3 @@ def _document_setup(lm, prefix: int, config: SignalConfig, chunks: Sequence[Chun
         return doc, trace, reference
 
     return setup
-
-
-def _part_slice(unit, per_part: int) -> slice:
-    """The evictions a unit measures: all of them for a document, block ``index`` of ``per_part`` for a :class:`Part`."""
-    if not isinstance(unit, Part):
-        return slice(None)
-    return slice(unit.index * per_part, (unit.index + 1) * per_part)

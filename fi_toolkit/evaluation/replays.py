@@ -126,15 +126,24 @@ def _tables(result: ReplayResult, policy: Policy | None, keys: dict, free: tuple
     return positions, seg, summary
 
 
-def evaluate_text(
-    model, ids: torch.Tensor, name: str, policies: list[Policy], setting: TextSetting,
-    config: SignalConfig | None = None, prefill_chunk: int = 2048, progress=None,
-) -> dict[str, pd.DataFrame]:
-    """The full cache and every policy on one token sequence -> ``positions``, ``segments``, ``replays``.
+@dataclass
+class TextContext:
+    """What every policy's replay of one sequence shares: the sequence (with its generated future), the
+    prefill and full-cache reference (:class:`~fi_toolkit.replay.SharedPrompt`) and the full cache's
+    free generation. Parts of one document (issue 11) reuse it when they follow each other on a rank."""
 
-    ``ids``: the document's tokens (a ``document`` future: the first ``setting.length`` are used) or
-    the prompt alone (a generated future: the continuation is generated here). ``config``: the signal
-    options every policy shares (by default the first policy's)."""
+    ids: torch.Tensor
+    keys: dict
+    config: SignalConfig
+    shared: SharedPrompt
+    reference_free: list[int] | None
+
+
+def text_context(
+    model, ids: torch.Tensor, name: str, policies: list[Policy], setting: TextSetting,
+    config: SignalConfig | None = None, prefill_chunk: int = 2048,
+) -> TextContext:
+    """The shared part of :func:`evaluate_text` for sequence ``ids`` (see there)."""
     setting.check()
     ids = torch.as_tensor(ids).flatten().long()
     p = setting.prompt
@@ -146,24 +155,42 @@ def evaluate_text(
         if ids.numel() < setting.length:
             raise FIError(f"'{name}' has {ids.numel():,} tokens but --length asks for {setting.length:,}")
         ids = ids[: setting.length]
-    keys = {"document": name, "future": setting.future.label}
     config = config or signal_config_for(policies[0] if policies else None)
     shared = SharedPrompt(model, ids, p, config, prefill_chunk, capacity=p + setting.free_tokens)
     reference_free = free_generation(shared, None, setting.free_tokens, setting.interval) if setting.free_tokens else None
+    return TextContext(ids, {"document": name, "future": setting.future.label}, config, shared, reference_free)
+
+
+def evaluate_text(
+    model, ids: torch.Tensor, name: str, policies: list[Policy], setting: TextSetting,
+    config: SignalConfig | None = None, prefill_chunk: int = 2048, progress=None,
+    runs: slice = slice(None), context: TextContext | None = None,
+) -> dict[str, pd.DataFrame]:
+    """The full cache and every policy on one token sequence -> ``positions``, ``segments``, ``replays``.
+
+    ``ids``: the document's tokens (a ``document`` future: the first ``setting.length`` are used) or
+    the prompt alone (a generated future: the continuation is generated here). ``config``: the signal
+    options every policy shares (by default the first policy's). ``runs``: only that block of
+    ``[full cache, *policies]`` (a part of a document, issue 11), with the document's ``context``
+    (:func:`text_context`) when its parts share one; the blocks' tables, concatenated, are the whole's."""
+    context = context or text_context(model, ids, name, policies, setting, config, prefill_chunk)
+    ids, p, shared = context.ids, setting.prompt, context.shared
     positions, segments, summaries = [], [], []
-    runs: list[Policy | None] = [None, *policies]
-    for i, policy in enumerate(runs):
+    block = [None, *policies][runs]
+    for i, policy in enumerate(block):
         t0 = time.perf_counter()
-        result = replay(model, ids, p, policy, setting.interval, config, prefill_chunk=prefill_chunk, shared=shared)
+        result = replay(model, ids, p, policy, setting.interval, context.config, prefill_chunk=prefill_chunk,
+                        shared=shared)
         free = None
-        if reference_free is not None:
-            tokens = reference_free if policy is None else free_generation(shared, policy, setting.free_tokens, setting.interval)
-            free = divergence(tokens, reference_free)
-        pos, seg, summary = _tables(result, policy, keys, free, setting.free_tokens, time.perf_counter() - t0)
+        if context.reference_free is not None:
+            tokens = context.reference_free if policy is None else \
+                free_generation(shared, policy, setting.free_tokens, setting.interval)
+            free = divergence(tokens, context.reference_free)
+        pos, seg, summary = _tables(result, policy, context.keys, free, setting.free_tokens, time.perf_counter() - t0)
         positions.append(pos)
         segments.append(seg)
         summaries.append(summary)
         if progress:
-            progress(i + 1, len(runs))
+            progress(i + 1, len(block))
     return {"positions": pd.concat(positions, ignore_index=True), "segments": pd.concat(segments, ignore_index=True),
             "replays": pd.DataFrame(summaries)}

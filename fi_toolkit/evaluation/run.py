@@ -16,7 +16,7 @@ from typing import Callable
 
 import pandas as pd
 
-from ..analysis.runs import ResumableRun
+from ..analysis.runs import ResumableRun, part_slice, split_units
 from ..analysis.study import execute_run
 from ..errors import FIError
 from ..experiment import max_context
@@ -24,7 +24,7 @@ from ..models import dtype_name
 from ..policies import Policy
 from ..probe import NOISE_MARGIN  # a compressed mean KL below it x the full-cache replay's is at the floor
 from ..trace import SignalConfig
-from .replays import FULL, TextSetting, evaluate_text
+from .replays import FULL, TextSetting, evaluate_text, text_context
 from .summaries import kl_accuracy_table, summarise_answers, summarise_replays, summarise_segments
 from .task_runs import SampleUnit, evaluate_sample
 
@@ -56,9 +56,16 @@ def text_noise_warning(replays: pd.DataFrame) -> str | None:
 def run_eval_text(
     lm, docs, out_dir: Path, policies: list[Policy], setting: TextSetting, config: SignalConfig,
     resume: bool = False, overwrite: bool = False, progress: Progress | None = None, n_resamples: int = 1000,
+    unit_policies: int = 0,
 ) -> dict[str, pd.DataFrame]:
-    """Replays and free generations of every document -> per-document and summary tables (module docstring)."""
+    """Replays and free generations of every document -> per-document and summary tables (module docstring).
+
+    ``unit_policies = n > 0`` splits every document into parts of ``n`` replays of ``[full cache,
+    *policies]``, each a unit of its own (issue 11); consecutive parts on a rank share the prefill,
+    the reference and the full cache's free generation, and the tables are the same as unsplit."""
     setting.check()
+    if unit_policies < 0:
+        raise FIError(f"--unit-policies must be >= 0 (0: one unit per document), got {unit_policies}")
     limit = max_context(lm)
     for doc in docs:
         if not setting.future.generated:
@@ -74,18 +81,29 @@ def run_eval_text(
                 "documents": [{"name": d.name, "sha256": d.sha256, "tokens": len(d)} for d in docs],
                 "prompt": setting.prompt, "length": setting.total(), "interval": setting.interval,
                 "future": setting.future.label, "free_tokens": setting.free_tokens}
+    if unit_policies:  # unsplit runs keep the settings they always had, so their --resume still matches
+        settings["unit_policies"] = unit_policies
+    units, costs = split_units(docs, 1 + len(policies), unit_policies, setup=1)
     run = ResumableRun(out_dir, "eval", settings, resume, overwrite)
+    shared: dict = {}  # the last document's TextContext, for its next part on this rank
 
-    def compute(doc):
-        tick = (lambda done, total: progress(doc.name, done, total)) if progress else None
-        return evaluate_text(lm.model, doc.ids, doc.name, policies, setting, config, progress=tick)
+    def compute(unit):
+        doc = getattr(unit, "doc", unit)
+        tick = (lambda done, total: progress(unit.name, done, total)) if progress else None
+        if not unit_policies:
+            return evaluate_text(lm.model, doc.ids, doc.name, policies, setting, config, progress=tick)
+        if shared.get("doc") is not doc:
+            shared.clear()
+            shared.update(doc=doc, context=text_context(lm.model, doc.ids, doc.name, policies, setting, config))
+        return evaluate_text(lm.model, doc.ids, doc.name, policies, setting, config, progress=tick,
+                             runs=part_slice(unit, unit_policies), context=shared["context"])
 
     def summaries(tables):
         return {"replay_summary": summarise_replays(tables["replays"], n_resamples),
                 "segment_summary": summarise_segments(tables["segments"])}
 
-    return execute_run(lm, run, docs, compute, summaries,
-                   lambda t: {"kind": "text", "noise_floor": text_noise_floor(t["replays"])})
+    return execute_run(lm, run, units, compute, summaries,
+                       lambda t: {"kind": "text", "noise_floor": text_noise_floor(t["replays"])}, costs)
 
 
 def run_eval_tasks(
