@@ -207,7 +207,8 @@ def scores(
     from .distributed import current
 
     world = current()
-    if world.sharded and not world.main:  # one document: rank 0 computes it, the others have nothing to do
+    shared_positions = bool(fi_chunks) and estimator == "exact"  # exact per-token FI: positions split among ranks
+    if world.sharded and not world.main and not shared_positions:
         err.print(f"note: rank {world.rank} of {world.size} has no unit to compute (fi scores reads one document; "
                   "rank 0 computes it)", markup=False, highlight=False)
         return
@@ -224,7 +225,9 @@ def scores(
 
             check_chunks(fi_chunks, prefix, len(doc), max_context(lm))
             bar.update(task, description=f"FI ({estimator}) {doc.name}", total=None)
-            _add_fi_columns(lm, doc, trace, table, fi_chunks, estimator, samples, seed)
+            _add_fi_columns(lm, doc, trace, table, fi_chunks, estimator, samples, seed, world)
+    if not world.main:  # its block of positions went to rank 0, which writes the file
+        return
     results.write_table(out_file, table)
     err.print(f"wrote {len(table):,} tokens x {table.shape[1]} columns to {out_file}", markup=False, highlight=False)
     summary = table[~table.in_window][["entropy", "attention", "distance", "infokv"]].describe().loc[["mean", "std", "min", "max"]]
@@ -258,8 +261,11 @@ def _score_fi_options(fi_chunk, estimator, samples, seed, prefix: int):
     return chunks, estimator, check_samples(DEFAULT_SAMPLES if samples is None else samples), seed or 0
 
 
-def _add_fi_columns(lm, doc, trace, table, chunks, estimator: str, samples: int, seed: int) -> None:
-    """Per-token FI of every prefix position as columns ``fi_<chunk>`` (fisher: ``fi_se_<chunk>`` too)."""
+def _add_fi_columns(lm, doc, trace, table, chunks, estimator: str, samples: int, seed: int, world) -> None:
+    """Per-token FI of every prefix position as columns ``fi_<chunk>`` (fisher: ``fi_se_<chunk>`` too).
+
+    Exact FI under torchrun: every rank measures one contiguous block of the positions (equal counts:
+    each costs one forward over the chunks) and rank 0 gathers them in order."""
     import torch
 
     if estimator == "fisher":
@@ -270,8 +276,12 @@ def _add_fi_columns(lm, doc, trace, table, chunks, estimator: str, samples: int,
     else:
         from .analysis import per_token_fi
 
-        result = per_token_fi(lm.model, trace, doc.ids, torch.arange(trace.prefix_len), chunks)
-        fi, se = result.fi()[len(result.control_rows()):].double(), None
+        block = torch.arange(trace.prefix_len).tensor_split(world.size)[world.rank]
+        result = per_token_fi(lm.model, trace, doc.ids, block, chunks, controls=False)
+        blocks = world.gather(result.fi().double())
+        if blocks is None:
+            return
+        fi, se = torch.cat(blocks), None
     table.insert(table.columns.get_loc("in_window"), "fi_estimator", estimator)
     for k, c in enumerate(chunks):
         table[f"fi_{c.label}"] = fi[:, k].numpy()

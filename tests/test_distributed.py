@@ -253,6 +253,22 @@ def test_torchrun_cli_equals_one_process(command, tmp_path):
 
 
 @pytest.mark.smollm
+def test_torchrun_scores_share_the_positions(tmp_path):
+    """``fi scores --fi-chunk --estimator exact`` under torchrun: each rank measures a block of the
+    positions, rank 0 writes the file the single process writes."""
+    args = ["scores", "alice", "--prefix", "48", "--fi-chunk", "48:64", "--estimator", "exact"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    one = subprocess.run([sys.executable, "-m", "fi_toolkit", *args, "--out", str(tmp_path / "one.csv")], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert one.returncode == 0, one.stderr[-2000:]
+    two = torchrun(["-m", "fi_toolkit", *args, "--out", str(tmp_path / "two.csv")], timeout=600)
+    assert two.returncode == 0, two.stderr[-2000:]
+    assert (tmp_path / "one.csv").read_bytes() == (tmp_path / "two.csv").read_bytes()
+    assert read_table(tmp_path / "two.csv")["fi_48:64"].notna().all()
+    assert two.stderr.count("wrote 48 tokens") == 1  # rank 0 alone writes and reports
+
+
+@pytest.mark.smollm
 def test_cli_device_map_gives_the_plain_fi(smollm, tmp_path, capsys):
     from cli_runner import run_cli
 
