@@ -1,0 +1,121 @@
+"""The bridge to kvpress (issue 12), checked against kvpress itself: run by `make test-kvpress` in
+.venv-kvpress (kvpress 0.5.5 pins transformers<5.3); skipped where kvpress is not installed.
+
+The oracles are kvpress's own results, never the bridge's code: the compressed cache kvpress leaves
+(keys compared bitwise with the original keys at the bridge's positions), the entries kvpress's
+AdaKV attention patch overwrote, and the logits of kvpress's own masked decoding.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+kvpress = pytest.importorskip("kvpress")
+
+from transformers import DynamicCache  # noqa: E402
+
+from fi_toolkit.eviction import KeepMap, shared_cache  # noqa: E402
+from fi_toolkit.kvpress_bridge import make_press, parse_press_spec, restore, run_press  # noqa: E402
+from fi_toolkit.probe import _continuation_hidden  # noqa: E402
+from fi_toolkit.ragged import head_masked_attention  # noqa: E402
+from fi_toolkit.selections import parse_selection  # noqa: E402
+from fi_toolkit.trace import SignalConfig, trace_prefix  # noqa: E402
+
+pytestmark = [pytest.mark.kvpress, pytest.mark.smollm]
+
+P = 1024  # the issue's setting: SmolLM2, 1,024 tokens, keep 25 %
+
+
+@pytest.fixture(scope="module")
+def trace(smollm, alice):
+    return trace_prefix(smollm.model, alice.ids, P, SignalConfig())
+
+
+def bridge(spec, smollm, alice):
+    return run_press(make_press(parse_press_spec(spec, spec)), smollm.model, alice.ids, P, spec)
+
+
+def per_head_equal(a: KeepMap, b: KeepMap) -> tuple[int, int]:
+    """(layer x KV-head sets that are equal, all sets)."""
+    same = sum(bool(torch.equal(x[h], y[h])) for x, y in zip(a.keep, b.keep) for h in range(x.shape[0]))
+    return same, sum(x.shape[0] for x in a.keep)
+
+
+def test_snapkv_press_keeps_exactly_the_project_snapkv_entries(smollm, alice, trace):
+    ours = parse_selection("policy:snapkv@keep=0.25")[0].resolve(trace)
+    theirs = parse_selection("kvpress:SnapKVPress@0.75:window_size=32,kernel_size=7")[0].resolve(
+        trace, model=smollm.model, ids=alice.ids)
+    assert per_head_equal(ours, theirs) == (90, 90)  # 30 layers x 3 KV heads
+    assert theirs.n_kept(P) == ours.n_kept(P) == 256
+
+
+@pytest.mark.parametrize("spec", ["TOVAPress@0.75", "StreamingLLMPress@0.75", "ExpectedAttentionPress@0.75"])
+def test_keep_map_is_what_kvpress_left_in_the_compressed_cache(spec, smollm, alice, trace):
+    run = bridge(spec, smollm, alice)
+    assert not run.keep_map.uneven and run.keep_map.counts() == [256] * 30
+    for layer, original in enumerate(trace.keys):  # trace: the project's own, uncompressed prefill
+        order = run.order[layer]
+        index = order[None, :, :, None].expand(1, -1, -1, original.shape[-1])
+        assert torch.equal(original.gather(2, index), run.cache.layers[layer].keys)  # bitwise
+        assert torch.equal(torch.sort(order, dim=-1).values, run.keep_map.keep[layer])
+    if spec.startswith("StreamingLLM"):  # what StreamingLLM means, written out: 4 sinks and the last 252
+        expected = torch.cat([torch.arange(4), torch.arange(P - 252, P)])
+        assert all(torch.equal(k, expected.expand(3, -1)) for k in run.keep_map.keep)
+
+
+def test_adakv_keep_map_is_what_kvpress_masks_and_the_probe_masks_it_exactly(smollm, alice, trace):
+    """AdaKV keeps the whole cache and, while decoding, overwrites every evicted key with a fake key
+    (kvpress's attention patch). The oracle runs kvpress's own prefill and a 64-token continuation:
+    the keys it left intact are exactly the bridge's kept entries, and its logits equal the probe's
+    per-head masked forward with the bridge's (uneven) keep map."""
+    spec = "AdaKVPress/SnapKVPress@0.75"
+    keep_map = bridge(spec, smollm, alice).keep_map
+    assert keep_map.uneven and abs(keep_map.n_kept(P) - 256) < 1e-9
+    counts = torch.stack(keep_map.head_counts)
+    assert int(counts.min()) < int(counts.max())  # heads really keep different counts
+
+    model, ids = smollm.model, alice.ids
+    cont = ids[P : P + 64][None]
+    positions = torch.arange(P, P + 64)[None]
+    cache = DynamicCache(config=model.config)
+    press = make_press(parse_press_spec(spec, spec))
+    with torch.no_grad():
+        with press(model):  # kvpress's prefill: its hook records the masked entries on each layer
+            model.model(input_ids=ids[:P][None], past_key_values=cache, use_cache=True)
+        try:  # kvpress's decoding: the patched attention overwrites the masked keys in the cache
+            theirs = model(input_ids=cont, position_ids=positions, past_key_values=cache).logits[0]
+        finally:
+            restore(model, [layer.self_attn for layer in model.model.layers])
+    visible = keep_map.visible(P)
+    for layer, original in enumerate(trace.keys):
+        left = cache.layers[layer].keys[0, :, :P]
+        intact = (left == original[0]).all(dim=-1)  # [Hkv, P]: keys kvpress did not overwrite
+        assert torch.equal(intact, visible[layer])
+
+    with torch.no_grad(), head_masked_attention(model, visible):
+        hidden = _continuation_hidden(model, shared_cache(trace.keys, trace.values, 1, model.config), cont, P,
+                                      torch.ones(1, P, dtype=torch.bool), torch.arange(64), 64)
+        ours = model.lm_head(hidden)[0]
+    assert (ours - theirs).abs().max() < 1e-4
+
+
+def test_probe_measures_presses_beside_policies(smollm, alice, trace):
+    from fi_toolkit.experiment import probe_document
+    from fi_toolkit.probe import Chunk
+
+    table = probe_document(smollm, alice, [Chunk(P, P + 128)], [
+        "policy:snapkv@keep=0.25", "kvpress:SnapKVPress@0.75:window_size=32,kernel_size=7",
+        "kvpress:TOVAPress@0.75", "kvpress:AdaKVPress/SnapKVPress@0.75"], trace=trace)
+    fi = table.set_index("selection")["fi"]
+    # the same entries through two paths (policy gather / press gather): the same FI, bit for bit
+    assert fi["policy:snapkv@keep=0.25"] == fi["kvpress:SnapKVPress@0.75:window_size=32,kernel_size=7"]
+    assert (fi.drop(["control:null", "control:reorder"]) > 0).all()
+    assert table.set_index("selection").loc["kvpress:AdaKVPress/SnapKVPress@0.75", "n_kept"] == 256
+
+
+def test_a_press_that_rewrites_keys_is_refused_in_one_line(smollm, alice):
+    from fi_toolkit.errors import FIError
+
+    with pytest.raises(FIError, match="changes the kept keys"):
+        bridge("KeyRerotationPress/StreamingLLMPress@0.5", smollm, alice)
