@@ -142,11 +142,14 @@ def gather_cache(keys: list[torch.Tensor], values: list[torch.Tensor], keep_map:
         raise FIError(f"keep map '{keep_map.label}' keeps different counts per KV head within a layer "
                       "(AdaKV-style): a dense cache cannot hold it, so it can be measured by `fi probe` "
                       "(masked per head) but not run by compressed decoding")
-    data = []
-    for k, v, idx in zip(keys, values, keep_map.keep):
-        index = idx.to(k.device)[None, :, :, None].expand(k.shape[0], -1, -1, k.shape[-1])
-        data.append((torch.gather(k, 2, index), torch.gather(v, 2, index)))
+    data = [gather_layer(k, v, idx) for k, v, idx in zip(keys, values, keep_map.keep)]
     return DynamicCache(ddp_cache_data=data, config=config)
+
+
+def gather_layer(keys: torch.Tensor, values: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One layer's ``keys``/``values`` ``[B, Hkv, n, d]`` at the slots ``keep [Hkv, k]`` of each head."""
+    index = keep.to(keys.device)[None, :, :, None].expand(keys.shape[0], -1, -1, keys.shape[-1])
+    return torch.gather(keys, 2, index), torch.gather(values, 2, index)
 
 
 def shared_cache(keys: list[torch.Tensor], values: list[torch.Tensor], batch: int, config) -> DynamicCache:

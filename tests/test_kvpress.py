@@ -119,3 +119,91 @@ def test_a_press_that_rewrites_keys_is_refused_in_one_line(smollm, alice):
 
     with pytest.raises(FIError, match="changes the kept keys"):
         bridge("KeyRerotationPress/StreamingLLMPress@0.5", smollm, alice)
+
+
+# --- InfoKV as a kvpress press -------------------------------------------------------------------
+
+def prefill(model, press, ids):
+    """kvpress's own prefill under ``press`` (as its pipeline runs it) -> the cache it leaves."""
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad(), press(model):
+        model.model(input_ids=ids[:P][None], past_key_values=cache)
+    restore(model, [layer.self_attn for layer in model.model.layers])
+    return cache
+
+
+def cache_holds(cache, trace, keep_map: KeepMap) -> bool:
+    """The cache holds, bitwise, the original keys and values at ``keep_map``'s positions (sorted)."""
+    for layer, (k, v) in enumerate(zip(trace.keys, trace.values)):
+        index = keep_map.keep[layer][None, :, :, None].expand(1, -1, -1, k.shape[-1])
+        if not (torch.equal(k.gather(2, index), cache.layers[layer].keys)
+                and torch.equal(v.gather(2, index), cache.layers[layer].values)):
+            return False
+    return True
+
+
+def test_infokv_press_keeps_exactly_the_project_infokv_keep_map(smollm, alice, trace):
+    from fi_toolkit.kvpress import InfoKVPress
+
+    press = InfoKVPress(compression_ratio=0.75, alpha=0.9, tau=1.0, top_k=256)
+    cache = prefill(smollm.model, press, alice.ids)
+    ours = parse_selection("policy:infokv@keep=256")[0].resolve(trace)  # the project's trace and policy
+    assert per_head_equal(press.keep_map, ours) == (90, 90)
+    assert cache_holds(cache, trace, ours)  # what kvpress's cache holds, against the trace's keys
+    # and the entropy term matters here: alpha=0.9 differs from SnapKV on some heads
+    snap = parse_selection("policy:snapkv@keep=256")[0].resolve(trace)
+    assert per_head_equal(ours, snap)[0] < 90
+
+
+def test_infokv_press_with_alpha_1_keeps_exactly_snapkv_press(smollm, alice, trace):
+    from fi_toolkit.kvpress import InfoKVPress
+
+    press = InfoKVPress(compression_ratio=0.75, alpha=1.0)
+    cache = prefill(smollm.model, press, alice.ids)
+    snap = bridge("SnapKVPress@0.75:window_size=32,kernel_size=7", smollm, alice)
+    assert per_head_equal(press.keep_map, snap.keep_map) == (90, 90)
+    for layer in range(30):  # kvpress's SnapKV cache, put in position order, equals InfoKVPress's cache
+        order = torch.argsort(snap.order[layer], dim=-1)[None, :, :, None].expand(1, -1, -1, 64)
+        assert torch.equal(snap.cache.layers[layer].keys.gather(2, order), cache.layers[layer].keys)
+
+
+PIPELINE_SNIPPET = '''
+from transformers import pipeline
+from fi_toolkit.kvpress import InfoKVPress
+
+pipe = pipeline("kv-press-text-generation", model=model, tokenizer=tokenizer)  # kvpress's pipeline
+press = InfoKVPress(compression_ratio=0.75, alpha=0.9, tau=1.0, top_k=256)
+answer = pipe(context, question=question, press=press, max_new_tokens=24)["answer"]
+'''
+
+
+def test_infokv_press_pipeline_answer_equals_the_project_compressor(smollm):
+    """kvpress's pipeline with InfoKVPress against fi_toolkit's CompressedDecoder with InfoKV at the same
+    budget, question-agnostic (the context is compressed before the question is seen), greedy."""
+    from fi_toolkit.documents import bundled_path
+    from fi_toolkit.generate import CompressedDecoder
+    from fi_toolkit.ragged import ragged_attention
+
+    context = bundled_path("alice").read_text()[2000:6000]
+    question = "Who is the story about, and what does she do?"
+    scope = {"model": smollm.model, "tokenizer": smollm.tokenizer, "context": context, "question": question}
+    exec(PIPELINE_SNIPPET, scope)  # the documented snippet, as written
+    press, pipe = scope["press"], scope["pipe"]
+    restore(smollm.model, [layer.self_attn for layer in smollm.model.model.layers])
+
+    inputs = pipe.preprocess(context, questions=[question], answer_prefix="", max_context_length=10**6)
+    ctx, q = inputs["context_ids"][0], inputs["questions_ids"][0][0]
+    n = ctx.numel()
+    decoder = CompressedDecoder(smollm.model, press.policy(n), capacity=n + q.numel() + 24)
+    try:
+        _, keep = decoder.prefill(ctx)
+        assert per_head_equal(keep, press.keep_map) == (90, 90)
+        eos = smollm.model.generation_config.eos_token_id
+        eos = set(eos) if isinstance(eos, list) else {eos}  # kvpress stops on these, the token included
+        with ragged_attention(smollm.model):
+            tokens = decoder.greedy(decoder.block(q)[-1], 24, interval=10**6, stop=lambda t: t[-1] in eos)
+    finally:
+        decoder.close()
+    ours = smollm.tokenizer.decode(tokens, skip_special_tokens=True)
+    print(f"{n} context tokens, answer: {ours!r}")
+    assert len(scope["answer"]) > 0 and scope["answer"] == ours
