@@ -18,11 +18,10 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-
 from .kvpress_bridge import (KVPRESS_INSTALL, PressSpec, make_press, parse_press_spec, require_kvpress, restore,
                              run_press)
 
-require_kvpress()  # one line saying how to install it, instead of an ImportError deep in kvpress
+require_kvpress("fi_toolkit.kvpress needs", ImportError)  # one line saying how to install it
 
 from kvpress import BasePress  # noqa: E402
 from kvpress.utils import compute_n_kept  # noqa: E402

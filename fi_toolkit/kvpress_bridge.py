@@ -39,14 +39,13 @@ from .eviction import KeepMap
 KVPRESS_INSTALL = "pip install 'fi_toolkit[kvpress]'"
 
 
-def require_kvpress():
-    """The ``kvpress`` module, or one line saying how to install it."""
+def require_kvpress(what: str = "kvpress: selections need", error: type[Exception] = FIError):
+    """The ``kvpress`` module, or one line (an ``error``) saying how to install it."""
     try:
         import kvpress
     except Exception as exc:  # not installed, or it cannot load under these versions
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise FIError(f"kvpress: selections need the kvpress extra ({reason}); install it with: "
-                      f"{KVPRESS_INSTALL}") from None
+        raise error(f"{what} the kvpress extra ({reason}); install it with: {KVPRESS_INSTALL}") from None
     return kvpress
 
 
@@ -248,3 +247,64 @@ def run_press(press, model, ids: torch.Tensor, prefix_len: int, label: str = "kv
     keep_map = KeepMap.from_heads(label, [heads for heads, _ in layers],
                                   {"selector": label.split("@")[0], "budget": None})
     return PressRun(keep_map, cache, [order for _, order in layers])
+
+
+def _policy_base():
+    from .policies.base import Policy
+
+    return Policy
+
+
+def press_policy(name: str, budget, window: int | None = None):
+    """``fi eval --policy kvpress:NAME[:key=value,...]`` -> a :class:`PressPolicy` with the eval's budget."""
+    from .budget import Budget
+
+    where = f"--policy {name}"
+    rest = name.strip()[len("kvpress:"):]
+    press_name, _, opts = rest.partition(":")
+    if "@" in press_name:
+        raise FIError(f"{where}: give the budget with --budget (kvpress:NAME, without @RATIO)")
+    spec = parse_press_spec(f"{press_name}@0.5" + (f":{opts}" if opts else ""), where)
+    make_press(spec, where)  # validate the name and options now (and that kvpress is installed)
+    return PressPolicy(budget=Budget.parse(budget or "keep=0.25"), window=window or 32, spec=spec)
+
+
+@dataclass
+class PressPolicy(_policy_base()):
+    """A kvpress press as a compression policy (``fi eval``, ``fi generate``): at the prompt's compression
+    the press runs its own prefill of the prompt's tokens through kvpress's hooks (:func:`run_press`;
+    one extra forward per prompt) and its keep map is gathered from the decoder's cache. kvpress applies
+    such presses during the prefill only, so the cache is never compressed again while decoding
+    (``prefill_only``: ``--interval`` does not apply to it). The budget's removed share of the prompt
+    is the press's ``compression_ratio``; the press keeps kvpress's count of it."""
+
+    spec: PressSpec | None = None
+    prefill_only = True
+    needs_signals = False
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.name = self.spec.label.split("@")[0]  # kvpress:NAME, as result tables name a policy
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}@{self.budget.label}"
+
+    def keep_map(self, signals) -> KeepMap:
+        s = signals
+        n = s.seen
+        if s.tokens is None or s.model is None or any(
+                not torch.equal(pos, torch.arange(n, device=pos.device).expand_as(pos)) for pos in s.positions):
+            raise FIError(f"{self.name}: a kvpress press compresses a prompt right after its prefill only")
+        ratio = self.budget.compression_ratio(n)
+        if not 0.0 < ratio < 1.0:
+            raise FIError(f"{self.name}: budget {self.budget.label} of {n} tokens is a compression_ratio of "
+                          f"{ratio:g}; kvpress needs one in (0, 1)")
+        spec = dataclasses.replace(self.spec, ratio=ratio)
+        keep_map = run_press(make_press(spec), s.model, s.tokens, n, self.label).keep_map
+        if keep_map.uneven:
+            raise FIError(f"{self.name} keeps different counts per KV head (AdaKV-style): `fi probe` measures "
+                          "it (masked per head); compressed decoding needs a dense cache and cannot run it")
+        keep_map.keep = [k.to(s.keys[0].device) for k in keep_map.keep]
+        keep_map.meta.update(selector=f"policy:{self.name}", budget=self.budget.label, policy=self.name)
+        return keep_map

@@ -258,6 +258,9 @@ CASES = [
      "expected options like window_size=32"),
     ("kvpress-unknown-press", None, ["probe", "--chunk", "128:160", "--select", "kvpress:NoSuchPress@0.5"],
      "unknown kvpress press 'NoSuchPress'" if HAS_KVPRESS else KVPRESS_MISSING),
+    ("eval-kvpress-ratio", None, ["eval", "--policy", "kvpress:TOVAPress@0.75"],
+     "give the budget with --budget (kvpress:NAME, without @RATIO)"),
+    ("eval-kvpress-not-installed", without_kvpress, ["eval", "--policy", "kvpress:TOVAPress"], KVPRESS_MISSING),
     ("kvpress-not-installed", without_kvpress, ["probe", "--chunk", "128:160", "--select", "kvpress:TOVAPress@0.5"],
      KVPRESS_MISSING),
 ]

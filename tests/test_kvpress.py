@@ -207,3 +207,30 @@ def test_infokv_press_pipeline_answer_equals_the_project_compressor(smollm):
     ours = smollm.tokenizer.decode(tokens, skip_special_tokens=True)
     print(f"{n} context tokens, answer: {ours!r}")
     assert len(scope["answer"]) > 0 and scope["answer"] == ours
+
+
+# --- presses in fi eval ----------------------------------------------------------------------------
+
+def test_a_press_in_fi_eval_compresses_the_prompt_as_the_bridge_does_and_never_again(smollm, alice):
+    from fi_toolkit.policies import make_policy
+    from fi_toolkit.replay import replay
+
+    policy = make_policy("kvpress:TOVAPress", budget="keep=0.25")
+    assert policy.name == "kvpress:TOVAPress" and policy.prefill_only
+    result = replay(smollm.model, alice.ids[:320], 256, policy, interval=16)
+    assert [c.step for c in result.compressions] == [0]  # the prompt only: kvpress presses are prefill presses
+    run = run_press(make_press(parse_press_spec("TOVAPress@0.75", "t")), smollm.model, alice.ids, 256, "t")
+    assert per_head_equal(result.compressions[0].keep, run.keep_map) == (90, 90)
+    assert run.keep_map.counts() == [64] * 30
+    assert float(result.kl.mean()) > 0
+
+
+def test_an_adakv_press_in_fi_eval_is_refused_in_one_line(smollm, alice):
+    from fi_toolkit.errors import FIError
+    from fi_toolkit.policies import make_policy
+    from fi_toolkit.replay import replay
+
+    # (window 16: with kvpress's default window of 64, a 256-token prompt at keep=0.25 keeps the window alone)
+    policy = make_policy("kvpress:AdaKVPress/SnapKVPress:window_size=16", budget="keep=0.25")
+    with pytest.raises(FIError, match="different counts per KV head"):
+        replay(smollm.model, alice.ids[:320], 256, policy, 16)
