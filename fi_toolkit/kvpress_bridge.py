@@ -35,6 +35,7 @@ from transformers import DynamicCache
 from .compat import cache_kwargs
 from .errors import FIError
 from .eviction import KeepMap
+from .policies.base import Policy
 
 KVPRESS_INSTALL = "pip install 'fi_toolkit[kvpress]'"
 
@@ -249,12 +250,6 @@ def run_press(press, model, ids: torch.Tensor, prefix_len: int, label: str = "kv
     return PressRun(keep_map, cache, [order for _, order in layers])
 
 
-def _policy_base():
-    from .policies.base import Policy
-
-    return Policy
-
-
 def press_policy(name: str, budget, window: int | None = None):
     """``fi eval --policy kvpress:NAME[:key=value,...]`` -> a :class:`PressPolicy` with the eval's budget."""
     from .budget import Budget
@@ -270,7 +265,7 @@ def press_policy(name: str, budget, window: int | None = None):
 
 
 @dataclass
-class PressPolicy(_policy_base()):
+class PressPolicy(Policy):
     """A kvpress press as a compression policy (``fi eval``, ``fi generate``): at the prompt's compression
     the press runs its own prefill of the prompt's tokens through kvpress's hooks (:func:`run_press`;
     one extra forward per prompt) and its keep map is gathered from the decoder's cache. kvpress applies

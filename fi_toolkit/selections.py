@@ -22,7 +22,7 @@ import torch
 from .budget import Budget
 from .errors import FIError
 from .eviction import KeepMap, TokenSet
-from .kvpress_bridge import PressSpec
+from .kvpress_bridge import PressSpec, make_press, parse_press_spec, run_press
 from .trace import Trace
 
 SCORE_SELECTORS = ("entropy", "attention", "distance", "infokv")
@@ -153,10 +153,7 @@ class Selection:
         keep_map.meta.update(selection=self.label, seed=None)
         return keep_map
 
-
     def _press_keep_map(self, prefix_len: int, model, ids: torch.Tensor | None) -> KeepMap:
-        from .kvpress_bridge import make_press, run_press
-
         if model is None or ids is None:
             raise FIError(f"{self.option}: a kvpress selection needs the model and the document's tokens")
         self.check(prefix_len, 0, 0)
@@ -196,8 +193,6 @@ def parse_selection(spec: str) -> list[Selection]:
     if kind == "positions":
         return [Selection(spec, kind, positions=_parse_positions(rest, spec))]
     if kind == "kvpress":
-        from .kvpress_bridge import make_press, parse_press_spec
-
         press = parse_press_spec(rest, f"--select {spec}")
         make_press(press, f"--select {spec}")  # validate the press now (and that kvpress is installed)
         return [Selection(spec, kind, press=press)]
