@@ -1,12 +1,14 @@
 """InfoKV as a kvpress press (the ``kvpress`` extra: ``pip install 'fi_toolkit[kvpress]'``).
 
 ```python
-from transformers import pipeline
+from kvpress import KVPressTextGenerationPipeline
 from fi_toolkit.kvpress import InfoKVPress
+from fi_toolkit.models import load_model
 
-pipe = pipeline("kv-press-text-generation", model=model, tokenizer=tokenizer)  # kvpress's pipeline
+lm = load_model("smollm2-135m")
+pipe = KVPressTextGenerationPipeline(model=lm.model, tokenizer=lm.tokenizer)
 press = InfoKVPress(compression_ratio=0.75, alpha=0.9, tau=1.0, top_k=256)
-pipe(context, question=question, press=press)["answer"]
+answer = pipe(context, question=question, press=press)["answer"]
 ```
 
 The bridge the other way (any kvpress press measured by ``fi probe``) is

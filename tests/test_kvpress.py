@@ -42,9 +42,12 @@ def per_head_equal(a: KeepMap, b: KeepMap) -> tuple[int, int]:
     return same, sum(x.shape[0] for x in a.keep)
 
 
-def test_snapkv_press_keeps_exactly_the_project_snapkv_entries(smollm, alice, trace):
+@pytest.mark.parametrize("window, kernel", [(32, 7), (64, 5)])  # the project's defaults; kvpress's
+def test_snapkv_press_keeps_exactly_the_project_snapkv_entries(window, kernel, smollm, alice, trace):
+    if (window, kernel) != (32, 7):
+        trace = trace_prefix(smollm.model, alice.ids, P, SignalConfig(window=window, pool_kernel=kernel))
     ours = parse_selection("policy:snapkv@keep=0.25")[0].resolve(trace)
-    theirs = parse_selection("kvpress:SnapKVPress@0.75:window_size=32,kernel_size=7")[0].resolve(
+    theirs = parse_selection(f"kvpress:SnapKVPress@0.75:window_size={window},kernel_size={kernel}")[0].resolve(
         trace, model=smollm.model, ids=alice.ids)
     assert per_head_equal(ours, theirs) == (90, 90)  # 30 layers x 3 KV heads
     assert theirs.n_kept(P) == ours.n_kept(P) == 256
@@ -167,44 +170,48 @@ def test_infokv_press_with_alpha_1_keeps_exactly_snapkv_press(smollm, alice, tra
         assert torch.equal(snap.cache.layers[layer].keys.gather(2, order), cache.layers[layer].keys)
 
 
-PIPELINE_SNIPPET = '''
-from transformers import pipeline
+PIPELINE_SNIPPET = """
+from kvpress import KVPressTextGenerationPipeline
 from fi_toolkit.kvpress import InfoKVPress
+from fi_toolkit.models import load_model
 
-pipe = pipeline("kv-press-text-generation", model=model, tokenizer=tokenizer)  # kvpress's pipeline
+lm = load_model("smollm2-135m")
+pipe = KVPressTextGenerationPipeline(model=lm.model, tokenizer=lm.tokenizer)
 press = InfoKVPress(compression_ratio=0.75, alpha=0.9, tau=1.0, top_k=256)
-answer = pipe(context, question=question, press=press, max_new_tokens=24)["answer"]
-'''
+answer = pipe(context, question=question, press=press)["answer"]
+"""  # ISSUE12_NOTES.md's proposed README snippet, verbatim (context and question given)
 
 
-def test_infokv_press_pipeline_answer_equals_the_project_compressor(smollm):
-    """kvpress's pipeline with InfoKVPress against fi_toolkit's CompressedDecoder with InfoKV at the same
-    budget, question-agnostic (the context is compressed before the question is seen), greedy."""
+def test_infokv_press_pipeline_answer_equals_the_project_compressor():
+    """kvpress's pipeline with InfoKVPress (the documented snippet, run as written) against fi_toolkit's
+    CompressedDecoder with InfoKV at the same budget, question-agnostic (the context is compressed before
+    the question is seen), greedy, kvpress's default 50 new tokens."""
     from fi_toolkit.documents import bundled_path
     from fi_toolkit.generate import CompressedDecoder
     from fi_toolkit.ragged import ragged_attention
 
     context = bundled_path("alice").read_text()[2000:6000]
     question = "Who is the story about, and what does she do?"
-    scope = {"model": smollm.model, "tokenizer": smollm.tokenizer, "context": context, "question": question}
-    exec(PIPELINE_SNIPPET, scope)  # the documented snippet, as written
-    press, pipe = scope["press"], scope["pipe"]
-    restore(smollm.model, [layer.self_attn for layer in smollm.model.model.layers])
+    scope = {"context": context, "question": question}
+    exec(PIPELINE_SNIPPET, scope)
+    press, pipe, lm = scope["press"], scope["pipe"], scope["lm"]
+    model = lm.model
+    new = 50
 
     inputs = pipe.preprocess(context, questions=[question], answer_prefix="", max_context_length=10**6)
     ctx, q = inputs["context_ids"][0], inputs["questions_ids"][0][0]
     n = ctx.numel()
-    decoder = CompressedDecoder(smollm.model, press.policy(n), capacity=n + q.numel() + 24)
+    decoder = CompressedDecoder(model, press.policy(n), capacity=n + q.numel() + new)
     try:
         _, keep = decoder.prefill(ctx)
         assert per_head_equal(keep, press.keep_map) == (90, 90)
-        eos = smollm.model.generation_config.eos_token_id
+        eos = model.generation_config.eos_token_id
         eos = set(eos) if isinstance(eos, list) else {eos}  # kvpress stops on these, the token included
-        with ragged_attention(smollm.model):
-            tokens = decoder.greedy(decoder.block(q)[-1], 24, interval=10**6, stop=lambda t: t[-1] in eos)
+        with ragged_attention(model):
+            tokens = decoder.greedy(decoder.block(q)[-1], new, interval=10**6, stop=lambda t: t[-1] in eos)
     finally:
         decoder.close()
-    ours = smollm.tokenizer.decode(tokens, skip_special_tokens=True)
+    ours = lm.tokenizer.decode(tokens, skip_special_tokens=True)
     print(f"{n} context tokens, answer: {ours!r}")
     assert len(scope["answer"]) > 0 and scope["answer"] == ours
 
