@@ -195,7 +195,10 @@ def _kept(module, keys: torch.Tensor, new_keys: torch.Tensor, tracker: _Position
         raise FIError(f"{label}: the press changes the kept keys (it merges, re-rotates or rebuilds them), "
                       "so what it keeps is not a set of prefix entries; it cannot be measured as an eviction")
     order = pos[0].cpu()
-    return [torch.sort(row).values for row in order], order
+    heads = [torch.sort(row).values for row in order]
+    if any(bool((h[1:] == h[:-1]).any()) for h in heads):
+        raise FIError(f"{label}: the press keeps some entry twice, so what it keeps is not a set of prefix entries")
+    return heads, order
 
 
 def restore(model, attention: list) -> None:

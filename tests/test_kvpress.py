@@ -241,3 +241,31 @@ def test_an_adakv_press_in_fi_eval_is_refused_in_one_line(smollm, alice):
     policy = make_policy("kvpress:AdaKVPress/SnapKVPress:window_size=16", budget="keep=0.25")
     with pytest.raises(FIError, match="different counts per KV head"):
         replay(smollm.model, alice.ids[:320], 256, policy, 16)
+
+
+# --- the command line ------------------------------------------------------------------------------
+
+def test_fi_probe_with_presses_on_the_command_line(tmp_path, capsys):
+    from cli_runner import run_cli
+
+    out = tmp_path / "run"
+    code, stdout, err = run_cli(["probe", "alice", "--chunk", "256:320", "--select", "kvpress:TOVAPress@0.75",
+                                 "--select", "kvpress:AdaKVPress/SnapKVPress@0.5:window_size=16",
+                                 "--select", "policy:infokv@0.25", "--out", str(out)], capsys)
+    assert code in (0, None), err
+    import pandas as pd
+
+    table = pd.read_csv(out / "fi.csv").set_index("selection")
+    assert table.loc["kvpress:TOVAPress@0.75", "n_kept"] == 64
+    assert table.loc["kvpress:AdaKVPress/SnapKVPress@0.5:window_size=16", "n_kept"] == 128
+    assert (table.loc[["kvpress:TOVAPress@0.75", "policy:infokv@keep=0.25"], "fi"] > 0).all()
+
+
+def test_a_press_kvpress_cannot_run_here_is_one_error_line(tmp_path, capsys):
+    from cli_runner import run_cli
+
+    code, _, err = run_cli(["probe", "alice", "--chunk", "256:320", "--select", "kvpress:ObservedAttentionPress@0.5",
+                            "--out", str(tmp_path / "run")], capsys)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), err
+    assert "kvpress failed on the prefix" in lines[0] and not (tmp_path / "run").exists()
