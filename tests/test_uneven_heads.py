@@ -82,3 +82,21 @@ def test_even_map_through_the_head_mask_equals_the_gather_path(tiny, tiny_ids):
     fi = forward_influence(model, trace, tiny_ids, [even, masked], [Chunk(P, 200)]).fi()
     assert masked.uneven and not even.uneven
     assert torch.allclose(fi[0], fi[1], rtol=1e-5, atol=1e-8)
+
+
+@pytest.mark.parametrize("kind", ["ragged", "head_masked", "biased"])
+def test_registered_attention_takes_dropout_by_position(tiny, kind):
+    """kvpress's attention patch (active once kvpress is imported) calls every registered attention
+    function with ``dropout`` as the sixth positional argument, which is eager attention's ``scaling``."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    from fi_toolkit.estimator import BIASED
+    from fi_toolkit.ragged import HEAD_MASKED, RAGGED
+
+    fn = ALL_ATTENTION_FUNCTIONS[{"ragged": RAGGED, "head_masked": HEAD_MASKED, "biased": BIASED}[kind]["eager"]]
+    module = tiny.model.model.layers[0].self_attn
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(1, 4, 3, 16, generator=gen), torch.randn(1, 2, 3, 16, generator=gen), torch.randn(1, 2, 3, 16, generator=gen)
+    by_name = fn(module, q, k, v, None, dropout=0.0, scaling=0.25)[0]
+    by_position = fn(module, q, k, v, None, 0.0, scaling=0.25)[0]  # as kvpress's patch calls it
+    assert torch.equal(by_name, by_position)
