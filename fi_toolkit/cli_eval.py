@@ -58,7 +58,7 @@ def make_policies(names: str, budgets: str, window: int, alpha: float, tau: floa
 
 def eval_(
     documents: List[str] = typer.Argument(None, help="Text/JSONL files or bundled names (default: alice); not with --task."),
-    policy: str = typer.Option(DEFAULT_POLICIES, "--policy", "-p", help="Comma-separated policies (the full cache is always measured beside them)."),
+    policy: str = typer.Option(DEFAULT_POLICIES, "--policy", "-p", help="Comma-separated policies (the full cache is always measured beside them); kvpress:NAME is a kvpress press (the kvpress extra) with --budget as its compression_ratio, applied to the prompt only (kvpress's prefill presses never compress while decoding)."),
     budget: str = typer.Option("0.1,0.25,0.5", "--budget", "-b", help="Comma-separated budgets: keep=X or remove=X (a bare X is keep=X), a share of what each compression may compress or a count."),
     interval: int = typer.Option(256, help="Compress back to the budget every INTERVAL fed (or generated) tokens."),
     prompt: int = typer.Option(1024, help="Text: prompt tokens (prefilled and compressed first)."),

@@ -108,7 +108,7 @@ def check_selections(selections, prefix: int, window: int, sinks: int) -> None:
     sets that are empty or larger than their candidates, before the model is loaded."""
     if sinks < 0:
         raise FIError(f"--sinks must be >= 0, got {sinks}")
-    if any(s.kind not in ("positions", "policy") for s in selections):
+    if any(s.kind not in ("positions", "policy", "kvpress") for s in selections):
         check_sinks(sinks, prefix, window)
     for s in selections:
         if s.kind != "positions":

@@ -78,15 +78,39 @@ class KeepMap(Eviction):
     """Per layer, the prefix positions each KV head keeps: ``keep[l]`` is ``[Hkv, k_l]``, sorted (a
     gathered cache holds them in the order given; only the probe's ``control:reorder`` uses another).
 
-    Within a layer every head keeps the same count (so the cache stays a dense tensor); layers may
-    differ (adaptive budgets, PyramidKV).
+    Layers may keep different counts (adaptive budgets, PyramidKV). Heads of one layer may too
+    (AdaKV-style presses): then ``head_counts[l]`` (``[Hkv]``) says how many of each row of
+    ``keep[l]`` are kept, and each row is padded to ``k_l`` (the layer's largest count) by repeating
+    its last kept position, so ``visible()`` is exact as it stands. Such a map is *uneven*: the probe
+    measures it by masking per head; a dense cache cannot hold it, so :func:`gather_cache` refuses it.
     """
 
     label: str
     keep: list[torch.Tensor]
     meta: dict = field(default_factory=dict)
+    head_counts: list[torch.Tensor] | None = None  # per layer [Hkv]; None: every head keeps k_l
+
+    @classmethod
+    def from_heads(cls, label: str, heads: list[list[torch.Tensor]], meta: dict | None = None) -> "KeepMap":
+        """Per layer, one sorted 1-D tensor of kept positions per KV head (counts may differ per head)."""
+        keep, counts = [], []
+        for rows in heads:
+            n = torch.tensor([int(r.numel()) for r in rows])
+            if int(n.min()) < 1:
+                raise FIError(f"keep map '{label}': a KV head keeps no entry at all")
+            width = int(n.max())
+            keep.append(torch.stack([torch.cat([r, r[-1:].expand(width - r.numel())]) for r in rows]))
+            counts.append(n)
+        even = all(bool((n == n[0]).all()) for n in counts)
+        return cls(label, keep, dict(meta or {}), None if even else counts)
+
+    @property
+    def uneven(self) -> bool:
+        """True where the heads of a layer keep different counts (see the class docstring)."""
+        return self.head_counts is not None
 
     def counts(self) -> list[int]:
+        """Entries per head of each layer (for an uneven map, the largest count of the layer)."""
         return [int(k.shape[-1]) for k in self.keep]
 
     def visible(self, prefix_len: int) -> torch.Tensor:
@@ -102,7 +126,9 @@ class KeepMap(Eviction):
                 raise FIError(f"keep map '{self.label}' layer {layer} keeps positions outside [0, {prefix_len})")
 
     def n_removed(self, prefix_len: int) -> float:
-        """Entries evicted per layer and head, averaged over layers (uneven budgets differ per layer)."""
+        """Entries evicted per layer and head, averaged over layers (and heads, where heads differ)."""
+        if self.uneven:
+            return prefix_len - float(torch.stack(self.head_counts).float().mean())
         return prefix_len - sum(self.counts()) / len(self.keep)
 
 
@@ -112,11 +138,18 @@ def gather_cache(keys: list[torch.Tensor], values: list[torch.Tensor], keep_map:
     Cached keys are already RoPE-rotated at their original positions, so kept entries keep their
     positions; later tokens must be fed with explicit original ``position_ids``.
     """
-    data = []
-    for k, v, idx in zip(keys, values, keep_map.keep):
-        index = idx.to(k.device)[None, :, :, None].expand(k.shape[0], -1, -1, k.shape[-1])
-        data.append((torch.gather(k, 2, index), torch.gather(v, 2, index)))
+    if keep_map.uneven:
+        raise FIError(f"keep map '{keep_map.label}' keeps different counts per KV head within a layer "
+                      "(AdaKV-style): a dense cache cannot hold it, so it can be measured by `fi probe` "
+                      "(masked per head) but not run by compressed decoding")
+    data = [gather_layer(k, v, idx) for k, v, idx in zip(keys, values, keep_map.keep)]
     return DynamicCache(ddp_cache_data=data, config=config)
+
+
+def gather_layer(keys: torch.Tensor, values: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One layer's ``keys``/``values`` ``[B, Hkv, n, d]`` at the slots ``keep [Hkv, k]`` of each head."""
+    index = keep.to(keys.device)[None, :, :, None].expand(keys.shape[0], -1, -1, keys.shape[-1])
+    return torch.gather(keys, 2, index), torch.gather(values, 2, index)
 
 
 def shared_cache(keys: list[torch.Tensor], values: list[torch.Tensor], batch: int, config) -> DynamicCache:

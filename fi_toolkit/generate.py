@@ -140,6 +140,7 @@ class CompressedDecoder:
         self.lm_head = decoder_parts(model)[2]
         self.cache = DynamicCache(config=model.config)
         self.seen = 0
+        self.tokens = torch.zeros(capacity, dtype=torch.long)  # fed token ids by position (for kvpress presses)
         self.positions: list[torch.Tensor] = []
         self.protected: list[int] = []
         self.compression_seconds = 0.0
@@ -184,6 +185,7 @@ class CompressedDecoder:
         for i, layer in enumerate(self.cache.layers):
             child.cache.update(layer.keys.clone(), layer.values.clone(), i)
         p = child.seen = self.seen
+        child.tokens[:p] = self.tokens[:p]
         t, c = self.tracker, child.tracker
         if c is not None:
             c.queries = [q.clone() for q in t.queries]
@@ -198,6 +200,9 @@ class CompressedDecoder:
         positions = torch.arange(self.seen, self.seen + q, device=self.device)[None]
         if self.tracker:
             self.tracker.cache = self.cache
+        if self.seen + q > self.tokens.numel():  # past the capacity the caller gave: grow the record
+            self.tokens = torch.cat([self.tokens, self.tokens.new_zeros(self.seen + q - self.tokens.numel())])
+        self.tokens[self.seen : self.seen + q] = ids.cpu()
         hidden = self.model.base_model(
             input_ids=ids[None].to(self.device), position_ids=positions, use_cache=True,
             **cache_kwargs(self.model.base_model, self.cache),
@@ -228,7 +233,7 @@ class CompressedDecoder:
         self.protected = [0 if self.compress_prompt else p] * len(self.cache.layers)
         if self.tracker and self.tracker.accumulated is not None:
             self.tracker.accumulated = [self.tracker.received(i, l.keys) for i, l in enumerate(self.cache.layers)]
-        return self.compress() if self.policy and self.compress_prompt else None
+        return self.compress(prompt=True) if self.policy and self.compress_prompt else None
 
     def _append_slots(self, q: int) -> None:
         new = torch.arange(self.seen, self.seen + q, device=self.device).expand(self.positions[0].shape[0], q)
@@ -276,7 +281,7 @@ class CompressedDecoder:
         """The policy's view of the current cache, in slot space."""
         keys = [l.keys for l in self.cache.layers]
         s = Signals(window=self.config.window, seen=self.seen, keys=keys, positions=self.positions,
-                    protected=list(self.protected))
+                    protected=list(self.protected), tokens=self.tokens[: self.seen], model=self.model)
         t = self.tracker
         if t and t.token_signals:
             entropy = entropy_of_tokens(t.entropy[: self.seen], self.config.entropy_of)
@@ -288,8 +293,11 @@ class CompressedDecoder:
         return s
 
     @torch.no_grad()
-    def compress(self) -> KeepMap | None:
-        """Back to the budget with the policy; None when nothing had to go (or only the window would fit)."""
+    def compress(self, prompt: bool = False) -> KeepMap | None:
+        """Back to the budget with the policy; None when nothing had to go (or only the window would fit,
+        or the policy compresses the prompt only and this is not the ``prompt``'s compression)."""
+        if self.policy.prefill_only and not prompt:
+            return None
         protected = max(self.protected)
         k = self.policy.kept_total(self.seen, protected)
         if k - protected <= self.config.window or max(self.lengths()) <= k:

@@ -11,8 +11,9 @@ The path from the CLI to the KL:
 Token-set evictions are evaluated many at a time: the prefix cache is shared by a batch, each row
 hides its own entries with a float additive mask (``finfo.min``, which gives exactly-zero weight),
 and one forward over ``[p, max r_c)`` serves every chunk. Keep maps that differ per layer or head
-are applied by physically gathering the cache (exact by construction). Both agree with deleting
-the entries and recomputing (:func:`forward_influence_by_deletion`), the exactness oracle.
+are applied by physically gathering the cache (exact by construction); keep maps whose heads keep
+different counts (AdaKV-style) by masking each head's entries in every layer's attention. All agree
+with deleting the entries and recomputing (:func:`forward_influence_by_deletion`), the exactness oracle.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from .compat import cache_kwargs
 from .errors import FIError
 from .eviction import KeepMap, TokenSet, gather_cache, shared_cache
 from .precision import compute_dtype
-from .ragged import ragged_attention
+from .ragged import head_masked_attention, ragged_attention
 from .trace import Trace, decoder_parts
 
 
@@ -341,14 +342,21 @@ def forward_influence(
         if on_progress:
             on_progress(len(idx))
     for i, e in enumerate(evictions):
-        if isinstance(e, KeepMap):
+        if not isinstance(e, KeepMap):
+            continue
+        if e.uneven:  # heads keep different counts: the whole prefix, each head's entries masked (exact)
+            cache = shared_cache(trace.keys, trace.values, 1, model.config)
+            visible = torch.ones(1, p, dtype=torch.bool, device=device)
+            attention = head_masked_attention(model, e.visible(p).to(device))
+        else:
             cache = gather_cache(trace.keys, trace.values, e, model.config)
             visible = torch.ones(1, cache.get_seq_length(), dtype=torch.bool, device=device)
-            with ragged_attention(model):  # layers may hold different counts (adaptive, PyramidKV)
-                hidden = _continuation_hidden(model, cache, cont[None], p, visible, capture, block)
-            kl[i] = reference.kl(hidden)[0].cpu()
-            if on_progress:
-                on_progress(1)
+            attention = ragged_attention(model)  # layers may hold different counts (adaptive, PyramidKV)
+        with attention:
+            hidden = _continuation_hidden(model, cache, cont[None], p, visible, capture, block)
+        kl[i] = reference.kl(hidden)[0].cpu()
+        if on_progress:
+            on_progress(1)
     return ProbeResult(list(evictions), list(chunks), positions, kl)
 
 

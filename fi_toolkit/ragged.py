@@ -40,12 +40,24 @@ def _ragged(attention_fn):
     return forward
 
 
+def dropout_by_name(attention_fn):
+    """``attention_fn`` taking a positional ``dropout`` as the keyword it is. kvpress's attention patch
+    (applied to every registered attention function when kvpress is imported) passes ``dropout`` as the
+    sixth positional argument, which is eager attention's ``scaling``."""
+    def forward(module, query, key, value, attention_mask, *args, **kwargs):
+        if args:
+            kwargs["dropout"], args = args[0], args[1:]
+        return attention_fn(module, query, key, value, attention_mask, *args, **kwargs)
+
+    return forward
+
+
 def register_wrapped(prefix: str, wrap) -> dict[str, str]:
     """Register ``wrap(sdpa)`` and ``wrap(eager)`` as attention functions ``<prefix>_sdpa`` and
     ``<prefix>_eager`` (with the masks their base builds) -> {base implementation: registered name}."""
     names = {"sdpa": f"{prefix}_sdpa", "eager": f"{prefix}_eager"}
     for base, forward, mask in (("sdpa", sdpa_attention_forward, sdpa_mask), ("eager", eager_attention_forward, eager_mask)):
-        AttentionInterface.register(names[base], wrap(forward))
+        AttentionInterface.register(names[base], dropout_by_name(wrap(forward)))
         AttentionMaskInterface.register(names[base], mask)
     return names
 
@@ -67,3 +79,53 @@ def ragged_attention(model: torch.nn.Module):
         yield model
     finally:
         model.set_attn_implementation(previous)
+
+
+# Per-head visibility of the prefix (uneven per-head keep maps, AdaKV-style): while a
+# `head_masked_attention` block runs, every layer's attention hides, per query head, the prefix
+# entries its KV head does not keep. One active mask at a time (the probe runs one map per forward).
+_HEAD_MASK: dict = {}
+
+
+def head_mask(mask: torch.Tensor, visible: torch.Tensor, groups: int) -> torch.Tensor:
+    """``mask [B, 1, q, K]`` (additive float) -> ``[B, Hq, q, K]`` with the first ``p`` keys hidden per
+    head where ``visible [Hkv, p]`` is False (``finfo.min``: exactly zero weight, as the probe's
+    token-set mask). Query head ``h`` reads KV head ``h // groups``."""
+    hq, p = visible.shape[0] * groups, visible.shape[1]
+    hidden = ~visible.repeat_interleave(groups, dim=0)  # [Hq, p]
+    out = mask.expand(mask.shape[0], hq, -1, -1).clone()
+    out[..., :p] = out[..., :p].masked_fill(hidden[None, :, None, :], torch.finfo(mask.dtype).min)
+    return out
+
+
+def _head_masked(attention_fn):
+    def forward(module, query, key, value, attention_mask, *args, **kwargs):
+        visible = _HEAD_MASK.get("visible")
+        if visible is not None:
+            if attention_mask is None or attention_mask.dtype == torch.bool:
+                raise FIError("per-head masking needs the probe's additive float mask")
+            groups = query.shape[1] // key.shape[1]
+            attention_mask = head_mask(attention_mask, visible[module.layer_idx], groups)
+        return attention_fn(module, query, key, value, attention_mask, *args, **kwargs)
+
+    return forward
+
+
+HEAD_MASKED = register_wrapped("fi_head_masked", _head_masked)
+
+
+@contextmanager
+def head_masked_attention(model: torch.nn.Module, visible: torch.Tensor):
+    """Run ``model`` with ``visible [L, Hkv, p]`` (True: the entry stays) applied per layer and KV head
+    to the first ``p`` keys of every attention call inside the block (the probe's masked path passes
+    an explicit additive mask; this widens it per head). Restores the implementation after."""
+    previous = model.config._attn_implementation
+    if previous not in HEAD_MASKED:
+        raise FIError(f"per-head keep maps need sdpa or eager attention, not '{previous}'")
+    _HEAD_MASK["visible"] = visible
+    model.set_attn_implementation(HEAD_MASKED[previous])
+    try:
+        yield model
+    finally:
+        model.set_attn_implementation(previous)
+        _HEAD_MASK.clear()

@@ -3,7 +3,9 @@
 ``KIND:BUDGET`` removes the top positions by a signal (``entropy``, ``attention``, ``distance``,
 ``infokv``), ``random:BUDGET@SEED`` (or ``@A-B`` for seeds A..B) removes a uniform sample,
 ``positions:A-B,C`` removes named positions (inclusive ranges), ``policy:NAME@BUDGET`` evicts what
-a compression policy would (per layer and head). ``BUDGET`` has one meaning everywhere
+a compression policy would (per layer and head), ``kvpress:NAME@RATIO`` what a kvpress press keeps
+(:mod:`fi_toolkit.kvpress_bridge`; ``RATIO`` is kvpress's compression_ratio, the share removed).
+``BUDGET`` has one meaning everywhere
 (:mod:`fi_toolkit.budget`): ``keep=X`` or ``remove=X``, a bare ``X`` being ``keep=X``; a share
 (``0.1``) is of the whole prefix ``[0, p)``, window and sinks included, else a token count; so
 ``attention:remove=0.1`` and ``policy:snapkv@keep=0.9`` evict the same number of entries.
@@ -20,10 +22,11 @@ import torch
 from .budget import Budget
 from .errors import FIError
 from .eviction import KeepMap, TokenSet
+from .kvpress_bridge import PressSpec, make_press, parse_press_spec, run_press
 from .trace import Trace
 
 SCORE_SELECTORS = ("entropy", "attention", "distance", "infokv")
-SELECTORS = SCORE_SELECTORS + ("random", "positions", "policy")
+SELECTORS = SCORE_SELECTORS + ("random", "positions", "policy", "kvpress")
 MAX_SEEDS = 1000  # random sets per spec: more is a typo, not a study
 MAX_POSITION = 1 << 22  # past any model's context: refused before anything is expanded
 
@@ -54,6 +57,7 @@ class Selection:
     positions: tuple[int, ...] = ()
     policy: str | None = None  # kind "policy": the policy's name
     source: str | None = None  # the option that made it, for messages (default: --select SPEC)
+    press: PressSpec | None = None  # kind "kvpress": the press, its ratio and options
 
     @property
     def option(self) -> str:
@@ -65,6 +69,8 @@ class Selection:
             return self.spec
         if self.kind == "policy":
             return f"policy:{self.policy}@{self.budget.label}"
+        if self.kind == "kvpress":
+            return self.press.label
         return f"{self.kind}:{self.budget.label}" + (f"@{self.seed}" if self.seed is not None else "")
 
     def check(self, prefix_len: int, window: int, sinks: int) -> int:
@@ -74,6 +80,11 @@ class Selection:
         p = prefix_len
         if self.kind == "policy":
             return p - self._checked_policy_budget(p, window)
+        if self.kind == "kvpress":
+            kept = self.press.n_kept(p)
+            if kept >= p:
+                raise FIError(f"{self.option} keeps all {p:,} prefix positions: nothing to measure")
+            return p - kept
         if self.budget.exceeds(p):
             raise FIError(f"{self.option}: a count of {self.budget.amount:,} is more than the "
                           f"{p:,} positions of the prefix")
@@ -89,10 +100,15 @@ class Selection:
             )
         return n
 
-    def resolve(self, trace: Trace, sinks: int = 4, alpha: float | None = None) -> TokenSet | KeepMap:
+    def resolve(self, trace: Trace, sinks: int = 4, alpha: float | None = None, model=None,
+                ids: torch.Tensor | None = None) -> TokenSet | KeepMap:
+        """``model`` and the document's ``ids`` are needed by ``kvpress:`` selections (the press runs
+        its own prefill of ``ids[:p]``)."""
         p, scored = trace.prefix_len, trace.scored
         if self.kind == "policy":
             return self._policy_keep_map(trace, alpha)
+        if self.kind == "kvpress":
+            return self._press_keep_map(p, model, ids)
         meta = {"selection": self.label, "selector": self.kind, "seed": self.seed,
                 "budget": None if self.budget is None else self.budget.label}
         if self.kind == "positions":
@@ -137,6 +153,15 @@ class Selection:
         keep_map.meta.update(selection=self.label, seed=None)
         return keep_map
 
+    def _press_keep_map(self, prefix_len: int, model, ids: torch.Tensor | None) -> KeepMap:
+        if model is None or ids is None:
+            raise FIError(f"{self.option}: a kvpress selection needs the model and the document's tokens")
+        self.check(prefix_len, 0, 0)
+        keep_map = run_press(make_press(self.press, self.option), model, ids, prefix_len, self.label).keep_map
+        keep_map.meta.update(selection=self.label, selector=f"kvpress:{'/'.join(self.press.names)}",
+                             budget=f"compression_ratio={self.press.ratio:g}", seed=None)
+        return keep_map
+
 
 def _parse_positions(text: str, spec: str) -> tuple[int, ...]:
     ranges: list[tuple[int, int]] = []
@@ -167,6 +192,10 @@ def parse_selection(spec: str) -> list[Selection]:
         raise FIError(f"--select {spec}: expected {kind}:BUDGET, e.g. {kind}:remove=0.1")
     if kind == "positions":
         return [Selection(spec, kind, positions=_parse_positions(rest, spec))]
+    if kind == "kvpress":
+        press = parse_press_spec(rest, f"--select {spec}")
+        make_press(press, f"--select {spec}")  # validate the press now (and that kvpress is installed)
+        return [Selection(spec, kind, press=press)]
     if kind == "policy":
         from .policies import make_policy
 

@@ -260,11 +260,16 @@ def trace_prefix(model: torch.nn.Module, ids: torch.Tensor, prefix_len: int, con
             tracker.record(a, hidden, None)
     finally:
         tracker.close()
+    return tracker_trace(tracker, cache, p)
 
-    entropy = tracker.entropy.cpu()
-    entropy = entropy_of_tokens(entropy, config.entropy_of)
+
+def tracker_trace(tracker: SignalTracker, cache: DynamicCache, prefix_len: int) -> Trace:
+    """The :class:`Trace` of a prefill that ``tracker`` recorded into ``cache`` (positions ``[0, p)``):
+    ``trace_prefix`` and kvpress's ``InfoKVPress`` (the same signals inside kvpress's prefill) both end here."""
+    p, config = prefix_len, tracker.config
+    entropy = entropy_of_tokens(tracker.entropy[:p].cpu(), config.entropy_of)
     keys = [layer.keys for layer in cache.layers]
     values = [layer.values for layer in cache.layers]
     attention = torch.stack([tracker.window_attention(i, k).cpu() for i, k in enumerate(keys)])
     accumulated = torch.stack([tracker.received(i, k).cpu() for i, k in enumerate(keys)])
-    return Trace(p, keys, values, entropy, tracker.distance.cpu(), attention, accumulated, config)
+    return Trace(p, keys, values, entropy, tracker.distance[:, :p].cpu(), attention, accumulated, config)

@@ -11,7 +11,8 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 BLOCKED: dict = {}  # layer -> bool [Hkv, n, n] (query, key): True where the entry is hidden from the query
 
 
-def _masked_eager(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+def _masked_eager(module, query, key, value, attention_mask, *args, scaling=None, dropout=0.0, **kwargs):
+    # args: a dropout passed by position (kvpress's attention patch does, once kvpress is imported)
     groups = query.shape[1] // key.shape[1]
     k = key.repeat_interleave(groups, dim=1)
     v = value.repeat_interleave(groups, dim=1)

@@ -7,6 +7,7 @@ marked ``smollm``); the finished run they need is made with the tiny random mode
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import signal
@@ -40,6 +41,13 @@ def finished_run(tiny, tmp_path_factory):
 
 
 # --- set-ups: each writes what the case needs under tmp (the working directory) and returns nothing ---
+
+HAS_KVPRESS = importlib.util.find_spec("kvpress") is not None
+KVPRESS_MISSING = "install it with: pip install 'fi_toolkit[kvpress]'"
+
+
+def without_kvpress(tmp, run, monkeypatch):
+    monkeypatch.setitem(sys.modules, "kvpress", None)  # `import kvpress` fails as where it is not installed
 
 def a_file(tmp):
     (tmp / "f").write_text("a regular file\n")
@@ -271,6 +279,24 @@ CASES = [
      f"unknown model '{NO_SUCH_HUB_ID}': not 'smollm2-135m', not a local model directory, and not in the local Hugging Face cache"),
     ("generate-model-unknown-architecture", unknown_architecture, ["generate", "hi", "--model", "bad-model"],
      "model type `no-such-architecture`"),
+    # kvpress presses (issue 12): the ratio is checked before kvpress is imported; the name needs kvpress
+    ("kvpress-no-ratio", None, ["probe", "--chunk", "128:160", "--select", "kvpress:SnapKVPress"],
+     "expected kvpress:NAME@RATIO, e.g. kvpress:SnapKVPress@0.75"),
+    ("kvpress-ratio-text", None, ["probe", "--chunk", "128:160", "--select", "kvpress:SnapKVPress@most"],
+     "the ratio 'most' is not a number"),
+    ("kvpress-ratio-1", None, ["probe", "--chunk", "128:160", "--select", "kvpress:SnapKVPress@1.0"],
+     "the ratio 1.0 must lie in (0, 1) (kvpress's compression_ratio: the share removed"),
+    ("kvpress-ratio-nan", None, ["probe", "--chunk", "128:160", "--select", "kvpress:TOVAPress@nan"],
+     "must lie in (0, 1)"),
+    ("kvpress-bad-option", None, ["probe", "--chunk", "128:160", "--select", "kvpress:SnapKVPress@0.5:7"],
+     "expected options like window_size=32"),
+    ("kvpress-unknown-press", None, ["probe", "--chunk", "128:160", "--select", "kvpress:NoSuchPress@0.5"],
+     "unknown kvpress press 'NoSuchPress'" if HAS_KVPRESS else KVPRESS_MISSING),
+    ("eval-kvpress-ratio", None, ["eval", "--policy", "kvpress:TOVAPress@0.75"],
+     "give the budget with --budget (kvpress:NAME, without @RATIO)"),
+    ("eval-kvpress-not-installed", without_kvpress, ["eval", "--policy", "kvpress:TOVAPress"], KVPRESS_MISSING),
+    ("kvpress-not-installed", without_kvpress, ["probe", "--chunk", "128:160", "--select", "kvpress:TOVAPress@0.5"],
+     KVPRESS_MISSING),
 ]
 
 
@@ -278,7 +304,7 @@ CASES = [
 def test_bad_input(setup, args, message, finished_run, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)  # default outputs (runs/, report/, scores.csv) would land here
     if setup is not None:
-        setup(*(tmp_path, finished_run)[: setup.__code__.co_argcount])
+        setup(*(tmp_path, finished_run, monkeypatch)[: setup.__code__.co_argcount])
     before = snapshot(tmp_path)
     code, out, err = run_cli(args, capsys)
     assert code == 2, (code, err)

@@ -32,10 +32,15 @@ POLICIES: dict[str, type[Policy]] = {
 def make_policy(name: str, **kwargs) -> Policy:
     """``make_policy("infokv", budget="keep=0.25", alpha=0.9)``; options a policy does not have are ignored."""
     key = name.strip().lower()
+    if key.startswith("kvpress:"):  # a kvpress press (fi_toolkit.kvpress_bridge), with the budget given
+        from ..kvpress_bridge import press_policy
+
+        return press_policy(name, kwargs.get("budget"), kwargs.get("window"))
     if key == "infokv-adaptive":
         key, kwargs = "infokv", {**kwargs, "adaptive": True}
     if key not in POLICIES:
-        raise FIError(f"unknown policy '{name}' (choose from {', '.join(POLICIES)}, infokv-adaptive)")
+        raise FIError(f"unknown policy '{name}' (choose from {', '.join(POLICIES)}, infokv-adaptive, "
+                      "kvpress:NAME)")
     cls = POLICIES[key]
     fields = cls.__dataclass_fields__
     return cls(**{k: v for k, v in kwargs.items() if k in fields and v is not None})

@@ -35,6 +35,8 @@ class Signals:
     attention: list[torch.Tensor] | None = None  # window attention of the last `window` queries (pooled)
     accumulated: list[torch.Tensor] | None = None  # attention received so far, summed, unpooled (H2O)
     protected: list[int] = field(default_factory=list)  # leading slots never evicted
+    tokens: torch.Tensor | None = None  # the token ids fed so far, by position (kvpress presses re-run on them)
+    model: object = None  # the model whose cache this is (kvpress presses run their own prefill on it)
 
     def __post_init__(self):
         if not self.protected:
@@ -139,6 +141,7 @@ class Policy:
     needs_signals: ClassVar[bool] = True  # False: no signal tracking during generation
     needs_token_signals: ClassVar[bool] = False  # True: H and D^(l) per token (InfoKV), not only window queries
     tracks_accumulated: ClassVar[bool] = False  # H2O: accumulate attention over decoding steps
+    prefill_only: ClassVar[bool] = False  # kvpress presses: compress the prompt only, never while decoding
 
     def __post_init__(self):
         self.budget = Budget.parse(self.budget)
