@@ -456,7 +456,12 @@ class ResumableRun:
             self.path.rmdir()
 
 
-def read_table(path: Path) -> pd.DataFrame:
-    """A result CSV, floats read back exactly (pandas >= 3 parses floats round-trip by default);
-    only empty cells are missing values, so a token spelled "NA" or "null" stays text."""
-    return pd.read_csv(path, keep_default_na=False, na_values=[""])
+# pandas >= 3 parses floats round-trip by default (and deprecates asking); pandas 2's default parser
+# can be one ulp off, which a table read and written twice (parts joined at the merge) would show
+_EXACT_FLOATS = {} if int(pd.__version__.split(".")[0]) >= 3 else {"float_precision": "round_trip"}
+
+
+def read_table(path) -> pd.DataFrame:
+    """A result CSV (a path or a text buffer), floats read back exactly; only empty cells are missing
+    values, so a token spelled "NA" or "null" stays text."""
+    return pd.read_csv(path, keep_default_na=False, na_values=[""], **_EXACT_FLOATS)
