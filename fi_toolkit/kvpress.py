@@ -49,7 +49,8 @@ class InfoKVPress(BasePress):
     (:func:`tracker_trace`, as ``trace_prefix`` does), asks :class:`~fi_toolkit.policies.InfoKV` for its
     keep map and gathers every layer of kvpress's cache in place. Within that forward no layer reads
     an earlier layer's cache, so the cache it leaves is the one a per-layer press would; the cost over
-    a plain prefill is the streamed LM head for ``H`` (measured in ISSUE12_NOTES.md).
+    a plain prefill is the streamed LM head for ``H``: 1.3x a plain prefill on the CPU
+    (``benchmarks/bench_kvpress.py``, README "kvpress").
 
     ``compression_ratio`` is kvpress's (the share removed); the press keeps kvpress's count,
     ``max(1, int(n * (1 - compression_ratio)))`` per layer and KV head, the window included.

@@ -8,6 +8,9 @@ AdaKV attention patch overwrote, and the logits of kvpress's own masked decoding
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -170,20 +173,17 @@ def test_infokv_press_with_alpha_1_keeps_exactly_snapkv_press(smollm, alice, tra
         assert torch.equal(snap.cache.layers[layer].keys.gather(2, order), cache.layers[layer].keys)
 
 
-PIPELINE_SNIPPET = """
-from kvpress import KVPressTextGenerationPipeline
-from fi_toolkit.kvpress import InfoKVPress
-from fi_toolkit.models import load_model
-
-lm = load_model("smollm2-135m")
-pipe = KVPressTextGenerationPipeline(model=lm.model, tokenizer=lm.tokenizer)
-press = InfoKVPress(compression_ratio=0.75, alpha=0.9, tau=1.0, top_k=256)
-answer = pipe(context, question=question, press=press)["answer"]
-"""  # ISSUE12_NOTES.md's proposed README snippet, verbatim (context and question given)
+def readme_snippet() -> str:
+    """The README's InfoKVPress snippet, verbatim: the ```python block that builds ``InfoKVPress``."""
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    found = [b for b in blocks if "InfoKVPress(compression_ratio" in b]
+    assert len(found) == 1, "the README holds one InfoKVPress snippet"
+    return found[0]
 
 
 def test_infokv_press_pipeline_answer_equals_the_project_compressor():
-    """kvpress's pipeline with InfoKVPress (the documented snippet, run as written) against fi_toolkit's
+    """kvpress's pipeline with InfoKVPress (the README's snippet, run as written) against fi_toolkit's
     CompressedDecoder with InfoKV at the same budget, question-agnostic (the context is compressed before
     the question is seen), greedy, kvpress's default 50 new tokens."""
     from fi_toolkit.documents import bundled_path
@@ -193,7 +193,7 @@ def test_infokv_press_pipeline_answer_equals_the_project_compressor():
     context = bundled_path("alice").read_text()[2000:6000]
     question = "Who is the story about, and what does she do?"
     scope = {"context": context, "question": question}
-    exec(PIPELINE_SNIPPET, scope)
+    exec(readme_snippet(), scope)  # context and question given, as the README says
     press, pipe, lm = scope["press"], scope["pipe"], scope["lm"]
     model = lm.model
     new = 50
