@@ -47,11 +47,9 @@ OverwriteOpt = typer.Option(False, help="Replace results already in --out.")
 
 def check_placement(device, device_map):
     """``--device`` and ``--device-map`` both say where the model goes: refused together, before anything runs."""
-    from .models import parse_device_map
+    from .models import check_placement as check
 
-    if device is not None and device_map is not None:
-        raise FIError("--device-map places the model's layers across devices; it does not go with --device (give one)")
-    return parse_device_map(device_map)
+    return check(device, device_map)
 
 
 def check_entropy_of(entropy_of: str) -> str:

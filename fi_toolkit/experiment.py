@@ -129,12 +129,13 @@ def noise_floor(table: pd.DataFrame) -> dict:
     return out
 
 
-def flag_below_noise_floor(table: pd.DataFrame) -> pd.DataFrame:
-    """``below_noise_floor`` of every row from the table's own control rows, as :func:`fi_table` sets it
-    from a :class:`ProbeResult` (float32 ``fi < NOISE_MARGIN x floor``, per document and chunk): for
-    a document measured in parts, of which only the first holds the controls."""
+def flag_below_noise_floor(table: pd.DataFrame, floors: dict | None = None) -> pd.DataFrame:
+    """``below_noise_floor`` of every row, as :func:`fi_table` sets it from a :class:`ProbeResult`
+    (float32 ``fi < NOISE_MARGIN x floor``, per document and chunk): for a document measured in parts,
+    of which only the first holds the controls. ``floors``: :func:`noise_floor` of the table holding
+    the controls (default ``table`` itself)."""
     fi = table["fi"].to_numpy(dtype=np.float32)
-    floors = noise_floor(table)
+    floors = noise_floor(table) if floors is None else floors
     floor = np.array([floors.get(d, {}).get(c, np.nan) for d, c in zip(table["document"], table["chunk"])],
                      dtype=np.float32)
     below = pd.Series(fi < np.float32(NOISE_MARGIN) * floor, index=table.index)

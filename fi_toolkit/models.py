@@ -192,6 +192,13 @@ def parse_device_map(spec: str | dict | None) -> str | dict | None:
     return device_map
 
 
+def check_placement(device: str | None, device_map: str | dict | None) -> str | dict | None:
+    """``--device`` and ``--device-map`` both say where the model goes: refused together; -> the parsed map."""
+    if device is not None and device_map is not None:
+        raise FIError("--device-map places the model's layers across devices; it does not go with --device (give one)")
+    return parse_device_map(device_map)
+
+
 def _first_device(model: torch.nn.Module) -> torch.device:
     """Where a dispatched model takes its input: the device of its input embeddings' execution."""
     hook = getattr(model.get_input_embeddings(), "_hf_hook", None)
@@ -243,9 +250,7 @@ def load_model(
     current()  # under torchrun: join the process group, share the CPU threads among this node's ranks
     hf_logging.disable_progress_bar()  # before the first conversion too: its bars would break one-line errors
     logging.getLogger("transformers").setLevel(logging.ERROR)
-    device_map = parse_device_map(device_map)
-    if device_map is not None and device is not None:
-        raise FIError("--device-map places the model's layers across devices; it does not go with --device (give one)")
+    device_map = check_placement(device, device_map)
     torch_device, torch_dtype = resolve_device(device or "cpu"), resolve_dtype(dtype)
     embedded = name.lower() in EMBEDDED_ALIASES
     source = str(_converted_embedded_copy()) if embedded else name

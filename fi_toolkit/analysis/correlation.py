@@ -33,8 +33,8 @@ from scipy import stats
 
 from ..errors import FIError
 from ..eviction import TokenSet
-from ..experiment import fi_table
-from ..probe import NOISE_MARGIN, Chunk, ProbeResult, forward_influence
+from ..experiment import fi_table, flag_below_noise_floor, noise_floor
+from ..probe import Chunk, ProbeResult, forward_influence
 from ..trace import Trace
 
 METHODS = ("spearman", "pearson", "kendall")
@@ -323,9 +323,7 @@ def assemble_parts(doc_name: str, parts: dict[str, pd.DataFrame], chunks: Sequen
     tokens = parts["tokens"]
     tokens = tokens.iloc[np.argsort(tokens["chunk"].map(order).to_numpy(), kind="stable")].reset_index(drop=True)
     controls = parts["controls"]
-    floor = controls.assign(fi=controls["fi"].abs()).groupby("chunk")["fi"].max()
-    limit = np.float32(NOISE_MARGIN) * tokens["chunk"].map(floor).to_numpy(dtype=np.float32)
-    tokens["below_noise_floor"] = tokens["fi"].to_numpy(dtype=np.float32) < limit
+    tokens = flag_below_noise_floor(tokens, noise_floor(controls))
     signals = parts["signals"]
     signals = signals.astype({c: np.float32 for c in signals.columns if signals[c].dtype.kind == "f"})
     first = tokens["chunk"] == chunks[0].label

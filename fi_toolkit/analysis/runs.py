@@ -88,6 +88,29 @@ class Part:
         return len(self.doc)
 
 
+def document_of(unit):
+    """The document a work unit belongs to (a :class:`Part`'s, or the unit itself)."""
+    return unit.doc if isinstance(unit, Part) else unit
+
+
+def last_document(make: Callable[[object], object], keep: bool = True) -> Callable[[object], tuple]:
+    """``setup(unit) -> (document, make(document))``. With ``keep``, ``make``'s result is kept for the next
+    unit of the same document (a document's consecutive parts on one rank share its trace or prefill),
+    one document at a time: the previous one is released before the next is made."""
+    shared: dict = {}
+
+    def setup(unit):
+        doc = document_of(unit)
+        if not keep:
+            return doc, make(doc)
+        if shared.get("doc") is not doc:
+            shared.clear()
+            shared.update(doc=doc, value=make(doc))
+        return doc, shared["value"]
+
+    return setup
+
+
 def split_documents(documents: Sequence, parts: int) -> list[Part]:
     """Every document as ``parts`` consecutive :class:`Part` units."""
     return [Part(doc, i, parts) for doc in documents for i in range(parts)]
@@ -310,11 +333,13 @@ class ResumableRun:
         then concatenated over documents; a part may lack a table its document has (the controls)."""
         groups: dict = {}
         for key, unit in zip(keys, documents):
-            groups.setdefault(id(getattr(unit, "doc", unit)), (getattr(unit, "doc", unit), []))[1].append(key)
+            doc = document_of(unit)
+            groups.setdefault(id(doc), (doc, []))[1].append(key)
         combined: dict[str, list] = {}
         for doc, part_keys in groups.values():
-            names = dict.fromkeys(n for k in part_keys for n in self.tables_of(k))
-            parts = {n: self.load([k for k in part_keys if n in self.tables_of(k)], n) for n in names}
+            held = {k: self.tables_of(k) for k in part_keys}
+            names = dict.fromkeys(n for k in part_keys for n in held[k])
+            parts = {n: self.load([k for k in part_keys if n in held[k]], n) for n in names}
             for name, table in assemble(doc, parts).items():  # through CSV, as a whole document's tables come
                 combined.setdefault(name, []).append(read_table(io.StringIO(table.to_csv(index=False))))
         return {name: pd.concat(tables, ignore_index=True) for name, tables in combined.items()}
@@ -362,9 +387,8 @@ class ResumableRun:
         :class:`Part` s, and each document's tables are made from its parts' at the merge.
         """
         keys = document_keys([d.name for d in documents])
-        self._assemble = None if assemble is None else (lambda: self._assembled(keys, documents, assemble))
         if self.world.sharded:
-            return self._run_sharded(keys, documents, compute, on_skip, costs)
+            return self._run_sharded(keys, documents, compute, on_skip, costs, assemble)
         self.session = new_session()
         t0 = time.perf_counter()
         try:
@@ -375,9 +399,9 @@ class ResumableRun:
         except BaseException:
             self._remove_if_empty(keys)
             raise
-        return self._merge(keys)
+        return self._merge(keys, documents, assemble)
 
-    def _run_sharded(self, keys, documents, compute, on_skip, costs):
+    def _run_sharded(self, keys, documents, compute, on_skip, costs, assemble):
         world = self.world
         world.barrier()  # every rank has checked --out before rank 0 writes into it
         plan = None
@@ -388,7 +412,7 @@ class ResumableRun:
         todo, self.session = world.broadcast(plan)
         self._started = True  # rank 0 made the directory (and cleared it for --overwrite)
         costs = [len(d) for d in documents] if costs is None else list(costs)
-        groups = [id(getattr(d, "doc", d)) for d in documents]  # a document's parts share its trace: keep them together
+        groups = [id(document_of(d)) for d in documents]  # a document's parts share its trace: keep them together
         owner = distributed.assign([costs[i] for i in todo], world.size, [groups[i] for i in todo])
         mine = [i for i, r in zip(todo, owner) if r == world.rank]
         if not mine:
@@ -408,14 +432,16 @@ class ResumableRun:
         if missing:
             raise FIError(f"{len(missing)} unit(s) unfinished after every rank was done ({', '.join(missing[:4])}); "
                           "rerun with --resume")
-        return self._merge(keys, t2)
+        return self._merge(keys, documents, assemble, t2)
 
-    def _merge(self, keys: Sequence[str], t0: float | None = None) -> dict[str, pd.DataFrame]:
-        """The combined tables from every unit's files; ``timing["merge_s"]`` from ``t0`` (the checks of
-        every unit after the barrier, for a sharded run) to the tables written."""
+    def _merge(self, keys: Sequence[str], documents: Sequence, assemble=None,
+               t0: float | None = None) -> dict[str, pd.DataFrame]:
+        """The combined tables from every unit's files (joined per document by ``assemble``, if given);
+        ``timing["merge_s"]`` from ``t0`` (the checks of every unit after the barrier, for a sharded
+        run) to the tables written."""
         t0 = time.perf_counter() if t0 is None else t0
-        if self._assemble is not None:
-            combined = self._assemble()
+        if assemble is not None:
+            combined = self._assembled(keys, documents, assemble)
         else:
             names = self.tables_of(keys[0]) if keys else []
             combined = {name: self.load(keys, name) for name in names}

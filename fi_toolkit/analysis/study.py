@@ -26,7 +26,7 @@ from .agreement import summarize_agreement
 from .correlation import assemble_parts, correlate_document, parse_candidates, summarize_correlations
 from .nearfar import (add_relative_columns, count_sets, nearfar_chunks, nearfar_document, paired_tests, summarize_nearfar,
                       token_class_summary)
-from .runs import ResumableRun, document_keys, part_slice, split_units
+from .runs import ResumableRun, document_keys, last_document, part_slice, split_units
 
 Progress = Callable[[str, int, int], None]  # (document name, done, total) after each batch
 
@@ -126,7 +126,7 @@ def run_correlate(
     setup = _document_setup(lm, prefix, config, chunks, block, bool(unit_candidates))
 
     def compute(unit):
-        doc, trace, reference = setup(unit)
+        doc, (trace, reference) = setup(unit)
         if estimator == "fisher":
             total = samples + (validate + len(CONTROL_LABELS) if validate else 0)
         else:
@@ -201,7 +201,7 @@ def run_nearfar(
     setup = _document_setup(lm, prefix, config, chunks, block, bool(unit_sets))
 
     def compute(unit):
-        doc, trace, reference = setup(unit)
+        doc, (trace, reference) = setup(unit)
         done = [0]
 
         def tick(n):
@@ -224,20 +224,12 @@ def run_nearfar(
 
 
 def _document_setup(lm, prefix: int, config: SignalConfig, chunks: Sequence[Chunk], block: int, split: bool):
-    """``setup(unit) -> (document, trace, reference run)``. Parts of one document that follow each other
-    on a rank share its trace and reference run (one document in memory at a time); whole documents
-    are traced as before, and their reference is made inside the probe."""
-    shared: dict = {}
+    """``setup(unit) -> (document, (trace, reference run))``. Parts of one document that follow each other
+    on a rank share its trace and reference run (:func:`last_document`); whole documents are traced as
+    before, and their reference is made inside the probe."""
 
-    def setup(unit):
-        doc = getattr(unit, "doc", unit)
-        if shared.get("doc") is doc:
-            return doc, shared["trace"], shared["reference"]
-        shared.clear()  # before tracing the next document
+    def make(doc):
         trace = trace_document(lm, doc, prefix, config)
-        reference = chunk_reference(lm.model, trace, doc.ids, chunks, block) if split else None
-        if split:
-            shared.update(doc=doc, trace=trace, reference=reference)
-        return doc, trace, reference
+        return trace, chunk_reference(lm.model, trace, doc.ids, chunks, block) if split else None
 
-    return setup
+    return last_document(make, keep=split)

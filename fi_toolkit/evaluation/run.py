@@ -16,7 +16,7 @@ from typing import Callable
 
 import pandas as pd
 
-from ..analysis.runs import ResumableRun, part_slice, split_units
+from ..analysis.runs import ResumableRun, last_document, part_slice, split_units
 from ..analysis.study import execute_run
 from ..errors import FIError
 from ..experiment import max_context
@@ -85,18 +85,16 @@ def run_eval_text(
         settings["unit_policies"] = unit_policies
     units, costs = split_units(docs, 1 + len(policies), unit_policies, setup=1)
     run = ResumableRun(out_dir, "eval", settings, resume, overwrite)
-    shared: dict = {}  # the last document's TextContext, for its next part on this rank
+    # a document's consecutive parts on this rank share its TextContext (prefill, reference, free generation)
+    setup = last_document(lambda doc: text_context(lm.model, doc.ids, doc.name, policies, setting, config))
 
     def compute(unit):
-        doc = getattr(unit, "doc", unit)
         tick = (lambda done, total: progress(unit.name, done, total)) if progress else None
         if not unit_policies:
-            return evaluate_text(lm.model, doc.ids, doc.name, policies, setting, config, progress=tick)
-        if shared.get("doc") is not doc:
-            shared.clear()
-            shared.update(doc=doc, context=text_context(lm.model, doc.ids, doc.name, policies, setting, config))
+            return evaluate_text(lm.model, unit.ids, unit.name, policies, setting, config, progress=tick)
+        doc, context = setup(unit)
         return evaluate_text(lm.model, doc.ids, doc.name, policies, setting, config, progress=tick,
-                             runs=part_slice(unit, unit_policies), context=shared["context"])
+                             runs=part_slice(unit, unit_policies), context=context)
 
     def summaries(tables):
         return {"replay_summary": summarise_replays(tables["replays"], n_resamples),
