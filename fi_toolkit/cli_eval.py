@@ -91,8 +91,9 @@ def eval_(
     if interval < 1:
         raise FIError(f"--interval must be >= 1, got {interval}")
     check_resamples(resamples)
-    if unit_policies < 0:
-        raise FIError(f"--unit-policies must be >= 0 (0: one unit per document), got {unit_policies}")
+    from .analysis.runs import check_unit_size
+
+    check_unit_size(unit_policies, "--unit-policies")
     if task is not None:
         if documents:
             raise FIError("give documents or --task, not both")

@@ -157,7 +157,7 @@ def nearfar(
     """Equal-size sets by entropy/attention/distance/InfoKV/random: FI on chunks at increasing distance from p."""
     from .analysis import run_nearfar
     from .analysis.nearfar import nearfar_chunks, nearfar_selections, parse_distances
-    from .analysis.runs import check_run_dir
+    from .analysis.runs import check_run_dir, check_unit_size
     from .selections import parse_selections
 
     placement = check_placement(device, device_map)
@@ -172,8 +172,7 @@ def nearfar(
     if batch_size is not None and batch_size < 1:
         raise FIError(f"--batch-size must be >= 1, got {batch_size}")
     sink_options = (sinks, 0) if no_sink_runs and sinks > 0 else (sinks,)
-    if unit_sets < 0:
-        raise FIError(f"--unit-sets must be >= 0 (0: one unit per document), got {unit_sets}")
+    check_unit_size(unit_sets, "--unit-sets")
     texts = _read_documents(documents)
     check_run_dir(out_dir, "nearfar", resume, overwrite)
     docs, tables = _run_study("nearfar", model, device, dtype, upcast, texts, max(c.end for c in chunks),

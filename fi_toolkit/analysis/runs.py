@@ -116,6 +116,18 @@ def split_documents(documents: Sequence, parts: int) -> list[Part]:
     return [Part(doc, i, parts) for doc in documents for i in range(parts)]
 
 
+MAX_UNIT_SIZE = 1_000_000  # items per work unit: past any document's sets, candidates or replays; more is a typo
+
+
+def check_unit_size(size: int, option: str) -> int:
+    """``--unit-sets`` / ``--unit-candidates`` / ``--unit-policies``: 0 (one unit per document) to ``MAX_UNIT_SIZE``."""
+    if size < 0:
+        raise FIError(f"{option} must be >= 0 (0: one unit per document), got {size}")
+    if size > MAX_UNIT_SIZE:
+        raise FIError(f"{option} must be at most {MAX_UNIT_SIZE:,} items per unit (0: one unit per document), got {size}")
+    return size
+
+
 def split_units(docs: Sequence, items: int, per_part: int, setup: float = 4) -> tuple[list, list | None]:
     """The work units and their costs: the documents themselves (``per_part = 0``, costs: token counts),
     or each document in :class:`Part` s of ``per_part`` of its ``items`` (sets, candidates, policies).

@@ -26,7 +26,7 @@ from .agreement import summarize_agreement
 from .correlation import assemble_parts, correlate_document, parse_candidates, summarize_correlations
 from .nearfar import (add_relative_columns, count_sets, nearfar_chunks, nearfar_document, paired_tests, summarize_nearfar,
                       token_class_summary)
-from .runs import ResumableRun, document_keys, last_document, part_slice, split_units
+from .runs import ResumableRun, check_unit_size, document_keys, last_document, part_slice, split_units
 
 Progress = Callable[[str, int, int], None]  # (document name, done, total) after each batch
 
@@ -157,9 +157,8 @@ def run_correlate(
 
 
 def check_unit_candidates(unit_candidates: int, estimator: str) -> None:
-    """``--unit-candidates`` is >= 0 and splits exact per-token FI only."""
-    if unit_candidates < 0:
-        raise FIError(f"--unit-candidates must be >= 0 (0: one unit per document), got {unit_candidates}")
+    """``--unit-candidates`` lies in ``[0, MAX_UNIT_SIZE]`` and splits exact per-token FI only."""
+    check_unit_size(unit_candidates, "--unit-candidates")
     if unit_candidates and estimator != "exact":
         raise FIError("--unit-candidates splits exact per-token FI; the fisher estimate is one unit per document")
 
@@ -189,8 +188,7 @@ def run_nearfar(
     chunks = nearfar_chunks(prefix, distances, chunk_len)
     if (batch_size is not None and batch_size < 1) or any(s < 0 for s in sinks):
         raise FIError("--batch-size must be >= 1 and sink counts >= 0")
-    if unit_sets < 0:
-        raise FIError(f"--unit-sets must be >= 0 (0: one unit per document), got {unit_sets}")
+    check_unit_size(unit_sets, "--unit-sets")
     settings = {**_describe(lm, docs, prefix, chunks, config), "distances": sorted(distances),
                 "chunk_len": chunk_len, "budget": Budget.parse(budget, "--budget").label, "seeds": seeds, "sinks": list(sinks)}
     n_sets = count_sets(budget, seeds, sinks)

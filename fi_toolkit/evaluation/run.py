@@ -16,7 +16,7 @@ from typing import Callable
 
 import pandas as pd
 
-from ..analysis.runs import ResumableRun, last_document, part_slice, split_units
+from ..analysis.runs import ResumableRun, check_unit_size, last_document, part_slice, split_units
 from ..analysis.study import execute_run
 from ..errors import FIError
 from ..experiment import max_context
@@ -64,8 +64,7 @@ def run_eval_text(
     *policies]``, each a unit of its own (issue 11); consecutive parts on a rank share the prefill,
     the reference and the full cache's free generation, and the tables are the same as unsplit."""
     setting.check()
-    if unit_policies < 0:
-        raise FIError(f"--unit-policies must be >= 0 (0: one unit per document), got {unit_policies}")
+    check_unit_size(unit_policies, "--unit-policies")
     limit = max_context(lm)
     for doc in docs:
         if not setting.future.generated:
