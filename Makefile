@@ -56,7 +56,7 @@ $(STAMP_KVP): pyproject.toml
 	$(BIN_KVP)/pip install -q -e '.[kvpress,dev]'
 	touch $(STAMP_KVP)
 
-# The bridge to kvpress (fi_toolkit/kvpress_bridge.py, fi_toolkit/kvpress.py): its checks against kvpress's
+# The bridge to kvpress (fi_toolkit/integrations/kvpress/bridge.py, fi_toolkit/integrations/kvpress/press.py): its checks against kvpress's
 # own presses and pipeline, and the fast suite beside them (kvpress patches attention functions on import).
 test-kvpress: $(STAMP_KVP)
 	$(BIN_KVP)/python -m pytest -q -m "kvpress or not smollm"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from fi_toolkit.results import atomic_copy
+from fi_toolkit.runs.results import atomic_copy
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -31,14 +31,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
-
 from _common import ROOT  # noqa: E402
-from fi_toolkit import load_model, results  # noqa: E402
+
+from fi_toolkit import load_model
 from fi_toolkit.analysis import per_token_fi, read_table, run_correlate  # noqa: E402
 from fi_toolkit.analysis.agreement import summarize_agreement  # noqa: E402
 from fi_toolkit.documents import load_document  # noqa: E402
-from fi_toolkit.probe import parse_chunk  # noqa: E402
-from fi_toolkit.trace import trace_prefix  # noqa: E402
+from fi_toolkit.probe.forward_influence import parse_chunk  # noqa: E402
+from fi_toolkit.runs import results  # noqa: E402
+from fi_toolkit.signals.trace import trace_prefix  # noqa: E402
 
 TABLES = ("agreement", "validation", "estimator_time", "controls", "sink_estimates", "sinks")  # concatenated over documents
 

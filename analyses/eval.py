@@ -21,16 +21,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import pandas as pd  # noqa: E402
-
 from _common import ROOT, copy_results  # noqa: E402
+
 from fi_toolkit import load_model  # noqa: E402
-from fi_toolkit.cli_eval import make_policies  # noqa: E402
+from fi_toolkit.cli.eval import make_policies  # noqa: E402
+from fi_toolkit.compress.decoder import signal_config_for  # noqa: E402
 from fi_toolkit.documents import BUNDLED, load_document  # noqa: E402
 from fi_toolkit.evaluation import TextSetting, make_units, run_eval_tasks, run_eval_text  # noqa: E402
-from fi_toolkit.generate import signal_config_for  # noqa: E402
+from fi_toolkit.evaluation.tasks import TASKS  # noqa: E402
 from fi_toolkit.report import build_report  # noqa: E402
-from fi_toolkit.results import atomic_write_text, write_table  # noqa: E402
-from fi_toolkit.tasks import TASKS  # noqa: E402
+from fi_toolkit.runs.results import atomic_write_text, write_table  # noqa: E402
 
 POLICIES = "infokv,snapkv,pyramidkv,streaming,h2o,knorm,random,rpc"
 

@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import add_output_args, copy_results  # noqa: E402
+
 from fi_toolkit import SignalConfig, load_model  # noqa: E402
 from fi_toolkit.analysis import run_nearfar  # noqa: E402
 from fi_toolkit.analysis.nearfar import parse_distances  # noqa: E402

@@ -14,11 +14,11 @@ from pathlib import Path
 
 from _common import ROOT
 
+from fi_toolkit.compress.decoder import signal_config_for
 from fi_toolkit.evaluation import make_units, run_eval_tasks
-from fi_toolkit.generate import signal_config_for
-from fi_toolkit.models import load_model
-from fi_toolkit.results import atomic_copy
-from fi_toolkit.tasks import TASKS
+from fi_toolkit.evaluation.tasks import TASKS
+from fi_toolkit.model.loading import load_model
+from fi_toolkit.runs.results import atomic_copy
 
 
 def main() -> None:

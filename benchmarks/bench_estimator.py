@@ -20,11 +20,11 @@ from scipy import stats
 
 from fi_toolkit.analysis import candidate_positions, per_token_fi
 from fi_toolkit.documents import load_document
-from fi_toolkit.estimator import fisher_fi
-from fi_toolkit.models import load_model
-from fi_toolkit.probe import Chunk
-from fi_toolkit.results import atomic_write_text
-from fi_toolkit.trace import trace_prefix
+from fi_toolkit.model.loading import load_model
+from fi_toolkit.probe.estimator import fisher_fi
+from fi_toolkit.probe.forward_influence import Chunk
+from fi_toolkit.runs.results import atomic_write_text
+from fi_toolkit.signals.trace import trace_prefix
 
 ROOT = Path(__file__).resolve().parents[1]
 

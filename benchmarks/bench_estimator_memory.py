@@ -40,10 +40,10 @@ def _status(field: str) -> float:
 def child(prefix: int, chunk_len: int, samples: int, checkpoint: bool, threads: int, out: Path) -> None:
     sys.path.insert(0, str(ROOT))
     from fi_toolkit.documents import load_document
-    from fi_toolkit.estimator import fisher_fi, graph_bytes, kept_graph_bytes
-    from fi_toolkit.models import load_model
-    from fi_toolkit.probe import Chunk
-    from fi_toolkit.trace import trace_prefix
+    from fi_toolkit.model.loading import load_model
+    from fi_toolkit.probe.estimator import fisher_fi, graph_bytes, kept_graph_bytes
+    from fi_toolkit.probe.forward_influence import Chunk
+    from fi_toolkit.signals.trace import trace_prefix
 
     torch.set_num_threads(threads)
     lm = load_model("smollm2-135m")

@@ -17,11 +17,11 @@ import time
 
 import torch
 
+from fi_toolkit.compress.decoder import generate
 from fi_toolkit.evaluation import evaluate_sample, make_units
-from fi_toolkit.generate import generate
-from fi_toolkit.models import load_model
+from fi_toolkit.evaluation.tasks import encode_split
+from fi_toolkit.model.loading import load_model
 from fi_toolkit.policies import make_policy
-from fi_toolkit.tasks import encode_split
 
 POLICIES = ["infokv", "snapkv", "pyramidkv", "streaming", "h2o", "knorm", "random", "rpc"]
 
@@ -68,7 +68,7 @@ def main() -> None:
     print(text)
     from pathlib import Path
 
-    from fi_toolkit.results import atomic_write_text
+    from fi_toolkit.runs.results import atomic_write_text
 
     atomic_write_text(Path(args.out), text)
 

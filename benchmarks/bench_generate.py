@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from fi_toolkit.compat import cache_kwargs
+from fi_toolkit.model.compat import cache_kwargs
 
 
 def _sync(device):
@@ -46,7 +46,7 @@ def document_ids(tokenizer, n: int) -> torch.Tensor:
 def plain_prefill(model, ids, chunk=2048):
     from transformers import DynamicCache
 
-    from fi_toolkit.trace import decoder_parts
+    from fi_toolkit.signals.trace import decoder_parts
 
     device = next(model.parameters()).device
     cache = DynamicCache(config=model.config)
@@ -59,7 +59,7 @@ def plain_prefill(model, ids, chunk=2048):
 
 @torch.no_grad()
 def compressed_prefill(model, ids, policy):
-    from fi_toolkit.generate import CompressedDecoder
+    from fi_toolkit.compress.decoder import CompressedDecoder
 
     decoder = CompressedDecoder(model, policy, ids.numel())
     try:
@@ -104,8 +104,8 @@ def bench_prefill(lm, lengths, repeats, budget):
 
 def decode_one(args) -> dict:
     """One decoding configuration (run in a child process); prints its stats as JSON."""
-    from fi_toolkit.generate import generate
-    from fi_toolkit.models import load_model
+    from fi_toolkit.compress.decoder import generate
+    from fi_toolkit.model.loading import load_model
     from fi_toolkit.policies import InfoKV
 
     lm = load_model("smollm2-135m", args.device, args.dtype)
@@ -153,7 +153,7 @@ def main():
     if args.only:
         print(json.dumps(decode_one(args)))
         return
-    from fi_toolkit.models import load_model
+    from fi_toolkit.model.loading import load_model
 
     torch.set_grad_enabled(False)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads")

@@ -18,9 +18,9 @@ import torch
 from transformers import DynamicCache
 
 from fi_toolkit.documents import load_document
-from fi_toolkit.kvpress import InfoKVPress
-from fi_toolkit.kvpress_bridge import restore
-from fi_toolkit.models import load_model
+from fi_toolkit.integrations.kvpress.bridge import restore
+from fi_toolkit.integrations.kvpress.press import InfoKVPress
+from fi_toolkit.model.loading import load_model
 
 PRESSES = {
     "none": lambda: None,

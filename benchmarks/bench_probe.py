@@ -20,12 +20,12 @@ import time
 
 import torch
 
-from fi_toolkit.compat import cache_kwargs
 from fi_toolkit.documents import load_document
 from fi_toolkit.eviction import TokenSet
-from fi_toolkit.models import load_model
-from fi_toolkit.probe import Chunk, _continuation_mask, forward_influence
-from fi_toolkit.trace import SignalConfig, trace_prefix
+from fi_toolkit.model.compat import cache_kwargs
+from fi_toolkit.model.loading import load_model
+from fi_toolkit.probe.forward_influence import Chunk, _continuation_mask, forward_influence
+from fi_toolkit.signals.trace import SignalConfig, trace_prefix
 
 
 def timed(fn):

@@ -1,4 +1,4 @@
-"""Speed of the decoding replay (fi_toolkit/replay.py; issue 9's target: <= 1.3x one plain forward over
+"""Speed of the decoding replay (fi_toolkit/compress/replay.py; issue 9's target: <= 1.3x one plain forward over
 the sequence plus the compressions' scoring), ratios side by side in one run.
 
 SmolLM2 on a bundled book, a 4,096-token sequence, prompt 1,024, compression every 1,024 fed tokens:
@@ -18,9 +18,9 @@ import time
 
 import torch
 
-from fi_toolkit import replay as replay_module
+from fi_toolkit.compress import replay as replay_module
 from fi_toolkit.documents import load_document
-from fi_toolkit.models import load_model
+from fi_toolkit.model.loading import load_model
 from fi_toolkit.policies import make_policy
 
 

@@ -52,18 +52,18 @@ sys.path.insert(0, str(ROOT))  # this checkout's fi_toolkit, whether or not it i
 
 import scipy.stats  # noqa: E402
 import torch  # noqa: E402
-
 from bench_generate import compressed_prefill, document_ids, plain_prefill, timed  # noqa: E402
-from fi_toolkit.compat import cache_kwargs  # noqa: E402
+
+from fi_toolkit.compress.decoder import generate  # noqa: E402
 from fi_toolkit.errors import FIError  # noqa: E402
 from fi_toolkit.eviction import TokenSet, shared_cache  # noqa: E402
-from fi_toolkit.generate import generate  # noqa: E402
-from fi_toolkit.models import DTYPES, load_model, resolve_device, tiny_model  # noqa: E402
+from fi_toolkit.model.compat import cache_kwargs  # noqa: E402
+from fi_toolkit.model.loading import DTYPES, load_model, resolve_device, tiny_model  # noqa: E402
+from fi_toolkit.model.precision import upcast_compute  # noqa: E402
 from fi_toolkit.policies import InfoKV  # noqa: E402
-from fi_toolkit.precision import upcast_compute  # noqa: E402
-from fi_toolkit.probe import Chunk, forward_influence  # noqa: E402
-from fi_toolkit.selections import parse_selection  # noqa: E402
-from fi_toolkit.trace import trace_prefix  # noqa: E402
+from fi_toolkit.probe.forward_influence import Chunk, forward_influence  # noqa: E402
+from fi_toolkit.probe.selections import parse_selection  # noqa: E402
+from fi_toolkit.signals.trace import trace_prefix  # noqa: E402
 
 SIZES = {  # p: compression point; chunk: precision's; end: probe cost's r_c; prefill, prompt + new: tokens
     "full": dict(p=2048, chunk=(2048, 2560), singles=24, end=4096, evictions=8, repeats=3,

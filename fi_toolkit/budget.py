@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .errors import FIError
+from fi_toolkit.errors import FIError
 
 SIDES = ("keep", "remove")
 DEFAULT_SIDE = "keep"

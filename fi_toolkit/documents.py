@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import FIError
+from fi_toolkit.errors import FIError
 
 BUNDLED = {
     "alice": "alice29.txt",

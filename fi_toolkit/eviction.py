@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from .errors import FIError
+from fi_toolkit.errors import FIError
 
 
 class Eviction:

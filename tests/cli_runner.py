@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from fi_toolkit import cli
+from fi_toolkit.cli import app as cli
 
 
 def run_cli(args, capsys):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fi_toolkit.models import load_model, tiny_model
+from fi_toolkit.model.loading import load_model, tiny_model
 
 
 @pytest.fixture(scope="session")

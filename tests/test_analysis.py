@@ -9,13 +9,21 @@ import torch
 from scipy import stats
 
 from fi_toolkit import Document, SignalConfig
-from fi_toolkit.analysis import (add_relative_columns, candidate_positions, correlation, nearfar_document,
-                                 paired_tests, per_token_fi, summarize_nearfar, token_class)
+from fi_toolkit.analysis import (
+    add_relative_columns,
+    candidate_positions,
+    correlation,
+    nearfar_document,
+    paired_tests,
+    per_token_fi,
+    summarize_nearfar,
+    token_class,
+)
 from fi_toolkit.analysis.correlation import correlate_signals, signal_columns
 from fi_toolkit.errors import FIError
-from fi_toolkit.experiment import probe_document
-from fi_toolkit.probe import Chunk
-from fi_toolkit.trace import trace_prefix
+from fi_toolkit.probe.experiment import probe_document
+from fi_toolkit.probe.forward_influence import Chunk
+from fi_toolkit.signals.trace import trace_prefix
 
 CFG = SignalConfig(window=8)
 P = 128

@@ -7,14 +7,6 @@ import numpy as np
 import pytest
 import torch
 import transformers
-
-from fi_toolkit.architectures import check_model, context_limit
-from fi_toolkit.errors import FIError
-from fi_toolkit.generate import generate
-from fi_toolkit.models import TINY_ARCHITECTURES, load_model, tiny_model
-from fi_toolkit.policies import InfoKV, PyramidKV
-from fi_toolkit.probe import Chunk, forward_influence, forward_influence_by_deletion
-from fi_toolkit.trace import SignalConfig, trace_prefix
 from test_generate import (
     _pooled_window_attention,
     assert_full_budget_greedy_equals_plain_generate,
@@ -22,6 +14,14 @@ from test_generate import (
 )
 from test_probe import CHUNKS, _sets, fi_by_masked_full_forward
 from test_probe import P as PROBE_P
+
+from fi_toolkit.compress.decoder import generate
+from fi_toolkit.errors import FIError
+from fi_toolkit.model.architectures import check_model, context_limit
+from fi_toolkit.model.loading import TINY_ARCHITECTURES, load_model, tiny_model
+from fi_toolkit.policies import InfoKV, PyramidKV
+from fi_toolkit.probe.forward_influence import Chunk, forward_influence, forward_influence_by_deletion
+from fi_toolkit.signals.trace import SignalConfig, trace_prefix
 
 W = 16
 
@@ -164,3 +164,25 @@ def test_load_model_refuses_what_it_cannot_serve_and_loads_what_it_can(tmp_path)
     _save_with_tokenizer(phi3, tmp_path / "phi3")
     loaded = load_model(str(tmp_path / "phi3"))
     assert type(loaded.model).__name__ == "Phi3ForCausalLM" and context_limit(loaded.config) == 512
+
+
+def test_a_model_is_checked_once(monkeypatch):
+    """check_model walks a model's layers once: later calls (one per forward entry point) return at once,
+    while a model it has not accepted is still walked (and refused) every time."""
+    from fi_toolkit.model import architectures
+    from fi_toolkit.model.loading import tiny_model
+
+    loaded = tiny_model().model  # load_model/tiny_model check the model they return
+    fresh = transformers.AutoModelForCausalLM.from_config(transformers.LlamaConfig(**SMALL))
+    walks = []
+    real = architectures._lacks
+    monkeypatch.setattr(architectures, "_lacks", lambda m: walks.append(m) or real(m))
+    for _ in range(3):
+        check_model(loaded)
+        check_model(fresh)
+    assert walks == [fresh]
+    refused = transformers.AutoModelForCausalLM.from_config(transformers.Gemma2Config(**dict(SMALL, head_dim=16)))
+    for _ in range(2):
+        with pytest.raises(FIError):
+            check_model(refused)
+    assert len(walks) == 3 and walks[1:] == [refused, refused]

@@ -18,10 +18,11 @@ import textwrap
 import pandas as pd
 import pytest
 import torch
-
-from fi_toolkit import Document, SignalConfig, results
-from fi_toolkit.analysis import run_nearfar
 from cli_runner import run_cli
+
+from fi_toolkit import Document, SignalConfig
+from fi_toolkit.analysis import run_nearfar
+from fi_toolkit.runs import results
 
 NO_SUCH_HUB_ID = "no-such-owner/no-such-model"
 
@@ -341,7 +342,7 @@ def test_sigint_to_a_running_command(tmp_path):
     script = textwrap.dedent("""
         import signal, sys, time
         import fi_toolkit.documents as documents
-        from fi_toolkit import cli
+        from fi_toolkit.cli import app as cli
 
         # A job started in the background (CI runners, `cmd &`) inherits SIGINT as ignored, and Python
         # then installs no KeyboardInterrupt handler; a user's terminal has it. Restore it.

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from fi_toolkit import SignalConfig
-from fi_toolkit.estimator import fisher_fi, graph_bytes, kept_graph_bytes, needs_checkpoint
-from fi_toolkit.probe import Chunk
-from fi_toolkit.trace import trace_prefix
+from fi_toolkit.probe.estimator import fisher_fi, graph_bytes, kept_graph_bytes, needs_checkpoint
+from fi_toolkit.probe.forward_influence import Chunk
+from fi_toolkit.signals.trace import trace_prefix
 
 P = 200
 CHUNKS = [Chunk(200, 260), Chunk(330, 400)]

@@ -9,12 +9,12 @@ import sys
 
 import pandas as pd
 import pytest
+from cli_runner import run_cli
 
 from fi_toolkit import SignalConfig
+from fi_toolkit.compress.decoder import signal_config_for
 from fi_toolkit.errors import FIError
-from fi_toolkit.generate import signal_config_for
-from fi_toolkit.models import tiny_model
-from cli_runner import run_cli
+from fi_toolkit.model.loading import tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +136,7 @@ def test_scores_writes_per_token_signals(tmp_path, capsys):
 @pytest.mark.smollm
 def test_real_process_prints_no_traceback():
     proc = subprocess.run(
-        [sys.executable, "-m", "fi_toolkit.cli", "probe", "--chunk", "100:200", "--select", "positions:150"],
+        [sys.executable, "-m", "fi_toolkit.cli.app", "probe", "--chunk", "100:200", "--select", "positions:150"],
         capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 2
@@ -151,8 +151,8 @@ def test_generate_passes_a_full_signal_config(monkeypatch, capsys):
         seen.update(kwargs, policy=policy)
         raise FIError("stop here")
 
-    monkeypatch.setattr("fi_toolkit.models.load_model", lambda *a, **k: tiny_model())
-    monkeypatch.setattr("fi_toolkit.generate.generate", fake_generate)
+    monkeypatch.setattr("fi_toolkit.model.loading.load_model", lambda *a, **k: tiny_model())
+    monkeypatch.setattr("fi_toolkit.compress.decoder.generate", fake_generate)
     code, _, err = run_cli(["generate", "hi", "--policy", "snapkv", "--window", "16", "--pool", "3",
                             "--entropy-of", "next", "--top-k", "64"], capsys)
     assert code == 2 and err == "error: stop here\n"
@@ -163,7 +163,7 @@ def test_generate_passes_a_full_signal_config(monkeypatch, capsys):
 
 @pytest.mark.parametrize("command", [["correlate", "--chunk", "128:160"], ["nearfar"]])
 def test_studies_pass_entropy_of(command, monkeypatch, capsys):
-    from fi_toolkit import cli_study
+    from fi_toolkit.cli import study as cli_study
 
     seen = []
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 import transformers
 
-from fi_toolkit.compat import cache_keyword, cache_kwargs, gguf_metadata, gguf_tokenizer
 from fi_toolkit.errors import FIError
+from fi_toolkit.model.compat import cache_keyword, cache_kwargs, gguf_metadata, gguf_tokenizer
 
 
 class _Old(torch.nn.Module):  # transformers 5.2's spelling
@@ -50,7 +50,7 @@ def test_installed_transformers_fills_the_cache(tiny):
 
 @pytest.fixture(scope="module")
 def embedded():
-    from fi_toolkit.models import embedded_gguf
+    from fi_toolkit.model.loading import embedded_gguf
 
     return embedded_gguf()
 
@@ -92,7 +92,7 @@ def test_gguf_tokenizer_is_what_later_releases_build(embedded):
 
     theirs = AutoTokenizer.from_pretrained(embedded.parent, gguf_file=embedded.name)
     if theirs.eos_token != "<|im_end|>":
-        pytest.skip(f"transformers {transformers.__version__} misbuilds byte-level GGUF tokenizers (see fi_toolkit.compat)")
+        pytest.skip(f"transformers {transformers.__version__} misbuilds byte-level GGUF tokenizers (see fi_toolkit.model.compat)")
     assert gguf_tokenizer(embedded).backend_tokenizer.to_str() == theirs.backend_tokenizer.to_str()
 
 

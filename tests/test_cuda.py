@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from fi_toolkit.generate import generate
-from fi_toolkit.models import tiny_model
-from fi_toolkit.policies import InfoKV
-from fi_toolkit.precision import upcast_compute
-from fi_toolkit.probe import forward_influence, forward_influence_by_deletion
-from fi_toolkit.trace import SignalConfig, trace_prefix
-
 from test_precision import _single_tokens
 from test_probe import CHUNKS, P, _sets
+
+from fi_toolkit.compress.decoder import generate
+from fi_toolkit.model.loading import tiny_model
+from fi_toolkit.model.precision import upcast_compute
+from fi_toolkit.policies import InfoKV
+from fi_toolkit.probe.forward_influence import forward_influence, forward_influence_by_deletion
+from fi_toolkit.signals.trace import SignalConfig, trace_prefix
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 CFG = SignalConfig(window=16)

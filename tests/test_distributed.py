@@ -14,13 +14,13 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import dist_worker
 import pandas as pd
 import pytest
 import torch
 
-import dist_worker
-from fi_toolkit import distributed
 from fi_toolkit.analysis import read_table
+from fi_toolkit.runs import distributed
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDIES = ["nearfar", "parts", "correlate", "cparts", "eval", "eparts", "single"]
@@ -201,8 +201,8 @@ def test_explicit_device_map_gives_the_plain_model_fi(tiny, tmp_path):
     import copy
 
     from fi_toolkit.analysis import run_correlate, run_nearfar
-    from fi_toolkit.models import dispatch
-    from fi_toolkit.probe import Chunk
+    from fi_toolkit.model.loading import dispatch
+    from fi_toolkit.probe.forward_influence import Chunk
 
     placed = dispatch(copy.deepcopy(tiny), layer_map(tiny.model))
     assert all(hasattr(layer, "_hf_hook") for layer in placed.model.model.layers)  # the hooks are in place

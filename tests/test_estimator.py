@@ -13,9 +13,9 @@ from fi_toolkit import Document, SignalConfig
 from fi_toolkit.analysis import per_token_fi, run_correlate
 from fi_toolkit.analysis.agreement import top_overlap
 from fi_toolkit.errors import FIError
-from fi_toolkit.estimator import expected_fisher, fisher_fi
-from fi_toolkit.probe import Chunk
-from fi_toolkit.trace import trace_prefix
+from fi_toolkit.probe.estimator import expected_fisher, fisher_fi
+from fi_toolkit.probe.forward_influence import Chunk
+from fi_toolkit.signals.trace import trace_prefix
 
 P = 200
 CHUNKS = [Chunk(200, 260), Chunk(330, 400)]
@@ -156,6 +156,7 @@ def test_agreement_with_exact_loo_on_smollm(smollm, alice):
 @pytest.mark.smollm
 def test_cli_scores_and_correlate_with_the_estimator(smollm, tmp_path, monkeypatch, capsys):
     from cli_runner import run_cli
+
     from fi_toolkit.analysis import read_table
 
     monkeypatch.chdir(tmp_path)

@@ -10,19 +10,29 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from cli_runner import run_cli
 from scipy import stats
 
 from fi_toolkit import Document
+from fi_toolkit.compress.decoder import CompressedDecoder, generate, signal_config_for
+from fi_toolkit.compress.replay import SharedPrompt, replay
 from fi_toolkit.errors import FIError
-from fi_toolkit.evaluation import (SampleUnit, TextSetting, divergence, evaluate_sample, evaluate_text,
-                                   free_generation, kl_accuracy_table, mean_ci, parse_future, run_eval_text)
-from fi_toolkit.generate import CompressedDecoder, generate, signal_config_for
-from fi_toolkit.models import LoadedModel
+from fi_toolkit.evaluation import (
+    SampleUnit,
+    TextSetting,
+    divergence,
+    evaluate_sample,
+    evaluate_text,
+    free_generation,
+    kl_accuracy_table,
+    mean_ci,
+    parse_future,
+    run_eval_text,
+)
+from fi_toolkit.evaluation.tasks import encode_split, make_sample
+from fi_toolkit.model.attention import ragged_attention
+from fi_toolkit.model.loading import LoadedModel
 from fi_toolkit.policies import make_policy
-from fi_toolkit.ragged import ragged_attention
-from fi_toolkit.replay import SharedPrompt, replay
-from fi_toolkit.tasks import encode_split, make_sample
-from cli_runner import run_cli
 
 P, N, INTERVAL, W = 96, 224, 32, 16
 NAMES = ["infokv", "infokv-adaptive", "snapkv", "pyramidkv", "streaming", "h2o", "knorm", "random", "rpc"]

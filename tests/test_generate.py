@@ -8,13 +8,13 @@ import sys
 
 import pytest
 import torch
-
-from fi_toolkit import cli
-from fi_toolkit.errors import FIError
-from fi_toolkit.generate import CompressedDecoder, cache_bytes, generate, signal_config_for
-from fi_toolkit.policies import RPC, InfoKV, PyramidKV, SnapKV, StreamingLLM, make_policy
-from fi_toolkit.trace import trace_prefix
 from masked_attention import masked_logits
+
+from fi_toolkit.cli import app as cli
+from fi_toolkit.compress.decoder import CompressedDecoder, cache_bytes, generate, signal_config_for
+from fi_toolkit.errors import FIError
+from fi_toolkit.policies import RPC, InfoKV, PyramidKV, SnapKV, StreamingLLM, make_policy
+from fi_toolkit.signals.trace import trace_prefix
 
 P, W = 120, 16
 
@@ -44,7 +44,7 @@ def test_prefill_compression_equals_the_masked_full_model(tiny, tiny_ids, policy
 def assert_prefill_compression_equals_masked_model(model, ids: torch.Tensor, policy) -> None:
     """Compress the first P tokens with ``policy``, feed 4 more: their logits are the full model's with
     what the keep map evicted hidden from them (an eviction that changed nothing does not count)."""
-    from fi_toolkit.ragged import ragged_attention
+    from fi_toolkit.model.attention import ragged_attention
 
     decoder = CompressedDecoder(model, policy, 200)
     try:
@@ -125,7 +125,7 @@ def test_ratio_budget_follows_the_sequence_while_decoding(tiny, tiny_ids):
 def test_uneven_layers_decode_and_keep_the_total(tiny, tiny_ids):
     policy = PyramidKV(budget=48, window=W)
     decoder = CompressedDecoder(tiny.model, policy, 300)
-    from fi_toolkit.ragged import ragged_attention
+    from fi_toolkit.model.attention import ragged_attention
 
     with ragged_attention(tiny.model):
         decoder.prefill(tiny_ids[:P])

@@ -19,11 +19,11 @@ kvpress = pytest.importorskip("kvpress")
 from transformers import DynamicCache  # noqa: E402
 
 from fi_toolkit.eviction import KeepMap, shared_cache  # noqa: E402
-from fi_toolkit.kvpress_bridge import make_press, parse_press_spec, restore, run_press  # noqa: E402
-from fi_toolkit.probe import _continuation_hidden  # noqa: E402
-from fi_toolkit.ragged import head_masked_attention  # noqa: E402
-from fi_toolkit.selections import parse_selection  # noqa: E402
-from fi_toolkit.trace import SignalConfig, trace_prefix  # noqa: E402
+from fi_toolkit.integrations.kvpress.bridge import make_press, parse_press_spec, restore, run_press  # noqa: E402
+from fi_toolkit.model.attention import head_masked_attention  # noqa: E402
+from fi_toolkit.probe.forward_influence import _continuation_hidden  # noqa: E402
+from fi_toolkit.probe.selections import parse_selection  # noqa: E402
+from fi_toolkit.signals.trace import SignalConfig, trace_prefix  # noqa: E402
 
 pytestmark = [pytest.mark.kvpress, pytest.mark.smollm]
 
@@ -107,8 +107,8 @@ def test_adakv_keep_map_is_what_kvpress_masks_and_the_probe_masks_it_exactly(smo
 
 
 def test_probe_measures_presses_beside_policies(smollm, alice, trace):
-    from fi_toolkit.experiment import probe_document
-    from fi_toolkit.probe import Chunk
+    from fi_toolkit.probe.experiment import probe_document
+    from fi_toolkit.probe.forward_influence import Chunk
 
     table = probe_document(smollm, alice, [Chunk(P, P + 128)], [
         "policy:snapkv@keep=0.25", "kvpress:SnapKVPress@0.75:window_size=32,kernel_size=7",
@@ -149,7 +149,7 @@ def cache_holds(cache, trace, keep_map: KeepMap) -> bool:
 
 
 def test_infokv_press_keeps_exactly_the_project_infokv_keep_map(smollm, alice, trace):
-    from fi_toolkit.kvpress import InfoKVPress
+    from fi_toolkit.integrations.kvpress.press import InfoKVPress
 
     press = InfoKVPress(compression_ratio=0.75, alpha=0.9, tau=1.0, top_k=256)
     cache = prefill(smollm.model, press, alice.ids)
@@ -162,7 +162,7 @@ def test_infokv_press_keeps_exactly_the_project_infokv_keep_map(smollm, alice, t
 
 
 def test_infokv_press_with_alpha_1_keeps_exactly_snapkv_press(smollm, alice, trace):
-    from fi_toolkit.kvpress import InfoKVPress
+    from fi_toolkit.integrations.kvpress.press import InfoKVPress
 
     press = InfoKVPress(compression_ratio=0.75, alpha=1.0)
     cache = prefill(smollm.model, press, alice.ids)
@@ -186,9 +186,9 @@ def test_infokv_press_pipeline_answer_equals_the_project_compressor():
     """kvpress's pipeline with InfoKVPress (the README's snippet, run as written) against fi_toolkit's
     CompressedDecoder with InfoKV at the same budget, question-agnostic (the context is compressed before
     the question is seen), greedy, kvpress's default 50 new tokens."""
+    from fi_toolkit.compress.decoder import CompressedDecoder
     from fi_toolkit.documents import bundled_path
-    from fi_toolkit.generate import CompressedDecoder
-    from fi_toolkit.ragged import ragged_attention
+    from fi_toolkit.model.attention import ragged_attention
 
     context = bundled_path("alice").read_text()[2000:6000]
     question = "Who is the story about, and what does she do?"
@@ -219,8 +219,8 @@ def test_infokv_press_pipeline_answer_equals_the_project_compressor():
 # --- presses in fi eval ----------------------------------------------------------------------------
 
 def test_a_press_in_fi_eval_compresses_the_prompt_as_the_bridge_does_and_never_again(smollm, alice):
+    from fi_toolkit.compress.replay import replay
     from fi_toolkit.policies import make_policy
-    from fi_toolkit.replay import replay
 
     policy = make_policy("kvpress:TOVAPress", budget="keep=0.25")
     assert policy.name == "kvpress:TOVAPress" and policy.prefill_only
@@ -233,9 +233,9 @@ def test_a_press_in_fi_eval_compresses_the_prompt_as_the_bridge_does_and_never_a
 
 
 def test_an_adakv_press_in_fi_eval_is_refused_in_one_line(smollm, alice):
+    from fi_toolkit.compress.replay import replay
     from fi_toolkit.errors import FIError
     from fi_toolkit.policies import make_policy
-    from fi_toolkit.replay import replay
 
     # (window 16: with kvpress's default window of 64, a 256-token prompt at keep=0.25 keeps the window alone)
     policy = make_policy("kvpress:AdaKVPress/SnapKVPress:window_size=16", budget="keep=0.25")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fi_toolkit.errors import FIError
-from fi_toolkit.models import embedded_gguf, load_model, resolve_device, resolve_dtype
+from fi_toolkit.model.loading import embedded_gguf, load_model, resolve_device, resolve_dtype
 
 
 @pytest.mark.smollm

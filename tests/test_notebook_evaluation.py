@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from notebook_runner import execute
 
 SMALL = {"FI_NB_PROMPT": "256", "FI_NB_LENGTH": "384", "FI_NB_INTERVAL": "64", "FI_NB_GENERATED": "64",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from notebook_runner import execute
 
 SMALL = {"FI_NB_PREFIX": "256", "FI_NB_CHUNK_LEN": "32", "FI_NB_DISTANCES": "0,32,64", "FI_NB_CANDIDATES": "sample:12",

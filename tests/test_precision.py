@@ -1,4 +1,4 @@
-"""Reduced precision: weights stored in bf16/fp16, arithmetic upcast to float32 (fi_toolkit.precision),
+"""Reduced precision: weights stored in bf16/fp16, arithmetic upcast to float32 (fi_toolkit.model.precision),
 and the noise controls that report each path's rounding floor (docs/method.md, "Noise floor")."""
 
 import json
@@ -12,11 +12,11 @@ from cli_runner import run_cli
 
 from fi_toolkit.documents import Document
 from fi_toolkit.eviction import TokenSet
-from fi_toolkit.experiment import fi_table, noise_floor, noise_warning
-from fi_toolkit.models import tiny_model
-from fi_toolkit.precision import compute_dtype, upcast_compute
-from fi_toolkit.probe import Chunk, ProbeResult, forward_influence, noise_controls
-from fi_toolkit.trace import SignalConfig, trace_prefix
+from fi_toolkit.model.loading import tiny_model
+from fi_toolkit.model.precision import compute_dtype, upcast_compute
+from fi_toolkit.probe.experiment import fi_table, noise_floor, noise_warning
+from fi_toolkit.probe.forward_influence import Chunk, ProbeResult, forward_influence, noise_controls
+from fi_toolkit.signals.trace import SignalConfig, trace_prefix
 
 P = 192
 CHUNKS = [Chunk(P, P + 48), Chunk(P + 96, P + 160)]
@@ -114,7 +114,7 @@ def test_bfloat16_probe_ranks_like_float32_on_an_unseen_document():
     Weights in bfloat16, arithmetic upcast (the default): single-token FI ranks like float32
     (Spearman >= 0.9) and a 60-token set's FI is within 5 % of float32."""
     from fi_toolkit.documents import load_document
-    from fi_toolkit.models import load_model
+    from fi_toolkit.model.loading import load_model
 
     fis, floors = {}, {}
     for dtype in ("float32", "bfloat16"):

@@ -10,7 +10,7 @@ import torch
 
 from fi_toolkit.errors import FIError
 from fi_toolkit.eviction import TokenSet
-from fi_toolkit.probe import (
+from fi_toolkit.probe.forward_influence import (
     Chunk,
     check_chunks,
     forward_influence,
@@ -19,7 +19,7 @@ from fi_toolkit.probe import (
     log_sum_exp,
     parse_chunk,
 )
-from fi_toolkit.trace import SignalConfig, trace_prefix
+from fi_toolkit.signals.trace import SignalConfig, trace_prefix
 
 P = 200
 CHUNKS = [Chunk(200, 260), Chunk(330, 400)]
@@ -167,7 +167,7 @@ def test_chunk_range_checks():
 
 def test_bfloat16_model_gives_float32_signals_and_close_fi(tiny_ids):
     """The CUDA path runs models in bf16; signals and KL are still float32. Checked here on the CPU."""
-    from fi_toolkit.models import tiny_model
+    from fi_toolkit.model.loading import tiny_model
 
     lm32 = tiny_model(seed=0)
     lm16 = tiny_model(seed=0)

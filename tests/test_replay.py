@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from fi_toolkit.errors import FIError
-from fi_toolkit.generate import CompressedDecoder, compression_points
-from fi_toolkit.policies import make_policy
-from fi_toolkit.ragged import ragged_attention
-from fi_toolkit.replay import replay
 from masked_attention import masked_logits
+
+from fi_toolkit.compress.decoder import CompressedDecoder, compression_points
+from fi_toolkit.compress.replay import replay
+from fi_toolkit.errors import FIError
+from fi_toolkit.model.attention import ragged_attention
+from fi_toolkit.policies import make_policy
 
 P, NEW, INTERVAL, W = 96, 160, 32, 16  # 256 tokens: the prompt, then 159 fed tokens, compressing every 32
 TOL = 1e-5

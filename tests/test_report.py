@@ -11,14 +11,14 @@ from html.parser import HTMLParser
 import pandas as pd
 import pytest
 import torch
+from cli_runner import run_cli
 
 from fi_toolkit import Document, LoadedModel, SignalConfig
 from fi_toolkit.analysis import read_table, run_correlate, run_nearfar
 from fi_toolkit.errors import FIError
-from fi_toolkit.probe import Chunk
+from fi_toolkit.probe.forward_influence import Chunk
 from fi_toolkit.report import build_report
 from fi_toolkit.report.export import TABLES
-from cli_runner import run_cli
 
 CFG = SignalConfig(window=8)
 P = 96
@@ -168,7 +168,7 @@ def test_report_into_a_result_directory_is_refused(runs):
 
 def test_copies_are_atomic(runs, tmp_path, monkeypatch):
     """A copy that fails half-way leaves the old file whole and no temporary file."""
-    from fi_toolkit import results
+    from fi_toolkit.runs import results
 
     root, _, _ = runs
     target = tmp_path / "t.csv"

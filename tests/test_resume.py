@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from fi_toolkit import Document, SignalConfig
-from fi_toolkit import cli
 from fi_toolkit.analysis import read_table, run_correlate, run_nearfar, study
-from fi_toolkit.analysis.runs import ResumableRun
+from fi_toolkit.cli import app as cli
 from fi_toolkit.errors import FIError
-from fi_toolkit.probe import Chunk
+from fi_toolkit.probe.forward_influence import Chunk
+from fi_toolkit.runs.resumable import ResumableRun
 
 CFG = SignalConfig(window=8)
 P = 96
@@ -269,7 +269,7 @@ def test_interrupt_while_saving_the_first_unit_leaves_nothing(tiny, docs, tmp_pa
             raise KeyboardInterrupt
         return original(path, data)
 
-    monkeypatch.setattr("fi_toolkit.results.write_json", interrupted)
+    monkeypatch.setattr("fi_toolkit.runs.results.write_json", interrupted)
     with pytest.raises(KeyboardInterrupt):
         run.run(docs[:1], lambda doc: {"t": pd.DataFrame({"a": [1, 2]})})
     assert not out.exists()

@@ -10,11 +10,10 @@ import scipy.stats
 import torch
 
 from fi_toolkit.budget import Budget
-
-from fi_toolkit import signals
-from fi_toolkit.models import tiny_model
-from fi_toolkit.selections import Selection, token_scores
-from fi_toolkit.trace import SignalConfig, trace_prefix
+from fi_toolkit.model.loading import tiny_model
+from fi_toolkit.probe.selections import Selection, token_scores
+from fi_toolkit.signals import formulas as signals
+from fi_toolkit.signals.trace import SignalConfig, trace_prefix
 
 
 def test_topk_entropy_with_k_at_least_vocab_equals_scipy_full_entropy():

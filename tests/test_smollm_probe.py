@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from fi_toolkit.eviction import TokenSet
-from fi_toolkit.experiment import probe_document, trace_document
-from fi_toolkit.probe import Chunk, forward_influence, forward_influence_by_deletion
-from fi_toolkit.trace import SignalConfig
+from fi_toolkit.probe.experiment import probe_document, trace_document
+from fi_toolkit.probe.forward_influence import Chunk, forward_influence, forward_influence_by_deletion
+from fi_toolkit.signals.trace import SignalConfig
 
 pytestmark = pytest.mark.smollm
 P = 512

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fi_toolkit.errors import FIError
-from fi_toolkit.tasks import PROTOCOLS, TASKS, TaskSample, encode_split, make_sample, score, split_prompt
+from fi_toolkit.evaluation.tasks import PROTOCOLS, TASKS, TaskSample, encode_split, make_sample, score, split_prompt
 
 
 class Words:

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from masked_attention import masked_logits
 
 from fi_toolkit.errors import FIError
 from fi_toolkit.eviction import KeepMap, gather_cache
-from fi_toolkit.probe import Chunk, forward_influence
-from fi_toolkit.trace import SignalConfig, trace_prefix
-from masked_attention import masked_logits
+from fi_toolkit.probe.forward_influence import Chunk, forward_influence
+from fi_toolkit.signals.trace import SignalConfig, trace_prefix
 
 P = 96
 
@@ -90,8 +90,8 @@ def test_registered_attention_takes_dropout_by_position(tiny, kind):
     function with ``dropout`` as the sixth positional argument, which is eager attention's ``scaling``."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    from fi_toolkit.estimator import BIASED
-    from fi_toolkit.ragged import HEAD_MASKED, RAGGED
+    from fi_toolkit.model.attention import HEAD_MASKED, RAGGED
+    from fi_toolkit.probe.estimator import BIASED
 
     fn = ALL_ATTENTION_FUNCTIONS[{"ragged": RAGGED, "head_masked": HEAD_MASKED, "biased": BIASED}[kind]["eager"]]
     module = tiny.model.model.layers[0].self_attn

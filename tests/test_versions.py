@@ -47,7 +47,7 @@ def test_min_pins_are_the_lower_bounds():
 def _probe(python: str, out: Path) -> tuple[pd.DataFrame, dict]:
     """``fi probe ARGS --out OUT`` under ``python`` -> (its fi.csv, the versions its manifest records)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout's fi_toolkit in both environments
-    run = subprocess.run([python, "-m", "fi_toolkit.cli", *ARGS, "--out", str(out)], cwd=ROOT, env=env,
+    run = subprocess.run([python, "-m", "fi_toolkit.cli.app", *ARGS, "--out", str(out)], cwd=ROOT, env=env,
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=600)
     assert run.returncode == 0, f"{python}: exit {run.returncode}\n{run.stderr[-2000:]}"
     return pd.read_csv(out / "fi.csv"), json.loads((out / "manifest.json").read_text())["versions"]

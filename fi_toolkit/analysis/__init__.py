@@ -4,13 +4,20 @@ Every function returns tidy pandas DataFrames; :mod:`.study` runs them over many
 resumably, into a result directory that :mod:`fi_toolkit.report` turns into a report.
 """
 
-from .correlation import (METHODS, candidate_positions, correlate_document, correlate_signals, correlation,
-                          parse_candidates, per_token_fi, summarize_correlations)
-from .nearfar import (add_relative_columns, nearfar_chunks, nearfar_document, paired_tests, summarize_nearfar,
-                      token_class_summary)
-from .runs import ResumableRun, read_table
-from .study import run_correlate, run_nearfar
-from .token_classes import FUNCTION_WORDS, token_class
+from fi_toolkit.analysis.correlation import correlate_document, correlate_signals, summarize_correlations
+from fi_toolkit.analysis.nearfar import (
+    add_relative_columns,
+    nearfar_chunks,
+    nearfar_document,
+    paired_tests,
+    summarize_nearfar,
+    token_class_summary,
+)
+from fi_toolkit.analysis.per_token import candidate_positions, parse_candidates, per_token_fi
+from fi_toolkit.analysis.statistics import METHODS, correlation
+from fi_toolkit.analysis.study import run_correlate, run_nearfar
+from fi_toolkit.analysis.token_classes import FUNCTION_WORDS, token_class
+from fi_toolkit.runs.resumable import ResumableRun, read_table
 
 __all__ = [
     "FUNCTION_WORDS", "METHODS", "ResumableRun", "add_relative_columns", "candidate_positions", "correlate_document",

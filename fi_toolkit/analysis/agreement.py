@@ -1,8 +1,8 @@
-"""Per-token FI from the gradient estimator (:mod:`fi_toolkit.estimator`) for ``fi correlate --estimator
+"""Per-token FI from the gradient estimator (:mod:`fi_toolkit.probe.estimator`) for ``fi correlate --estimator
 fisher``, and its agreement with exact leave-one-out FI on validated positions.
 
 Agreement (per chunk): Spearman (primary) and Pearson of estimated against exact FI, each weighted by
-the validation sample's inverse inclusion probabilities (:func:`correlation.candidate_positions`,
+the validation sample's inverse inclusion probabilities (:func:`.per_token.candidate_positions`,
 ``stratified:N`` by entropy), and the top-10 % overlap: of the ``k = max(1, round(0.1 n))`` validated
 positions with the largest exact FI, the share that are also among the ``k`` largest estimates
 (unweighted). Each comes with a paired percentile bootstrap 95 % interval (1000 resamples, seeded).
@@ -11,7 +11,6 @@ positions with the largest exact FI, the share that are also among the ``k`` lar
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
@@ -19,29 +18,16 @@ import pandas as pd
 import torch
 from scipy import stats
 
-from ..errors import FIError
-from ..estimator import fisher_fi
-from ..experiment import fi_table
-from ..probe import Chunk
-from ..trace import Trace
-from .correlation import candidate_positions, correlation, per_token_fi
+from fi_toolkit.analysis.per_token import Measured, candidate_positions, per_token_fi
+from fi_toolkit.analysis.statistics import correlation
+from fi_toolkit.errors import FIError
+from fi_toolkit.probe.estimator import fisher_fi
+from fi_toolkit.probe.experiment import fi_table
+from fi_toolkit.probe.forward_influence import Chunk
+from fi_toolkit.signals.trace import Trace
 
 TOP_SHARE = 0.1
 AGREEMENT_METHODS = ("spearman", "pearson", "top10_overlap")
-
-
-@dataclass
-class Measured:
-    """Per-token FI of one document: ``fi`` and ``below`` ``[n, K]`` at ``positions`` with their
-    ``weights``, the controls' table, extra per-token columns (``name -> [n, K]``) and extra tables."""
-
-    positions: torch.Tensor
-    weights: np.ndarray
-    fi: np.ndarray
-    below: np.ndarray
-    controls: pd.DataFrame
-    columns: dict = field(default_factory=dict)
-    tables: dict = field(default_factory=dict)
 
 
 def top_overlap(x, y, share: float = TOP_SHARE) -> float:

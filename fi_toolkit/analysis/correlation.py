@@ -23,178 +23,23 @@ Choices (each an argument):
 from __future__ import annotations
 
 import re
-import warnings
 from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
 import torch
-from scipy import stats
 
-from ..errors import FIError
-from ..eviction import TokenSet
-from ..experiment import fi_table, flag_below_noise_floor, noise_floor
-from ..probe import Chunk, ProbeResult, forward_influence
-from ..trace import Trace
+from fi_toolkit.analysis.agreement import estimated_fi
+from fi_toolkit.analysis.per_token import exact_fi, parse_candidates
+from fi_toolkit.analysis.statistics import METHODS, correlation
+from fi_toolkit.errors import FIError
+from fi_toolkit.probe.experiment import flag_below_noise_floor, noise_floor
+from fi_toolkit.probe.forward_influence import Chunk
+from fi_toolkit.signals.trace import Trace
 
-METHODS = ("spearman", "pearson", "kendall")
 # Short signal names of docs/method.md, "Signals" -> columns of Trace.token_table (layer-and-head means).
 MEAN_SIGNALS = {"H": "entropy", "A": "attention", "D": "distance", "E": "layer_entropy", "S": "infokv"}
 LAYER_SIGNALS = ("A", "D", "E", "S")
-
-
-SAMPLINGS = ("all", "sample", "stratified")
-
-
-def parse_candidates(spec: str) -> tuple[str, int | None]:
-    """``"all"`` -> ("all", None); ``"sample:256"`` -> ("sample", 256); ``"stratified:64"`` -> ("stratified", 64)."""
-    text = spec.strip().lower()
-    if text == "all":
-        return "all", None
-    m = re.fullmatch(r"(sample|stratified):(\d+)", text)
-    if not m or int(m.group(2)) < 1:
-        raise FIError(f"invalid --candidates '{spec}': use 'all', 'sample:N' (uniform) or 'stratified:N' "
-                      "(by entropy, reweighted) with N >= 1, e.g. sample:256")
-    return m.group(1), int(m.group(2))
-
-
-def candidate_positions(trace: Trace, spec: str = "sample:256", sinks: int = 4,
-                        seed: int = 0) -> tuple[torch.Tensor, np.ndarray]:
-    """Candidate positions from ``[sinks, p - w)`` and each one's weight (inverse inclusion probability,
-    normalised to mean 1): ``all`` and ``sample:N`` (uniform) weigh every position equally."""
-    kind, n = parse_candidates(spec)
-    if seed < 0:
-        raise FIError(f"--seed must be >= 0, got {seed}")
-    if sinks < 0 or sinks >= trace.scored:
-        raise FIError(f"--sinks {sinks} leaves no candidates: the scored prefix [0, {trace.scored}) "
-                      f"has {trace.scored} positions")
-    pool = torch.arange(sinks, trace.scored)
-    if n is None or n >= pool.numel():
-        return pool, np.ones(pool.numel())
-    rng = np.random.default_rng(seed)
-    if kind == "sample":
-        picked = np.sort(rng.choice(pool.numel(), size=n, replace=False))
-        return pool[picked], np.ones(n)
-    order = np.argsort(trace.entropy[pool].numpy(), kind="stable")
-    strata = np.array_split(order, n)
-    picked = np.array([int(rng.choice(stratum)) for stratum in strata])
-    weights = np.array([len(stratum) for stratum in strata], dtype=np.float64)
-    by_position = np.argsort(picked)
-    return pool[picked[by_position]], weights[by_position] / weights.mean()
-
-
-def per_token_fi(
-    model,
-    trace: Trace,
-    ids: torch.Tensor,
-    positions: torch.Tensor,
-    chunks: Sequence[Chunk],
-    batch_size: int | None = None,
-    block: int = 512,
-    on_progress: Callable[[int], None] | None = None,
-    controls: bool = True,
-    reference=None,
-) -> ProbeResult:
-    """Leave-one-out FI of every position in one batched probe, every chunk in the same pass, after the
-    noise controls (rows ``[0, 2)`` of the result; the candidates follow in order). ``controls=False``
-    and a shared ``reference``: a later block of a document measured in parts."""
-    evictions = [TokenSet(f"positions:{int(j)}", [int(j)], {"selector": "positions"}) for j in positions]
-    return forward_influence(model, trace, ids, evictions, chunks, batch_size=batch_size, block=block,
-                             on_progress=on_progress, controls=controls, reference=reference)
-
-
-# -- coefficients and their bootstrap intervals ------------------------------------------------------------
-
-
-def _pearson(x, y, axis=-1):
-    xm = x - x.mean(axis=axis, keepdims=True)
-    ym = y - y.mean(axis=axis, keepdims=True)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return (xm * ym).sum(axis=axis) / np.sqrt((xm * xm).sum(axis=axis) * (ym * ym).sum(axis=axis))
-
-
-def _spearman(x, y, axis=-1):
-    return _pearson(stats.rankdata(x, axis=axis), stats.rankdata(y, axis=axis), axis=axis)
-
-
-def _kendall(x, y):
-    return stats.kendalltau(x, y).statistic
-
-
-def weighted_pearson(x, y, w) -> float:
-    w = w / w.sum()
-    xm, ym = x - (w * x).sum(), y - (w * y).sum()
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return float((w * xm * ym).sum() / np.sqrt((w * xm * xm).sum() * (w * ym * ym).sum()))
-
-
-def weighted_ranks(x, w) -> np.ndarray:
-    """Weighted mid-ranks: the weight strictly below each value plus half the weight of its ties."""
-    below = (w[None, :] * (x[None, :] < x[:, None])).sum(axis=1)
-    tied = (w[None, :] * (x[None, :] == x[:, None])).sum(axis=1)
-    return below + 0.5 * tied
-
-
-def weighted_spearman(x, y, w) -> float:
-    return weighted_pearson(weighted_ranks(x, w), weighted_ranks(y, w), w)
-
-
-def weighted_kendall(x, y, w) -> float:
-    """Tau-b over pairs weighted ``w_i w_j``."""
-    sx, sy = np.sign(x[:, None] - x[None, :]), np.sign(y[:, None] - y[None, :])
-    ww = w[:, None] * w[None, :]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return float((ww * sx * sy).sum() / np.sqrt((ww * (sx != 0)).sum() * (ww * (sy != 0)).sum()))
-
-
-# method -> (scipy point estimate with p-value, bootstrap statistic, is it vectorized, weighted statistic)
-_METHODS = {
-    "spearman": (stats.spearmanr, _spearman, True, weighted_spearman),
-    "pearson": (stats.pearsonr, _pearson, True, weighted_pearson),
-    "kendall": (stats.kendalltau, _kendall, False, weighted_kendall),
-}
-
-
-def correlation(
-    x, y, method: str = "spearman", n_resamples: int = 1000, confidence: float = 0.95, seed: int = 0,
-    weights=None,
-) -> dict:
-    """Coefficient, p-value and paired percentile bootstrap interval of ``x`` vs ``y`` (non-finite pairs dropped).
-
-    Unweighted (``weights`` None or all equal): equal to ``scipy.stats.<method>`` and
-    ``scipy.stats.bootstrap((x, y), stat, paired=True, method="percentile",
-    rng=np.random.default_rng(seed))`` on the same arrays. Weighted: the weighted coefficient, no
-    p-value (NaN), the bootstrap over (x, y, w) triples. Constant input or fewer than 3 pairs gives
-    NaN (a correlation is undefined there).
-    """
-    if method not in _METHODS:
-        raise FIError(f"unknown correlation method '{method}' (choose from {', '.join(METHODS)})")
-    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
-    w = np.ones_like(x) if weights is None else np.asarray(weights, dtype=np.float64)
-    ok = np.isfinite(x) & np.isfinite(y)
-    x, y, w = x[ok], y[ok], w[ok]
-    weighted = bool(w.size and np.ptp(w) > 0)
-    row = {"method": method, "weighted": weighted, "rho": np.nan, "p_value": np.nan, "ci_low": np.nan,
-           "ci_high": np.nan, "n": int(x.size)}
-    if x.size < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
-        return row
-    point, statistic, vectorized, weighted_statistic = _METHODS[method]
-    if weighted:
-        row["rho"] = weighted_statistic(x, y, w)
-        data, stat, vectorized = (x, y, w), weighted_statistic, False
-    else:
-        res = point(x, y)
-        row["rho"], row["p_value"] = float(res.statistic), float(res.pvalue)
-        data, stat = (x, y), statistic
-    if n_resamples > 0:
-        with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
-            warnings.simplefilter("ignore", stats.DegenerateDataWarning)
-            boot = stats.bootstrap(
-                data, stat, paired=True, vectorized=vectorized, n_resamples=n_resamples,
-                confidence_level=confidence, method="percentile", rng=np.random.default_rng(seed),
-            )
-        row["ci_low"], row["ci_high"] = float(boot.confidence_interval.low), float(boot.confidence_interval.high)
-    return row
 
 
 def signal_columns(trace: Trace, positions: torch.Tensor) -> pd.DataFrame:
@@ -230,30 +75,6 @@ def correlate_signals(
     return table
 
 
-def exact_fi(model, doc, trace: Trace, chunks: Sequence[Chunk], candidates: str = "sample:256", sinks: int = 4,
-             seed: int = 0, batch_size: int | None = None, block: int = 512,
-             on_progress: Callable[[int], None] | None = None, part: slice = slice(None), reference=None):
-    """Leave-one-out FI of the candidate positions, with the noise controls -> :class:`.agreement.Measured`.
-
-    ``part``: only that block of the candidates; the controls go with the block that starts at 0, and
-    the other blocks' ``below`` and ``controls`` are None (:func:`assemble_parts` completes them)."""
-    from .agreement import Measured
-
-    positions, weights = candidate_positions(trace, candidates, sinks, seed)
-    positions, weights = positions[part], weights[part]
-    with_controls = part.start in (None, 0)
-    result = per_token_fi(model, trace, doc.ids, positions, chunks, batch_size, block, on_progress, with_controls,
-                          reference)
-    controls = result.control_rows()
-    measured = [i for i in range(len(result.evictions)) if i not in controls]
-    fi = result.fi()[measured].double().numpy()
-    if not with_controls:
-        return Measured(positions, weights, fi, None, None)
-    control_table = fi_table(doc, trace, result.rows(controls))
-    return Measured(positions, weights, fi, result.below_noise_floor()[measured].numpy(),
-                    control_table[["document", "selection", "selector", "chunk", "chunk_start", "distance_from_p", "fi"]])
-
-
 def correlate_document(
     model, doc, trace: Trace, chunks: Sequence[Chunk], candidates: str = "sample:256", sinks: int = 4,
     seed: int = 0, n_resamples: int = 1000, batch_size: int | None = None, block: int = 512,
@@ -263,7 +84,7 @@ def correlate_document(
     """Per-token FI and its correlations for one document -> ``{"tokens", "correlations", "controls"}``.
 
     ``estimator="exact"``: leave-one-out FI of the ``candidates``. ``"fisher"``: the gradient estimate
-    (:mod:`fi_toolkit.estimator`, ``samples`` label draws) at every position of ``[sinks, p - w)``,
+    (:mod:`fi_toolkit.probe.estimator`, ``samples`` label draws) at every position of ``[sinks, p - w)``,
     with ``validate`` positions also measured exactly (tables ``validation`` and ``agreement``).
 
     ``part`` (exact only; issue 11): one block of the candidates, sharing the document's ``reference``
@@ -271,8 +92,6 @@ def correlate_document(
     every signal column at its candidates (``signals``) and, in the first block, ``controls``;
     :func:`assemble_parts` turns the blocks into the whole document's tables.
     """
-    from .agreement import estimated_fi
-
     if estimator == "fisher":
         if part is not None:
             raise FIError("--unit-candidates splits exact per-token FI; the fisher estimate is one unit per document")

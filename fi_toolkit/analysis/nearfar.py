@@ -25,13 +25,13 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from ..budget import Budget
-from ..errors import FIError
-from ..experiment import fi_table
-from ..probe import CONTROL, Chunk, forward_influence
-from ..selections import MAX_SEEDS, SCORE_SELECTORS, parse_selections
-from ..trace import Trace
-from .token_classes import token_class_table
+from fi_toolkit.analysis.token_classes import token_class_table
+from fi_toolkit.budget import Budget
+from fi_toolkit.errors import FIError
+from fi_toolkit.probe.experiment import fi_table
+from fi_toolkit.probe.forward_influence import CONTROL, Chunk, forward_influence
+from fi_toolkit.probe.selections import MAX_SEEDS, SCORE_SELECTORS, parse_selections
+from fi_toolkit.signals.trace import Trace
 
 
 def nearfar_chunks(prefix: int, distances: Sequence[int], chunk_len: int) -> list[Chunk]:
@@ -82,8 +82,8 @@ def nearfar_document(
     ``sets`` measures a block of the sets only (a part of a split document, issue 11): the noise
     controls go with the block that starts at 0, and the blocks' tables, concatenated in order, are
     the whole document's; blocks without the controls leave ``below_noise_floor`` to the merge
-    (:func:`fi_toolkit.experiment.flag_below_noise_floor`). ``reference``: the document's
-    :func:`~fi_toolkit.probe.chunk_reference`, shared by its parts.
+    (:func:`fi_toolkit.probe.experiment.flag_below_noise_floor`). ``reference``: the document's
+    :func:`~fi_toolkit.probe.forward_influence.chunk_reference`, shared by its parts.
     """
     selections = parse_selections(nearfar_selections(budget, seeds))
     evictions = []

@@ -1,7 +1,7 @@
 """Whole studies over several documents, resumable: ``fi correlate`` and ``fi nearfar`` in one call each.
 
 Each document is traced once, measured, and its tables saved before the next one starts
-(:class:`~fi_toolkit.analysis.runs.ResumableRun`); the cross-document summaries are recomputed
+(:class:`~fi_toolkit.runs.resumable.ResumableRun`); the cross-document summaries are recomputed
 from the saved per-document tables at the end.
 """
 
@@ -14,19 +14,34 @@ from typing import Callable, Sequence
 
 import pandas as pd
 
-from .. import results
-from ..budget import Budget
-from ..errors import FIError
-from ..estimator import ESTIMATORS, check_samples
-from ..experiment import flag_below_noise_floor, max_context, noise_floor, trace_document
-from ..models import dtype_name
-from ..probe import CONTROL_LABELS, Chunk, check_chunks, chunk_reference
-from ..trace import SignalConfig
-from .agreement import summarize_agreement
-from .correlation import assemble_parts, correlate_document, parse_candidates, summarize_correlations
-from .nearfar import (add_relative_columns, count_sets, nearfar_chunks, nearfar_document, paired_tests, summarize_nearfar,
-                      token_class_summary)
-from .runs import ResumableRun, check_unit_size, document_keys, last_document, part_slice, split_units
+from fi_toolkit.analysis.agreement import summarize_agreement
+from fi_toolkit.analysis.correlation import assemble_parts, correlate_document, summarize_correlations
+from fi_toolkit.analysis.nearfar import (
+    add_relative_columns,
+    count_sets,
+    nearfar_chunks,
+    nearfar_document,
+    paired_tests,
+    summarize_nearfar,
+    token_class_summary,
+)
+from fi_toolkit.analysis.per_token import parse_candidates
+from fi_toolkit.budget import Budget
+from fi_toolkit.errors import FIError
+from fi_toolkit.model.loading import dtype_name
+from fi_toolkit.probe.estimator import ESTIMATORS, check_samples
+from fi_toolkit.probe.experiment import flag_below_noise_floor, max_context, noise_floor, trace_document
+from fi_toolkit.probe.forward_influence import CONTROL_LABELS, Chunk, check_chunks, chunk_reference
+from fi_toolkit.runs import results
+from fi_toolkit.runs.resumable import (
+    ResumableRun,
+    check_unit_size,
+    document_keys,
+    last_document,
+    part_slice,
+    split_units,
+)
+from fi_toolkit.signals.trace import SignalConfig
 
 Progress = Callable[[str, int, int], None]  # (document name, done, total) after each batch
 

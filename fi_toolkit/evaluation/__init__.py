@@ -7,11 +7,17 @@
 - :mod:`.run`: resumable runs writing the tables and the manifest.
 """
 
-from .future import DOCUMENT, Future, continue_ids, generated_document, parse_future
-from .replays import FULL, TextSetting, divergence, evaluate_text, free_generation
-from .run import run_eval_tasks, run_eval_text
-from .summaries import kl_accuracy_table, mean_ci, summarise_answers, summarise_replays, summarise_segments
-from .task_runs import SampleUnit, evaluate_sample, make_units, task_name
+from fi_toolkit.compress.future import DOCUMENT, Future, continue_ids, generated_document, parse_future
+from fi_toolkit.evaluation.replays import FULL, TextSetting, divergence, evaluate_text, free_generation
+from fi_toolkit.evaluation.run import run_eval_tasks, run_eval_text
+from fi_toolkit.evaluation.summaries import (
+    kl_accuracy_table,
+    mean_ci,
+    summarise_answers,
+    summarise_replays,
+    summarise_segments,
+)
+from fi_toolkit.evaluation.task_runs import SampleUnit, evaluate_sample, make_units, task_name
 
 __all__ = [
     "DOCUMENT", "FULL", "Future", "SampleUnit", "TextSetting", "continue_ids", "divergence", "evaluate_sample",

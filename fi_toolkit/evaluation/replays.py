@@ -1,6 +1,6 @@
 """Evaluation on text (issue 9, parts 1, 2 and 4): per document, one shared prefill and full-cache
 reference, then for the full cache and every policy a teacher-forced replay
-(:func:`fi_toolkit.replay.replay`) and a free greedy generation compared with the full cache's.
+(:func:`fi_toolkit.compress.replay.replay`) and a free greedy generation compared with the full cache's.
 
 Tables (one row per ...):
 
@@ -23,13 +23,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..errors import FIError
-from ..generate import signal_config_for
-from ..policies import Policy
-from ..ragged import ragged_attention
-from ..replay import ReplayResult, SharedPrompt, replay
-from ..trace import SignalConfig
-from .future import DOCUMENT, Future, continue_ids
+from fi_toolkit.compress.decoder import signal_config_for
+from fi_toolkit.compress.future import DOCUMENT, Future, continue_ids
+from fi_toolkit.compress.replay import ReplayResult, SharedPrompt, replay
+from fi_toolkit.errors import FIError
+from fi_toolkit.model.attention import ragged_attention
+from fi_toolkit.policies import Policy
+from fi_toolkit.signals.trace import SignalConfig
 
 FULL = "full"
 
@@ -72,7 +72,7 @@ def policy_columns(policy: Policy | None) -> dict:
 
 @torch.no_grad()
 def free_generation(shared: SharedPrompt, policy: Policy | None, tokens: int, interval: int) -> list[int]:
-    """Greedy tokens after the shared prompt under ``policy``, as :func:`fi_toolkit.generate.generate`
+    """Greedy tokens after the shared prompt under ``policy``, as :func:`fi_toolkit.compress.decoder.generate`
     decodes them (EOS does not stop it; compression every ``interval`` generated tokens)."""
     decoder, _ = shared.decoder.fork(policy)
     try:
@@ -129,7 +129,7 @@ def _tables(result: ReplayResult, policy: Policy | None, keys: dict, free: tuple
 @dataclass
 class TextContext:
     """What every policy's replay of one sequence shares: the sequence (with its generated future), the
-    prefill and full-cache reference (:class:`~fi_toolkit.replay.SharedPrompt`) and the full cache's
+    prefill and full-cache reference (:class:`~fi_toolkit.compress.replay.SharedPrompt`) and the full cache's
     free generation. Parts of one document (issue 11) reuse it when they follow each other on a rank."""
 
     ids: torch.Tensor

@@ -1,5 +1,5 @@
 """``fi eval`` as resumable runs (issue 9, part 6): one unit per document (text) or per generated
-task sample (tasks), saved as it finishes (:class:`~fi_toolkit.analysis.runs.ResumableRun`); the
+task sample (tasks), saved as it finishes (:class:`~fi_toolkit.runs.resumable.ResumableRun`); the
 summaries are recomputed from the saved units at the end, so a resumed run equals an uninterrupted one.
 
 Text runs write ``positions``, ``segments``, ``replays`` (per document) and ``replay_summary``,
@@ -16,17 +16,24 @@ from typing import Callable
 
 import pandas as pd
 
-from ..analysis.runs import ResumableRun, check_unit_size, last_document, part_slice, split_units
-from ..analysis.study import execute_run
-from ..errors import FIError
-from ..experiment import max_context
-from ..models import dtype_name
-from ..policies import Policy
-from ..probe import NOISE_MARGIN  # a compressed mean KL below it x the full-cache replay's is at the floor
-from ..trace import SignalConfig
-from .replays import FULL, TextSetting, evaluate_text, text_context
-from .summaries import kl_accuracy_table, summarise_answers, summarise_replays, summarise_segments
-from .task_runs import SampleUnit, evaluate_sample
+from fi_toolkit.analysis.study import execute_run
+from fi_toolkit.errors import FIError
+from fi_toolkit.evaluation.replays import FULL, TextSetting, evaluate_text, text_context
+from fi_toolkit.evaluation.summaries import (
+    kl_accuracy_table,
+    summarise_answers,
+    summarise_replays,
+    summarise_segments,
+)
+from fi_toolkit.evaluation.task_runs import SampleUnit, evaluate_sample
+from fi_toolkit.model.loading import dtype_name
+from fi_toolkit.policies import Policy
+from fi_toolkit.probe.experiment import max_context
+from fi_toolkit.probe.forward_influence import (
+    NOISE_MARGIN,  # a compressed mean KL below it x the full-cache replay's is at the floor
+)
+from fi_toolkit.runs.resumable import ResumableRun, check_unit_size, last_document, part_slice, split_units
+from fi_toolkit.signals.trace import SignalConfig
 
 Progress = Callable[[str, int, int], None]
 

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from ..analysis.correlation import correlation
+from fi_toolkit.analysis.statistics import correlation
 
 CONFIDENCE = 0.95
 

@@ -1,13 +1,13 @@
 """Evaluation on long-context tasks (issue 9, part 3): per generated sample and protocol, one shared
 prefill of what the compression may see, then the full cache and every policy answer greedily.
 
-Protocols (:mod:`fi_toolkit.tasks`): question-aware prefills the whole prompt, so the prefill
+Protocols (:mod:`fi_toolkit.evaluation.tasks`): question-aware prefills the whole prompt, so the prefill
 compression sees the question; question-agnostic prefills the context alone, compresses it, and
 only then feeds the question (kvpress's context/question split). Either way the question and the
 answer are fed after the prefill compression; later compressions (every ``interval`` generated
 tokens) happen only for answers longer than the interval.
 
-Per answer: ``correct`` (:func:`fi_toolkit.tasks.score`), the free generation's first divergence
+Per answer: ``correct`` (:func:`fi_toolkit.evaluation.tasks.score`), the free generation's first divergence
 from the full cache's answer, and ``answer_kl``: the mean KL(P_full || P_compressed) over the
 positions that predict the full cache's answer tokens, teacher-forced on that answer (a replay of
 the question and the full cache's answer).
@@ -22,14 +22,14 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-from ..errors import FIError
-from ..generate import CompressedDecoder, _eos_ids, signal_config_for
-from ..policies import Policy
-from ..probe import kl_from_reference, reference_terms
-from ..ragged import ragged_attention
-from ..tasks import TASKS, TaskSample, check_protocol, encode_split, make_sample, score
-from ..trace import SignalConfig
-from .replays import divergence, policy_columns
+from fi_toolkit.compress.decoder import CompressedDecoder, _eos_ids, signal_config_for
+from fi_toolkit.errors import FIError
+from fi_toolkit.evaluation.replays import divergence, policy_columns
+from fi_toolkit.evaluation.tasks import TASKS, TaskSample, check_protocol, encode_split, make_sample, score
+from fi_toolkit.model.attention import ragged_attention
+from fi_toolkit.policies import Policy
+from fi_toolkit.probe.forward_influence import kl_from_reference, reference_terms
+from fi_toolkit.signals.trace import SignalConfig
 
 TASK_ALIASES = {"niah": "multikey_needle", "multikey": "multikey_needle", "vartrack": "variable_tracking"}
 

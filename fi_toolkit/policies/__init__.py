@@ -1,21 +1,21 @@
 """Eviction policies, one small dataclass per file (kvpress style), behind one contract:
-``policy.keep_map(signals) -> KeepMap`` where ``signals`` is a prefill :class:`~fi_toolkit.trace.Trace`
+``policy.keep_map(signals) -> KeepMap`` where ``signals`` is a prefill :class:`~fi_toolkit.signals.trace.Trace`
 or the decoding :class:`Signals`. Add a policy: add a file and one line in ``POLICIES``.
 """
 
 from __future__ import annotations
 
-from ..errors import FIError
-from ..budget import Budget
-from .base import Policy, Signals, allocate, select
-from .h2o import H2O
-from .infokv import InfoKV
-from .knorm import KNorm
-from .pyramidkv import PyramidKV
-from .random import RandomPolicy
-from .rpc import RPC
-from .snapkv import SnapKV
-from .streaming import StreamingLLM
+from fi_toolkit.budget import Budget
+from fi_toolkit.errors import FIError
+from fi_toolkit.policies.base import Policy, Signals, allocate, select
+from fi_toolkit.policies.h2o import H2O
+from fi_toolkit.policies.infokv import InfoKV
+from fi_toolkit.policies.knorm import KNorm
+from fi_toolkit.policies.pyramidkv import PyramidKV
+from fi_toolkit.policies.random import RandomPolicy
+from fi_toolkit.policies.rpc import RPC
+from fi_toolkit.policies.snapkv import SnapKV
+from fi_toolkit.policies.streaming import StreamingLLM
 
 POLICIES: dict[str, type[Policy]] = {
     "infokv": InfoKV,
@@ -32,10 +32,6 @@ POLICIES: dict[str, type[Policy]] = {
 def make_policy(name: str, **kwargs) -> Policy:
     """``make_policy("infokv", budget="keep=0.25", alpha=0.9)``; options a policy does not have are ignored."""
     key = name.strip().lower()
-    if key.startswith("kvpress:"):  # a kvpress press (fi_toolkit.kvpress_bridge), with the budget given
-        from ..kvpress_bridge import press_policy
-
-        return press_policy(name, kwargs.get("budget"), kwargs.get("window"))
     if key == "infokv-adaptive":
         key, kwargs = "infokv", {**kwargs, "adaptive": True}
     if key not in POLICIES:

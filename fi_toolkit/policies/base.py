@@ -17,9 +17,9 @@ from typing import ClassVar
 
 import torch
 
-from ..budget import Budget
-from ..errors import FIError
-from ..eviction import KeepMap
+from fi_toolkit.budget import Budget
+from fi_toolkit.errors import FIError
+from fi_toolkit.eviction import KeepMap
 
 
 @dataclass
@@ -51,7 +51,7 @@ class Signals:
 
     @classmethod
     def from_trace(cls, trace) -> "Signals":
-        """Prefill signals of a :class:`~fi_toolkit.trace.Trace`: slots are prompt positions."""
+        """Prefill signals of a :class:`~fi_toolkit.signals.trace.Trace`: slots are prompt positions."""
         p, hkv, device = trace.prefix_len, trace.num_kv_heads, trace.keys[0].device
         positions = torch.arange(p, device=device).expand(hkv, p)
         entropy = trace.entropy.to(device).expand(hkv, p)
@@ -184,7 +184,7 @@ class Policy:
         return lo, hi
 
     def keep_map(self, signals) -> KeepMap:
-        """Signals (a :class:`~fi_toolkit.trace.Trace` or :class:`Signals`) -> :class:`KeepMap`."""
+        """Signals (a :class:`~fi_toolkit.signals.trace.Trace` or :class:`Signals`) -> :class:`KeepMap`."""
         s = as_signals(signals)
         if s.window != self.window:
             raise FIError(f"{self.name}: signals were traced with window {s.window}, the policy uses {self.window}")

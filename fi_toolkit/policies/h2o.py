@@ -2,7 +2,7 @@
 accumulated attention, plus the recent window.
 
 "Accumulated" is one quantity on one scale: the softmax attention an entry has received, summed
-over queries, unpooled, averaged over each GQA group (:func:`fi_toolkit.signals.attention_received`).
+over queries, unpooled, averaged over each GQA group (:func:`fi_toolkit.signals.formulas.attention_received`).
 At prefill the queries are the observation window's (the full ``N x N`` matrix the paper sums over
 is never built); during generation every generated token's attention is added step by step and
 carried through compressions. Defaults: ``window=32`` (the recent part), ``budget=keep=0.25``.
@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..errors import FIError
-from .base import Policy, Signals
+from fi_toolkit.errors import FIError
+from fi_toolkit.policies.base import Policy, Signals
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """InfoKV (arXiv 2606.26875, "Information-Aware KV Cache Compression for Long Reasoning").
 
 ``S = alpha * A + (1 - alpha) * softmax(E^(l))``, ``E^(l) = (D^(l) + tau) * H`` (docs/method.md,
-signals 3-5), computed by :func:`fi_toolkit.signals.infokv_score`, the same function the trace uses;
+signals 3-5), computed by :func:`fi_toolkit.signals.formulas.infokv_score`, the same function the trace uses;
 the softmax runs over the slots the policy may evict (``[protected, n - w)``).
 Defaults: ``alpha=0.9, tau=1.0, top_k=256, window=32, budget=0.25, adaptive=False``. ``alpha=1``
 is SnapKV scoring exactly. ``adaptive=True`` gives layer ``l`` the share ``mean(E^(l)) / sum_m
@@ -15,9 +15,9 @@ from typing import ClassVar
 
 import torch
 
-from ..errors import FIError
-from ..signals import infokv_score, layer_entropy_score
-from .base import Policy, Signals, allocate
+from fi_toolkit.errors import FIError
+from fi_toolkit.policies.base import Policy, Signals, allocate
+from fi_toolkit.signals.formulas import infokv_score, layer_entropy_score
 
 
 @dataclass

@@ -13,7 +13,7 @@ from typing import ClassVar
 
 import torch
 
-from .base import Policy, Signals, allocate
+from fi_toolkit.policies.base import Policy, Signals, allocate
 
 
 @dataclass

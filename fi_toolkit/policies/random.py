@@ -10,7 +10,7 @@ from typing import ClassVar
 
 import torch
 
-from .base import Policy, Signals
+from fi_toolkit.policies.base import Policy, Signals
 
 
 @dataclass

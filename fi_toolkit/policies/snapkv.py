@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .base import Policy, Signals
+from fi_toolkit.policies.base import Policy, Signals
 
 
 @dataclass

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .figures import _finish, _spans_decades, plt, sns
+from fi_toolkit.report.figures import _finish, _spans_decades, plt, sns
 
 POLICY_ORDER = ["infokv", "snapkv", "pyramidkv", "streaming", "h2o", "knorm", "random", "rpc"]
 

@@ -23,10 +23,10 @@ from typing import Sequence
 
 import pandas as pd
 
-from .. import results
-from ..analysis.runs import read_table
-from ..errors import FIError
-from . import eval_figures, figures
+from fi_toolkit.errors import FIError
+from fi_toolkit.report import eval_figures, figures
+from fi_toolkit.runs import results
+from fi_toolkit.runs.resumable import read_table
 
 FORMATS = ("html", "md", "csv", "json")
 # Tables of each run kind, in display order; the ones shown in HTML/Markdown are marked True.
@@ -128,7 +128,7 @@ def _caption(run: dict) -> str:
 
 def cross_run_tables(runs: list[dict]) -> pd.DataFrame | None:
     """With a text and a task eval run: does mean replay KL predict task accuracy across (policy, budget)?"""
-    from ..evaluation.summaries import kl_accuracy_table
+    from fi_toolkit.evaluation.summaries import kl_accuracy_table
 
     text = [r for r in runs if r["kind"] == "eval-text"]
     tasks = [r for r in runs if r["kind"] == "eval-tasks"]

@@ -18,7 +18,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from ..analysis.nearfar import per_document_selector  # noqa: E402
+from fi_toolkit.analysis.nearfar import per_document_selector  # noqa: E402
 
 SELECTOR_ORDER = ["entropy", "attention", "distance", "infokv", "random"]
 

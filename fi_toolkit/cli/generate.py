@@ -1,4 +1,4 @@
-"""``fi generate``: text generation with a compressed KV cache (a thin shell over :func:`fi_toolkit.generate.generate`).
+"""``fi generate``: text generation with a compressed KV cache (a thin shell over :func:`fi_toolkit.compress.decoder.generate`).
 
 Generated text streams to stdout; the statistics table goes to stderr at the end.
 """
@@ -12,9 +12,22 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from .cli_options import (AlphaOpt, DeviceOpt, DtypeOpt, EntropyOfOpt, GenerateUpcastOpt, ModelOpt, PoolOpt, TauOpt,
-                          TopKOpt, WindowOpt, check_entropy_of, check_finite, err)
-from .errors import FIError
+from fi_toolkit.cli.options import (
+    AlphaOpt,
+    DeviceOpt,
+    DtypeOpt,
+    EntropyOfOpt,
+    GenerateUpcastOpt,
+    ModelOpt,
+    PoolOpt,
+    TauOpt,
+    TopKOpt,
+    WindowOpt,
+    check_entropy_of,
+    check_finite,
+    err,
+)
+from fi_toolkit.errors import FIError
 
 
 def _human(n: float) -> str:
@@ -67,10 +80,10 @@ def generate(
     stream: bool = typer.Option(True, "--stream/--no-stream", help="Stream text as it is generated."),
 ):
     """Generate text with the KV cache compressed by a policy (prefill and every --interval tokens)."""
-    from .generate import generate as run_generate
-    from .generate import signal_config_for
-    from .models import load_model
-    from .policies import make_policy
+    from fi_toolkit.compress.decoder import generate as run_generate
+    from fi_toolkit.compress.decoder import signal_config_for
+    from fi_toolkit.integrations.kvpress.bridge import named_policy
+    from fi_toolkit.model.loading import load_model
 
     if (prompt is None) == (file is None):
         raise FIError("give a prompt or --file (exactly one)")
@@ -92,7 +105,7 @@ def generate(
             raise FIError(f"cannot read --file '{file}': {exc.strerror}") from None
     chosen = None
     if policy.strip().lower() not in ("none", "full"):
-        chosen = make_policy(policy, budget=budget, window=window, alpha=alpha, tau=tau, top_k=top_k)
+        chosen = named_policy(policy, budget=budget, window=window, alpha=alpha, tau=tau, top_k=top_k)
     config = signal_config_for(chosen, pool_kernel=pool, entropy_of=entropy_of)
     lm = load_model(model, device, dtype, upcast=upcast)
 

@@ -4,7 +4,7 @@ future predictions.
 ``FI(e; C) = mean_{t in C} KL(P_full(. | x_<=t) || P_e(. | x_<=t))`` in nats, full vocabulary, float32.
 
 The path from the CLI to the KL:
-``cli.probe`` -> :func:`fi_toolkit.experiment.probe_document` -> :func:`forward_influence` ->
+``cli.probe`` -> :func:`fi_toolkit.probe.experiment.probe_document` -> :func:`forward_influence` ->
 :func:`_continuation_hidden` (one forward over ``[p, max r_c)`` per batch of evictions, masked) ->
 :meth:`Reference.kl` -> :func:`kl_from_reference`.
 
@@ -23,13 +23,13 @@ from typing import Callable, Sequence
 
 import torch
 
-from .architectures import context_limit
-from .compat import cache_kwargs
-from .errors import FIError
-from .eviction import KeepMap, TokenSet, gather_cache, shared_cache
-from .precision import compute_dtype
-from .ragged import head_masked_attention, ragged_attention
-from .trace import Trace, decoder_parts
+from fi_toolkit.errors import FIError
+from fi_toolkit.eviction import KeepMap, TokenSet, gather_cache, shared_cache
+from fi_toolkit.model.architectures import context_limit
+from fi_toolkit.model.attention import head_masked_attention, ragged_attention
+from fi_toolkit.model.compat import cache_kwargs
+from fi_toolkit.model.precision import compute_dtype
+from fi_toolkit.signals.trace import Trace, decoder_parts
 
 
 @dataclass(frozen=True)
@@ -145,7 +145,7 @@ def _continuation_hidden(
     hidden states at relative positions ``capture`` -> ``[B, len(capture), d]``.
 
     Gradient mode is the caller's: the probe runs it under ``torch.no_grad``, the gradient estimator
-    (:mod:`fi_toolkit.estimator`) with gradients flowing to an attention bias.
+    (:mod:`fi_toolkit.probe.estimator`) with gradients flowing to an attention bias.
 
     ``visible [B, P]`` says which of the cache's ``P`` prefix entries each row may attend to. The
     continuation runs in query blocks of ``block`` tokens, so the mask never exceeds ``B x block x keys``.

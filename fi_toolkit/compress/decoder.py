@@ -17,7 +17,7 @@ streamed in blocks of ``SignalConfig.lm_head_block`` rows); hidden states are he
 chunk (``prefill_chunk`` tokens x L layers x d) and never for more; per-token signals cost
 ``(L + 1) x (prompt + max_new)`` float32; window attention reads ``w`` queries per layer, never an
 ``N x N`` matrix. Uneven per-layer budgets (adaptive InfoKV, PyramidKV) run through
-:func:`fi_toolkit.ragged.ragged_attention`.
+:func:`fi_toolkit.model.attention.ragged_attention`.
 """
 
 from __future__ import annotations
@@ -31,13 +31,13 @@ from typing import Callable
 import torch
 from transformers import DynamicCache
 
-from .architectures import check_model, context_limit, context_phrase
-from .compat import cache_kwargs
-from .errors import FIError
-from .eviction import KeepMap, gather_cache
-from .policies import Policy, Signals
-from .ragged import ragged_attention
-from .trace import SignalConfig, SignalTracker, decoder_parts, entropy_of_tokens
+from fi_toolkit.errors import FIError
+from fi_toolkit.eviction import KeepMap, gather_cache
+from fi_toolkit.model.architectures import check_model, context_limit, context_phrase
+from fi_toolkit.model.attention import ragged_attention
+from fi_toolkit.model.compat import cache_kwargs
+from fi_toolkit.policies import Policy, Signals
+from fi_toolkit.signals.trace import SignalConfig, SignalTracker, decoder_parts, entropy_of_tokens
 
 
 def signal_config_for(policy: Policy | None, **overrides) -> SignalConfig:
@@ -262,7 +262,7 @@ class CompressedDecoder:
                stop: Callable[[list[int]], bool] | None = None) -> list[int]:
         """Greedy tokens from the next-token ``logits`` on, as :func:`generate` decodes them: at most
         ``max_new`` (EOS does not stop it; ``stop(tokens)`` may), compressing every ``interval``
-        generated tokens. Run it inside :func:`~fi_toolkit.ragged.ragged_attention`."""
+        generated tokens. Run it inside :func:`~fi_toolkit.model.attention.ragged_attention`."""
         if max_new < 1:
             raise FIError(f"max_new must be >= 1 tokens, got {max_new}")
         tokens: list[int] = []

@@ -13,13 +13,20 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .architectures import context_limit
-from .documents import Document
-from .errors import FIError
-from .models import LoadedModel
-from .probe import CONTROL, NOISE_MARGIN, Chunk, ProbeResult, check_chunks, forward_influence
-from .selections import Selection, parse_selections, token_scores
-from .trace import SignalConfig, Trace, trace_prefix
+from fi_toolkit.documents import Document
+from fi_toolkit.errors import FIError
+from fi_toolkit.model.architectures import context_limit
+from fi_toolkit.model.loading import LoadedModel
+from fi_toolkit.probe.forward_influence import (
+    CONTROL,
+    NOISE_MARGIN,
+    Chunk,
+    ProbeResult,
+    check_chunks,
+    forward_influence,
+)
+from fi_toolkit.probe.selections import Selection, parse_selections, token_scores
+from fi_toolkit.signals.trace import SignalConfig, Trace, trace_prefix
 
 
 def max_context(lm: LoadedModel) -> int | None:

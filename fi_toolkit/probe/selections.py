@@ -4,7 +4,7 @@
 ``infokv``), ``random:BUDGET@SEED`` (or ``@A-B`` for seeds A..B) removes a uniform sample,
 ``positions:A-B,C`` removes named positions (inclusive ranges), ``policy:NAME@BUDGET`` evicts what
 a compression policy would (per layer and head), ``kvpress:NAME@RATIO`` what a kvpress press keeps
-(:mod:`fi_toolkit.kvpress_bridge`; ``RATIO`` is kvpress's compression_ratio, the share removed).
+(:mod:`fi_toolkit.integrations.kvpress.bridge`; ``RATIO`` is kvpress's compression_ratio, the share removed).
 ``BUDGET`` has one meaning everywhere
 (:mod:`fi_toolkit.budget`): ``keep=X`` or ``remove=X``, a bare ``X`` being ``keep=X``; a share
 (``0.1``) is of the whole prefix ``[0, p)``, window and sinks included, else a token count; so
@@ -19,11 +19,11 @@ from dataclasses import dataclass
 
 import torch
 
-from .budget import Budget
-from .errors import FIError
-from .eviction import KeepMap, TokenSet
-from .kvpress_bridge import PressSpec, make_press, parse_press_spec, run_press
-from .trace import Trace
+from fi_toolkit.budget import Budget
+from fi_toolkit.errors import FIError
+from fi_toolkit.eviction import KeepMap, TokenSet
+from fi_toolkit.integrations.kvpress.bridge import PressSpec, make_press, parse_press_spec, run_press
+from fi_toolkit.signals.trace import Trace
 
 SCORE_SELECTORS = ("entropy", "attention", "distance", "infokv")
 SELECTORS = SCORE_SELECTORS + ("random", "positions", "policy", "kvpress")
@@ -133,19 +133,19 @@ class Selection:
     def _checked_policy_budget(self, prefix_len: int, window: int, policy=None) -> int:
         """Entries the policy keeps per layer and head (uneven budgets average to it); refuses a budget
         that cannot be met or that keeps everything (nothing to measure)."""
-        from .policies import make_policy
+        from fi_toolkit.integrations.kvpress.bridge import named_policy
 
-        policy = policy or make_policy(self.policy, budget=self.budget, window=window)
+        policy = policy or named_policy(self.policy, budget=self.budget, window=window)
         kept = policy.tokens(prefix_len)
         if kept >= prefix_len:
             raise FIError(f"{self.option} keeps all {prefix_len:,} prefix positions: nothing to measure")
         return kept
 
     def _policy_keep_map(self, trace: Trace, alpha: float | None) -> KeepMap:
-        from .policies import make_policy
+        from fi_toolkit.integrations.kvpress.bridge import named_policy
 
         c = trace.config
-        policy = make_policy(self.policy, budget=self.budget, window=c.window,
+        policy = named_policy(self.policy, budget=self.budget, window=c.window,
                              alpha=c.alpha if alpha is None else alpha, tau=c.tau, top_k=c.top_k)
         self._checked_policy_budget(trace.prefix_len, c.window, policy)
         keep_map = policy.keep_map(trace)
@@ -197,13 +197,13 @@ def parse_selection(spec: str) -> list[Selection]:
         make_press(press, f"--select {spec}")  # validate the press now (and that kvpress is installed)
         return [Selection(spec, kind, press=press)]
     if kind == "policy":
-        from .policies import make_policy
+        from fi_toolkit.integrations.kvpress.bridge import named_policy
 
         name, _, amount = rest.partition("@")
         if not amount:
             raise FIError(f"--select {spec}: expected policy:NAME@BUDGET, e.g. policy:infokv@keep=0.25")
         budget = Budget.parse(amount, f"--select {spec}")
-        make_policy(name, budget=budget)  # validate the name now, before any model work
+        named_policy(name, budget=budget)  # validate the name now, before any model work
         return [Selection(spec, kind, budget, policy=name.strip().lower())]
     amount, at, seeds = rest.partition("@")
     budget = Budget.parse(amount, f"--select {spec}")

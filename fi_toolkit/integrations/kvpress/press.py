@@ -2,8 +2,8 @@
 
 ```python
 from kvpress import KVPressTextGenerationPipeline
-from fi_toolkit.kvpress import InfoKVPress
-from fi_toolkit.models import load_model
+from fi_toolkit.integrations.kvpress.press import InfoKVPress
+from fi_toolkit.model.loading import load_model
 
 lm = load_model("smollm2-135m")
 pipe = KVPressTextGenerationPipeline(model=lm.model, tokenizer=lm.tokenizer)
@@ -12,7 +12,7 @@ answer = pipe(context, question=question, press=press)["answer"]
 ```
 
 The bridge the other way (any kvpress press measured by ``fi probe``) is
-:mod:`fi_toolkit.kvpress_bridge`; its names are re-exported here.
+:mod:`fi_toolkit.integrations.kvpress.bridge`; its names are re-exported here.
 """
 
 from __future__ import annotations
@@ -20,19 +20,26 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from .kvpress_bridge import (KVPRESS_INSTALL, PressSpec, make_press, parse_press_spec, require_kvpress, restore,
-                             run_press)
+from fi_toolkit.integrations.kvpress.bridge import (
+    KVPRESS_INSTALL,
+    PressSpec,
+    make_press,
+    parse_press_spec,
+    require_kvpress,
+    restore,
+    run_press,
+)
 
-require_kvpress("fi_toolkit.kvpress needs", ImportError)  # one line saying how to install it
+require_kvpress("fi_toolkit.integrations.kvpress.press needs", ImportError)  # one line saying how to install it
 
 from kvpress import BasePress  # noqa: E402
 from kvpress.utils import compute_n_kept  # noqa: E402
 
-from .budget import Budget  # noqa: E402
-from .compat import cache_keyword  # noqa: E402
-from .eviction import KeepMap, gather_layer  # noqa: E402
-from .policies import InfoKV  # noqa: E402
-from .trace import SignalConfig, SignalTracker, decoder_parts, tracker_trace  # noqa: E402
+from fi_toolkit.budget import Budget  # noqa: E402
+from fi_toolkit.eviction import KeepMap, gather_layer  # noqa: E402
+from fi_toolkit.model.compat import cache_keyword  # noqa: E402
+from fi_toolkit.policies import InfoKV  # noqa: E402
+from fi_toolkit.signals.trace import SignalConfig, SignalTracker, decoder_parts, tracker_trace  # noqa: E402
 
 
 @dataclass

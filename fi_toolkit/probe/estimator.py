@@ -42,13 +42,13 @@ import torch
 import torch.nn.functional as F
 from torch.autograd import forward_ad
 
-from .architectures import context_limit
-from .checkpointing import checkpointed_layers
-from .errors import FIError
-from .eviction import shared_cache
-from .probe import Chunk, _capture_positions, _continuation_hidden, check_chunks
-from .ragged import register_wrapped
-from .trace import Trace, decoder_parts
+from fi_toolkit.errors import FIError
+from fi_toolkit.eviction import shared_cache
+from fi_toolkit.model.architectures import context_limit
+from fi_toolkit.model.attention import register_wrapped
+from fi_toolkit.model.checkpointing import checkpointed_layers
+from fi_toolkit.probe.forward_influence import Chunk, _capture_positions, _continuation_hidden, check_chunks
+from fi_toolkit.signals.trace import Trace, decoder_parts
 
 ESTIMATORS = ("exact", "fisher")
 DEFAULT_SAMPLES = 16
@@ -206,7 +206,7 @@ def fisher_fi(
     One forward over ``[p, max r_c)`` with gradients to the bias, then ``samples`` backward passes per
     chunk through the same graph. Deterministic for a ``seed`` (labels come from a seeded generator).
     ``on_progress(1)`` after each sample. ``checkpoint``: recompute each decoder layer in every backward
-    instead of keeping its activations (:mod:`fi_toolkit.checkpointing`; same estimates, bounded
+    instead of keeping its activations (:mod:`fi_toolkit.model.checkpointing`; same estimates, bounded
     memory, more time); ``None`` decides by :func:`needs_checkpoint`.
     """
     check_samples(samples)

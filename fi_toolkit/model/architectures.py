@@ -26,10 +26,11 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
+import weakref
 
 import torch
 
-from .errors import FIError
+from fi_toolkit.errors import FIError
 
 QUERY_PROJECTIONS = ("q_proj", "qkv_proj")
 ATTENTION_PARTS = {"q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "q_norm", "k_norm"}
@@ -98,11 +99,20 @@ def _lacks(model: torch.nn.Module) -> str | None:
     return None
 
 
+_ACCEPTED: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()  # models check_model has accepted
+
+
 def check_model(model: torch.nn.Module) -> None:
-    """Raise :class:`FIError` with one line naming what ``model`` lacks, before any forward."""
+    """Raise :class:`FIError` with one line naming what ``model`` lacks, before any forward.
+
+    A model is checked once: an accepted one is remembered (weakly) and later calls return at once, so
+    the check costs one walk over the layers per command however many forwards follow."""
+    if model in _ACCEPTED:
+        return
     lacks = _lacks(model)
     if lacks:
         raise FIError(f"{type(model).__name__} is not supported by fi_toolkit: {lacks}")
+    _ACCEPTED.add(model)
 
 
 def decoder_parts(model: torch.nn.Module):

@@ -1,10 +1,10 @@
 """The ``fi`` command line (typer). Each command is a thin shell over one library call.
 
-``fi probe`` -> :func:`fi_toolkit.experiment.probe_document` -> :func:`fi_toolkit.probe.forward_influence`
--> :meth:`fi_toolkit.probe.Reference.kl` -> :func:`fi_toolkit.probe.kl_from_reference`.
+``fi probe`` -> :func:`fi_toolkit.probe.experiment.probe_document` -> :func:`fi_toolkit.probe.forward_influence.forward_influence`
+-> :meth:`fi_toolkit.probe.forward_influence.Reference.kl` -> :func:`fi_toolkit.probe.forward_influence.kl_from_reference`.
 
 Every user error is one line on stderr (``error: ...``) and exit status 2; Ctrl-C is one line
-(``interrupted: ...``) and exit 130. Options shared by the commands live in :mod:`fi_toolkit.cli_options`.
+(``interrupted: ...``) and exit 130. Options shared by the commands live in :mod:`fi_toolkit.cli.options`.
 """
 
 from __future__ import annotations
@@ -17,10 +17,28 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from .cli_options import (AlphaOpt, DeviceMapOpt, DeviceOpt, DtypeOpt, EntropyOfOpt, ModelOpt, OverwriteOpt, PoolOpt, TauOpt,
-                          TopKOpt, UpcastOpt, WindowOpt, _progress, _signal_config, check_placement, check_prefix, check_selections,
-                          err, out)
-from .errors import FIError
+from fi_toolkit.cli.options import (
+    AlphaOpt,
+    DeviceMapOpt,
+    DeviceOpt,
+    DtypeOpt,
+    EntropyOfOpt,
+    ModelOpt,
+    OverwriteOpt,
+    PoolOpt,
+    TauOpt,
+    TopKOpt,
+    UpcastOpt,
+    WindowOpt,
+    _progress,
+    _signal_config,
+    check_placement,
+    check_prefix,
+    check_selections,
+    err,
+    out,
+)
+from fi_toolkit.errors import FIError
 
 app = typer.Typer(
     add_completion=False,
@@ -60,13 +78,13 @@ def probe(
 
     Everything that can be checked without the model is checked first; the results directory is
     created only when the results are written, so a failed or interrupted run leaves none behind."""
-    from . import results
-    from .documents import read_texts, tokenize_texts
-    from .experiment import max_context, noise_floor, noise_warning, probe_document, trace_document
-    from .models import load_model
-    from .probe import CONTROL_LABELS, check_chunks, parse_chunk
-    from .evaluation.future import generated_document, parse_future
-    from .selections import parse_selections
+    from fi_toolkit.compress.future import generated_document, parse_future
+    from fi_toolkit.documents import read_texts, tokenize_texts
+    from fi_toolkit.model.loading import load_model
+    from fi_toolkit.probe.experiment import max_context, noise_floor, noise_warning, probe_document, trace_document
+    from fi_toolkit.probe.forward_influence import CONTROL_LABELS, check_chunks, parse_chunk
+    from fi_toolkit.probe.selections import parse_selections
+    from fi_toolkit.runs import results
 
     placement = check_placement(device, device_map)
     fut = parse_future(future)
@@ -143,8 +161,8 @@ def probe(
 
 def _my_documents(docs):
     """(world, indices of the documents this rank computes): all of them in one process; under torchrun
-    a share balanced by token count (:func:`fi_toolkit.distributed.assign`), an idle rank says so."""
-    from .distributed import assign, current
+    a share balanced by token count (:func:`fi_toolkit.runs.distributed.assign`), an idle rank says so."""
+    from fi_toolkit.runs.distributed import assign, current
 
     world = current()
     owner = assign([len(d) for d in docs], world.size)
@@ -189,10 +207,10 @@ def scores(
     overwrite: bool = typer.Option(False, help="Replace --out if it exists."),
 ):
     """Write per-token signals (H, A, D, E, S; per layer too) with the token text; with --fi-chunk, per-token FI too."""
-    from . import results
-    from .documents import read_texts, tokenize_texts
-    from .experiment import max_context, trace_document
-    from .models import load_model
+    from fi_toolkit.documents import read_texts, tokenize_texts
+    from fi_toolkit.model.loading import load_model
+    from fi_toolkit.probe.experiment import max_context, trace_document
+    from fi_toolkit.runs import results
 
     placement = check_placement(device, device_map)
     config = _signal_config(window, top_k, alpha, tau, pool, entropy_of)
@@ -204,7 +222,7 @@ def scores(
     if out_file.exists() and not overwrite:
         raise FIError(f"--out '{out_file}' exists; choose another file or pass --overwrite")
     texts = read_texts(document)[:1]
-    from .distributed import current
+    from fi_toolkit.runs.distributed import current
 
     world = current()
     shared_positions = bool(fi_chunks) and estimator == "exact"  # exact per-token FI: positions split among ranks
@@ -221,7 +239,7 @@ def scores(
         table = trace.token_table(tokens)
         table.insert(0, "document", doc.name)
         if fi_chunks:
-            from .probe import check_chunks
+            from fi_toolkit.probe.forward_influence import check_chunks
 
             check_chunks(fi_chunks, prefix, len(doc), max_context(lm))
             bar.update(task, description=f"FI ({estimator}) {doc.name}", total=None)
@@ -242,8 +260,8 @@ def scores(
 
 def _score_fi_options(fi_chunk, estimator, samples, seed, prefix: int):
     """``fi scores``' FI options -> (chunks, estimator, samples, seed); options that would be ignored are refused."""
-    from .estimator import DEFAULT_SAMPLES, ESTIMATORS, check_samples
-    from .probe import check_chunks, parse_chunk
+    from fi_toolkit.probe.estimator import DEFAULT_SAMPLES, ESTIMATORS, check_samples
+    from fi_toolkit.probe.forward_influence import check_chunks, parse_chunk
 
     if not fi_chunk:
         if estimator is not None or samples is not None or seed is not None:
@@ -269,12 +287,12 @@ def _add_fi_columns(lm, doc, trace, table, chunks, estimator: str, samples: int,
     import torch
 
     if estimator == "fisher":
-        from .estimator import fisher_fi
+        from fi_toolkit.probe.estimator import fisher_fi
 
         est = fisher_fi(lm.model, trace, doc.ids, chunks, samples, seed)
         fi, se = est.fi, est.se
     else:
-        from .analysis import per_token_fi
+        from fi_toolkit.analysis import per_token_fi
 
         block = torch.arange(trace.prefix_len).tensor_split(world.size)[world.rank]
         result = per_token_fi(lm.model, trace, doc.ids, block, chunks, controls=False)
@@ -292,7 +310,7 @@ def _add_fi_columns(lm, doc, trace, table, chunks, estimator: str, samples: int,
 @app.command()
 def models():
     """Show the embedded default model and where its converted copy is cached."""
-    from .models import DEFAULT_MODEL, EMBEDDED_INSTALL, cache_dir, embedded_gguf
+    from fi_toolkit.model.loading import DEFAULT_MODEL, EMBEDDED_INSTALL, cache_dir, embedded_gguf
 
     try:
         gguf = embedded_gguf()
@@ -305,9 +323,9 @@ def models():
 
 
 # --- commands defined in other modules register here (one import line each) ---
-from .cli_study import register as _register_study  # noqa: E402
-from .cli_generate import register as _register_generate  # noqa: E402
-from .cli_eval import register as _register_eval  # noqa: E402
+from fi_toolkit.cli.eval import register as _register_eval  # noqa: E402
+from fi_toolkit.cli.generate import register as _register_generate  # noqa: E402
+from fi_toolkit.cli.study import register as _register_study  # noqa: E402
 
 _register_study(app)
 _register_generate(app)

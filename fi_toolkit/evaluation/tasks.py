@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .architectures import context_limit, context_phrase
-from .documents import BUNDLED, bundled_path
-from .errors import FIError
+from fi_toolkit.documents import BUNDLED, bundled_path
+from fi_toolkit.errors import FIError
+from fi_toolkit.model.architectures import context_limit, context_phrase
 
 PROTOCOLS = ("question-aware", "question-agnostic")
 INSTRUCTION = ("Some important information is hidden inside the following text. "

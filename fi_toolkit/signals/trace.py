@@ -19,11 +19,10 @@ import pandas as pd
 import torch
 from transformers import DynamicCache
 
-from . import signals
-from .architectures import apply_rope, context_limit, context_phrase, decoder_parts, queries
-from .compat import cache_kwargs
-from .errors import FIError
-
+from fi_toolkit.errors import FIError
+from fi_toolkit.model.architectures import apply_rope, context_limit, context_phrase, decoder_parts, queries
+from fi_toolkit.model.compat import cache_kwargs
+from fi_toolkit.signals import formulas as signals
 
 ENTROPY_OF = ("produced", "next")
 

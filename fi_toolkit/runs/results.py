@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .errors import FIError
+from fi_toolkit.errors import FIError
 
 
 def _umask_mode(path: str) -> None:
@@ -182,15 +182,15 @@ def new_default_dir(kind: str, root: Path = Path("runs"), tries: int = 20) -> Pa
 
 
 def versions() -> dict:
+    from importlib.metadata import version
+
     import numpy
     import scipy
     import torch
     import transformers
 
-    from . import __version__
-
     return {
-        "fi_toolkit": __version__,
+        "fi_toolkit": version("fi_toolkit"),
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "torch": torch.__version__,

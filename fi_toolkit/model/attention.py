@@ -20,7 +20,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 from transformers.models.llama.modeling_llama import eager_attention_forward
 
-from .errors import FIError
+from fi_toolkit.errors import FIError
 
 
 def align_mask(mask: torch.Tensor | None, key_len: int) -> torch.Tensor | None:

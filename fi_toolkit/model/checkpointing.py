@@ -26,7 +26,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 from transformers.cache_utils import DynamicLayer
 
-from .architectures import decoder_parts
+from fi_toolkit.model.architectures import decoder_parts
 
 
 @contextmanager

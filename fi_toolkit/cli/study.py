@@ -14,10 +14,30 @@ from typing import List, Optional
 
 import typer
 
-from .cli_options import (AlphaOpt, DeviceMapOpt, DeviceOpt, DtypeOpt, EntropyOfOpt, ModelOpt, PoolOpt, TauOpt, TopKOpt, UpcastOpt,
-                          WindowOpt, _progress, _signal_config, check_placement, check_prefix, check_selections, check_resamples,
-                          check_sinks, err, out, unit_progress)
-from .errors import FIError
+from fi_toolkit.cli.options import (
+    AlphaOpt,
+    DeviceMapOpt,
+    DeviceOpt,
+    DtypeOpt,
+    EntropyOfOpt,
+    ModelOpt,
+    PoolOpt,
+    TauOpt,
+    TopKOpt,
+    UpcastOpt,
+    WindowOpt,
+    _progress,
+    _signal_config,
+    check_placement,
+    check_prefix,
+    check_resamples,
+    check_selections,
+    check_sinks,
+    err,
+    out,
+    unit_progress,
+)
+from fi_toolkit.errors import FIError
 
 DocsArg = typer.Argument(None, help="Text/JSONL files or bundled names (default: alice).")
 ResumeOpt = typer.Option(False, help="Continue a stopped run of the same command in --out: skip finished documents "
@@ -27,15 +47,15 @@ BatchOpt = typer.Option(None, help="Evictions per batched forward (default: 1 on
 
 
 def _read_documents(specs):
-    from .documents import read_texts
+    from fi_toolkit.documents import read_texts
 
     return [t for spec in (specs or [None]) for t in read_texts(spec)]
 
 
 def _run_study(label: str, model: str, device, dtype: str, upcast: bool, texts, max_tokens: int, study, device_map=None):
     """Load the model, tokenise ``texts``, then ``study(lm, docs, progress)`` under a progress bar per document."""
-    from .documents import tokenize_texts
-    from .models import load_model
+    from fi_toolkit.documents import tokenize_texts
+    from fi_toolkit.model.loading import load_model
 
     lm = load_model(model, device, dtype, upcast=upcast, device_map=device_map)
     docs = tokenize_texts(texts, lm.tokenizer, max_tokens=max_tokens)
@@ -65,10 +85,10 @@ def correlate(
                                              "unit per document), so torchrun's ranks share documents; same tables."),
 ):
     """Per-token (leave-one-out) FI of candidate positions, correlated with H, A, D, E, S (and per layer)."""
-    from .analysis import parse_candidates, run_correlate
-    from .analysis.runs import check_run_dir
-    from .analysis.study import check_unit_candidates
-    from .probe import check_chunks, parse_chunk
+    from fi_toolkit.analysis import parse_candidates, run_correlate
+    from fi_toolkit.analysis.study import check_unit_candidates
+    from fi_toolkit.probe.forward_influence import check_chunks, parse_chunk
+    from fi_toolkit.runs.resumable import check_run_dir
 
     placement = check_placement(device, device_map)
     chunks = [parse_chunk(c) for c in chunk]
@@ -114,8 +134,8 @@ def correlate(
 
 def _estimator_options(estimator, candidates, samples, validate, batch_size, n_candidates: int):
     """Resolve ``--estimator`` and the options that go with it; refuse any option the estimator would ignore."""
-    from .analysis.study import check_estimator
-    from .estimator import DEFAULT_SAMPLES
+    from fi_toolkit.analysis.study import check_estimator
+    from fi_toolkit.probe.estimator import DEFAULT_SAMPLES
 
     estimator = (estimator or "exact").strip().lower()
     if estimator == "fisher":
@@ -155,10 +175,10 @@ def nearfar(
                                        "so torchrun's ranks share documents when they are few; same tables."),
 ):
     """Equal-size sets by entropy/attention/distance/InfoKV/random: FI on chunks at increasing distance from p."""
-    from .analysis import run_nearfar
-    from .analysis.nearfar import nearfar_chunks, nearfar_selections, parse_distances
-    from .analysis.runs import check_run_dir, check_unit_size
-    from .selections import parse_selections
+    from fi_toolkit.analysis import run_nearfar
+    from fi_toolkit.analysis.nearfar import nearfar_chunks, nearfar_selections, parse_distances
+    from fi_toolkit.probe.selections import parse_selections
+    from fi_toolkit.runs.resumable import check_run_dir, check_unit_size
 
     placement = check_placement(device, device_map)
     dist = parse_distances(distances)
@@ -188,7 +208,7 @@ def nearfar(
 
 
 def _warn_noise(measured, controls) -> None:
-    from .experiment import noise_floor, noise_warning
+    from fi_toolkit.probe.experiment import noise_floor, noise_warning
 
     warning = noise_warning(measured, noise_floor(controls))
     if warning:
@@ -214,7 +234,7 @@ def report(
     overwrite: bool = typer.Option(False, help="Replace a report (or other results) already in --out."),
 ):
     """Turn result directories into a self-contained HTML page, Markdown, and CSV/JSON tables."""
-    from .report import build_report, parse_formats
+    from fi_toolkit.report import build_report, parse_formats
 
     written = build_report(runs, out_dir, parse_formats(formats), overwrite=overwrite)
     for path in written:

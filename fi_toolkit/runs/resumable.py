@@ -20,7 +20,7 @@ with one ``note:`` line on stderr naming the problem. A settings.json that is no
 is refused with one line (``--overwrite`` starts over). Nothing is created before the first document
 finishes, so a run that fails on bad input leaves no directory and no settings.json behind.
 
-Under ``torchrun`` (issue 11) the units are shared among the ranks (:mod:`fi_toolkit.distributed`):
+Under ``torchrun`` (issue 11) the units are shared among the ranks (:mod:`fi_toolkit.runs.distributed`):
 rank 0 checks what is finished, writes settings.json and broadcasts the plan; every rank computes and
 saves its own units (the same atomic per-unit files); after a barrier rank 0 checks every unit and
 writes the combined tables and the manifest, byte for byte what one process would have written. A
@@ -45,8 +45,8 @@ from typing import Callable, Sequence
 
 import pandas as pd
 
-from .. import distributed, results
-from ..errors import FIError
+from fi_toolkit.errors import FIError
+from fi_toolkit.runs import distributed, results
 
 SETTINGS = "settings.json"
 PER_DOCUMENT = "per_document"

@@ -13,10 +13,28 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from .cli_options import (AlphaOpt, DeviceMapOpt, DeviceOpt, DtypeOpt, EntropyOfOpt, ModelOpt, PoolOpt, TauOpt, TopKOpt, UpcastOpt,
-                          WindowOpt, _progress, _signal_config, check_placement, check_resamples, err, out, unit_progress)
-from .cli_study import ResumeOpt, StudyOverwriteOpt, _read_documents
-from .errors import FIError
+from fi_toolkit.cli.options import (
+    AlphaOpt,
+    DeviceMapOpt,
+    DeviceOpt,
+    DtypeOpt,
+    EntropyOfOpt,
+    ModelOpt,
+    PoolOpt,
+    TauOpt,
+    TopKOpt,
+    UpcastOpt,
+    WindowOpt,
+    _progress,
+    _signal_config,
+    check_placement,
+    check_resamples,
+    err,
+    out,
+    unit_progress,
+)
+from fi_toolkit.cli.study import ResumeOpt, StudyOverwriteOpt, _read_documents
+from fi_toolkit.errors import FIError
 
 DEFAULT_POLICIES = "infokv,snapkv,pyramidkv,streaming,h2o,knorm,random"
 DEFAULT_TASKS = "passkey,multikey_needle,variable_tracking"
@@ -48,11 +66,11 @@ def int_list(text: str, option: str, minimum: int = 1) -> list[int]:
 
 
 def make_policies(names: str, budgets: str, window: int, alpha: float, tau: float, top_k: int):
-    from .budget import Budget
-    from .policies import make_policy
+    from fi_toolkit.budget import Budget
+    from fi_toolkit.integrations.kvpress.bridge import named_policy
 
     parsed = [Budget.parse(b, "--budget") for b in split_list(budgets, "--budget")]
-    return [make_policy(name, budget=b, window=window, alpha=alpha, tau=tau, top_k=top_k)
+    return [named_policy(name, budget=b, window=window, alpha=alpha, tau=tau, top_k=top_k)
             for name in split_list(names, "--policy") for b in parsed]
 
 
@@ -82,8 +100,8 @@ def eval_(
                                            "share documents; same tables."),
 ):
     """Replay KL, top-1 agreement, ΔNLL and free-generation agreement on text, or task accuracy, per policy and budget."""
-    from .analysis.runs import check_run_dir
-    from .generate import check_budget
+    from fi_toolkit.compress.decoder import check_budget
+    from fi_toolkit.runs.resumable import check_run_dir
 
     placement = check_placement(device, device_map)
     config = _signal_config(window, top_k, alpha, tau, pool, entropy_of)
@@ -91,7 +109,7 @@ def eval_(
     if interval < 1:
         raise FIError(f"--interval must be >= 1, got {interval}")
     check_resamples(resamples)
-    from .analysis.runs import check_unit_size
+    from fi_toolkit.runs.resumable import check_unit_size
 
     check_unit_size(unit_policies, "--unit-policies")
     if task is not None:
@@ -101,7 +119,7 @@ def eval_(
             raise FIError("--unit-policies splits text documents; a task run's unit is already one sample")
         return _eval_tasks(task, context, samples, protocol, max_new, policies, config, interval, resamples,
                            model, device, dtype, upcast, out_dir, resume, overwrite, placement)
-    from .evaluation import TextSetting, parse_future
+    from fi_toolkit.evaluation import TextSetting, parse_future
 
     fut = parse_future(future)
     if fut.generated and length is not None:
@@ -112,9 +130,9 @@ def eval_(
         check_budget(p, prompt, setting.total() - prompt, p.compress_prompt)
     texts = _read_documents(documents)
     check_run_dir(out_dir, "eval", resume, overwrite)
-    from .documents import tokenize_texts
-    from .evaluation import run_eval_text
-    from .models import load_model
+    from fi_toolkit.documents import tokenize_texts
+    from fi_toolkit.evaluation import run_eval_text
+    from fi_toolkit.model.loading import load_model
 
     lm = load_model(model, device, dtype, upcast=upcast, device_map=placement)
     docs = tokenize_texts(texts, lm.tokenizer, max_tokens=setting.length if not fut.generated else prompt)
@@ -124,7 +142,7 @@ def eval_(
     if tables is None:  # a rank other than 0 of a sharded run: rank 0 reports
         return
     _print_text(tables, len(docs), setting)
-    from .evaluation.run import text_noise_warning
+    from fi_toolkit.evaluation.run import text_noise_warning
 
     warning = text_noise_warning(tables["replays"])
     if warning:
@@ -135,10 +153,10 @@ def eval_(
 
 def _eval_tasks(task, context, samples, protocol, max_new, policies, config, interval, resamples,
                 model, device, dtype, upcast, out_dir, resume, overwrite, placement=None):
-    from .analysis.runs import check_run_dir
-    from .evaluation import make_units, run_eval_tasks, task_name
-    from .evaluation.task_runs import check_protocols
-    from .models import load_model
+    from fi_toolkit.evaluation import make_units, run_eval_tasks, task_name
+    from fi_toolkit.evaluation.task_runs import check_protocols
+    from fi_toolkit.model.loading import load_model
+    from fi_toolkit.runs.resumable import check_run_dir
 
     tasks = [task_name(t) for t in split_list(task, "--task")]
     contexts = int_list(context, "--context")

@@ -2,12 +2,12 @@
 cache exactly as compressed decoding would see it, teacher-forced, scored against the full cache.
 
 ``ids [N]`` splits into a prompt ``ids[:p]`` and a continuation. :func:`replay` treats the
-continuation as if :func:`fi_toolkit.generate.generate` had produced it with ``max_new_tokens =
-N - p``: :meth:`~fi_toolkit.generate.CompressedDecoder.prefill` on the prompt (compressed or kept
+continuation as if :func:`fi_toolkit.compress.decoder.generate` had produced it with ``max_new_tokens =
+N - p``: :meth:`~fi_toolkit.compress.decoder.CompressedDecoder.prefill` on the prompt (compressed or kept
 by the policy's rule), then the continuation in blocks, one forward per block
-(:meth:`~fi_toolkit.generate.CompressedDecoder.block`), compressing back to the budget after every
+(:meth:`~fi_toolkit.compress.decoder.CompressedDecoder.block`), compressing back to the budget after every
 ``interval`` fed tokens, where ``generate`` would. The same steps as ``generate``: the points are
-:func:`~fi_toolkit.generate.compression_points`'s, and the block forward records the signals that
+:func:`~fi_toolkit.compress.decoder.compression_points`'s, and the block forward records the signals that
 single steps record.
 
 Positions (the convention): row ``r`` of every per-position tensor is position ``t = p - 1 + r``,
@@ -29,15 +29,15 @@ import pandas as pd
 import torch
 from transformers import DynamicCache
 
-from .architectures import check_model, context_limit, context_phrase, decoder_parts
-from .compat import cache_kwargs
-from .errors import FIError
-from .eviction import KeepMap
-from .generate import CompressedDecoder, check_budget
-from .policies import Policy
-from .probe import kl_from_reference, log_sum_exp, reference_terms
-from .ragged import ragged_attention
-from .trace import SignalConfig
+from fi_toolkit.compress.decoder import CompressedDecoder, check_budget
+from fi_toolkit.errors import FIError
+from fi_toolkit.eviction import KeepMap
+from fi_toolkit.model.architectures import check_model, context_limit, context_phrase, decoder_parts
+from fi_toolkit.model.attention import ragged_attention
+from fi_toolkit.model.compat import cache_kwargs
+from fi_toolkit.policies import Policy
+from fi_toolkit.probe.forward_influence import kl_from_reference, log_sum_exp, reference_terms
+from fi_toolkit.signals.trace import SignalConfig
 
 
 @dataclass
@@ -62,7 +62,7 @@ class ReplayResult:
     """Per-position results, rows ``t = prompt_len - 1 .. N - 2`` (see the module docstring).
 
     ``kl``: ``KL(P_full || P_compressed)`` over the full vocabulary (float32, computed as the probe's
-    :func:`~fi_toolkit.probe.kl_from_reference`); ``top1_agree``: same argmax; ``nll_full``,
+    :func:`~fi_toolkit.probe.forward_influence.kl_from_reference`); ``top1_agree``: same argmax; ``nll_full``,
     ``nll_compressed``: ``-log P(ids[t + 1])`` under each (float32, normalisers in float64);
     ``entries``: cache entries the query at ``t`` attends to in the compressed run (mean over layers,
     itself included). ``logits_full``/``logits_compressed`` ``[n, V]`` only with ``keep_logits``."""
@@ -234,7 +234,7 @@ def replay(
 class SharedPrompt:
     """One prefill and one full-cache reference, reused by the replays of ``ids`` under several
     policies (``fi eval``): :meth:`CompressedDecoder.shared` tracks every policy's signals on the
-    prompt, and each replay forks it (:meth:`~fi_toolkit.generate.CompressedDecoder.fork`).
+    prompt, and each replay forks it (:meth:`~fi_toolkit.compress.decoder.CompressedDecoder.fork`).
     ``config``: the signal options every policy shares (window, top-k, tau, alpha); ``capacity``: the
     most tokens a fork will hold (default: ``ids``' length; more for a longer free generation)."""
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import FIError
+from fi_toolkit.errors import FIError
 
 _GENERATED = re.compile(r"^generated:(\d+)(?:@(\d+))?$")
 
@@ -57,7 +57,7 @@ def parse_future(spec: str | None) -> Future:
 @torch.no_grad()
 def continue_ids(model, prompt_ids: torch.Tensor, future: Future, prefill_chunk: int = 2048) -> torch.Tensor:
     """``prompt_ids`` followed by ``future.tokens`` tokens the model generates with its full cache (CPU ids)."""
-    from ..generate import generate
+    from fi_toolkit.compress.decoder import generate
 
     if not future.generated:
         raise FIError("continue_ids needs a generated future")
@@ -70,7 +70,7 @@ def continue_ids(model, prompt_ids: torch.Tensor, future: Future, prefill_chunk:
 
 def generated_document(lm, doc, prefix: int, future: Future):
     """``doc`` cut at ``prefix`` tokens and continued by the model (``fi probe --future generated:N``)."""
-    from ..documents import Document
+    from fi_toolkit.documents import Document
 
     doc.require(prefix, f"the prompt of --future {future.label}")
     ids = continue_ids(lm.model, doc.ids[:prefix], future)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import FIError
+from fi_toolkit.errors import FIError
 
 CACHE_KEYWORDS = ("cache", "past_key_values")  # newest first
 

@@ -32,10 +32,11 @@ import torch
 from torch.overrides import TorchFunctionMode
 from transformers import DynamicCache
 
-from .compat import cache_kwargs
-from .errors import FIError
-from .eviction import KeepMap
-from .policies.base import Policy
+from fi_toolkit.errors import FIError
+from fi_toolkit.eviction import KeepMap
+from fi_toolkit.model.compat import cache_kwargs
+from fi_toolkit.policies import make_policy
+from fi_toolkit.policies.base import Policy
 
 KVPRESS_INSTALL = "pip install 'fi_toolkit[kvpress]'"
 
@@ -253,9 +254,17 @@ def run_press(press, model, ids: torch.Tensor, prefix_len: int, label: str = "kv
     return PressRun(keep_map, cache, [order for _, order in layers])
 
 
+def named_policy(name: str, **options) -> Policy:
+    """A policy as the command line names it: ``kvpress:NAME[:key=value,...]`` (a press, through this
+    bridge) or one of the project's (:func:`fi_toolkit.policies.make_policy`, ``options`` its fields)."""
+    if name.strip().lower().startswith("kvpress:"):
+        return press_policy(name, options.get("budget"), options.get("window"))
+    return make_policy(name, **options)
+
+
 def press_policy(name: str, budget, window: int | None = None):
     """``fi eval --policy kvpress:NAME[:key=value,...]`` -> a :class:`PressPolicy` with the eval's budget."""
-    from .budget import Budget
+    from fi_toolkit.budget import Budget
 
     where = f"--policy {name}"
     rest = name.strip()[len("kvpress:"):]

@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from .errors import FIError
+from fi_toolkit.errors import FIError
 
 out = Console(emoji=False)
 err = Console(stderr=True, emoji=False, soft_wrap=True)  # messages stay one line at any terminal width
@@ -47,13 +47,13 @@ OverwriteOpt = typer.Option(False, help="Replace results already in --out.")
 
 def check_placement(device, device_map):
     """``--device`` and ``--device-map`` both say where the model goes: refused together, before anything runs."""
-    from .models import check_placement as check
+    from fi_toolkit.model.loading import check_placement as check
 
     return check(device, device_map)
 
 
 def check_entropy_of(entropy_of: str) -> str:
-    from .trace import ENTROPY_OF
+    from fi_toolkit.signals.trace import ENTROPY_OF
 
     if entropy_of not in ENTROPY_OF:
         raise FIError(f"--entropy-of must be one of {', '.join(ENTROPY_OF)}, got '{entropy_of}'")
@@ -61,7 +61,7 @@ def check_entropy_of(entropy_of: str) -> str:
 
 
 def _signal_config(window, top_k, alpha, tau, pool, entropy_of="produced"):
-    from .trace import SignalConfig
+    from fi_toolkit.signals.trace import SignalConfig
 
     config = SignalConfig(top_k=top_k, window=window, pool_kernel=pool, tau=tau, alpha=alpha,
                           entropy_of=check_entropy_of(entropy_of))
