@@ -11,8 +11,10 @@ STAMP_MIN := $(VENV_MIN)/.installed
 VENV_KVP := .venv-kvpress
 BIN_KVP := $(VENV_KVP)/bin
 STAMP_KVP := $(VENV_KVP)/.installed
+# The docs extra in .venv (mkdocs-material, mkdocstrings), with its own stamp.
+STAMP_DOCS := $(VENV)/.installed-docs
 
-.PHONY: setup probe test test-min test-kvpress bench gpu-check clean-cache
+.PHONY: setup probe test test-min test-kvpress bench gpu-check clean-cache docs
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -67,3 +69,12 @@ bench: $(STAMP)
 # On a CUDA machine (install your CUDA torch first): one JSON under benchmarks/results/, exit 1 if a check fails.
 gpu-check: $(STAMP)
 	$(BIN)/python benchmarks/gpu_check.py --device cuda
+
+$(STAMP_DOCS): $(STAMP) pyproject.toml
+	$(BIN)/pip install -q -e '.[docs]'
+	touch $(STAMP_DOCS)
+
+# The documentation site: regenerate the CLI reference from the typer app, then build with warnings as errors.
+docs: $(STAMP_DOCS)
+	$(BIN)/python docs/gen_cli_reference.py
+	$(BIN)/mkdocs build --strict --site-dir site

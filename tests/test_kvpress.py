@@ -174,16 +174,17 @@ def test_infokv_press_with_alpha_1_keeps_exactly_snapkv_press(smollm, alice, tra
 
 
 def readme_snippet() -> str:
-    """The README's InfoKVPress snippet, verbatim: the ```python block that builds ``InfoKVPress``."""
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    """The kvpress guide's InfoKVPress snippet (docs/guides/kvpress.md), verbatim: the ```python block that
+    builds ``InfoKVPress``."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "guides" / "kvpress.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
     found = [b for b in blocks if "InfoKVPress(compression_ratio" in b]
-    assert len(found) == 1, "the README holds one InfoKVPress snippet"
+    assert len(found) == 1, "the kvpress guide holds one InfoKVPress snippet"
     return found[0]
 
 
 def test_infokv_press_pipeline_answer_equals_the_project_compressor():
-    """kvpress's pipeline with InfoKVPress (the README's snippet, run as written) against fi_toolkit's
+    """kvpress's pipeline with InfoKVPress (the kvpress guide's snippet, run as written) against fi_toolkit's
     CompressedDecoder with InfoKV at the same budget, question-agnostic (the context is compressed before
     the question is seen), greedy, kvpress's default 50 new tokens."""
     from fi_toolkit.compress.decoder import CompressedDecoder
@@ -193,7 +194,7 @@ def test_infokv_press_pipeline_answer_equals_the_project_compressor():
     context = bundled_path("alice").read_text()[2000:6000]
     question = "Who is the story about, and what does she do?"
     scope = {"context": context, "question": question}
-    exec(readme_snippet(), scope)  # context and question given, as the README says
+    exec(readme_snippet(), scope)  # context and question given, as the guide says
     press, pipe, lm = scope["press"], scope["pipe"], scope["lm"]
     model = lm.model
     new = 50

@@ -1,0 +1,81 @@
+"""Write docs/reference/cli.md from the typer app: every ``fi`` command with every argument and option and its help.
+
+Run by ``make docs`` before ``mkdocs build``; the generated file is committed, and tests/test_docs.py checks
+that it still names every option of every command.
+
+    python docs/gen_cli_reference.py            # writes docs/reference/cli.md
+    python docs/gen_cli_reference.py --check    # exit 1 if the committed file differs
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import typer
+
+from fi_toolkit.cli.app import app
+
+OUT = Path(__file__).resolve().parent / "reference" / "cli.md"
+MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|])")
+
+
+def _text(help_text: str | None) -> str:
+    """Help text as one Markdown table cell: rich's escapes removed, Markdown's characters escaped."""
+    plain = " ".join((help_text or "").replace("\\[", "[").split())
+    return MD_SPECIAL.sub(r"\\\1", plain)
+
+
+def command_tree():
+    """The click command behind ``fi`` and its context (typer builds it the way ``fi`` runs)."""
+    root = typer.main.get_command(app)
+    return root, root.context_class(root, info_name="fi")
+
+
+def render() -> str:
+    root, root_ctx = command_tree()
+    lines = ["# CLI reference", "",
+             "Generated from the typer app by `python docs/gen_cli_reference.py` (`make docs` runs it); do not edit.",
+             "Every command prints one `error: …` line and exits 2 on bad input.", "",
+             f"`fi`: {_text(root.help)}", "",
+             "| command | what it does |", "|---|---|"]
+    commands = [(name, cmd) for name, cmd in root.commands.items() if not cmd.hidden]
+    for name, cmd in commands:
+        first = (cmd.help or "").strip().split("\n\n")[0]
+        lines.append(f"| [`fi {name}`](#fi-{name}) | {_text(first)} |")
+    for name, cmd in commands:
+        ctx = cmd.context_class(cmd, info_name=name, parent=root_ctx)
+        lines += ["", f"## `fi {name}`", "", "```text", " ".join(cmd.collect_usage_pieces(ctx)).join(
+            [f"fi {name} ", ""]), "```", ""]
+        for para in (cmd.help or "").strip().split("\n\n"):
+            lines += [_text(para), ""]
+        rows = []
+        for param in cmd.params:
+            record = param.get_help_record(ctx)
+            if record is None:
+                continue
+            spelled, help_text = record
+            kind = "argument" if param.param_type_name == "argument" else "option"
+            rows.append(f"| `{spelled}` | {kind} | {_text(help_text)} |")
+        if rows:
+            lines += ["| spelling | kind | help |", "|---|---|---|", *rows]
+        else:
+            lines.append("No arguments or options.")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    text = render()
+    if "--check" in argv:
+        same = OUT.is_file() and OUT.read_text() == text
+        print(f"{OUT}: {'up to date' if same else 'out of date: run python docs/gen_cli_reference.py'}")
+        return 0 if same else 1
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(text)
+    print(f"wrote {OUT}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,188 @@
+"""The documentation (README.md, docs/, mkdocs.yml) against the code and itself; fast, no model.
+
+* every option of every ``fi`` command (the click tree typer builds) appears in its section of the
+  generated CLI reference, docs/reference/cli.md;
+* every relative link and image in the Markdown files points to a file that exists, and every
+  ``#anchor`` to a heading (or explicit anchor) of that file;
+* every page of mkdocs.yml's nav exists; the README stays one screen (at most 250 lines).
+
+Each checker returns what it found wrong, and a test below feeds it a planted fault, so each check
+is seen to fail.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from pathlib import Path
+
+import pytest
+import typer
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+CLI_MD = DOCS / "reference" / "cli.md"
+API_DIR = "reference/api/"  # generated at build time by docs/gen_api_reference.py, one page per module
+README_MAX_LINES = 250
+MARKDOWN = [ROOT / "README.md", ROOT / "CHANGELOG.md", ROOT / "benchmarks" / "README.md",
+            ROOT / "notebooks" / "README.md", *sorted(DOCS.rglob("*.md"))]
+
+LINK = re.compile(r"!?\[(?:[^\]\[]|\[[^\]]*\])*\]\(([^)\s]+)\)")
+FENCE = re.compile(r"^```.*?^```", re.S | re.M)
+CODE_SPAN = re.compile(r"`[^`\n]*`")
+HEADING = re.compile(r"^#{1,6}\s+(.*?)\s*#*\s*$", re.M)
+
+
+def slug(heading: str) -> str:
+    """A heading's anchor as mkdocs' toc extension makes it (markup dropped, then Python-Markdown's slugify)."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading).replace("`", "")
+    text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode()
+    text = re.sub(r"[^\w\s-]", "", text).strip().lower()
+    return re.sub(r"[-\s]+", "-", text)
+
+
+def anchors(path: Path, text: str | None = None) -> set[str]:
+    """Anchors of a Markdown file: its headings' slugs (deduplicated as toc does) and explicit {#id}s."""
+    text = FENCE.sub("", path.read_text() if text is None else text)
+    found, seen = set(), {}
+    for heading in HEADING.findall(text):
+        base = slug(re.sub(r"\s*\{#[^}]*\}\s*$", "", heading))
+        n = seen.get(base, 0)
+        seen[base] = n + 1
+        found.add(base if n == 0 else f"{base}_{n}")
+    return found | set(re.findall(r"\{#([\w-]+)\}", text))
+
+
+def links(path: Path, text: str | None = None) -> list[str]:
+    """Relative link targets in a Markdown file (or ``text`` given for it), outside code blocks and code spans."""
+    text = CODE_SPAN.sub("", FENCE.sub("", path.read_text() if text is None else text))
+    return [t for t in LINK.findall(text) if not re.match(r"^[a-z][a-z0-9+.-]*:", t)]
+
+
+def api_module_exists(rel: str) -> bool:
+    """reference/api/fi_toolkit/x/y.md or .../index.md -> does fi_toolkit/x/y.py (or the package) exist?"""
+    parts = Path(rel.split(API_DIR, 1)[1]).with_suffix("").parts
+    if parts and parts[-1] == "index":
+        return (ROOT.joinpath(*parts[:-1]) / "__init__.py").is_file()
+    return ROOT.joinpath(*parts).with_suffix(".py").is_file()
+
+
+def broken_links(path: Path, text: str | None = None) -> list[str]:
+    """Every relative link of ``path`` (or of ``text`` placed there) whose file, or #anchor, does not exist."""
+    bad = []
+    for target in links(path, text):
+        file_part, _, anchor = target.partition("#")
+        if not file_part:  # an anchor in this page
+            if anchor not in anchors(path, text):
+                bad.append(f"{target} (no such anchor)")
+            continue
+        dest = (path.parent / file_part).resolve()
+        rel = dest.relative_to(DOCS).as_posix() if dest.is_relative_to(DOCS) else None
+        if rel is not None and rel.startswith(API_DIR):
+            if not api_module_exists(rel):
+                bad.append(f"{target} (no such module)")
+            continue
+        if not dest.exists():
+            bad.append(f"{target} (no such file)")
+        elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+            bad.append(f"{target} (no such anchor)")
+    return bad
+
+
+def cli_sections(text: str) -> dict[str, str]:
+    """docs/reference/cli.md split by its '## `fi NAME`' headings -> {NAME: section text}."""
+    parts = re.split(r"^## `fi ([\w-]+)`\s*$", text, flags=re.M)
+    return dict(zip(parts[1::2], parts[2::2]))
+
+
+def missing_options(text: str) -> list[str]:
+    """'fi CMD OPT' for every option spelling (and argument) of every command that the reference lacks."""
+    root = typer.main.get_command(__import__("fi_toolkit.cli.app", fromlist=["app"]).app)
+    sections, missing = cli_sections(text), []
+    for name, cmd in root.commands.items():
+        section = sections.get(name)
+        if section is None:
+            missing.append(f"fi {name} (no section)")
+            continue
+        for param in cmd.params:
+            spellings = [*param.opts, *param.secondary_opts] if param.param_type_name == "option" else [param.name]
+            cells = re.findall(r"^\| `([^`]*)` \|", section, flags=re.M)
+            for spelling in spellings:
+                if not any(re.search(rf"(?<![\w-]){re.escape(spelling)}(?![\w-])", cell) for cell in cells):
+                    missing.append(f"fi {name} {spelling}")
+    return missing
+
+
+def nav_pages(nav) -> list[str]:
+    """Every page path in a mkdocs nav (nested lists and dicts)."""
+    if isinstance(nav, str):
+        return [nav]
+    if isinstance(nav, list):
+        return [p for item in nav for p in nav_pages(item)]
+    if isinstance(nav, dict):
+        return [p for value in nav.values() for p in nav_pages(value)]
+    return []
+
+
+def missing_nav_pages(config_text: str) -> list[str]:
+    """Nav entries of mkdocs.yml with no file under docs/ (the generated API directory: its generator)."""
+    nav = yaml.safe_load(config_text)["nav"]
+    missing = []
+    for page in nav_pages(nav):
+        if page.startswith(API_DIR):
+            if not (DOCS / "gen_api_reference.py").is_file():
+                missing.append(page)
+        elif not (DOCS / page).is_file():
+            missing.append(page)
+    return missing
+
+
+def load_mkdocs_config() -> str:
+    # mkdocs.yml may hold python tags (!!python/name) in other projects; this one is plain YAML.
+    return (ROOT / "mkdocs.yml").read_text()
+
+
+def test_every_option_of_every_command_is_in_the_cli_reference():
+    assert CLI_MD.is_file(), "run python docs/gen_cli_reference.py"
+    assert missing_options(CLI_MD.read_text()) == []
+
+
+def test_the_option_check_fails_on_a_missing_option():
+    text = CLI_MD.read_text()
+    section = cli_sections(text)["probe"]
+    without = text.replace(section, section.replace("--batch-size", "--batch-sizes"))
+    assert missing_options(without) == ["fi probe --batch-size"]
+    assert "fi eval (no section)" in missing_options(text.replace("## `fi eval`", "## eval"))
+
+
+@pytest.mark.parametrize("path", MARKDOWN, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_relative_links_resolve(path):
+    assert broken_links(path) == []
+
+
+def test_the_link_check_fails_on_broken_links():
+    planted = ("# Planted\n\n[a](probe.md) [b](nope.md) [c](probe.md#worked-example) [d](probe.md#no-such)\n"
+               "![e](../images/missing.png) [f](../reference/api/fi_toolkit/no_module.md) "
+               "[g](../reference/api/fi_toolkit/budget.md) `[h](in-code.md)` [i](#planted) [j](#elsewhere)\n")
+    assert broken_links(DOCS / "guides" / "_planted.md", planted) == ["nope.md (no such file)", "probe.md#no-such (no such anchor)",
+                                  "../images/missing.png (no such file)",
+                                  "../reference/api/fi_toolkit/no_module.md (no such module)",
+                                  "#elsewhere (no such anchor)"]
+
+
+def test_readme_is_one_screen():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines (at most {README_MAX_LINES})"
+
+
+def test_every_nav_page_exists():
+    assert missing_nav_pages(load_mkdocs_config()) == []
+    planted = load_mkdocs_config().replace("  - Testing: testing.md", "  - Testing: testing-gone.md")
+    assert missing_nav_pages(planted) == ["testing-gone.md"]
+
+
+def test_slugs_follow_mkdocs_toc():
+    assert slug("Models larger than one GPU: `--device-map`") == "models-larger-than-one-gpu-device-map"
+    assert slug("`fi probe`: Forward Influence of token sets") == "fi-probe-forward-influence-of-token-sets"
+    assert slug("Set-level analysis (near/far)") == "set-level-analysis-nearfar"
