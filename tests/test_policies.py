@@ -14,7 +14,7 @@ from fi_toolkit.budget import Budget
 from fi_toolkit.documents import Document
 from fi_toolkit.errors import FIError
 from fi_toolkit.model.loading import tiny_model
-from fi_toolkit.policies import H2O, POLICIES, InfoKV, KNorm, PyramidKV, SnapKV, StreamingLLM, allocate, make_policy
+from fi_toolkit.policies import H2O, POLICIES, Adaptive, InfoKV, KNorm, PyramidKV, SnapKV, StreamingLLM, allocate, make_policy
 from fi_toolkit.probe.experiment import probe_document
 from fi_toolkit.probe.forward_influence import Chunk
 from fi_toolkit.probe.selections import parse_selection
@@ -113,7 +113,7 @@ def test_infokv_keeps_the_top_of_the_method_score(trace, alpha, tau):
 
 def test_adaptive_infokv_budgets_and_ranking(trace):
     k = 60
-    km = InfoKV(budget=k, window=W, adaptive=True).keep_map(trace)
+    km = Adaptive(InfoKV(budget=k, window=W)).keep_map(trace)
     e = ((trace.distance.double() + 1.0) * trace.entropy.double()[None])[:, : P - W].mean(dim=1)
     shares = (e / e.sum() * trace.num_layers * k).tolist()
     assert all(W <= x <= P for x in shares)  # no layer is clamped in this setting
