@@ -133,10 +133,6 @@ def parse_policy(text: str, budget=None, window: int | None = None, *, where: st
     """
     where = where or f"policy {text}"
     spec = parse_spec(text, where)
-    for key, _ in spec.options:
-        if key in shared:
-            flag = "--" + key.replace("_", "-")
-            raise FIError(f"{where}: {key} is a signal option every policy of this run shares; give it with {flag}")
     known = options_of(spec.cls)
     given = {**defaults, "window": window}
     kwargs = {k: v for k, v in given.items() if k in known and v is not None}
@@ -149,6 +145,10 @@ def parse_policy(text: str, budget=None, window: int | None = None, *, where: st
             policy = Adaptive(policy)
     except FIError as exc:
         raise FIError(f"{where}: {exc}") from None
+    for key, _ in spec.options:  # (after the policy's own checks, which speak of the value)
+        if key in shared:
+            flag = "--" + key.replace("_", "-")
+            raise FIError(f"{where}: {key} is a signal option every policy of this run shares; give it with {flag}")
     if spec.options:
         policy.name = f"{policy.name}:{spec.options_label}"  # the label names the options spelled
     return policy
