@@ -490,3 +490,28 @@ def test_fi_probe_runs_a_policy_with_options_end_to_end(tiny, tiny_ids, tmp_path
     km = parse_selection(specs[0])[0].resolve(trace)
     want = InfoKV(alpha=0.5, budget=0.25, window=W).keep_map(trace)
     assert all(torch.equal(a, b) for a, b in zip(km.keep, want.keep))
+
+
+def test_spelled_alpha_and_tau_fork_from_a_shared_prefill_as_their_own_prefill(tiny, tiny_ids):
+    """fi eval shares one prefill's signals (H, D, A: window and top_k) across policies; alpha and tau only
+    enter a policy's scoring, so a policy spelling them forks from the shared prefill exactly as it
+    compresses after its own prefill; a different top_k (other entropies) is refused."""
+    from fi_toolkit.compress.decoder import CompressedDecoder
+    from fi_toolkit.model.attention import ragged_attention
+
+    n, model = 260, tiny.model
+    parent = CompressedDecoder.shared(model, n, SignalConfig(window=W))  # alpha 0.9, tau 1
+    with ragged_attention(model):
+        parent.prefill(tiny_ids[:P])
+    for text in ("infokv:alpha=0.5,tau=2", "adaptive(infokv):alpha=0.3", "pyramidkv:beta=4"):
+        policy = parse_policy(text, 0.4, W)
+        forked, keep = parent.fork(policy)
+        alone = CompressedDecoder(model, policy, n)
+        with ragged_attention(model):
+            _, own = alone.prefill(tiny_ids[:P])
+            a, b = forked.block(tiny_ids[P:P + 30]), alone.block(tiny_ids[P:P + 30])
+        forked.close(), alone.close()
+        assert all(torch.equal(x, y) for x, y in zip(keep.keep, own.keep)), text
+        assert torch.equal(a, b), text
+    with pytest.raises(FIError, match="top_k"):
+        parent.fork(parse_policy("infokv:top_k=8", 0.4, W))
