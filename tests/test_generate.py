@@ -13,7 +13,7 @@ from masked_attention import masked_logits
 from fi_toolkit.cli import app as cli
 from fi_toolkit.compress.decoder import CompressedDecoder, cache_bytes, generate, signal_config_for
 from fi_toolkit.errors import FIError
-from fi_toolkit.policies import RPC, InfoKV, PyramidKV, SnapKV, StreamingLLM, make_policy
+from fi_toolkit.policies import RPC, Adaptive, InfoKV, PyramidKV, SnapKV, StreamingLLM, make_policy
 from fi_toolkit.signals.trace import trace_prefix
 
 P, W = 120, 16
@@ -33,7 +33,7 @@ def _masked_reference_logits(model, ids: torch.Tensor, keep: list[torch.Tensor])
 
 @pytest.mark.parametrize(
     "policy",
-    [InfoKV(budget=48, window=W), InfoKV(budget=0.4, window=W, adaptive=True), PyramidKV(budget=48, window=W),
+    [InfoKV(budget=48, window=W), Adaptive(InfoKV(budget=0.4, window=W)), PyramidKV(budget=48, window=W),
      StreamingLLM(budget=40, window=W)],
     ids=["infokv", "infokv-adaptive", "pyramidkv", "streaming"],
 )

@@ -68,15 +68,17 @@ def int_list(text: str, option: str, minimum: int = 1) -> list[int]:
 def make_policies(names: str, budgets: str, window: int, alpha: float, tau: float, top_k: int):
     from fi_toolkit.budget import Budget
     from fi_toolkit.integrations.kvpress.bridge import named_policy
+    from fi_toolkit.policies import split_policies
 
     parsed = [Budget.parse(b, "--budget") for b in split_list(budgets, "--budget")]
-    return [named_policy(name, budget=b, window=window, alpha=alpha, tau=tau, top_k=top_k)
-            for name in split_list(names, "--policy") for b in parsed]
+    # one prefill's signals serve every policy: window and top_k are the run's (--window, --top-k)
+    return [named_policy(name, b, window, shared=("window", "top_k"), alpha=alpha, tau=tau, top_k=top_k)
+            for name in split_policies(names, "--policy") for b in parsed]
 
 
 def eval_(
     documents: List[str] = typer.Argument(None, help="Text/JSONL files or bundled names (default: alice); not with --task."),
-    policy: str = typer.Option(DEFAULT_POLICIES, "--policy", "-p", help="Comma-separated policies (the full cache is always measured beside them); kvpress:NAME is a kvpress press (the kvpress extra) with --budget as its compression_ratio, applied to the prompt only (kvpress's prefill presses never compress while decoding)."),
+    policy: str = typer.Option(DEFAULT_POLICIES, "--policy", "-p", help="Comma-separated policies (the full cache is always measured beside them), each NAME[:key=value,...] (infokv:alpha=0.5,tau=2; --alpha/--tau set the defaults; --window and --top-k are shared by all); adaptive(NAME) gives a scored policy adaptive layer budgets (infokv-adaptive = adaptive(infokv)); kvpress:NAME is a kvpress press (the kvpress extra) with --budget as its compression_ratio, applied to the prompt only (kvpress's prefill presses never compress while decoding)."),
     budget: str = typer.Option("0.1,0.25,0.5", "--budget", "-b", help="Comma-separated budgets: keep=X or remove=X (a bare X is keep=X), a share of what each compression may compress or a count."),
     interval: int = typer.Option(256, help="Compress back to the budget every INTERVAL fed (or generated) tokens."),
     prompt: int = typer.Option(1024, help="Text: prompt tokens (prefilled and compressed first)."),

@@ -177,7 +177,7 @@ class CompressedDecoder:
             raise FIError("only a CompressedDecoder.shared(...) decoder can be forked")
         if self.seen == 0 or any(l.keys.shape[2] != self.seen for l in self.cache.layers):
             raise FIError("fork a shared decoder right after its prefill, before it feeds anything else")
-        for name in ("window", "top_k", "tau", "alpha"):  # what the shared signals were computed with
+        for name in ("window", "top_k"):  # what the shared signals were computed with (tau, alpha: the policy's scoring)
             if policy is not None and hasattr(policy, name) and getattr(policy, name) != getattr(self.config, name):
                 raise FIError(f"the policy's {name} ({getattr(policy, name)}) differs from the shared prefill's "
                               f"({getattr(self.config, name)})")

@@ -131,7 +131,11 @@ class Policy:
     whose first ``protected`` are never evicted (RPC's prompt), the cache keeps
     ``protected + budget.kept(n - protected)`` entries per layer and head, window included. A bare
     number is what is kept (``0.25``: a quarter; ``512``: 512 entries). Subclasses define
-    :meth:`scores` (higher = keep) and may override :meth:`layer_budgets` (uneven per-layer budgets)."""
+    :meth:`scores` (higher = keep) and may override :meth:`layer_budgets` (uneven per-layer budgets) and
+    :meth:`layer_weight` (what :class:`~fi_toolkit.policies.adaptive.Adaptive` shares layer budgets by).
+    Every field but ``budget`` is an option of the command line's spelling ``NAME:key=value``
+    (:mod:`fi_toolkit.policies.spec`); a subclass validates its fields in ``__post_init__`` with messages
+    that name them."""
 
     budget: Budget | str | float | int = "keep=0.25"
     window: int = 32
@@ -142,6 +146,7 @@ class Policy:
     needs_token_signals: ClassVar[bool] = False  # True: H and D^(l) per token (InfoKV), not only window queries
     tracks_accumulated: ClassVar[bool] = False  # H2O: accumulate attention over decoding steps
     prefill_only: ClassVar[bool] = False  # kvpress presses: compress the prompt only, never while decoding
+    no_layer_weight: ClassVar[str] = ""  # why Adaptive refuses the policy (no scores to share layers by); "": it can
 
     def __post_init__(self):
         self.budget = Budget.parse(self.budget)
@@ -171,7 +176,27 @@ class Policy:
         return protected + kept
 
     def scores(self, s: Signals, layer: int) -> torch.Tensor:  # pragma: no cover - abstract
+        """How much each entry of one layer should stay.
+
+        Args:
+            s: the signals, per layer ``l`` lists of ``[Hkv, n_l]`` tensors in slot space (``s.keys[l]``:
+                ``[1, Hkv, n_l, head_dim]``; see :class:`Signals`).
+            layer: the layer ``l`` to score, ``0 <= l < s.num_layers``.
+
+        Returns:
+            ``[Hkv, n_l]``, higher = keep. Only the candidate slots ``[s.protected[l], n_l - s.window)`` are
+            ranked (the protected slots and the window are always kept); they must be finite.
+        """
         raise NotImplementedError
+
+    def layer_weight(self, s: Signals, layer: int) -> torch.Tensor:
+        """The weight :class:`~fi_toolkit.policies.adaptive.Adaptive` gives layer ``layer`` (a scalar tensor;
+        budgets are shared in proportion to it): by default the mean of :meth:`scores` over the candidate
+        slots ``[protected, n_l - w)`` and the heads (0 when the layer has none)."""
+        lo, hi = s.protected[layer], s.slots(layer) - s.window
+        if hi <= lo:
+            return torch.zeros((), dtype=torch.float64)
+        return self.scores(s, layer)[:, lo:hi].double().mean()
 
     def layer_budgets(self, s: Signals, k: int) -> list[int]:
         """Uniform: every layer keeps ``k`` (or everything it holds, if less)."""

@@ -3,16 +3,18 @@
 Lower layers keep more: beyond the window, layer ``l`` keeps ``max - l * (max - min) / (L - 1)``
 with ``min = (k - w) / beta`` and ``max = 2 (k - w) - min`` (the paper's schedule), so the mean is
 the uniform budget ``k``; rounded so the total is exactly ``L * k``. Defaults: ``beta=20,
-window=32, budget=0.25``.
+window=32, budget=0.25``; ``beta >= 1`` (below 1 the pyramid would widen with depth).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
+from fi_toolkit.errors import FIError
 from fi_toolkit.policies.base import Policy, Signals, allocate
 
 
@@ -21,6 +23,11 @@ class PyramidKV(Policy):
     beta: float = 20.0
 
     name: ClassVar[str] = "pyramidkv"
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not (math.isfinite(self.beta) and self.beta >= 1):  # below 1 the pyramid turns upside down
+            raise FIError(f"beta must be a finite number >= 1, got {self.beta}")
 
     def scores(self, s: Signals, layer: int):
         return s.attention[layer]

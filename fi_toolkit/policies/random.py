@@ -10,6 +10,7 @@ from typing import ClassVar
 
 import torch
 
+from fi_toolkit.errors import FIError
 from fi_toolkit.policies.base import Policy, Signals
 
 
@@ -19,6 +20,12 @@ class RandomPolicy(Policy):
 
     name: ClassVar[str] = "random"
     needs_signals: ClassVar[bool] = False
+    no_layer_weight: ClassVar[str] = "draws its scores at random, with nothing to weigh layers by"
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.seed < 0:
+            raise FIError(f"seed must be >= 0, got {self.seed}")
 
     def scores(self, s: Signals, layer: int):
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + layer * 7919 + s.seen)

@@ -11,6 +11,7 @@ from typing import ClassVar
 
 import torch
 
+from fi_toolkit.errors import FIError
 from fi_toolkit.policies.base import Policy, Signals
 
 
@@ -20,6 +21,12 @@ class StreamingLLM(Policy):
 
     name: ClassVar[str] = "streaming"
     needs_signals: ClassVar[bool] = False
+    no_layer_weight: ClassVar[str] = "keeps tokens by position, with no scores to weigh layers by"
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.sinks < 0:
+            raise FIError(f"sinks must be >= 0, got {self.sinks}")
 
     def scores(self, s: Signals, layer: int):
         pos = s.positions[layer].float()

@@ -2,8 +2,10 @@
 
 ``KIND:BUDGET`` removes the top positions by a signal (``entropy``, ``attention``, ``distance``,
 ``infokv``), ``random:BUDGET@SEED`` (or ``@A-B`` for seeds A..B) removes a uniform sample,
-``positions:A-B,C`` removes named positions (inclusive ranges), ``policy:NAME@BUDGET`` evicts what
-a compression policy would (per layer and head), ``kvpress:NAME@RATIO`` what a kvpress press keeps
+``positions:A-B,C`` removes named positions (inclusive ranges), ``policy:NAME@BUDGET[:key=value,...]``
+evicts what a compression policy would (per layer and head; options as in :mod:`fi_toolkit.policies.spec`,
+``policy:infokv@keep=0.25:alpha=0.5,tau=2``, ``policy:adaptive(infokv)@0.25``; the signal options
+``window`` and ``top_k`` are the trace's, ``--window`` and ``--top-k``), ``kvpress:NAME@RATIO`` what a kvpress press keeps
 (:mod:`fi_toolkit.integrations.kvpress.bridge`; ``RATIO`` is kvpress's compression_ratio, the share removed).
 ``BUDGET`` has one meaning everywhere
 (:mod:`fi_toolkit.budget`): ``keep=X`` or ``remove=X``, a bare ``X`` being ``keep=X``; a share
@@ -23,12 +25,14 @@ from fi_toolkit.budget import Budget
 from fi_toolkit.errors import FIError
 from fi_toolkit.eviction import KeepMap, TokenSet
 from fi_toolkit.integrations.kvpress.bridge import PressSpec, make_press, parse_press_spec, run_press
+from fi_toolkit.policies import Policy, parse_policy
 from fi_toolkit.signals.trace import Trace
 
 SCORE_SELECTORS = ("entropy", "attention", "distance", "infokv")
 SELECTORS = SCORE_SELECTORS + ("random", "positions", "policy", "kvpress")
 MAX_SEEDS = 1000  # random sets per spec: more is a typo, not a study
 MAX_POSITION = 1 << 22  # past any model's context: refused before anything is expanded
+TRACE_OPTIONS = ("window", "top_k")  # policy options the trace fixes for every selection (--window, --top-k)
 
 
 def token_scores(trace: Trace, kind: str, alpha: float | None = None) -> torch.Tensor:
@@ -55,7 +59,8 @@ class Selection:
     budget: Budget | None = None
     seed: int | None = None
     positions: tuple[int, ...] = ()
-    policy: str | None = None  # kind "policy": the policy's name
+    policy: str | None = None  # kind "policy": the policy's name (NAME-adaptive for adaptive(NAME))
+    options: str = ""  # kind "policy": its options as labels spell them (alpha=0.5,tau=2.0)
     source: str | None = None  # the option that made it, for messages (default: --select SPEC)
     press: PressSpec | None = None  # kind "kvpress": the press, its ratio and options
 
@@ -68,7 +73,7 @@ class Selection:
         if self.kind == "positions":
             return self.spec
         if self.kind == "policy":
-            return f"policy:{self.policy}@{self.budget.label}"
+            return f"policy:{self.policy}@{self.budget.label}" + (f":{self.options}" if self.options else "")
         if self.kind == "kvpress":
             return self.press.label
         return f"{self.kind}:{self.budget.label}" + (f"@{self.seed}" if self.seed is not None else "")
@@ -133,20 +138,21 @@ class Selection:
     def _checked_policy_budget(self, prefix_len: int, window: int, policy=None) -> int:
         """Entries the policy keeps per layer and head (uneven budgets average to it); refuses a budget
         that cannot be met or that keeps everything (nothing to measure)."""
-        from fi_toolkit.integrations.kvpress.bridge import named_policy
-
-        policy = policy or named_policy(self.policy, budget=self.budget, window=window)
+        policy = policy or self.make_policy(window)
         kept = policy.tokens(prefix_len)
         if kept >= prefix_len:
             raise FIError(f"{self.option} keeps all {prefix_len:,} prefix positions: nothing to measure")
         return kept
 
-    def _policy_keep_map(self, trace: Trace, alpha: float | None) -> KeepMap:
-        from fi_toolkit.integrations.kvpress.bridge import named_policy
+    def make_policy(self, window: int | None = None, **defaults) -> Policy:
+        """The policy of a ``policy:`` selection: its budget, the trace's ``window``, and the options
+        spelled, which override ``defaults`` (the trace's alpha, tau, top_k)."""
+        text = self.policy + (f":{self.options}" if self.options else "")
+        return parse_policy(text, self.budget, window, where=self.option, shared=TRACE_OPTIONS, **defaults)
 
+    def _policy_keep_map(self, trace: Trace, alpha: float | None) -> KeepMap:
         c = trace.config
-        policy = named_policy(self.policy, budget=self.budget, window=c.window,
-                             alpha=c.alpha if alpha is None else alpha, tau=c.tau, top_k=c.top_k)
+        policy = self.make_policy(c.window, alpha=c.alpha if alpha is None else alpha, tau=c.tau, top_k=c.top_k)
         self._checked_policy_budget(trace.prefix_len, c.window, policy)
         keep_map = policy.keep_map(trace)
         keep_map.label = self.label
@@ -197,14 +203,17 @@ def parse_selection(spec: str) -> list[Selection]:
         make_press(press, f"--select {spec}")  # validate the press now (and that kvpress is installed)
         return [Selection(spec, kind, press=press)]
     if kind == "policy":
-        from fi_toolkit.integrations.kvpress.bridge import named_policy
-
-        name, _, amount = rest.partition("@")
-        if not amount:
-            raise FIError(f"--select {spec}: expected policy:NAME@BUDGET, e.g. policy:infokv@keep=0.25")
+        name, _, tail = rest.partition("@")
+        amount, _, options = tail.partition(":")
+        if not amount or ":" in name:
+            raise FIError(f"--select {spec}: expected policy:NAME@BUDGET[:key=value,...], e.g. "
+                          "policy:infokv@keep=0.25:alpha=0.5")
         budget = Budget.parse(amount, f"--select {spec}")
-        named_policy(name, budget=budget)  # validate the name now, before any model work
-        return [Selection(spec, kind, budget, policy=name.strip().lower())]
+        # validate the name and options now, before any model work; the label spells them as parsed
+        policy = parse_policy(f"{name}:{options}" if options else name, budget, where=f"--select {spec}",
+                              shared=TRACE_OPTIONS)
+        base, _, spelled = policy.name.partition(":")
+        return [Selection(spec, kind, budget, policy=base, options=spelled)]
     amount, at, seeds = rest.partition("@")
     budget = Budget.parse(amount, f"--select {spec}")
     if kind != "random":
