@@ -126,6 +126,7 @@ def run_correlate(
     the tables are the same as an unsplit run's.
     """
     kind, n_wanted = parse_candidates(candidates)
+    config.check()
     if sinks < 0 or n_resamples < 0 or seed < 0 or (batch_size is not None and batch_size < 1):
         raise FIError("--sinks, --seed and --resamples must be >= 0 and --batch-size >= 1")
     if sinks >= prefix - config.window:
@@ -209,6 +210,7 @@ def run_nearfar(
     the same as an unsplit run's.
     """
     chunks = nearfar_chunks(prefix, distances, chunk_len)
+    config.check()
     if (batch_size is not None and batch_size < 1) or any(s < 0 for s in sinks):
         raise FIError("--batch-size must be >= 1 and sink counts >= 0")
     check_unit_size(unit_sets, "--unit-sets")
