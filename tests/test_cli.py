@@ -167,7 +167,7 @@ def test_studies_pass_entropy_of(command, monkeypatch, capsys):
 
     seen = []
 
-    def fake_run_study(label, model, device, dtype, upcast, texts, max_tokens, study, device_map=None):
+    def fake_run_study(label, model, texts, max_tokens, study):
         seen.append(study)
         raise FIError("stop here")
 

@@ -41,7 +41,8 @@ from fi_toolkit.runs.resumable import (
     part_slice,
     split_units,
 )
-from fi_toolkit.signals.trace import SignalConfig
+from fi_toolkit.runs.settings import RunSettings, run_settings
+from fi_toolkit.signals.config import SignalConfig
 
 Progress = Callable[[str, int, int], None]  # (document name, done, total) after each batch
 
@@ -105,13 +106,16 @@ def _floors(controls: str) -> Callable[[dict], dict]:
 
 
 def run_correlate(
-    lm, docs, out_dir: Path, prefix: int, chunks: Sequence[Chunk], candidates: str = "sample:256",
+    lm, docs, out_dir: Path | RunSettings, prefix: int, chunks: Sequence[Chunk], candidates: str = "sample:256",
     sinks: int = 4, seed: int = 0, n_resamples: int = 1000, config: SignalConfig = SignalConfig(),
     batch_size: int | None = None, block: int = 512, resume: bool = False, overwrite: bool = False,
     progress: Progress | None = None, estimator: str = "exact", samples: int = 16, validate: int = 0,
     unit_candidates: int = 0,
 ) -> dict[str, pd.DataFrame]:
     """Per-token FI and correlations for every document -> ``tokens``, ``correlations``, ``correlation_summary``.
+
+    ``out_dir``: the results directory, or a :class:`~fi_toolkit.runs.settings.RunSettings` (what
+    ``fi correlate`` passes; then not ``resume``/``overwrite``); ``config``: the signal settings.
 
     ``estimator="fisher"``: the gradient estimate at every position of ``[sinks, p - w)``
     (``candidates`` unused), ``samples`` label draws; ``validate = N`` adds exact leave-one-out FI at
@@ -122,6 +126,7 @@ def run_correlate(
     the tables are the same as an unsplit run's.
     """
     kind, n_wanted = parse_candidates(candidates)
+    config.check()
     if sinks < 0 or n_resamples < 0 or seed < 0 or (batch_size is not None and batch_size < 1):
         raise FIError("--sinks, --seed and --resamples must be >= 0 and --batch-size >= 1")
     if sinks >= prefix - config.window:
@@ -137,7 +142,8 @@ def run_correlate(
         settings["unit_candidates"] = unit_candidates
     n_candidates = min(prefix - config.window - sinks, n_wanted or prefix)
     units, costs = split_units(docs, n_candidates, unit_candidates)
-    run = ResumableRun(out_dir, "correlate", settings, resume, overwrite)
+    where = run_settings(out_dir, resume, overwrite).check()
+    run = ResumableRun(where.out, "correlate", settings, where.resume, where.overwrite)
     setup = _document_setup(lm, prefix, config, chunks, block, bool(unit_candidates))
 
     def compute(unit):
@@ -188,12 +194,15 @@ def check_estimator(estimator: str, samples: int, validate: int, candidates: int
 
 
 def run_nearfar(
-    lm, docs, out_dir: Path, prefix: int, distances: Sequence[int], chunk_len: int, budget: str = "remove=0.1",
+    lm, docs, out_dir: Path | RunSettings, prefix: int, distances: Sequence[int], chunk_len: int, budget: str = "remove=0.1",
     seeds: int = 3, sinks: Sequence[int] = (4, 0), config: SignalConfig = SignalConfig(), batch_size: int | None = None,
     block: int = 512, resume: bool = False, overwrite: bool = False, progress: Progress | None = None,
     unit_sets: int = 0,
 ) -> dict[str, pd.DataFrame]:
     """Near/far set analysis for every document -> ``nearfar``, ``token_classes`` and their summaries/tests.
+
+    ``out_dir``: the results directory or a :class:`~fi_toolkit.runs.settings.RunSettings` (as in
+    :func:`run_correlate`).
 
     ``unit_sets = n > 0`` splits every document into parts of ``n`` sets (the controls go with the
     first), each a unit of its own: torchrun's ranks then share documents when they are few (issue 11).
@@ -201,6 +210,7 @@ def run_nearfar(
     the same as an unsplit run's.
     """
     chunks = nearfar_chunks(prefix, distances, chunk_len)
+    config.check()
     if (batch_size is not None and batch_size < 1) or any(s < 0 for s in sinks):
         raise FIError("--batch-size must be >= 1 and sink counts >= 0")
     check_unit_size(unit_sets, "--unit-sets")
@@ -210,7 +220,8 @@ def run_nearfar(
     units, costs = split_units(docs, n_sets, unit_sets)
     if unit_sets:  # unsplit runs keep the settings they always had, so their --resume still matches
         settings["unit_sets"] = unit_sets
-    run = ResumableRun(out_dir, "nearfar", settings, resume, overwrite)
+    where = run_settings(out_dir, resume, overwrite).check()
+    run = ResumableRun(where.out, "nearfar", settings, where.resume, where.overwrite)
     setup = _document_setup(lm, prefix, config, chunks, block, bool(unit_sets))
 
     def compute(unit):

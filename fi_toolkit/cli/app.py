@@ -18,27 +18,17 @@ import typer
 from rich.table import Table
 
 from fi_toolkit.cli.options import (
-    AlphaOpt,
-    DeviceMapOpt,
-    DeviceOpt,
-    DtypeOpt,
-    EntropyOfOpt,
-    ModelOpt,
     OverwriteOpt,
-    PoolOpt,
-    TauOpt,
-    TopKOpt,
-    UpcastOpt,
-    WindowOpt,
     _progress,
-    _signal_config,
-    check_placement,
     check_prefix,
     check_selections,
     err,
     out,
+    settings_options,
 )
 from fi_toolkit.errors import FIError
+from fi_toolkit.model.settings import ModelSettings
+from fi_toolkit.signals.config import SignalConfig
 
 app = typer.Typer(
     add_completion=False,
@@ -60,6 +50,7 @@ INTERRUPTED = 130  # typer turns KeyboardInterrupt into this exit code under sta
 
 
 @app.command()
+@settings_options()
 def probe(
     documents: List[str] = typer.Argument(None, help="Text/JSONL files or bundled names (default: alice)."),
     chunk: List[str] = typer.Option(..., "--chunk", "-c", help="Future chunk START:END (repeatable)."),
@@ -67,9 +58,7 @@ def probe(
     prefix: Optional[int] = typer.Option(None, help="Compression point p (default: smallest chunk start)."),
     sinks: int = typer.Option(4, help="First N positions are never picked by score-based or random selectors."),
     future: str = typer.Option("document", help="What follows p: 'document' (its own tokens), 'generated:N' (the model's greedy continuation of the first p tokens with its full cache) or 'generated:N@SEED' (sampled from SEED; the chunks must end by p + N)."),
-    model: str = ModelOpt, device: str = DeviceOpt, device_map: Optional[str] = DeviceMapOpt, dtype: str = DtypeOpt,
-    upcast: bool = UpcastOpt, window: int = WindowOpt, top_k: int = TopKOpt, alpha: float = AlphaOpt, tau: float = TauOpt, pool: int = PoolOpt,
-    entropy_of: str = EntropyOfOpt,
+    model: ModelSettings = ModelSettings(), signals: SignalConfig = SignalConfig(),
     batch_size: Optional[int] = typer.Option(None, help="Evictions per batched forward (default: 1 on CPU, 8 on CUDA)."),
     out_dir: Optional[Path] = typer.Option(None, "--out", "-o", help="Results directory (default: runs/probe-<time>-<random>)."),
     overwrite: bool = OverwriteOpt,
@@ -80,17 +69,16 @@ def probe(
     created only when the results are written, so a failed or interrupted run leaves none behind."""
     from fi_toolkit.compress.future import generated_document, parse_future
     from fi_toolkit.documents import read_texts, tokenize_texts
-    from fi_toolkit.model.loading import load_model
     from fi_toolkit.probe.experiment import max_context, noise_floor, noise_warning, probe_document, trace_document
     from fi_toolkit.probe.forward_influence import CONTROL_LABELS, check_chunks, parse_chunk
     from fi_toolkit.probe.selections import parse_selections
     from fi_toolkit.runs import results
 
-    placement = check_placement(device, device_map)
+    model.check()
     fut = parse_future(future)
     chunks = [parse_chunk(c) for c in chunk]
     selections = parse_selections(select or DEFAULT_SELECTIONS)
-    config = _signal_config(window, top_k, alpha, tau, pool, entropy_of)
+    config = signals.check()
     if batch_size is not None and batch_size < 1:
         raise FIError(f"--batch-size must be >= 1, got {batch_size}")
     p = prefix if prefix is not None else min(c.start for c in chunks)
@@ -101,7 +89,7 @@ def probe(
     if out_dir is not None:
         results.check_results_dir(out_dir, overwrite)
     started, t0 = results.now(), time.perf_counter()
-    lm = load_model(model, device, dtype, upcast=upcast, device_map=placement)
+    lm = model.load()
     for c in chunks if fut.generated else []:
         if c.end > p + fut.tokens:
             raise FIError(f"chunk {c.label} ends past p + N = {p + fut.tokens:,}: --future {fut.label} generates "
@@ -138,7 +126,7 @@ def probe(
     manifest = {
         "command": "probe", "argv": sys.argv, "started": started, "finished": results.now(),
         "seconds": round(time.perf_counter() - t0, 2),
-        "model": {**lm.describe(), "name": model}, "noise_floor": noise_floor(table),
+        "model": {**lm.describe(), "name": model.model}, "noise_floor": noise_floor(table),
         "documents": [{"name": d.name, "source": d.source, "sha256": d.sha256, "tokens_used": len(d)} for d in docs],
         "prefix": p, "future": fut.label, "chunks": [c.label for c in chunks], "selections": [s.label for s in selections],
         "sinks": sinks, "batch_size": batch_size, "signals": dict(config.__dict__), "versions": results.versions(),
@@ -152,7 +140,7 @@ def probe(
             results.clear_results(out_path)
     results.write_table(out_path / "fi.csv", table)
     results.write_json(out_path / "manifest.json", manifest)
-    _print_fi_table(table, f"Forward Influence (nats), {model}, p={p}, {len(docs)} document(s)")
+    _print_fi_table(table, f"Forward Influence (nats), {model.model}, p={p}, {len(docs)} document(s)")
     warning = noise_warning(table)
     if warning:
         err.print(warning, markup=False, highlight=False)
@@ -193,12 +181,11 @@ def _nats(value: float) -> str:
 
 
 @app.command()
+@settings_options()
 def scores(
     document: str = typer.Argument(None, help="Text/JSONL file or bundled name (default: alice)."),
     prefix: int = typer.Option(2048, help="Trace the first PREFIX tokens."),
-    model: str = ModelOpt, device: str = DeviceOpt, device_map: Optional[str] = DeviceMapOpt, dtype: str = DtypeOpt,
-    upcast: bool = UpcastOpt, window: int = WindowOpt, top_k: int = TopKOpt, alpha: float = AlphaOpt, tau: float = TauOpt, pool: int = PoolOpt,
-    entropy_of: str = EntropyOfOpt,
+    model: ModelSettings = ModelSettings(), signals: SignalConfig = SignalConfig(),
     fi_chunk: List[str] = typer.Option(None, "--fi-chunk", help="Also per-token FI of every prefix position on this future chunk START:END (repeatable): columns fi_<chunk> (and fi_se_<chunk> for fisher)."),
     estimator: Optional[str] = typer.Option(None, help="With --fi-chunk: 'fisher' (the gradient estimate, the default here) or 'exact' (leave-one-out, one forward per position)."),
     samples: Optional[int] = typer.Option(None, help="With --estimator fisher: label draws per chunk (default 16)."),
@@ -208,12 +195,11 @@ def scores(
 ):
     """Write per-token signals (H, A, D, E, S; per layer too) with the token text; with --fi-chunk, per-token FI too."""
     from fi_toolkit.documents import read_texts, tokenize_texts
-    from fi_toolkit.model.loading import load_model
     from fi_toolkit.probe.experiment import max_context, trace_document
     from fi_toolkit.runs import results
 
-    placement = check_placement(device, device_map)
-    config = _signal_config(window, top_k, alpha, tau, pool, entropy_of)
+    model.check()
+    config = signals.check()
     check_prefix(prefix, config.window)
     fi_chunks, estimator, samples, seed = _score_fi_options(fi_chunk, estimator, samples, seed, prefix)
     if out_file.suffix not in (".csv", ".parquet"):
@@ -230,7 +216,7 @@ def scores(
         err.print(f"note: rank {world.rank} of {world.size} has no unit to compute (fi scores reads one document; "
                   "rank 0 computes it)", markup=False, highlight=False)
         return
-    lm = load_model(model, device, dtype, upcast=upcast, device_map=placement)
+    lm = model.load()
     doc = tokenize_texts(texts, lm.tokenizer, max_tokens=max([prefix] + [c.end for c in fi_chunks]))[0]
     with _progress() as bar:
         task = bar.add_task(f"trace {doc.name}", total=None)

@@ -14,31 +14,21 @@ import typer
 from rich.table import Table
 
 from fi_toolkit.cli.options import (
-    AlphaOpt,
-    DeviceMapOpt,
-    DeviceOpt,
-    DtypeOpt,
-    EntropyOfOpt,
-    ModelOpt,
-    PoolOpt,
-    TauOpt,
-    TopKOpt,
-    UpcastOpt,
-    WindowOpt,
     _progress,
-    _signal_config,
-    check_placement,
     check_resamples,
     err,
     out,
+    settings_options,
     unit_progress,
 )
-from fi_toolkit.cli.study import ResumeOpt, StudyOverwriteOpt, _read_documents
+from fi_toolkit.cli.study import _read_documents
 from fi_toolkit.errors import FIError
+from fi_toolkit.model.settings import ModelSettings
+from fi_toolkit.runs.settings import RunSettings
+from fi_toolkit.signals.config import SignalConfig
 
 DEFAULT_POLICIES = "infokv,snapkv,pyramidkv,streaming,h2o,knorm,random"
 DEFAULT_TASKS = "passkey,multikey_needle,variable_tracking"
-MAX_SAMPLES = 1000  # per task and context: more is a typo, not a study (every sample is built up front)
 DEFAULT_CONTEXTS = "1024"  # where SmolLM2-135M solves passkey and multi-key needle best (analyses/results/eval/task_lengths.csv)
 
 
@@ -76,6 +66,7 @@ def make_policies(names: str, budgets: str, window: int, alpha: float, tau: floa
             for name in split_policies(names, "--policy") for b in parsed]
 
 
+@settings_options()
 def eval_(
     documents: List[str] = typer.Argument(None, help="Text/JSONL files or bundled names (default: alice); not with --task."),
     policy: str = typer.Option(DEFAULT_POLICIES, "--policy", "-p", help="Comma-separated policies (the full cache is always measured beside them), each NAME[:key=value,...] (infokv:alpha=0.5,tau=2; --alpha/--tau set the defaults; --window and --top-k are shared by all); adaptive(NAME) gives a scored policy adaptive layer budgets (infokv-adaptive = adaptive(infokv)); kvpress:NAME is a kvpress press (the kvpress extra) with --budget as its compression_ratio, applied to the prompt only (kvpress's prefill presses never compress while decoding)."),
@@ -91,11 +82,8 @@ def eval_(
     protocol: str = typer.Option("question-agnostic", help="Tasks: question-agnostic (compress the context, then ask) and/or question-aware."),
     max_new: int = typer.Option(12, "--max-new", help="Tasks: greedy answer tokens at most (the first line is scored)."),
     resamples: int = typer.Option(1000, help="Bootstrap resamples per interval (0: none)."),
-    model: str = ModelOpt, device: str = DeviceOpt, device_map: Optional[str] = DeviceMapOpt, dtype: str = DtypeOpt,
-    upcast: bool = UpcastOpt, window: int = WindowOpt, top_k: int = TopKOpt, alpha: float = AlphaOpt, tau: float = TauOpt, pool: int = PoolOpt,
-    entropy_of: str = EntropyOfOpt,
-    out_dir: Path = typer.Option(Path("runs/eval"), "--out", "-o", help="Results directory."),
-    resume: bool = ResumeOpt, overwrite: bool = StudyOverwriteOpt,
+    model: ModelSettings = ModelSettings(), signals: SignalConfig = SignalConfig(),
+    run: RunSettings = RunSettings(Path("runs/eval")),
     unit_policies: int = typer.Option(0, "--unit-policies",
                                       help="Text: split each document into work units of N replays (the full cache and "
                                            "the policy x budget runs; 0: one unit per document), so torchrun's ranks "
@@ -103,11 +91,10 @@ def eval_(
 ):
     """Replay KL, top-1 agreement, ΔNLL and free-generation agreement on text, or task accuracy, per policy and budget."""
     from fi_toolkit.compress.decoder import check_budget
-    from fi_toolkit.runs.resumable import check_run_dir
 
-    placement = check_placement(device, device_map)
-    config = _signal_config(window, top_k, alpha, tau, pool, entropy_of)
-    policies = make_policies(policy, budget, window, alpha, tau, top_k)
+    model.check()
+    config = signals.check()
+    policies = make_policies(policy, budget, config.window, config.alpha, config.tau, config.top_k)
     if interval < 1:
         raise FIError(f"--interval must be >= 1, got {interval}")
     check_resamples(resamples)
@@ -119,8 +106,7 @@ def eval_(
             raise FIError("give documents or --task, not both")
         if unit_policies:
             raise FIError("--unit-policies splits text documents; a task run's unit is already one sample")
-        return _eval_tasks(task, context, samples, protocol, max_new, policies, config, interval, resamples,
-                           model, device, dtype, upcast, out_dir, resume, overwrite, placement)
+        return _eval_tasks(task, context, samples, protocol, max_new, policies, config, interval, resamples, model, run)
     from fi_toolkit.evaluation import TextSetting, parse_future
 
     fut = parse_future(future)
@@ -131,16 +117,15 @@ def eval_(
     for p in policies:
         check_budget(p, prompt, setting.total() - prompt, p.compress_prompt)
     texts = _read_documents(documents)
-    check_run_dir(out_dir, "eval", resume, overwrite)
+    run.check("eval")
     from fi_toolkit.documents import tokenize_texts
     from fi_toolkit.evaluation import run_eval_text
-    from fi_toolkit.model.loading import load_model
 
-    lm = load_model(model, device, dtype, upcast=upcast, device_map=placement)
+    lm = model.load()
     docs = tokenize_texts(texts, lm.tokenizer, max_tokens=setting.length if not fut.generated else prompt)
     with _progress() as bar:
-        tables = run_eval_text(lm, docs, out_dir, policies, setting, config, resume, overwrite,
-                               unit_progress(bar, "eval"), resamples, unit_policies)
+        tables = run_eval_text(lm, docs, run, policies, setting, config, progress=unit_progress(bar, "eval"),
+                               n_resamples=resamples, unit_policies=unit_policies)
     if tables is None:  # a rank other than 0 of a sharded run: rank 0 reports
         return
     _print_text(tables, len(docs), setting)
@@ -149,38 +134,33 @@ def eval_(
     warning = text_noise_warning(tables["replays"])
     if warning:
         err.print(warning, markup=False, highlight=False)
-    err.print(f"results: {out_dir}/ (replay_summary.csv, replays.csv, segments.csv, positions.csv, manifest.json)",
+    err.print(f"results: {run.out}/ (replay_summary.csv, replays.csv, segments.csv, positions.csv, manifest.json)",
               markup=False, highlight=False)
 
 
 def _eval_tasks(task, context, samples, protocol, max_new, policies, config, interval, resamples,
-                model, device, dtype, upcast, out_dir, resume, overwrite, placement=None):
-    from fi_toolkit.evaluation import make_units, run_eval_tasks, task_name
-    from fi_toolkit.evaluation.task_runs import check_protocols
-    from fi_toolkit.model.loading import load_model
-    from fi_toolkit.runs.resumable import check_run_dir
+                model: ModelSettings, run: RunSettings):
+    """``fi eval --task``: the lists parsed into a :class:`~fi_toolkit.evaluation.settings.TaskSettings`,
+    checked with the budgets before the model is loaded, then :func:`fi_toolkit.evaluation.run_eval_tasks`."""
+    from fi_toolkit.evaluation import run_eval_tasks
+    from fi_toolkit.evaluation.settings import TaskSettings
 
-    tasks = [task_name(t) for t in split_list(task, "--task")]
-    contexts = int_list(context, "--context")
-    protocols = check_protocols(split_list(protocol, "--protocol"))
-    if not 1 <= samples <= MAX_SAMPLES:
-        raise FIError(f"--samples must lie in [1, {MAX_SAMPLES:,}], got {samples}")
-    if max_new < 1:
-        raise FIError(f"--max-new must be >= 1, got {max_new}")
+    tasks = TaskSettings(tuple(split_list(task, "--task")), tuple(int_list(context, "--context")), samples,
+                         tuple(split_list(protocol, "--protocol")), max_new).check()
+    contexts = tasks.contexts
     for p in policies:  # the smallest prompt a compression can see: the context without the question
         if p.budget.kept(min(contexts)) <= config.window and p.compress_prompt:
             raise FIError(f"budget {p.budget.label} keeps {p.budget.kept(min(contexts))} of a {min(contexts)}-token "
                           f"context, not above the window of {config.window}")
-    check_run_dir(out_dir, "eval", resume, overwrite)
-    lm = load_model(model, device, dtype, upcast=upcast, device_map=placement)
-    units = make_units(tasks, contexts, samples, lm.tokenizer, lm.model.config)
+    run.check("eval")
+    lm = model.load()
     with _progress() as bar:
-        tables = run_eval_tasks(lm, units, out_dir, policies, protocols, config, max_new, interval, resume, overwrite,
-                                unit_progress(bar, "eval"), resamples)
+        tables = run_eval_tasks(lm, tasks, run, policies, config=config, interval=interval,
+                                progress=unit_progress(bar, "eval"), n_resamples=resamples)
     if tables is None:
         return
     _print_tasks(tables)
-    err.print(f"results: {out_dir}/ (task_summary.csv, answers.csv, kl_accuracy.csv, manifest.json)",
+    err.print(f"results: {run.out}/ (task_summary.csv, answers.csv, kl_accuracy.csv, manifest.json)",
               markup=False, highlight=False)
 
 

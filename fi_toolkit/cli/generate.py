@@ -12,22 +12,10 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from fi_toolkit.cli.options import (
-    AlphaOpt,
-    DeviceOpt,
-    DtypeOpt,
-    EntropyOfOpt,
-    GenerateUpcastOpt,
-    ModelOpt,
-    PoolOpt,
-    TauOpt,
-    TopKOpt,
-    WindowOpt,
-    check_entropy_of,
-    check_finite,
-    err,
-)
+from fi_toolkit.cli.options import check_entropy_of, check_finite, err, settings_options
 from fi_toolkit.errors import FIError
+from fi_toolkit.model.settings import ModelSettings
+from fi_toolkit.signals.config import SignalConfig
 
 
 def _human(n: float) -> str:
@@ -62,6 +50,8 @@ def stats_table(stats, policy_label: str) -> Table:
     return t
 
 
+@settings_options(model={"device_map": None, "upcast": "With --dtype bfloat16/float16, compute in float32 (default: in "
+                                                       "the weights' dtype)."})
 def generate(
     prompt: Optional[str] = typer.Argument(None, help="The prompt (or use --file)."),
     file: Optional[Path] = typer.Option(None, "--file", "-f", help="Read the prompt from a text file."),
@@ -74,22 +64,20 @@ def generate(
     top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling threshold."),
     seed: int = typer.Option(0, help="Sampling seed."),
     chat: bool = typer.Option(True, "--chat/--raw", help="Wrap the prompt in the model's chat template (when it has one)."),
-    window: int = WindowOpt, alpha: float = AlphaOpt, tau: float = TauOpt, top_k: int = TopKOpt, pool: int = PoolOpt,
-    entropy_of: str = EntropyOfOpt,
-    model: str = ModelOpt, device: str = DeviceOpt, dtype: str = DtypeOpt, upcast: bool = GenerateUpcastOpt,
+    signals: SignalConfig = SignalConfig(),
+    model: ModelSettings = ModelSettings(upcast=False),
     stream: bool = typer.Option(True, "--stream/--no-stream", help="Stream text as it is generated."),
 ):
     """Generate text with the KV cache compressed by a policy (prefill and every --interval tokens)."""
     from fi_toolkit.compress.decoder import generate as run_generate
     from fi_toolkit.compress.decoder import signal_config_for
     from fi_toolkit.integrations.kvpress.bridge import named_policy
-    from fi_toolkit.model.loading import load_model
 
     if (prompt is None) == (file is None):
         raise FIError("give a prompt or --file (exactly one)")
     check_finite("--temperature", temperature)
     check_finite("--top-p", top_p)
-    check_entropy_of(entropy_of)
+    check_entropy_of(signals.entropy_of)
     if interval < 1:
         raise FIError(f"--interval must be >= 1, got {interval}")
     if max_new < 1:
@@ -105,9 +93,10 @@ def generate(
             raise FIError(f"cannot read --file '{file}': {exc.strerror}") from None
     chosen = None
     if policy.strip().lower() not in ("none", "full"):
-        chosen = named_policy(policy, budget, window, alpha=alpha, tau=tau, top_k=top_k)
-    config = signal_config_for(chosen, pool_kernel=pool, entropy_of=entropy_of)
-    lm = load_model(model, device, dtype, upcast=upcast)
+        chosen = named_policy(policy, budget, signals.window, alpha=signals.alpha, tau=signals.tau,
+                              top_k=signals.top_k)
+    config = signal_config_for(chosen, pool_kernel=signals.pool_kernel, entropy_of=signals.entropy_of)
+    lm = model.load()
 
     def emit(text: str) -> None:
         sys.stdout.write(text)

@@ -1,11 +1,18 @@
-"""Options, consoles and helpers shared by every ``fi`` command (cli.py, cli_study.py, cli_generate.py).
+"""Options, consoles and helpers shared by every ``fi`` command (app.py, study.py, eval.py, generate.py).
 
 One module that imports nothing else of the CLI, so the command modules import it and never each other.
+The option blocks the commands share are the settings dataclasses' fields (:func:`settings_options`):
+their flags, defaults and help are written once, in the dataclass.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import inspect
 import math
+import types
+import typing
 
 import typer
 from rich.console import Console
@@ -16,57 +23,79 @@ from fi_toolkit.errors import FIError
 out = Console(emoji=False)
 err = Console(stderr=True, emoji=False, soft_wrap=True)  # messages stay one line at any terminal width
 
-ModelOpt = typer.Option("smollm2-135m", "--model", "-m", help="smollm2-135m (embedded), a local directory or a HF id.")
-DeviceOpt = typer.Option(None, help="cpu (the default), cuda, cuda:N or auto; under torchrun, cuda is cuda:LOCAL_RANK.")
-DeviceMapOpt = typer.Option(
-    None, "--device-map",
-    help="Place the layers of a model larger than one GPU across the visible GPUs (accelerate): auto, balanced, "
-         "sequential, or a JSON object / JSON file {module: device}. Not with --device.",
-)
-DtypeOpt = typer.Option("float32", help="float32, bfloat16 or float16: how the weights are stored (signals and KL stay float32).")
-UpcastOpt = typer.Option(
-    True, "--upcast/--no-upcast",
-    help="With --dtype bfloat16/float16, compute in float32 (the default: per-token FI then ranks like float32). "
-         "--no-upcast computes in the weights' dtype: faster, but its rounding (the control:reorder row) swamps per-token FI.",
-)
-GenerateUpcastOpt = typer.Option(
-    False, "--upcast/--no-upcast", help="With --dtype bfloat16/float16, compute in float32 (default: in the weights' dtype).",
-)
-WindowOpt = typer.Option(32, help="Observation window w (last w prefix positions).")
-TopKOpt = typer.Option(256, "--top-k", help="Entropy over the k largest logits (k >= vocab: full entropy).")
-AlphaOpt = typer.Option(0.9, help="InfoKV mix: alpha*attention + (1-alpha)*softmax(E).")
-TauOpt = typer.Option(1.0, help="Bias in E = (D + tau) * H.")
-PoolOpt = typer.Option(7, "--pool", help="Average-pool kernel for window attention (1 = off).")
-EntropyOfOpt = typer.Option(
-    "produced", "--entropy-of",
-    help="Which entropy H_i is: 'produced' = the distribution that produced token i (logits at i-1, the default), "
-         "'next' = the distribution computed at i (predicting token i+1).",
-)
 OverwriteOpt = typer.Option(False, help="Replace results already in --out.")
 
 
-def check_placement(device, device_map):
-    """``--device`` and ``--device-map`` both say where the model goes: refused together, before anything runs."""
-    from fi_toolkit.model.loading import check_placement as check
+def settings_options(**tweaks):
+    """Decorator: each parameter of a command annotated with a settings dataclass (a field's ``metadata``
+    from :func:`fi_toolkit.runs.settings.option`) becomes that dataclass's options, and the command is
+    called with one built object. The defaults are the parameter's default object's (``run: RunSettings =
+    RunSettings(out=Path("runs/eval"))``), else the dataclass's; the flags and help are the fields'.
 
-    return check(device, device_map)
+    ``tweaks``: ``{parameter: {field: None}}`` leaves that option out (the field keeps its default),
+    ``{parameter: {field: "help"}}`` replaces its help. Checks are the command's (``settings.check()``),
+    so the order in which its errors are reported stays the command's.
+    """
+
+    def decorate(command):
+        hints = typing.get_type_hints(command)
+        params, groups = [], {}
+        for p in inspect.signature(command).parameters.values():
+            cls = hints.get(p.name)
+            if not (dataclasses.is_dataclass(cls) and any("flags" in f.metadata for f in dataclasses.fields(cls))):
+                params.append(p.replace(annotation=hints.get(p.name, p.annotation)))
+                continue
+            default = p.default if isinstance(p.default, cls) else cls()
+            names, tweak = [], tweaks.get(p.name, {})
+            for f in _option_fields(cls):
+                if f.name in tweak and tweak[f.name] is None:
+                    continue
+                names.append(f.name)
+                flags = f.metadata["flags"] or (f"--{f.name.replace('_', '-')}",)
+                help_text = tweak.get(f.name) or f.metadata["help"]
+                params.append(inspect.Parameter(
+                    f"{p.name}__{f.name}", inspect.Parameter.KEYWORD_ONLY, annotation=_cli_type(cls, f),
+                    default=typer.Option(getattr(default, f.name), *flags, help=help_text)))
+            groups[p.name] = (cls, default, names)
+
+        @functools.wraps(command)
+        def wrapper(**kwargs):
+            for name, (cls, default, fields) in groups.items():
+                values = {f: kwargs.pop(f"{name}__{f}") for f in fields}
+                kwargs[name] = dataclasses.replace(default, **values)
+            return command(**kwargs)
+
+        del wrapper.__wrapped__  # typer reads the signature below, not the command's
+        wrapper.__signature__ = inspect.Signature(
+            [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in params])
+        wrapper.__annotations__ = {p.name: p.annotation for p in params}
+        return wrapper
+
+    return decorate
+
+
+def _option_fields(cls) -> list:
+    """The fields of ``cls`` that are options, in ``cls.OPTION_ORDER`` where it sets one."""
+    fields = [f for f in dataclasses.fields(cls) if "flags" in f.metadata]
+    order = getattr(cls, "OPTION_ORDER", None)
+    return sorted(fields, key=lambda f: order.index(f.name)) if order else fields
+
+
+def _cli_type(cls, f):
+    """The option's type: the metadata's ``cli_type``, else the field's (``X | None`` as ``Optional[X]``)."""
+    hint = f.metadata.get("cli_type") or typing.get_type_hints(cls)[f.name]
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        hint = typing.Optional[args[0]] if len(args) == 1 else hint
+    return hint
 
 
 def check_entropy_of(entropy_of: str) -> str:
-    from fi_toolkit.signals.trace import ENTROPY_OF
+    from fi_toolkit.signals.config import ENTROPY_OF
 
     if entropy_of not in ENTROPY_OF:
         raise FIError(f"--entropy-of must be one of {', '.join(ENTROPY_OF)}, got '{entropy_of}'")
     return entropy_of
-
-
-def _signal_config(window, top_k, alpha, tau, pool, entropy_of="produced"):
-    from fi_toolkit.signals.trace import SignalConfig
-
-    config = SignalConfig(top_k=top_k, window=window, pool_kernel=pool, tau=tau, alpha=alpha,
-                          entropy_of=check_entropy_of(entropy_of))
-    config.validate()
-    return config
 
 
 def check_finite(name: str, value: float) -> float:

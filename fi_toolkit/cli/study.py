@@ -15,34 +15,22 @@ from typing import List, Optional
 import typer
 
 from fi_toolkit.cli.options import (
-    AlphaOpt,
-    DeviceMapOpt,
-    DeviceOpt,
-    DtypeOpt,
-    EntropyOfOpt,
-    ModelOpt,
-    PoolOpt,
-    TauOpt,
-    TopKOpt,
-    UpcastOpt,
-    WindowOpt,
     _progress,
-    _signal_config,
-    check_placement,
     check_prefix,
     check_resamples,
     check_selections,
     check_sinks,
     err,
     out,
+    settings_options,
     unit_progress,
 )
 from fi_toolkit.errors import FIError
+from fi_toolkit.model.settings import ModelSettings
+from fi_toolkit.runs.settings import RunSettings
+from fi_toolkit.signals.config import SignalConfig
 
 DocsArg = typer.Argument(None, help="Text/JSONL files or bundled names (default: alice).")
-ResumeOpt = typer.Option(False, help="Continue a stopped run of the same command in --out: skip finished documents "
-                                     "(same settings only; a finished document that fails its checks is recomputed).")
-StudyOverwriteOpt = typer.Option(False, help="Replace the results already in --out.")
 BatchOpt = typer.Option(None, help="Evictions per batched forward (default: 1 on CPU, 8 on CUDA).")
 
 
@@ -52,17 +40,17 @@ def _read_documents(specs):
     return [t for spec in (specs or [None]) for t in read_texts(spec)]
 
 
-def _run_study(label: str, model: str, device, dtype: str, upcast: bool, texts, max_tokens: int, study, device_map=None):
+def _run_study(label: str, model: ModelSettings, texts, max_tokens: int, study):
     """Load the model, tokenise ``texts``, then ``study(lm, docs, progress)`` under a progress bar per document."""
     from fi_toolkit.documents import tokenize_texts
-    from fi_toolkit.model.loading import load_model
 
-    lm = load_model(model, device, dtype, upcast=upcast, device_map=device_map)
+    lm = model.load()
     docs = tokenize_texts(texts, lm.tokenizer, max_tokens=max_tokens)
     with _progress() as bar:
         return docs, study(lm, docs, unit_progress(bar, label))
 
 
+@settings_options()
 def correlate(
     documents: List[str] = DocsArg,
     chunk: List[str] = typer.Option(..., "--chunk", "-c", help="Future chunk START:END (repeatable)."),
@@ -74,12 +62,9 @@ def correlate(
     sinks: int = typer.Option(4, help="First N positions are never candidates."),
     seed: int = typer.Option(0, help="Seed of the candidate sample and the bootstrap."),
     resamples: int = typer.Option(1000, help="Bootstrap resamples per coefficient (0: no intervals)."),
-    model: str = ModelOpt, device: str = DeviceOpt, device_map: Optional[str] = DeviceMapOpt, dtype: str = DtypeOpt,
-    upcast: bool = UpcastOpt, window: int = WindowOpt, top_k: int = TopKOpt, alpha: float = AlphaOpt, tau: float = TauOpt, pool: int = PoolOpt,
-    entropy_of: str = EntropyOfOpt,
+    model: ModelSettings = ModelSettings(), signals: SignalConfig = SignalConfig(),
     batch_size: Optional[int] = BatchOpt,
-    out_dir: Path = typer.Option(Path("runs/correlate"), "--out", "-o", help="Results directory."),
-    resume: bool = ResumeOpt, overwrite: bool = StudyOverwriteOpt,
+    run: RunSettings = RunSettings(Path("runs/correlate")),
     unit_candidates: int = typer.Option(0, "--unit-candidates",
                                         help="Split each document into work units of N candidates (exact FI; 0: one "
                                              "unit per document), so torchrun's ranks share documents; same tables."),
@@ -88,12 +73,11 @@ def correlate(
     from fi_toolkit.analysis import parse_candidates, run_correlate
     from fi_toolkit.analysis.study import check_unit_candidates
     from fi_toolkit.probe.forward_influence import check_chunks, parse_chunk
-    from fi_toolkit.runs.resumable import check_run_dir
 
-    placement = check_placement(device, device_map)
+    model.check()
     chunks = [parse_chunk(c) for c in chunk]
     p = prefix if prefix is not None else min(c.start for c in chunks)
-    config = _signal_config(window, top_k, alpha, tau, pool, entropy_of)
+    config = signals.check()
     check_chunks(chunks, p, float("inf"), None)  # chunk starts vs p now; lengths once the documents are read
     check_prefix(p, config.window)
     scored = check_sinks(sinks, p, config.window)
@@ -107,12 +91,12 @@ def correlate(
     if seed < 0:
         raise FIError(f"--seed must be >= 0, got {seed}")
     texts = _read_documents(documents)
-    check_run_dir(out_dir, "correlate", resume, overwrite)
-    docs, tables = _run_study("correlate", model, device, dtype, upcast, texts, max(c.end for c in chunks),
+    run.check("correlate")
+    docs, tables = _run_study("correlate", model, texts, max(c.end for c in chunks),
                               lambda lm, docs, progress: run_correlate(
-        lm, docs, out_dir, p, chunks, candidates, sinks, seed, resamples, config, batch_size,
-        resume=resume, overwrite=overwrite, progress=progress, estimator=estimator, samples=samples, validate=validate,
-        unit_candidates=unit_candidates), placement)
+        lm, docs, run, p, chunks, candidates, sinks, seed, resamples, config, batch_size,
+        progress=progress, estimator=estimator, samples=samples, validate=validate,
+        unit_candidates=unit_candidates))
     if tables is None:  # a rank other than 0 of a sharded run: rank 0 reports
         return
     s = tables["correlation_summary"]
@@ -128,7 +112,7 @@ def correlate(
                   .to_string(float_format=lambda v: f"{v:+.3f}"))
     _warn_noise(tables["tokens"], tables["controls"])
     extra = ", agreement.csv, validation.csv" if "agreement" in tables else ""
-    err.print(f"results: {out_dir}/ (correlations.csv, correlation_summary.csv, tokens.csv, controls.csv{extra}, "
+    err.print(f"results: {run.out}/ (correlations.csv, correlation_summary.csv, tokens.csv, controls.csv{extra}, "
               "manifest.json)", markup=False, highlight=False)
 
 
@@ -152,6 +136,7 @@ def _estimator_options(estimator, candidates, samples, validate, batch_size, n_c
     return estimator, candidates or "sample:256", samples, validate
 
 
+@settings_options()
 def nearfar(
     documents: List[str] = DocsArg,
     prefix: int = typer.Option(1024, help="Compression point p."),
@@ -164,12 +149,9 @@ def nearfar(
     sinks: int = typer.Option(4, help="Sink protection: the first N positions are never selected."),
     no_sink_runs: bool = typer.Option(True, "--with-unprotected/--protected-only",
                                       help="Also measure every set without sink protection."),
-    model: str = ModelOpt, device: str = DeviceOpt, device_map: Optional[str] = DeviceMapOpt, dtype: str = DtypeOpt,
-    upcast: bool = UpcastOpt, window: int = WindowOpt, top_k: int = TopKOpt, alpha: float = AlphaOpt, tau: float = TauOpt, pool: int = PoolOpt,
-    entropy_of: str = EntropyOfOpt,
+    model: ModelSettings = ModelSettings(), signals: SignalConfig = SignalConfig(),
     batch_size: Optional[int] = BatchOpt,
-    out_dir: Path = typer.Option(Path("runs/nearfar"), "--out", "-o", help="Results directory."),
-    resume: bool = ResumeOpt, overwrite: bool = StudyOverwriteOpt,
+    run: RunSettings = RunSettings(Path("runs/nearfar")),
     unit_sets: int = typer.Option(0, "--unit-sets",
                                   help="Split each document into work units of N sets (0: one unit per document), "
                                        "so torchrun's ranks share documents when they are few; same tables."),
@@ -178,13 +160,13 @@ def nearfar(
     from fi_toolkit.analysis import run_nearfar
     from fi_toolkit.analysis.nearfar import nearfar_chunks, nearfar_selections, parse_distances
     from fi_toolkit.probe.selections import parse_selections
-    from fi_toolkit.runs.resumable import check_run_dir, check_unit_size
+    from fi_toolkit.runs.resumable import check_unit_size
 
-    placement = check_placement(device, device_map)
+    model.check()
     dist = parse_distances(distances)
     chunks = nearfar_chunks(prefix, dist, chunk_len)
     nearfar_selections(budget, seeds)
-    config = _signal_config(window, top_k, alpha, tau, pool, entropy_of)
+    config = signals.check()
     check_prefix(prefix, config.window)
     check_sinks(sinks, prefix, config.window)
     sets = [replace(s, source=f"--budget {budget}") for s in parse_selections(nearfar_selections(budget, seeds))]
@@ -194,16 +176,16 @@ def nearfar(
     sink_options = (sinks, 0) if no_sink_runs and sinks > 0 else (sinks,)
     check_unit_size(unit_sets, "--unit-sets")
     texts = _read_documents(documents)
-    check_run_dir(out_dir, "nearfar", resume, overwrite)
-    docs, tables = _run_study("nearfar", model, device, dtype, upcast, texts, max(c.end for c in chunks),
+    run.check("nearfar")
+    docs, tables = _run_study("nearfar", model, texts, max(c.end for c in chunks),
                               lambda lm, docs, progress: run_nearfar(
-        lm, docs, out_dir, prefix, dist, chunk_len, budget, seeds, sink_options, config, batch_size,
-        resume=resume, overwrite=overwrite, progress=progress, unit_sets=unit_sets), placement)
+        lm, docs, run, prefix, dist, chunk_len, budget, seeds, sink_options, config, batch_size,
+        progress=progress, unit_sets=unit_sets))
     if tables is None:  # a rank other than 0 of a sharded run: rank 0 reports
         return
     _print_nearfar(tables, len(docs))
     _warn_noise(tables["nearfar"], tables["nearfar"])
-    err.print(f"results: {out_dir}/ (nearfar.csv, nearfar_summary.csv, nearfar_tests.csv, token_class_summary.csv)",
+    err.print(f"results: {run.out}/ (nearfar.csv, nearfar_summary.csv, nearfar_tests.csv, token_class_summary.csv)",
               markup=False, highlight=False)
 
 

@@ -19,6 +19,7 @@ import pandas as pd
 from fi_toolkit.analysis.study import execute_run
 from fi_toolkit.errors import FIError
 from fi_toolkit.evaluation.replays import FULL, TextSetting, evaluate_text, text_context
+from fi_toolkit.evaluation.settings import TaskSettings
 from fi_toolkit.evaluation.summaries import (
     kl_accuracy_table,
     summarise_answers,
@@ -33,7 +34,8 @@ from fi_toolkit.probe.forward_influence import (
     NOISE_MARGIN,  # a compressed mean KL below it x the full-cache replay's is at the floor
 )
 from fi_toolkit.runs.resumable import ResumableRun, check_unit_size, last_document, part_slice, split_units
-from fi_toolkit.signals.trace import SignalConfig
+from fi_toolkit.runs.settings import RunSettings, run_settings
+from fi_toolkit.signals.config import SignalConfig
 
 Progress = Callable[[str, int, int], None]
 
@@ -61,16 +63,21 @@ def text_noise_warning(replays: pd.DataFrame) -> str | None:
 
 
 def run_eval_text(
-    lm, docs, out_dir: Path, policies: list[Policy], setting: TextSetting, config: SignalConfig,
+    lm, docs, out_dir: Path | RunSettings, policies: list[Policy], setting: TextSetting, config: SignalConfig,
     resume: bool = False, overwrite: bool = False, progress: Progress | None = None, n_resamples: int = 1000,
     unit_policies: int = 0,
 ) -> dict[str, pd.DataFrame]:
     """Replays and free generations of every document -> per-document and summary tables (module docstring).
 
+    ``out_dir``: the results directory, or a :class:`~fi_toolkit.runs.settings.RunSettings` (what
+    ``fi eval`` passes; then not ``resume``/``overwrite``); ``setting``: the prompt, length, future...
+
     ``unit_policies = n > 0`` splits every document into parts of ``n`` replays of ``[full cache,
     *policies]``, each a unit of its own (issue 11); consecutive parts on a rank share the prefill,
     the reference and the full cache's free generation, and the tables are the same as unsplit."""
     setting.check()
+    config.check()
+    where = run_settings(out_dir, resume, overwrite).check()
     check_unit_size(unit_policies, "--unit-policies")
     limit = max_context(lm)
     for doc in docs:
@@ -90,7 +97,7 @@ def run_eval_text(
     if unit_policies:  # unsplit runs keep the settings they always had, so their --resume still matches
         settings["unit_policies"] = unit_policies
     units, costs = split_units(docs, 1 + len(policies), unit_policies, setup=1)
-    run = ResumableRun(out_dir, "eval", settings, resume, overwrite)
+    run = ResumableRun(where.out, "eval", settings, where.resume, where.overwrite)
     # a document's consecutive parts on this rank share its TextContext (prefill, reference, free generation)
     setup = last_document(lambda doc: text_context(lm.model, doc.ids, doc.name, policies, setting, config))
 
@@ -111,11 +118,26 @@ def run_eval_text(
 
 
 def run_eval_tasks(
-    lm, units: list[SampleUnit], out_dir: Path, policies: list[Policy], protocols: list[str], config: SignalConfig,
-    max_new: int = 12, interval: int = 1024, resume: bool = False, overwrite: bool = False,
+    lm, units: list[SampleUnit] | TaskSettings, out_dir: Path | RunSettings, policies: list[Policy],
+    protocols: list[str] | None = None, config: SignalConfig = SignalConfig(),
+    max_new: int | None = None, interval: int = 1024, resume: bool = False, overwrite: bool = False,
     progress: Progress | None = None, n_resamples: int = 1000,
 ) -> dict[str, pd.DataFrame]:
-    """Every task sample under the full cache and every policy -> ``answers``, ``task_summary``, ``kl_accuracy``."""
+    """Every task sample under the full cache and every policy -> ``answers``, ``task_summary``, ``kl_accuracy``.
+
+    ``units``: the samples, or a :class:`~fi_toolkit.evaluation.settings.TaskSettings` (what ``fi eval --task``
+    passes), which also gives the protocols and ``max_new`` (then not given beside it). ``out_dir``: the results
+    directory or a :class:`~fi_toolkit.runs.settings.RunSettings`."""
+    if isinstance(units, TaskSettings):
+        if protocols is not None or max_new is not None:
+            raise FIError("give the protocols and max_new in the TaskSettings, not beside it")
+        tasks = units.check()
+        units, protocols, max_new = tasks.units(lm.tokenizer, lm.model.config), list(tasks.protocols), tasks.max_new
+    elif protocols is None:
+        raise FIError("run_eval_tasks needs the protocols (or a TaskSettings)")
+    max_new = 12 if max_new is None else max_new
+    config.check()
+    where = run_settings(out_dir, resume, overwrite).check()
     limit = max_context(lm)
     longest = max((len(u) for u in units), default=0)
     if limit is not None and longest + max_new > limit:
@@ -123,7 +145,7 @@ def run_eval_tasks(
     settings = {"kind": "tasks", **_model_settings(lm, config, policies), "protocols": list(protocols),
                 "max_new": max_new, "interval": interval,
                 "documents": [{"name": u.name, "sha256": u.sha256, "tokens": len(u)} for u in units]}
-    run = ResumableRun(out_dir, "eval", settings, resume, overwrite)
+    run = ResumableRun(where.out, "eval", settings, where.resume, where.overwrite)
 
     def compute(unit):
         tick = (lambda done, total: progress(unit.name, done, total)) if progress else None

@@ -1,0 +1,98 @@
+"""Settings objects: small frozen dataclasses that the ``fi`` commands and the Python API share (issue 18).
+
+A field that is a command-line option says so in its ``metadata`` (:func:`option`: flags and help,
+written once); :func:`fi_toolkit.cli.options.settings_options` expands such a dataclass into typer
+options and hands the command one built object. Every settings object has ``check()``, which raises
+:class:`~fi_toolkit.errors.FIError` with one line naming the option. This module also holds
+:class:`RunSettings` (a result directory: ``--out``, ``--resume``, ``--overwrite``) and the checks the
+settings modules share. It imports nothing heavy, so the CLI can read it while parsing.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fi_toolkit.errors import FIError
+
+
+def option(*flags: str, help: str, cli_type: type | None = None) -> dict:
+    """A field's command-line option as ``metadata``: its ``flags`` (default ``--field-name``, a bool
+    ``--x/--no-x``), its ``help``, and ``cli_type`` where the option's type is narrower than the field's."""
+    return {"flags": flags, "help": help, "cli_type": cli_type}
+
+
+def check_int(name: str, value, minimum: int | None = None, maximum: int | None = None) -> int:
+    """A whole number (not a bool, not a float) in ``[minimum, maximum]``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise FIError(f"{name} must be a whole number, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise FIError(f"{name} must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise FIError(f"{name} must be at most {maximum:,}, got {value}")
+    return value
+
+
+def check_number(name: str, value, finite: bool = True) -> float:
+    """A real number (int or float, not a bool), finite unless ``finite=False``: typer parses 'nan' and 'inf'."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise FIError(f"{name} must be a number, got {value!r}")
+    if finite and not math.isfinite(value):
+        raise FIError(f"{name} must be a finite number, got {value}")
+    return value
+
+
+def check_type(name: str, value, *types: type, optional: bool = False):
+    """``value`` is one of ``types`` (or None where ``optional``); bools are refused where a number is wanted."""
+    if value is None and optional:
+        return value
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+        wanted = " or ".join(t.__name__ for t in types) + (" or None" if optional else "")
+        raise FIError(f"{name} must be a {wanted}, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """Where a resumable run (``fi correlate``, ``fi nearfar``, ``fi eval``) writes its results.
+
+    ``out``: the results directory; ``resume``: continue a stopped run of the same command there;
+    ``overwrite``: replace what is there. A string ``out`` becomes a :class:`~pathlib.Path`.
+    """
+
+    out: Path = field(default=Path("runs"), metadata=option("--out", "-o", help="Results directory."))
+    resume: bool = field(default=False, metadata=option(
+        "--resume/--no-resume", help="Continue a stopped run of the same command in --out: skip finished documents "
+                                     "(same settings only; a finished document that fails its checks is recomputed)."))
+    overwrite: bool = field(default=False, metadata=option(
+        "--overwrite/--no-overwrite", help="Replace the results already in --out."))
+
+    def __post_init__(self):
+        if isinstance(self.out, str):
+            object.__setattr__(self, "out", Path(self.out))
+
+    def check(self, command: str | None = None) -> RunSettings:
+        """Types, and ``--resume`` with ``--overwrite`` refused; with ``command``, the checks of ``--out``
+        that need no settings (:func:`fi_toolkit.runs.resumable.check_run_dir`)."""
+        check_type("--out", self.out, Path)
+        check_type("--resume", self.resume, bool)
+        check_type("--overwrite", self.overwrite, bool)
+        if command is not None:
+            from fi_toolkit.runs.resumable import check_run_dir
+
+            check_run_dir(self.out, command, self.resume, self.overwrite)
+        elif self.resume and self.overwrite:
+            raise FIError("--resume and --overwrite contradict each other: --resume continues the run in --out, "
+                          "--overwrite replaces it; pass one")
+        return self
+
+
+def run_settings(out_dir: Path | str | RunSettings, resume: bool = False, overwrite: bool = False) -> RunSettings:
+    """The library entry points take ``RunSettings`` or, as before, ``out_dir`` with ``resume``/``overwrite``."""
+    if isinstance(out_dir, RunSettings):
+        if resume or overwrite:
+            raise FIError("give resume and overwrite in the RunSettings, not beside it")
+        return out_dir
+    return RunSettings(out_dir, resume, overwrite)
