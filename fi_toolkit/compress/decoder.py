@@ -25,7 +25,8 @@ from __future__ import annotations
 import math
 import resource
 import time
-from dataclasses import asdict, dataclass, field
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
 import torch
@@ -33,11 +34,12 @@ from transformers import DynamicCache
 
 from fi_toolkit.errors import FIError
 from fi_toolkit.eviction import KeepMap, gather_cache
-from fi_toolkit.model.architectures import check_model, context_limit, context_phrase
+from fi_toolkit.model.architectures import check_model, context_limit, context_phrase, decoder_parts
 from fi_toolkit.model.attention import ragged_attention
 from fi_toolkit.model.compat import cache_kwargs
 from fi_toolkit.policies import Policy, Signals
-from fi_toolkit.signals.trace import SignalConfig, SignalTracker, decoder_parts, entropy_of_tokens
+from fi_toolkit.signals.config import SignalConfig
+from fi_toolkit.signals.tracker import SignalTracker
 
 
 def signal_config_for(policy: Policy | None, **overrides) -> SignalConfig:
@@ -128,10 +130,15 @@ class CompressedDecoder:
     """A model plus a cache that a policy keeps within its budget.
 
     ``positions[l]`` ``[Hkv, n_l]``: the original position of every cache slot. ``protected[l]``:
-    leading slots never evicted (the prompt, when it is not compressible)."""
+    leading slots never evicted (the prompt, when it is not compressible). ``tracker``: the
+    :class:`~fi_toolkit.signals.tracker.SignalTracker` of the signals the policy reads (None when it
+    reads none); the decoder drives it through its public steps only, and its hooks stay on the model
+    from construction to :meth:`close`. The ``tracker`` argument is :meth:`shared`'s and :meth:`fork`'s:
+    by default the policy's needs decide what is tracked. ``cache`` stays one object for the decoder's
+    life (compactions gather it in place): the tracker reads keys from it."""
 
     def __init__(self, model, policy: Policy | None, capacity: int, config: SignalConfig | None = None,
-                 compress_prompt: bool | None = None, prefill_chunk: int = 2048):
+                 compress_prompt: bool | None = None, prefill_chunk: int = 2048, tracker: SignalTracker | None = None):
         self.model, self.policy = model, policy
         self.device = next(model.parameters()).device
         self.config = config or signal_config_for(policy)
@@ -145,24 +152,26 @@ class CompressedDecoder:
         self.protected: list[int] = []
         self.compression_seconds = 0.0
         self.sharing = False  # CompressedDecoder.shared: prefilled once, then forked per policy
-        tracking = policy is not None and policy.needs_signals
-        self.tracker = (
-            SignalTracker(model, self.config, capacity, policy.tracks_accumulated, policy.needs_token_signals)
-            if tracking else None
-        )
+        if tracker is None and policy is not None and policy.needs_signals:
+            tracker = SignalTracker(self.config, capacity, policy.tracks_accumulated, policy.needs_token_signals)
+        self.tracker = tracker
+        self._hooks = ExitStack()  # the tracker's hooks, held until close()
+        if tracker is not None:
+            self._hooks.enter_context(tracker(model))
 
     def close(self) -> None:
-        if self.tracker:
-            self.tracker.close()
+        """Remove the tracker's hooks from the model (idempotent)."""
+        self._hooks.close()
 
     @classmethod
     def shared(cls, model, capacity: int, config: SignalConfig | None = None, prefill_chunk: int = 2048) -> "CompressedDecoder":
         """A decoder without a policy that tracks every signal any policy reads (H, D^(l), the window
         queries, H2O's accumulator): prefill it once, then :meth:`fork` it per policy (``fi eval``
         compares policies on one prefill forward instead of one each)."""
-        decoder = cls(model, None, capacity, config, compress_prompt=False, prefill_chunk=prefill_chunk)
+        config = config or signal_config_for(None)
+        tracker = SignalTracker(config, capacity, accumulate=True, token_signals=True)
+        decoder = cls(model, None, capacity, config, compress_prompt=False, prefill_chunk=prefill_chunk, tracker=tracker)
         decoder.capacity, decoder.sharing = capacity, True
-        decoder.tracker = SignalTracker(model, decoder.config, capacity, accumulate=True, token_signals=True)
         return decoder
 
     @torch.no_grad()
@@ -181,16 +190,15 @@ class CompressedDecoder:
             if policy is not None and hasattr(policy, name) and getattr(policy, name) != getattr(self.config, name):
                 raise FIError(f"the policy's {name} ({getattr(policy, name)}) differs from the shared prefill's "
                               f"({getattr(self.config, name)})")
-        child = CompressedDecoder(self.model, policy, self.capacity, self.config, compress_prompt, self.prefill_chunk)
+        tracker = None
+        if policy is not None and policy.needs_signals:  # only what the policy reads
+            tracker = self.tracker.fork(token_signals=policy.needs_token_signals, accumulate=policy.tracks_accumulated)
+        child = CompressedDecoder(self.model, policy, self.capacity, self.config, compress_prompt, self.prefill_chunk,
+                                  tracker=tracker)
         for i, layer in enumerate(self.cache.layers):
             child.cache.update(layer.keys.clone(), layer.values.clone(), i)
         p = child.seen = self.seen
         child.tokens[:p] = self.tokens[:p]
-        t, c = self.tracker, child.tracker
-        if c is not None:
-            c.queries = [q.clone() for q in t.queries]
-            if c.token_signals:
-                c.entropy[:p], c.distance[:, :p] = t.entropy[:p], t.distance[:, :p]
         return child, child._end_prompt()
 
     def _forward(self, ids: torch.Tensor, every_row: bool = False) -> torch.Tensor:
@@ -198,8 +206,6 @@ class CompressedDecoder:
         (``every_row``: of every one, ``[q, V]``)."""
         q = ids.numel()
         positions = torch.arange(self.seen, self.seen + q, device=self.device)[None]
-        if self.tracker:
-            self.tracker.cache = self.cache
         if self.seen + q > self.tokens.numel():  # past the capacity the caller gave: grow the record
             self.tokens = torch.cat([self.tokens, self.tokens.new_zeros(self.seen + q - self.tokens.numel())])
         self.tokens[self.seen : self.seen + q] = ids.cpu()
@@ -209,7 +215,7 @@ class CompressedDecoder:
         ).last_hidden_state[0]
         logits = self.lm_head(hidden if every_row else hidden[-1:]).float()
         if self.tracker:
-            self.tracker.record(self.seen, hidden, logits[-1] if q == 1 else None)
+            self.tracker.record(hidden, logits[-1] if q == 1 else None)
         self.seen += q
         return logits if every_row else logits[0]
 
@@ -220,19 +226,20 @@ class CompressedDecoder:
             logits = self._forward(ids[a : a + self.prefill_chunk])
         keep = self._end_prompt()
         if self.sharing:
-            self.tracker.close()  # its state is final: forks copy it
+            self.close()  # its state is final: forks copy it (and its hooks would record theirs)
         return logits, keep
 
     def _end_prompt(self) -> KeepMap | None:
         """After the prompt's forwards (or a fork's copy of them): every slot is its position, the
         prompt is protected unless compressible, H2O's accumulator starts from the window queries'
-        attention, then the prompt is compressed by the policy's rule (its keep map, or None)."""
+        attention (the tracker's :meth:`~SignalTracker.start_decoding`), then the prompt is compressed by the
+        policy's rule (its keep map, or None)."""
         hkv = self.cache.layers[0].keys.shape[1]
         p = self.seen
         self.positions = [torch.arange(p, device=self.device).expand(hkv, p) for _ in self.cache.layers]
         self.protected = [0 if self.compress_prompt else p] * len(self.cache.layers)
-        if self.tracker and self.tracker.accumulated is not None:
-            self.tracker.accumulated = [self.tracker.received(i, l.keys) for i, l in enumerate(self.cache.layers)]
+        if self.tracker:
+            self.tracker.start_decoding(self.cache)
         return self.compress(prompt=True) if self.policy and self.compress_prompt else None
 
     def _append_slots(self, q: int) -> None:
@@ -278,19 +285,13 @@ class CompressedDecoder:
         return [int(l.keys.shape[2]) for l in self.cache.layers]
 
     def signals(self) -> Signals:
-        """The policy's view of the current cache, in slot space."""
-        keys = [l.keys for l in self.cache.layers]
-        s = Signals(window=self.config.window, seen=self.seen, keys=keys, positions=self.positions,
-                    protected=list(self.protected), tokens=self.tokens[: self.seen], model=self.model)
-        t = self.tracker
-        if t and t.token_signals:
-            entropy = entropy_of_tokens(t.entropy[: self.seen], self.config.entropy_of)
-            s.entropy = [entropy[pos] for pos in self.positions]
-            s.distance = [t.distance[i][pos] for i, pos in enumerate(self.positions)]
-        if t:
-            s.attention = [t.window_attention(i, k) for i, k in enumerate(keys)]
-            s.accumulated = t.accumulated
-        return s
+        """The policy's view of the current cache, in slot space: the tracker's view (none without one),
+        with the decoder's protected slots, token ids and model."""
+        mine = {"protected": list(self.protected), "tokens": self.tokens[: self.seen], "model": self.model}
+        if self.tracker:
+            return replace(self.tracker.view(self.positions), **mine)
+        return Signals(window=self.config.window, seen=self.seen, keys=[l.keys for l in self.cache.layers],
+                       positions=self.positions, **mine)
 
     @torch.no_grad()
     def compress(self, prompt: bool = False) -> KeepMap | None:
@@ -305,11 +306,13 @@ class CompressedDecoder:
         _sync(self.device)
         t0 = time.perf_counter()
         keep_map = self.policy.keep_map(self.signals())
-        self.cache = gather_cache([l.keys for l in self.cache.layers], [l.values for l in self.cache.layers],
-                                  keep_map, self.model.config)
+        kept = gather_cache([l.keys for l in self.cache.layers], [l.values for l in self.cache.layers],
+                            keep_map, self.model.config)
+        for layer, gathered in zip(self.cache.layers, kept.layers):  # in place: the tracker reads this cache
+            layer.keys, layer.values = gathered.keys, gathered.values
         self.positions = [pos.gather(1, idx) for pos, idx in zip(self.positions, keep_map.keep)]
         if self.tracker:
-            self.tracker.gather(keep_map.keep)
+            self.tracker.compact(keep_map.keep)
         _sync(self.device)
         self.compression_seconds += time.perf_counter() - t0
         return keep_map

@@ -94,3 +94,15 @@ def infokv_score(attention: torch.Tensor, layer_entropy: torch.Tensor, alpha: fl
     attention scores unchanged (SnapKV scoring); ``alpha = 0`` pure entropy scoring.
     """
     return alpha * attention.float() + (1.0 - alpha) * torch.softmax(layer_entropy.float(), dim=-1)
+
+
+def entropy_of_tokens(at_position: torch.Tensor, entropy_of: str) -> torch.Tensor:
+    """Per-token ``H [n]`` from the entropies ``[n]`` of the distributions computed *at* each position.
+
+    ``"next"``: ``H_i`` is the entropy at ``i`` (predicting ``x_{i+1}``), returned as is.
+    ``"produced"`` (the default): ``H_i`` is the entropy of the distribution that produced ``x_i``,
+    i.e. the one computed at ``i - 1``; nothing predicted ``x_0``, so ``H_0 = 0``.
+    """
+    if entropy_of == "next":
+        return at_position
+    return torch.cat([at_position.new_zeros(1), at_position[:-1]])

@@ -3,11 +3,10 @@
 Like TransformerLens' cache object, a :class:`Trace` is the single place signals come from. The
 prefix runs in chunks (``prefill_chunk`` tokens) so that hidden-state memory stays bounded: the
 representation distance of a position only needs that position's hidden states, which all come
-from the same chunk. The forward hooks live in :class:`SignalTracker`, which compressed generation
-reuses token by token: they capture (a) each decoder layer's input ``h^(l)``, (b) the residual
-stream before the final norm ``h^(L)``, and (c) each attention module's input, from which the last
-``w`` queries are recomputed (never the full attention matrix); the final-normed output feeds the
-streamed LM head.
+from the same chunk. The hooks and the per-token state live in
+:class:`~fi_toolkit.signals.tracker.SignalTracker`, which compressed generation and kvpress's
+``InfoKVPress`` drive through the same public steps; a trace is the tracker's view of every prefix
+position once the prefill is done (:func:`tracker_trace`).
 """
 
 from __future__ import annotations
@@ -19,22 +18,12 @@ import torch
 from transformers import DynamicCache
 
 from fi_toolkit.errors import FIError
-from fi_toolkit.model.architectures import apply_rope, context_limit, context_phrase, decoder_parts, queries
+from fi_toolkit.model.architectures import context_limit, context_phrase, decoder_parts  # noqa: F401 (re-exported)
 from fi_toolkit.model.compat import cache_kwargs
 from fi_toolkit.signals import formulas as signals
 from fi_toolkit.signals.config import ENTROPY_OF, SignalConfig  # noqa: F401  (re-exported: their home before issue 18)
-
-
-def entropy_of_tokens(at_position: torch.Tensor, entropy_of: str) -> torch.Tensor:
-    """Per-token ``H`` from the entropies of the distributions computed *at* each position.
-
-    ``"next"``: ``H_i`` is the entropy at ``i`` (predicting ``x_{i+1}``), returned as is.
-    ``"produced"`` (the default): ``H_i`` is the entropy of the distribution that produced ``x_i``,
-    i.e. the one computed at ``i - 1``; nothing predicted ``x_0``, so ``H_0 = 0``.
-    """
-    if entropy_of == "next":
-        return at_position
-    return torch.cat([at_position.new_zeros(1), at_position[:-1]])
+from fi_toolkit.signals.formulas import entropy_of_tokens  # noqa: F401  (re-exported)
+from fi_toolkit.signals.tracker import SignalTracker
 
 
 @dataclass
@@ -105,102 +94,6 @@ class Trace:
         return {"prefix_len": self.prefix_len, **asdict(self.config)}
 
 
-def window_queries(attn_module, hidden_states, position_embeddings, window: int) -> torch.Tensor:
-    """Recompute the rotated queries of the last ``window`` positions of an attention input -> ``[Hq, w, hd]``:
-    the module's own query path (:func:`architectures.queries`), then its own ``apply_rotary_pos_emb``."""
-    q = queries(attn_module, hidden_states[:, -window:])
-    cos, sin = position_embeddings
-    q, _ = apply_rope(attn_module)(q, q, cos[:, -window:], sin[:, -window:])
-    return q[0]
-
-
-class SignalTracker:
-    """Forward hooks that keep the last ``w`` rotated queries of every layer, record (when
-    ``token_signals``) every fed token's top-k entropy ``H`` and ``D^(l)`` into preallocated
-    ``[capacity]`` / ``[L, capacity]`` float32 buffers, and (for H2O) add the attention of every row
-    fed after the prefill (one step, or each row of a replay block) to a per-slot accumulator."""
-
-    def __init__(self, model, config: SignalConfig, capacity: int, accumulate: bool, token_signals: bool = True):
-        self.layers, self.norm, self.lm_head = decoder_parts(model)
-        device = next(model.parameters()).device
-        n_layers = len(self.layers)
-        self.config = config
-        self.token_signals = token_signals
-        self.entropy = torch.zeros(capacity if token_signals else 0, device=device)
-        self.distance = torch.zeros(n_layers, capacity if token_signals else 0, device=device)
-        self.queries: list[torch.Tensor | None] = [None] * n_layers
-        self.accumulated: list[torch.Tensor] | None = [None] * n_layers if accumulate else None
-        self.cache: DynamicCache | None = None
-        self._inputs: dict = {}
-        self._handles = [self.norm.register_forward_pre_hook(self._norm_hook)] if token_signals else []
-        for i, layer in enumerate(self.layers):
-            if token_signals:
-                self._handles.append(layer.register_forward_pre_hook(self._input_hook(i), with_kwargs=True))
-            self._handles.append(layer.self_attn.register_forward_hook(self._attention_hook, with_kwargs=True))
-
-    def close(self) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles = []
-
-    def _input_hook(self, layer_idx: int):
-        def hook(_module, args, kwargs):
-            self._inputs[layer_idx] = args[0] if args else kwargs["hidden_states"]
-        return hook
-
-    def _norm_hook(self, _module, args):
-        self._inputs["pre_norm"] = args[0]
-
-    def _attention_hook(self, module, args, kwargs, _output):
-        hs = args[0] if args else kwargs["hidden_states"]
-        w = self.config.window
-        i = module.layer_idx
-        # decoding (the accumulator exists once the prefill is done): every fed row's attention counts,
-        # whether the rows come one step at a time or as one block (CompressedDecoder.block)
-        accumulate = self.accumulated is not None and self.accumulated[i] is not None
-        q = window_queries(module, hs, kwargs["position_embeddings"], hs.shape[1] if accumulate else min(w, hs.shape[1]))
-        prev = self.queries[i]
-        self.queries[i] = (q if prev is None else torch.cat([prev, q[:, -w:]], dim=1))[:, -w:]
-        if accumulate:
-            keys = self.cache.layers[i].keys[0]  # already holds the keys of this forward's rows (the last slots)
-            acc = self.accumulated[i]
-            acc = torch.cat([acc, acc.new_zeros(keys.shape[0], keys.shape[1] - acc.shape[1])], dim=1)
-            self.accumulated[i] = acc + signals.attention_received(q, keys, module.scaling)
-
-    def record(self, start: int, hidden: torch.Tensor, last_logits: torch.Tensor | None) -> None:
-        """After a forward of tokens at ``[start, start + q)``: store their H and D^(l)."""
-        if not self.token_signals:
-            return
-        q = hidden.shape[0]
-        final = hidden if self.config.final_norm else self._inputs["pre_norm"][0]
-        # with --device-map each layer's input sits on its layer's device: bring it to the final hidden
-        # state's, and every signal to the buffers' device (no-ops on one device)
-        for i in range(len(self.layers)):  # layer by layer: no [L, q, d] copy of the hidden states
-            layer_input = self._inputs[i][0][None].to(final.device)
-            self.distance[i, start : start + q] = signals.representation_distance(layer_input, final)[0].to(self.distance.device)
-        if q == 1 and last_logits is not None:
-            self.entropy[start] = signals.topk_entropy(last_logits, self.config.top_k).to(self.entropy.device)
-        else:
-            self.entropy[start : start + q] = signals.streamed_topk_entropy(
-                hidden, self.lm_head, self.config.top_k, self.config.lm_head_block
-            ).to(self.entropy.device)
-        self._inputs.clear()
-
-    def window_attention(self, layer: int, keys: torch.Tensor) -> torch.Tensor:
-        """Pooled window attention of ``layer`` over ``keys [1, Hkv, n, hd]`` -> ``[Hkv, n]``."""
-        scaling = self.layers[layer].self_attn.scaling
-        return signals.window_attention(self.queries[layer], keys[0], scaling, self.config.pool_kernel)
-
-    def received(self, layer: int, keys: torch.Tensor) -> torch.Tensor:
-        """Attention the kept window queries gave each of ``keys``, summed, unpooled -> ``[Hkv, n]``."""
-        return signals.attention_received(self.queries[layer], keys[0], self.layers[layer].self_attn.scaling)
-
-    def gather(self, keep: list[torch.Tensor]) -> None:
-        if self.accumulated is not None:
-            self.accumulated = [a.gather(1, idx) for a, idx in zip(self.accumulated, keep)]
-
-
-
 @torch.no_grad()
 def trace_prefix(model: torch.nn.Module, ids: torch.Tensor, prefix_len: int, config: SignalConfig = SignalConfig()) -> Trace:
     """Run ``ids[:prefix_len]`` through ``model`` once and collect cache + signals (docs/method.md, "Signals")."""
@@ -214,9 +107,9 @@ def trace_prefix(model: torch.nn.Module, ids: torch.Tensor, prefix_len: int, con
     if limit is not None and p > limit:
         raise FIError(f"prefix of {p:,} tokens is past the model's {context_phrase(model.config)}")
     device = next(model.parameters()).device
-    tracker = SignalTracker(model, config, capacity=p, accumulate=False)
-    tracker.cache = cache = DynamicCache(config=model.config)
-    try:
+    tracker = SignalTracker(config, capacity=p, accumulate=True)  # the accumulator at the prefill's end: Trace.accumulated
+    cache = DynamicCache(config=model.config)
+    with tracker(model):
         for a in range(0, p, config.prefill_chunk):  # the tracker carries the last w queries across chunks
             b = min(p, a + config.prefill_chunk)
             positions = torch.arange(a, b, device=device).unsqueeze(0)
@@ -224,19 +117,25 @@ def trace_prefix(model: torch.nn.Module, ids: torch.Tensor, prefix_len: int, con
                 input_ids=ids[a:b].to(device).unsqueeze(0), position_ids=positions, use_cache=True,
                 **cache_kwargs(model.base_model, cache),
             ).last_hidden_state[0]
-            tracker.record(a, hidden, None)
-    finally:
-        tracker.close()
-    return tracker_trace(tracker, cache, p)
+            tracker.record(hidden)
+    return tracker_trace(tracker, cache)
 
 
-def tracker_trace(tracker: SignalTracker, cache: DynamicCache, prefix_len: int) -> Trace:
-    """The :class:`Trace` of a prefill that ``tracker`` recorded into ``cache`` (positions ``[0, p)``):
+def tracker_trace(tracker: SignalTracker, cache: DynamicCache) -> Trace:
+    """The :class:`Trace` of the prefill that ``tracker`` (created with ``accumulate=True``) recorded into
+    ``cache``: the prefill is done (:meth:`~SignalTracker.start_decoding`), and the trace is the tracker's
+    :meth:`~SignalTracker.view` of every position ``[0, p)``, ``p = tracker.seen``, moved to the CPU.
     ``trace_prefix`` and kvpress's ``InfoKVPress`` (the same signals inside kvpress's prefill) both end here."""
-    p, config = prefix_len, tracker.config
-    entropy = entropy_of_tokens(tracker.entropy[:p].cpu(), config.entropy_of)
+    tracker.start_decoding(cache)
+    p, config = tracker.seen, tracker.config
     keys = [layer.keys for layer in cache.layers]
     values = [layer.values for layer in cache.layers]
-    attention = torch.stack([tracker.window_attention(i, k).cpu() for i, k in enumerate(keys)])
-    accumulated = torch.stack([tracker.received(i, k).cpu() for i, k in enumerate(keys)])
-    return Trace(p, keys, values, entropy, tracker.distance[:, :p].cpu(), attention, accumulated, config)
+    positions = [torch.arange(p, device=k.device).expand(k.shape[1], p) for k in keys]
+    view = tracker.view(positions)
+    if view.entropy is None or view.accumulated is None:
+        raise FIError("a Trace needs a tracker that records token signals and accumulates attention")
+    entropy = view.entropy[0][0].cpu()  # per-token signals are the same in every head's row
+    distance = torch.stack([d[0].cpu() for d in view.distance])
+    attention = torch.stack([a.cpu() for a in view.attention])
+    accumulated = torch.stack([a.cpu() for a in view.accumulated])
+    return Trace(p, keys, values, entropy, distance, attention, accumulated, config)

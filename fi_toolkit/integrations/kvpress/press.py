@@ -17,7 +17,7 @@ The bridge the other way (any kvpress press measured by ``fi probe``) is
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 
 from fi_toolkit.integrations.kvpress.bridge import (
@@ -37,9 +37,12 @@ from kvpress.utils import compute_n_kept  # noqa: E402
 
 from fi_toolkit.budget import Budget  # noqa: E402
 from fi_toolkit.eviction import KeepMap, gather_layer  # noqa: E402
+from fi_toolkit.model.architectures import decoder_parts  # noqa: E402
 from fi_toolkit.model.compat import cache_keyword  # noqa: E402
 from fi_toolkit.policies import InfoKV  # noqa: E402
-from fi_toolkit.signals.trace import SignalConfig, SignalTracker, decoder_parts, tracker_trace  # noqa: E402
+from fi_toolkit.signals.config import SignalConfig  # noqa: E402
+from fi_toolkit.signals.trace import tracker_trace  # noqa: E402
+from fi_toolkit.signals.tracker import SignalTracker  # noqa: E402
 
 
 @dataclass
@@ -50,10 +53,11 @@ class InfoKVPress(BasePress):
     InfoKV's score needs the top-k entropy ``H`` (from the LM head over the final hidden state) and
     ``D^(l) = 1 - cos(h^(l), h^(L))``: neither exists before the prefill has passed the last layer, so
     this press cannot compress layer by layer as kvpress's ``ScorerPress`` does. It compresses **once, at
-    the end of the same prefill forward** (no second pass): the project's :class:`SignalTracker` hooks
-    record ``h^(l)``, ``h^(L)`` and the last ``window_size`` queries of every layer while kvpress's
-    prefill runs; a forward hook on the model's decoder stack then builds the :class:`Trace`
-    (:func:`tracker_trace`, as ``trace_prefix`` does), asks :class:`~fi_toolkit.policies.InfoKV` for its
+    the end of the same prefill forward** (no second pass): the project's :class:`SignalTracker` is
+    entered (``with tracker(model)``) when kvpress's prefill starts, so that its hooks record ``h^(l)``,
+    ``h^(L)`` and the last ``window_size`` queries of every layer while the prefill runs; a forward hook
+    on the model's decoder stack then records the final hidden states, leaves the tracker's block
+    (removing its hooks), builds the :class:`Trace` (:func:`tracker_trace`, as ``trace_prefix`` does), asks :class:`~fi_toolkit.policies.InfoKV` for its
     keep map and gathers every layer of kvpress's cache in place. Within that forward no layer reads
     an earlier layer's cache, so the cache it leaves is the one a per-layer press would; the cost over
     a plain prefill is the streamed LM head for ``H``: 1.3x a plain prefill on the CPU
@@ -99,18 +103,19 @@ class InfoKVPress(BasePress):
             n = (ids if ids is not None else embeds).shape[1]
             cache = kwargs.get(keyword)
             if self.compression_ratio > 0 and cache is not None and cache.get_seq_length() == 0:
-                state.update(n=n, cache=cache, tracker=SignalTracker(model, self.config, n, accumulate=False))
+                tracker = SignalTracker(self.config, n, accumulate=True)  # accumulate: the Trace's H2O column
+                hooks = ExitStack()
+                hooks.enter_context(tracker(model))  # left in `finish`, or in the `finally` below
+                state.update(n=n, cache=cache, tracker=tracker, hooks=hooks)
 
         def finish(_module, _args, _kwargs, output):  # the prefill has passed the last layer: compress
             tracker = state.pop("tracker", None)
             if tracker is None:
                 return output
-            try:
-                tracker.record(0, output.last_hidden_state[0], None)
-            finally:
-                tracker.close()
+            with state.pop("hooks"):  # the tracker's hooks go once the prefill's signals are recorded
+                tracker.record(output.last_hidden_state[0])
             n, cache = state.pop("n"), state.pop("cache")
-            self.keep_map = self.policy(n).keep_map(tracker_trace(tracker, cache, n))
+            self.keep_map = self.policy(n).keep_map(tracker_trace(tracker, cache))
             for layer, keep in zip(cache.layers, self.keep_map.keep):
                 layer.keys, layer.values = gather_layer(layer.keys, layer.values, keep)
             return output
@@ -124,9 +129,9 @@ class InfoKVPress(BasePress):
         finally:
             for h in hooks:
                 h.remove()
-            tracker = state.pop("tracker", None)
-            if tracker is not None:  # a forward that failed half-way
-                tracker.close()
+            hooks = state.pop("hooks", None)
+            if hooks is not None:  # a forward that failed half-way
+                hooks.close()
             state.clear()
 
 

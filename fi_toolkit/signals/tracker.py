@@ -1,0 +1,252 @@
+"""The signals tracked while a model runs (docs/method.md, "Signals"): :class:`SignalTracker` owns its
+forward hooks and its state, as a kvpress press owns its hooks.
+
+Lifecycle, shared by the prefix trace (:func:`~fi_toolkit.signals.trace.trace_prefix`), compressed
+decoding (:class:`~fi_toolkit.compress.decoder.CompressedDecoder`) and kvpress's ``InfoKVPress``::
+
+    tracker = SignalTracker(config, capacity, accumulate=True)
+    with tracker(model):                      # hooks on enter, removed in `finally`
+        hidden = model.base_model(...)        # the prefill, in chunks
+        tracker.record(hidden[0])             # H and D^(l) of the rows just fed
+    tracker.start_decoding(cache)             # prefill done: bind the cache, start H2O's accumulator
+    with tracker(model):
+        ...                                   # decoding forwards on `cache`, each followed by record()
+    signals = tracker.view(positions)         # what a policy scores at a compression
+    tracker.compact(keep)                     # after the caller gathered `cache` to `keep`
+    child = tracker.fork()                    # an independent copy for a forked decoder
+
+The hooks capture (a) each decoder layer's input ``h^(l)``, (b) the residual stream before the final
+norm ``h^(L)``, and (c) each attention module's input, from which the last ``w`` queries are
+recomputed (never the full attention matrix); :meth:`SignalTracker.record` turns them into ``D^(l)``
+and, through the streamed LM head, the top-k entropy ``H``.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+
+from fi_toolkit.errors import FIError
+from fi_toolkit.model.architectures import apply_rope, decoder_parts, queries
+from fi_toolkit.signals import formulas as signals
+from fi_toolkit.signals.config import SignalConfig
+from fi_toolkit.signals.formulas import entropy_of_tokens
+from fi_toolkit.signals.view import Signals
+
+
+def window_queries(attn_module, hidden_states, position_embeddings, window: int) -> torch.Tensor:
+    """Recompute the rotated queries of the last ``window`` positions of an attention input -> ``[Hq, w, hd]``:
+    the module's own query path (:func:`architectures.queries`), then its own ``apply_rotary_pos_emb``."""
+    q = queries(attn_module, hidden_states[:, -window:])
+    cos, sin = position_embeddings
+    q, _ = apply_rope(attn_module)(q, q, cos[:, -window:], sin[:, -window:])
+    return q[0]
+
+
+class SignalTracker:
+    """Per-token and per-slot signals of one sequence fed through one model.
+
+    State (float32, on the model's device; read it, never write it from outside):
+
+    - ``seen``: tokens recorded so far (positions ``[0, seen)``).
+    - ``entropy [capacity]``: top-k entropy of the distribution computed *at* each position (the
+      convention ``config.entropy_of`` is applied by :meth:`view`); ``distance [L, capacity]``:
+      ``D^(l)`` of each position. Both empty unless ``token_signals`` (InfoKV needs them).
+    - ``queries``: per layer, the last ``w`` RoPE-rotated queries ``[Hq, w, hd]``.
+    - ``accumulated``: per layer, H2O's accumulator ``[Hkv, n_l]`` in slot space (attention each
+      cache slot received from the window queries at the prefill and from every row fed after it),
+      or None before :meth:`start_decoding` and when not ``accumulate``.
+
+    ``capacity`` is the number of positions the buffers hold at first; they grow past it if fed more.
+    """
+
+    def __init__(self, config: SignalConfig, capacity: int, accumulate: bool = False, token_signals: bool = True):
+        self.config = config
+        self.capacity = capacity
+        self.accumulate = accumulate
+        self.token_signals = token_signals
+        self.seen = 0
+        self.entropy: torch.Tensor | None = None  # allocated on the model's device at the first enter
+        self.distance: torch.Tensor | None = None
+        self.queries: list[torch.Tensor | None] = []
+        self.accumulated: list[torch.Tensor] | None = None
+        self._model = None
+        self._parts = None  # (decoder layers, final norm, LM head)
+        self._cache = None  # the cache decoding reads keys from (start_decoding)
+        self._inputs: dict = {}
+
+    # ---- hooks -------------------------------------------------------------------------------------
+
+    @contextmanager
+    def __call__(self, model):
+        """Track the forwards of ``model`` run inside the block: hooks registered on enter, removed on
+        exit (also when the block raises). A tracker follows one model; call :meth:`record` after each
+        forward, inside the block."""
+        self._bind_model(model)
+        layers, norm, _ = self._parts
+        handles = []
+        try:
+            if self.token_signals:
+                handles.append(norm.register_forward_pre_hook(self._norm_hook))
+            for i, layer in enumerate(layers):
+                if self.token_signals:
+                    handles.append(layer.register_forward_pre_hook(self._input_hook(i), with_kwargs=True))
+                handles.append(layer.self_attn.register_forward_hook(self._attention_hook, with_kwargs=True))
+            yield self
+        finally:
+            for h in handles:
+                h.remove()
+            self._inputs.clear()  # hidden states of a forward that was not recorded
+
+    def _bind_model(self, model) -> None:
+        if self._model is not None:
+            if model is not self._model:
+                raise FIError("a SignalTracker follows the one model it first tracked")
+            return
+        self._parts = decoder_parts(model)
+        self._model = model
+        n_layers = len(self._parts[0])
+        device = next(model.parameters()).device
+        size = self.capacity if self.token_signals else 0
+        self.entropy = torch.zeros(size, device=device)
+        self.distance = torch.zeros(n_layers, size, device=device)
+        self.queries = [None] * n_layers
+
+    def _input_hook(self, layer_idx: int):
+        def hook(_module, args, kwargs):
+            self._inputs[layer_idx] = args[0] if args else kwargs["hidden_states"]
+        return hook
+
+    def _norm_hook(self, _module, args):
+        self._inputs["pre_norm"] = args[0]
+
+    def _attention_hook(self, module, args, kwargs, _output):
+        hs = args[0] if args else kwargs["hidden_states"]
+        w = self.config.window
+        i = module.layer_idx
+        # decoding (the accumulator exists once the prefill is done): every fed row's attention counts,
+        # whether the rows come one step at a time or as one block (CompressedDecoder.block)
+        accumulate = self.accumulated is not None
+        q = window_queries(module, hs, kwargs["position_embeddings"], hs.shape[1] if accumulate else min(w, hs.shape[1]))
+        prev = self.queries[i]
+        self.queries[i] = (q if prev is None else torch.cat([prev, q[:, -w:]], dim=1))[:, -w:]
+        if accumulate:
+            keys = self._cache.layers[i].keys[0]  # already holds the keys of this forward's rows (the last slots)
+            acc = self.accumulated[i]
+            acc = torch.cat([acc, acc.new_zeros(keys.shape[0], keys.shape[1] - acc.shape[1])], dim=1)
+            self.accumulated[i] = acc + signals.attention_received(q, keys, module.scaling)
+
+    # ---- the public steps --------------------------------------------------------------------------
+
+    def record(self, hidden: torch.Tensor, last_logits: torch.Tensor | None = None) -> None:
+        """After a forward of the next ``q`` tokens, inside ``with tracker(model)``: store the H and
+        ``D^(l)`` of positions ``[seen, seen + q)`` and advance ``seen`` by ``q``.
+
+        ``hidden [q, d]``: the forward's final hidden states (after the final norm).
+        ``last_logits [V]``: the logits of the last row, when the caller computed them and ``q == 1``
+        (saves the LM head); otherwise H comes from the streamed LM head over ``hidden``."""
+        q, start = hidden.shape[0], self.seen
+        self.seen += q
+        if not self.token_signals:
+            return
+        if self.seen > self.entropy.numel():  # fed past the capacity: grow the buffers
+            extra = self.seen - self.entropy.numel()
+            self.entropy = torch.cat([self.entropy, self.entropy.new_zeros(extra)])
+            self.distance = torch.cat([self.distance, self.distance.new_zeros(self.distance.shape[0], extra)], dim=1)
+        layers, _, lm_head = self._parts
+        final = hidden if self.config.final_norm else self._inputs["pre_norm"][0]
+        # with --device-map each layer's input sits on its layer's device: bring it to the final hidden
+        # state's, and every signal to the buffers' device (no-ops on one device)
+        for i in range(len(layers)):  # layer by layer: no [L, q, d] copy of the hidden states
+            layer_input = self._inputs[i][0][None].to(final.device)
+            self.distance[i, start : start + q] = signals.representation_distance(layer_input, final)[0].to(self.distance.device)
+        if q == 1 and last_logits is not None:
+            self.entropy[start] = signals.topk_entropy(last_logits, self.config.top_k).to(self.entropy.device)
+        else:
+            self.entropy[start : start + q] = signals.streamed_topk_entropy(
+                hidden, lm_head, self.config.top_k, self.config.lm_head_block
+            ).to(self.entropy.device)
+        self._inputs.clear()
+
+    def start_decoding(self, cache) -> None:
+        """The prefill is done: read keys from ``cache`` (a ``DynamicCache`` whose ``layers[l].keys`` are
+        ``[1, Hkv, n_l, hd]``, slot ``j`` = position ``j``) from now on, and (when ``accumulate``) start
+        H2O's accumulator as the attention the last ``w`` queries gave each slot, unpooled ``[Hkv, n_l]``.
+
+        An accumulator copied by :meth:`fork` is kept: the fork only binds its own copy of the cache.
+        Compaction must keep this cache object (gather its layers in place, then :meth:`compact`)."""
+        self._cache = cache
+        if self.accumulate and self.accumulated is None:
+            self.accumulated = [self._received(i, layer.keys) for i, layer in enumerate(cache.layers)]
+
+    def compact(self, keep: list[torch.Tensor]) -> None:
+        """The bound cache was compacted to ``keep``: gather the per-slot state (H2O's accumulator).
+
+        ``keep``: per layer, the kept slots of each KV head, ``[Hkv, n_keep_l]`` long tensors (a
+        :class:`~fi_toolkit.eviction.KeepMap`'s ``keep``). Per-position signals (H, D) and the window
+        queries do not depend on slots and stay as they are."""
+        if self._cache is None:
+            raise FIError("compact() needs start_decoding(cache) first")
+        for layer, (idx, cached) in enumerate(zip(keep, self._cache.layers, strict=True)):
+            if idx.shape[1] != cached.keys.shape[2]:
+                raise FIError(f"layer {layer}: the cache holds {cached.keys.shape[2]} slots, the keep map "
+                              f"{idx.shape[1]}: compact the cache first (in place), then the tracker")
+        if self.accumulated is not None:
+            self.accumulated = [a.gather(1, idx.to(a.device)) for a, idx in zip(self.accumulated, keep)]
+
+    def view(self, positions: list[torch.Tensor]) -> Signals:
+        """The :class:`~fi_toolkit.signals.view.Signals` a policy scores now, in slot space.
+
+        ``positions``: per layer, the original position of every slot of the bound cache, ``[Hkv, n_l]``
+        long tensors. Returns ``window``, ``seen``, ``keys`` (the bound cache's ``[1, Hkv, n_l, hd]``),
+        ``positions``; ``entropy`` and ``distance`` ``[Hkv, n_l]`` (H under ``config.entropy_of`` and
+        ``D^(l)`` of each slot's token; None unless ``token_signals``); ``attention [Hkv, n_l]`` (pooled
+        window attention of the last ``w`` queries over the slots); ``accumulated [Hkv, n_l]`` (None
+        unless accumulating). ``protected``, ``tokens`` and ``model`` are the caller's to fill in."""
+        if self._cache is None:
+            raise FIError("view() needs start_decoding(cache) first")
+        keys = [layer.keys for layer in self._cache.layers]
+        s = Signals(window=self.config.window, seen=self.seen, keys=keys, positions=positions)
+        if self.token_signals:
+            entropy = entropy_of_tokens(self.entropy[: self.seen], self.config.entropy_of)
+            s.entropy = [entropy[pos] for pos in positions]
+            s.distance = [self.distance[i][pos] for i, pos in enumerate(positions)]
+        s.attention = [self._window_attention(i, k) for i, k in enumerate(keys)]
+        s.accumulated = self.accumulated
+        return s
+
+    def fork(self, token_signals: bool | None = None, accumulate: bool | None = None) -> "SignalTracker":
+        """An independent copy of this tracker's state (cloned tensors), for a decoder forked from this
+        one; it keeps only what it will track (``token_signals``/``accumulate``: default, as this one;
+        neither can be turned on where this tracker did not track it). It reads no cache until its own
+        :meth:`start_decoding` binds the forked decoder's copy; its hooks are its own."""
+        token_signals = self.token_signals if token_signals is None else token_signals
+        accumulate = self.accumulate if accumulate is None else accumulate
+        if (token_signals and not self.token_signals) or (accumulate and not self.accumulate):
+            raise FIError("a fork can only track what the tracker it comes from tracked")
+        child = SignalTracker(self.config, self.capacity, accumulate, token_signals)
+        child.seen = self.seen
+        child._model, child._parts = self._model, self._parts
+        if self._model is not None:
+            if token_signals:
+                child.entropy, child.distance = self.entropy.clone(), self.distance.clone()
+            else:
+                child.entropy, child.distance = self.entropy[:0].clone(), self.distance[:, :0].clone()
+            child.queries = [None if q is None else q.clone() for q in self.queries]
+        if accumulate and self.accumulated is not None:
+            child.accumulated = [a.clone() for a in self.accumulated]
+        return child
+
+    # ---- scores over the queries -------------------------------------------------------------------
+
+    def _scaling(self, layer: int) -> float:
+        return self._parts[0][layer].self_attn.scaling
+
+    def _window_attention(self, layer: int, keys: torch.Tensor) -> torch.Tensor:
+        """Pooled window attention of ``layer`` over ``keys [1, Hkv, n, hd]`` -> ``[Hkv, n]``."""
+        return signals.window_attention(self.queries[layer], keys[0], self._scaling(layer), self.config.pool_kernel)
+
+    def _received(self, layer: int, keys: torch.Tensor) -> torch.Tensor:
+        """Attention the kept window queries gave each of ``keys``, summed, unpooled -> ``[Hkv, n]``."""
+        return signals.attention_received(self.queries[layer], keys[0], self._scaling(layer))

@@ -1,0 +1,61 @@
+"""What a policy scores at a compression: :class:`Signals`, per layer and KV head in *slot space*
+(docs/method.md, "Eviction policies").
+
+Slot ``j`` of layer ``l``, KV head ``h`` is the ``j``-th entry of that head's cache, whose original
+position is ``positions[l][h, j]``. Right after a prefill, slots are positions
+(:meth:`Signals.from_trace`); during decoding, earlier compressions have made the positions of each
+head different, and per-position signals (H, D) are gathered into slot space
+(:meth:`~fi_toolkit.signals.tracker.SignalTracker.view`). Defined here, below the policies that read
+it, so that the tracker that builds it needs nothing from them; :mod:`fi_toolkit.policies` re-exports it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Signals:
+    """Per layer ``l`` (lists of length L), tensors ``[Hkv, n_l]`` unless said otherwise."""
+
+    window: int
+    seen: int  # tokens seen so far: the compression point that budgets refer to
+    keys: list[torch.Tensor]  # [1, Hkv, n_l, head_dim], RoPE-rotated
+    positions: list[torch.Tensor]  # original position of each slot
+    entropy: list[torch.Tensor] | None = None  # top-k entropy H of the slot's token
+    distance: list[torch.Tensor] | None = None  # D^(l) of the slot's token
+    attention: list[torch.Tensor] | None = None  # window attention of the last `window` queries (pooled)
+    accumulated: list[torch.Tensor] | None = None  # attention received so far, summed, unpooled (H2O)
+    protected: list[int] = field(default_factory=list)  # leading slots never evicted
+    tokens: torch.Tensor | None = None  # the token ids fed so far, by position (kvpress presses re-run on them)
+    model: object = None  # the model whose cache this is (kvpress presses run their own prefill on it)
+
+    def __post_init__(self):
+        if not self.protected:
+            self.protected = [0] * len(self.keys)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.keys)
+
+    def slots(self, layer: int) -> int:
+        return int(self.keys[layer].shape[2])
+
+    @classmethod
+    def from_trace(cls, trace) -> "Signals":
+        """Prefill signals of a :class:`~fi_toolkit.signals.trace.Trace`: slots are prompt positions."""
+        p, hkv, device = trace.prefix_len, trace.num_kv_heads, trace.keys[0].device
+        positions = torch.arange(p, device=device).expand(hkv, p)
+        entropy = trace.entropy.to(device).expand(hkv, p)
+        return cls(
+            window=trace.config.window,
+            seen=p,
+            keys=list(trace.keys),
+            positions=[positions] * trace.num_layers,
+            entropy=[entropy] * trace.num_layers,
+            distance=[d.to(device).expand(hkv, p) for d in trace.distance],
+            attention=[a.to(device) for a in trace.attention],
+            accumulated=[a.to(device) for a in trace.accumulated],
+        )
