@@ -15,8 +15,8 @@ from fi_toolkit.documents import Document
 from fi_toolkit.errors import FIError
 from fi_toolkit.model.loading import tiny_model
 from fi_toolkit.policies import H2O, POLICIES, InfoKV, KNorm, PyramidKV, SnapKV, StreamingLLM, allocate, make_policy
+from fi_toolkit.probe.chunks import Chunk
 from fi_toolkit.probe.experiment import probe_document
-from fi_toolkit.probe.forward_influence import Chunk
 from fi_toolkit.probe.selections import parse_selection
 from fi_toolkit.signals.trace import SignalConfig, trace_prefix
 
