@@ -27,7 +27,7 @@ from _common import add_output_args, copy_results  # noqa: E402
 from fi_toolkit import SignalConfig, load_model  # noqa: E402
 from fi_toolkit.analysis import run_correlate  # noqa: E402
 from fi_toolkit.documents import load_document  # noqa: E402
-from fi_toolkit.probe.forward_influence import parse_chunk  # noqa: E402
+from fi_toolkit.probe.chunks import parse_chunk  # noqa: E402
 from fi_toolkit.report import build_report  # noqa: E402
 
 

@@ -37,7 +37,7 @@ from fi_toolkit import load_model
 from fi_toolkit.analysis import per_token_fi, read_table, run_correlate  # noqa: E402
 from fi_toolkit.analysis.agreement import summarize_agreement  # noqa: E402
 from fi_toolkit.documents import load_document  # noqa: E402
-from fi_toolkit.probe.forward_influence import parse_chunk  # noqa: E402
+from fi_toolkit.probe.chunks import parse_chunk  # noqa: E402
 from fi_toolkit.runs import results  # noqa: E402
 from fi_toolkit.signals.trace import trace_prefix  # noqa: E402
 

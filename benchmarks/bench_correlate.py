@@ -23,7 +23,7 @@ import torch
 from fi_toolkit.analysis import candidate_positions, per_token_fi
 from fi_toolkit.documents import load_document
 from fi_toolkit.model.loading import load_model
-from fi_toolkit.probe.forward_influence import parse_chunk
+from fi_toolkit.probe.chunks import parse_chunk
 from fi_toolkit.signals.trace import trace_prefix
 
 ROOT = Path(__file__).resolve().parents[1]

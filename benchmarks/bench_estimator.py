@@ -21,8 +21,8 @@ from scipy import stats
 from fi_toolkit.analysis import candidate_positions, per_token_fi
 from fi_toolkit.documents import load_document
 from fi_toolkit.model.loading import load_model
+from fi_toolkit.probe.chunks import Chunk
 from fi_toolkit.probe.estimator import fisher_fi
-from fi_toolkit.probe.forward_influence import Chunk
 from fi_toolkit.runs.results import atomic_write_text
 from fi_toolkit.signals.trace import trace_prefix
 

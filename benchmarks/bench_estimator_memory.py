@@ -41,8 +41,8 @@ def child(prefix: int, chunk_len: int, samples: int, checkpoint: bool, threads: 
     sys.path.insert(0, str(ROOT))
     from fi_toolkit.documents import load_document
     from fi_toolkit.model.loading import load_model
+    from fi_toolkit.probe.chunks import Chunk
     from fi_toolkit.probe.estimator import fisher_fi, graph_bytes, kept_graph_bytes
-    from fi_toolkit.probe.forward_influence import Chunk
     from fi_toolkit.signals.trace import trace_prefix
 
     torch.set_num_threads(threads)

@@ -24,7 +24,8 @@ from fi_toolkit.documents import load_document
 from fi_toolkit.eviction import TokenSet
 from fi_toolkit.model.compat import cache_kwargs
 from fi_toolkit.model.loading import load_model
-from fi_toolkit.probe.forward_influence import Chunk, _continuation_mask, forward_influence
+from fi_toolkit.probe.chunks import Chunk
+from fi_toolkit.probe.forward_influence import _continuation_mask, forward_influence
 from fi_toolkit.signals.trace import SignalConfig, trace_prefix
 
 

@@ -61,7 +61,8 @@ from fi_toolkit.model.compat import cache_kwargs  # noqa: E402
 from fi_toolkit.model.loading import DTYPES, load_model, resolve_device, tiny_model  # noqa: E402
 from fi_toolkit.model.precision import upcast_compute  # noqa: E402
 from fi_toolkit.policies import InfoKV  # noqa: E402
-from fi_toolkit.probe.forward_influence import Chunk, forward_influence  # noqa: E402
+from fi_toolkit.probe.chunks import Chunk  # noqa: E402
+from fi_toolkit.probe.forward_influence import forward_influence  # noqa: E402
 from fi_toolkit.probe.selections import parse_selection  # noqa: E402
 from fi_toolkit.signals.trace import trace_prefix  # noqa: E402
 

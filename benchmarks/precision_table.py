@@ -17,7 +17,8 @@ import torch
 from fi_toolkit.documents import load_document
 from fi_toolkit.eviction import TokenSet
 from fi_toolkit.model.loading import load_model
-from fi_toolkit.probe.forward_influence import Chunk, forward_influence
+from fi_toolkit.probe.chunks import Chunk
+from fi_toolkit.probe.forward_influence import forward_influence
 from fi_toolkit.signals.trace import trace_prefix
 
 SETTINGS = [("float32", True), ("bfloat16", True), ("bfloat16", False), ("float16", True), ("float16", False)]

@@ -15,8 +15,9 @@ from fi_toolkit.documents import Document, load_document, load_documents  # noqa
 from fi_toolkit.errors import FIError  # noqa: E402
 from fi_toolkit.eviction import KeepMap, TokenSet  # noqa: E402
 from fi_toolkit.model.loading import DEFAULT_MODEL, LoadedModel, load_model, tiny_model  # noqa: E402
+from fi_toolkit.probe.chunks import Chunk, parse_chunk  # noqa: E402
 from fi_toolkit.probe.experiment import probe_document, trace_document  # noqa: E402
-from fi_toolkit.probe.forward_influence import Chunk, forward_influence, forward_influence_by_deletion, parse_chunk  # noqa: E402
+from fi_toolkit.probe.forward_influence import forward_influence, forward_influence_by_deletion  # noqa: E402
 from fi_toolkit.probe.selections import parse_selections  # noqa: E402
 from fi_toolkit.signals.trace import SignalConfig, Trace, trace_prefix  # noqa: E402
 

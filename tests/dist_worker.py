@@ -22,7 +22,7 @@ from fi_toolkit.compress.decoder import signal_config_for
 from fi_toolkit.evaluation import TextSetting, run_eval_text
 from fi_toolkit.model.loading import tiny_model
 from fi_toolkit.policies import make_policy
-from fi_toolkit.probe.forward_influence import Chunk
+from fi_toolkit.probe.chunks import Chunk
 
 P, CFG = 96, SignalConfig(window=8)
 LENGTHS = [400, 150, 160, 170, 180]  # one long document: cost balancing gives it a rank to itself

@@ -21,8 +21,8 @@ from fi_toolkit.analysis import (
 )
 from fi_toolkit.analysis.correlation import correlate_signals, signal_columns
 from fi_toolkit.errors import FIError
+from fi_toolkit.probe.chunks import Chunk
 from fi_toolkit.probe.experiment import probe_document
-from fi_toolkit.probe.forward_influence import Chunk
 from fi_toolkit.signals.trace import trace_prefix
 
 CFG = SignalConfig(window=8)

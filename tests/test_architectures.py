@@ -20,7 +20,8 @@ from fi_toolkit.errors import FIError
 from fi_toolkit.model.architectures import check_model, context_limit
 from fi_toolkit.model.loading import TINY_ARCHITECTURES, load_model, tiny_model
 from fi_toolkit.policies import InfoKV, PyramidKV
-from fi_toolkit.probe.forward_influence import Chunk, forward_influence, forward_influence_by_deletion
+from fi_toolkit.probe.chunks import Chunk
+from fi_toolkit.probe.forward_influence import forward_influence, forward_influence_by_deletion
 from fi_toolkit.signals.trace import SignalConfig, trace_prefix
 
 W = 16

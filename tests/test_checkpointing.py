@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from fi_toolkit import SignalConfig
+from fi_toolkit.probe.chunks import Chunk
 from fi_toolkit.probe.estimator import fisher_fi, graph_bytes, kept_graph_bytes, needs_checkpoint
-from fi_toolkit.probe.forward_influence import Chunk
 from fi_toolkit.signals.trace import trace_prefix
 
 P = 200

@@ -202,7 +202,7 @@ def test_explicit_device_map_gives_the_plain_model_fi(tiny, tmp_path):
 
     from fi_toolkit.analysis import run_correlate, run_nearfar
     from fi_toolkit.model.loading import dispatch
-    from fi_toolkit.probe.forward_influence import Chunk
+    from fi_toolkit.probe.chunks import Chunk
 
     placed = dispatch(copy.deepcopy(tiny), layer_map(tiny.model))
     assert all(hasattr(layer, "_hf_hook") for layer in placed.model.model.layers)  # the hooks are in place

@@ -13,8 +13,8 @@ from fi_toolkit import Document, SignalConfig
 from fi_toolkit.analysis import per_token_fi, run_correlate
 from fi_toolkit.analysis.agreement import top_overlap
 from fi_toolkit.errors import FIError
+from fi_toolkit.probe.chunks import Chunk
 from fi_toolkit.probe.estimator import expected_fisher, fisher_fi
-from fi_toolkit.probe.forward_influence import Chunk
 from fi_toolkit.signals.trace import trace_prefix
 
 P = 200

@@ -107,8 +107,8 @@ def test_adakv_keep_map_is_what_kvpress_masks_and_the_probe_masks_it_exactly(smo
 
 
 def test_probe_measures_presses_beside_policies(smollm, alice, trace):
+    from fi_toolkit.probe.chunks import Chunk
     from fi_toolkit.probe.experiment import probe_document
-    from fi_toolkit.probe.forward_influence import Chunk
 
     table = probe_document(smollm, alice, [Chunk(P, P + 128)], [
         "policy:snapkv@keep=0.25", "kvpress:SnapKVPress@0.75:window_size=32,kernel_size=7",

@@ -36,8 +36,8 @@ from fi_toolkit.policies import (
     parse_policy,
     split_policies,
 )
+from fi_toolkit.probe.chunks import Chunk
 from fi_toolkit.probe.experiment import probe_document
-from fi_toolkit.probe.forward_influence import Chunk
 from fi_toolkit.probe.selections import parse_selection
 from fi_toolkit.signals.trace import SignalConfig, trace_prefix
 

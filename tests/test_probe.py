@@ -10,15 +10,9 @@ import torch
 
 from fi_toolkit.errors import FIError
 from fi_toolkit.eviction import TokenSet
-from fi_toolkit.probe.forward_influence import (
-    Chunk,
-    check_chunks,
-    forward_influence,
-    forward_influence_by_deletion,
-    kl_from_reference,
-    log_sum_exp,
-    parse_chunk,
-)
+from fi_toolkit.probe.chunks import Chunk, check_chunks, parse_chunk
+from fi_toolkit.probe.forward_influence import forward_influence, forward_influence_by_deletion
+from fi_toolkit.probe.kl import kl_from_reference, log_sum_exp
 from fi_toolkit.signals.trace import SignalConfig, trace_prefix
 
 P = 200

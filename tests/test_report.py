@@ -16,7 +16,7 @@ from cli_runner import run_cli
 from fi_toolkit import Document, LoadedModel, SignalConfig
 from fi_toolkit.analysis import read_table, run_correlate, run_nearfar
 from fi_toolkit.errors import FIError
-from fi_toolkit.probe.forward_influence import Chunk
+from fi_toolkit.probe.chunks import Chunk
 from fi_toolkit.report import build_report
 from fi_toolkit.report.export import TABLES
 

@@ -14,7 +14,7 @@ from fi_toolkit import Document, SignalConfig
 from fi_toolkit.analysis import read_table, run_correlate, run_nearfar, study
 from fi_toolkit.cli import app as cli
 from fi_toolkit.errors import FIError
-from fi_toolkit.probe.forward_influence import Chunk
+from fi_toolkit.probe.chunks import Chunk
 from fi_toolkit.runs.resumable import ResumableRun
 
 CFG = SignalConfig(window=8)

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from fi_toolkit.eviction import TokenSet
+from fi_toolkit.probe.chunks import Chunk
 from fi_toolkit.probe.experiment import probe_document, trace_document
-from fi_toolkit.probe.forward_influence import Chunk, forward_influence, forward_influence_by_deletion
+from fi_toolkit.probe.forward_influence import forward_influence, forward_influence_by_deletion
 from fi_toolkit.signals.trace import SignalConfig
 
 pytestmark = pytest.mark.smollm

@@ -10,7 +10,8 @@ from masked_attention import masked_logits
 
 from fi_toolkit.errors import FIError
 from fi_toolkit.eviction import KeepMap, gather_cache
-from fi_toolkit.probe.forward_influence import Chunk, forward_influence
+from fi_toolkit.probe.chunks import Chunk
+from fi_toolkit.probe.forward_influence import forward_influence
 from fi_toolkit.signals.trace import SignalConfig, trace_prefix
 
 P = 96

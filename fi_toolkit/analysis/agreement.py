@@ -21,9 +21,9 @@ from scipy import stats
 from fi_toolkit.analysis.per_token import Measured, candidate_positions, per_token_fi
 from fi_toolkit.analysis.statistics import correlation
 from fi_toolkit.errors import FIError
+from fi_toolkit.probe.chunks import Chunk
 from fi_toolkit.probe.estimator import fisher_fi
 from fi_toolkit.probe.experiment import fi_table
-from fi_toolkit.probe.forward_influence import Chunk
 from fi_toolkit.signals.trace import Trace
 
 TOP_SHARE = 0.1

@@ -33,8 +33,8 @@ from fi_toolkit.analysis.agreement import estimated_fi
 from fi_toolkit.analysis.per_token import exact_fi, parse_candidates
 from fi_toolkit.analysis.statistics import METHODS, correlation
 from fi_toolkit.errors import FIError
-from fi_toolkit.probe.experiment import flag_below_noise_floor, noise_floor
-from fi_toolkit.probe.forward_influence import Chunk
+from fi_toolkit.probe.chunks import Chunk
+from fi_toolkit.probe.noise_floor import flag_below_noise_floor, noise_floor
 from fi_toolkit.signals.trace import Trace
 
 # Short signal names of docs/method.md, "Signals" -> columns of Trace.token_table (layer-and-head means).

@@ -28,8 +28,10 @@ from scipy import stats
 from fi_toolkit.analysis.token_classes import token_class_table
 from fi_toolkit.budget import Budget
 from fi_toolkit.errors import FIError
+from fi_toolkit.probe.chunks import Chunk
 from fi_toolkit.probe.experiment import fi_table
-from fi_toolkit.probe.forward_influence import CONTROL, Chunk, forward_influence
+from fi_toolkit.probe.forward_influence import forward_influence
+from fi_toolkit.probe.noise_floor import CONTROL
 from fi_toolkit.probe.selections import MAX_SEEDS, SCORE_SELECTORS, parse_selections
 from fi_toolkit.signals.trace import Trace
 
@@ -82,7 +84,7 @@ def nearfar_document(
     ``sets`` measures a block of the sets only (a part of a split document, issue 11): the noise
     controls go with the block that starts at 0, and the blocks' tables, concatenated in order, are
     the whole document's; blocks without the controls leave ``below_noise_floor`` to the merge
-    (:func:`fi_toolkit.probe.experiment.flag_below_noise_floor`). ``reference``: the document's
+    (:func:`fi_toolkit.probe.noise_floor.flag_below_noise_floor`). ``reference``: the document's
     :func:`~fi_toolkit.probe.forward_influence.chunk_reference`, shared by its parts.
     """
     selections = parse_selections(nearfar_selections(budget, seeds))

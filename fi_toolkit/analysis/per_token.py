@@ -16,8 +16,9 @@ import torch
 
 from fi_toolkit.errors import FIError
 from fi_toolkit.eviction import TokenSet
+from fi_toolkit.probe.chunks import Chunk
 from fi_toolkit.probe.experiment import fi_table
-from fi_toolkit.probe.forward_influence import Chunk, ProbeResult, forward_influence
+from fi_toolkit.probe.forward_influence import ProbeResult, forward_influence
 from fi_toolkit.signals.trace import Trace
 
 SAMPLINGS = ("all", "sample", "stratified")

@@ -29,9 +29,11 @@ from fi_toolkit.analysis.per_token import parse_candidates
 from fi_toolkit.budget import Budget
 from fi_toolkit.errors import FIError
 from fi_toolkit.model.loading import dtype_name
+from fi_toolkit.probe.chunks import Chunk, check_chunks
 from fi_toolkit.probe.estimator import ESTIMATORS, check_samples
-from fi_toolkit.probe.experiment import flag_below_noise_floor, max_context, noise_floor, trace_document
-from fi_toolkit.probe.forward_influence import CONTROL_LABELS, Chunk, check_chunks, chunk_reference
+from fi_toolkit.probe.experiment import max_context, trace_document
+from fi_toolkit.probe.forward_influence import chunk_reference
+from fi_toolkit.probe.noise_floor import CONTROL_LABELS, flag_below_noise_floor, noise_floor
 from fi_toolkit.runs import results
 from fi_toolkit.runs.resumable import (
     ResumableRun,

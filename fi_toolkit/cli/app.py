@@ -1,7 +1,7 @@
 """The ``fi`` command line (typer). Each command is a thin shell over one library call.
 
 ``fi probe`` -> :func:`fi_toolkit.probe.experiment.probe_document` -> :func:`fi_toolkit.probe.forward_influence.forward_influence`
--> :meth:`fi_toolkit.probe.forward_influence.Reference.kl` -> :func:`fi_toolkit.probe.forward_influence.kl_from_reference`.
+-> :func:`fi_toolkit.probe.kl.kl_from_reference` (the map: :mod:`fi_toolkit.probe`).
 
 Every user error is one line on stderr (``error: ...``) and exit status 2; Ctrl-C is one line
 (``interrupted: ...``) and exit 130. Options shared by the commands live in :mod:`fi_toolkit.cli.options`.
@@ -67,10 +67,12 @@ def probe(
 
     Everything that can be checked without the model is checked first; the results directory is
     created only when the results are written, so a failed or interrupted run leaves none behind."""
+    from fi_toolkit.cli.console import print_warning
     from fi_toolkit.compress.future import generated_document, parse_future
     from fi_toolkit.documents import read_texts, tokenize_texts
-    from fi_toolkit.probe.experiment import max_context, noise_floor, noise_warning, probe_document, trace_document
-    from fi_toolkit.probe.forward_influence import CONTROL_LABELS, check_chunks, parse_chunk
+    from fi_toolkit.probe.chunks import check_chunks, parse_chunk
+    from fi_toolkit.probe.experiment import max_context, probe_document, trace_document
+    from fi_toolkit.probe.noise_floor import CONTROL_LABELS, noise_floor, noise_warning
     from fi_toolkit.probe.selections import parse_selections
     from fi_toolkit.runs import results
 
@@ -141,9 +143,7 @@ def probe(
     results.write_table(out_path / "fi.csv", table)
     results.write_json(out_path / "manifest.json", manifest)
     _print_fi_table(table, f"Forward Influence (nats), {model.model}, p={p}, {len(docs)} document(s)")
-    warning = noise_warning(table)
-    if warning:
-        err.print(warning, markup=False, highlight=False)
+    print_warning(noise_warning(table))
     err.print(f"results: {out_path}/fi.csv, {out_path}/manifest.json", markup=False, highlight=False)
 
 
@@ -225,7 +225,7 @@ def scores(
         table = trace.token_table(tokens)
         table.insert(0, "document", doc.name)
         if fi_chunks:
-            from fi_toolkit.probe.forward_influence import check_chunks
+            from fi_toolkit.probe.chunks import check_chunks
 
             check_chunks(fi_chunks, prefix, len(doc), max_context(lm))
             bar.update(task, description=f"FI ({estimator}) {doc.name}", total=None)
@@ -246,8 +246,8 @@ def scores(
 
 def _score_fi_options(fi_chunk, estimator, samples, seed, prefix: int):
     """``fi scores``' FI options -> (chunks, estimator, samples, seed); options that would be ignored are refused."""
+    from fi_toolkit.probe.chunks import check_chunks, parse_chunk
     from fi_toolkit.probe.estimator import DEFAULT_SAMPLES, ESTIMATORS, check_samples
-    from fi_toolkit.probe.forward_influence import check_chunks, parse_chunk
 
     if not fi_chunk:
         if estimator is not None or samples is not None or seed is not None:

@@ -129,11 +129,11 @@ def eval_(
     if tables is None:  # a rank other than 0 of a sharded run: rank 0 reports
         return
     _print_text(tables, len(docs), setting)
-    from fi_toolkit.evaluation.run import text_noise_warning
+    from fi_toolkit.cli.console import print_warning
+    from fi_toolkit.evaluation.replays import FULL
+    from fi_toolkit.probe.noise_floor import text_noise_warning
 
-    warning = text_noise_warning(tables["replays"])
-    if warning:
-        err.print(warning, markup=False, highlight=False)
+    print_warning(text_noise_warning(tables["replays"], FULL))
     err.print(f"results: {run.out}/ (replay_summary.csv, replays.csv, segments.csv, positions.csv, manifest.json)",
               markup=False, highlight=False)
 

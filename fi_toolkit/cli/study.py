@@ -72,7 +72,9 @@ def correlate(
     """Per-token (leave-one-out) FI of candidate positions, correlated with H, A, D, E, S (and per layer)."""
     from fi_toolkit.analysis import parse_candidates, run_correlate
     from fi_toolkit.analysis.study import check_unit_candidates
-    from fi_toolkit.probe.forward_influence import check_chunks, parse_chunk
+    from fi_toolkit.cli.console import print_warning
+    from fi_toolkit.probe.chunks import check_chunks, parse_chunk
+    from fi_toolkit.probe.noise_floor import noise_floor, noise_warning
 
     model.check()
     chunks = [parse_chunk(c) for c in chunk]
@@ -110,7 +112,7 @@ def correlate(
                   "(mean over documents)")
         out.print(a.pivot_table(index="metric", columns="chunk", values="value_mean", sort=False)
                   .to_string(float_format=lambda v: f"{v:+.3f}"))
-    _warn_noise(tables["tokens"], tables["controls"])
+    print_warning(noise_warning(tables["tokens"], noise_floor(tables["controls"])))
     extra = ", agreement.csv, validation.csv" if "agreement" in tables else ""
     err.print(f"results: {run.out}/ (correlations.csv, correlation_summary.csv, tokens.csv, controls.csv{extra}, "
               "manifest.json)", markup=False, highlight=False)
@@ -159,6 +161,8 @@ def nearfar(
     """Equal-size sets by entropy/attention/distance/InfoKV/random: FI on chunks at increasing distance from p."""
     from fi_toolkit.analysis import run_nearfar
     from fi_toolkit.analysis.nearfar import nearfar_chunks, nearfar_selections, parse_distances
+    from fi_toolkit.cli.console import print_warning
+    from fi_toolkit.probe.noise_floor import noise_warning
     from fi_toolkit.probe.selections import parse_selections
     from fi_toolkit.runs.resumable import check_unit_size
 
@@ -184,17 +188,9 @@ def nearfar(
     if tables is None:  # a rank other than 0 of a sharded run: rank 0 reports
         return
     _print_nearfar(tables, len(docs))
-    _warn_noise(tables["nearfar"], tables["nearfar"])
+    print_warning(noise_warning(tables["nearfar"]))
     err.print(f"results: {run.out}/ (nearfar.csv, nearfar_summary.csv, nearfar_tests.csv, token_class_summary.csv)",
               markup=False, highlight=False)
-
-
-def _warn_noise(measured, controls) -> None:
-    from fi_toolkit.probe.experiment import noise_floor, noise_warning
-
-    warning = noise_warning(measured, noise_floor(controls))
-    if warning:
-        err.print(warning, markup=False, highlight=False)
 
 
 def _print_nearfar(tables, n_docs: int) -> None:

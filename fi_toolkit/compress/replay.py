@@ -36,7 +36,7 @@ from fi_toolkit.model.architectures import check_model, context_limit, context_p
 from fi_toolkit.model.attention import ragged_attention
 from fi_toolkit.model.compat import cache_kwargs
 from fi_toolkit.policies import Policy
-from fi_toolkit.probe.forward_influence import kl_from_reference, log_sum_exp, reference_terms
+from fi_toolkit.probe.kl import kl_from_reference, log_sum_exp, reference_terms
 from fi_toolkit.signals.trace import SignalConfig
 
 
@@ -62,7 +62,7 @@ class ReplayResult:
     """Per-position results, rows ``t = prompt_len - 1 .. N - 2`` (see the module docstring).
 
     ``kl``: ``KL(P_full || P_compressed)`` over the full vocabulary (float32, computed as the probe's
-    :func:`~fi_toolkit.probe.forward_influence.kl_from_reference`); ``top1_agree``: same argmax; ``nll_full``,
+    :func:`~fi_toolkit.probe.kl.kl_from_reference`); ``top1_agree``: same argmax; ``nll_full``,
     ``nll_compressed``: ``-log P(ids[t + 1])`` under each (float32, normalisers in float64);
     ``entries``: cache entries the query at ``t`` attends to in the compressed run (mean over layers,
     itself included). ``logits_full``/``logits_compressed`` ``[n, V]`` only with ``keep_logits``."""

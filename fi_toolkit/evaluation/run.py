@@ -5,7 +5,7 @@ summaries are recomputed from the saved units at the end, so a resumed run equal
 Text runs write ``positions``, ``segments``, ``replays`` (per document) and ``replay_summary``,
 ``segment_summary``; task runs write ``answers`` (per sample) and ``task_summary``, ``kl_accuracy``.
 The manifest records ``kind`` (text or tasks) and, for text, the noise floor: the full-cache replay's
-mean KL per document and future.
+mean KL per document and future (:func:`fi_toolkit.probe.noise_floor.text_noise_floor`).
 """
 
 from __future__ import annotations
@@ -30,9 +30,7 @@ from fi_toolkit.evaluation.task_runs import SampleUnit, evaluate_sample
 from fi_toolkit.model.loading import dtype_name
 from fi_toolkit.policies import Policy
 from fi_toolkit.probe.experiment import max_context
-from fi_toolkit.probe.forward_influence import (
-    NOISE_MARGIN,  # a compressed mean KL below it x the full-cache replay's is at the floor
-)
+from fi_toolkit.probe.noise_floor import text_noise_floor
 from fi_toolkit.runs.resumable import ResumableRun, check_unit_size, last_document, part_slice, split_units
 from fi_toolkit.runs.settings import RunSettings, run_settings
 from fi_toolkit.signals.config import SignalConfig
@@ -43,23 +41,6 @@ Progress = Callable[[str, int, int], None]
 def _model_settings(lm, config: SignalConfig, policies: list[Policy]) -> dict:
     return {"model": lm.name, "dtype": dtype_name(lm.dtype), "compute_dtype": dtype_name(lm.compute_dtype),
             "signals": asdict(config), "policies": [p.label for p in policies]}
-
-
-def text_noise_floor(replays: pd.DataFrame) -> dict:
-    """{document: {future: |mean KL| of the full-cache replay}}."""
-    full = replays[replays["policy"] == FULL]
-    return {d: {f: abs(float(v)) for f, v in zip(part["future"], part["mean_kl"])} for d, part in full.groupby("document")}
-
-
-def text_noise_warning(replays: pd.DataFrame) -> str | None:
-    floor = replays[replays["policy"] == FULL].set_index(["document", "future"])["mean_kl"].abs()
-    rows = replays[replays["policy"] != FULL]
-    limit = [NOISE_MARGIN * floor.get((d, f), 0.0) for d, f in zip(rows["document"], rows["future"])]
-    low = rows[rows["mean_kl"].abs() < limit]
-    if not len(low):
-        return None
-    return (f"warning: {len(low)} of {len(rows)} compressed replays have a mean KL below {NOISE_MARGIN:g}x the full-cache "
-            f"replay's (the noise floor), e.g. {low.iloc[0]['policy']}@{low.iloc[0]['budget']} on {low.iloc[0]['document']}")
 
 
 def run_eval_text(
@@ -114,7 +95,7 @@ def run_eval_text(
                 "segment_summary": summarise_segments(tables["segments"])}
 
     return execute_run(lm, run, units, compute, summaries,
-                       lambda t: {"kind": "text", "noise_floor": text_noise_floor(t["replays"])}, costs)
+                       lambda t: {"kind": "text", "noise_floor": text_noise_floor(t["replays"], FULL)}, costs)
 
 
 def run_eval_tasks(

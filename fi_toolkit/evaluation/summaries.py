@@ -15,6 +15,8 @@ import pandas as pd
 from scipy import stats
 
 from fi_toolkit.analysis.statistics import correlation
+from fi_toolkit.evaluation.replays import FULL
+from fi_toolkit.probe.noise_floor import text_future_floor
 
 CONFIDENCE = 0.95
 
@@ -54,10 +56,10 @@ REPLAY_METRICS = {"mean_kl": "mean_kl", "top1_agreement": "top1_agreement", "del
 
 
 def summarise_replays(replays: pd.DataFrame, n_resamples: int = 1000, seed: int = 0) -> pd.DataFrame:
-    """Per (future, policy, budget): each metric's mean over documents with its interval."""
+    """Per (future, policy, budget): each metric's mean over documents with its interval, and the
+    future's ``noise_floor`` (the largest full-cache replay ``|mean KL|`` over documents)."""
     out = _summarise(replays, ["future", "policy", "budget", "retention"], REPLAY_METRICS, n_resamples, seed, "documents")
-    floor = replays[replays["policy"] == "full"].groupby("future")["mean_kl"].apply(lambda s: s.abs().max())
-    out["noise_floor"] = out["future"].map(floor)
+    out["noise_floor"] = out["future"].map(text_future_floor(replays, FULL))
     return out
 
 

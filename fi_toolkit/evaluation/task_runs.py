@@ -28,7 +28,7 @@ from fi_toolkit.evaluation.replays import divergence, policy_columns
 from fi_toolkit.evaluation.tasks import TASKS, TaskSample, check_protocol, encode_split, make_sample, score
 from fi_toolkit.model.attention import ragged_attention
 from fi_toolkit.policies import Policy
-from fi_toolkit.probe.forward_influence import kl_from_reference, reference_terms
+from fi_toolkit.probe.kl import kl_from_reference, reference_terms
 from fi_toolkit.signals.trace import SignalConfig
 
 TASK_ALIASES = {"niah": "multikey_needle", "multikey": "multikey_needle", "vartrack": "variable_tracking"}

@@ -47,7 +47,8 @@ from fi_toolkit.eviction import shared_cache
 from fi_toolkit.model.architectures import context_limit
 from fi_toolkit.model.attention import register_wrapped
 from fi_toolkit.model.checkpointing import checkpointed_layers
-from fi_toolkit.probe.forward_influence import Chunk, _capture_positions, _continuation_hidden, check_chunks
+from fi_toolkit.probe.chunks import Chunk, check_chunks
+from fi_toolkit.probe.forward_influence import _capture_positions, _continuation_hidden
 from fi_toolkit.signals.trace import Trace, decoder_parts
 
 ESTIMATORS = ("exact", "fisher")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-import numpy as np
 import pandas as pd
 import torch
 
@@ -17,14 +16,8 @@ from fi_toolkit.documents import Document
 from fi_toolkit.errors import FIError
 from fi_toolkit.model.architectures import context_limit
 from fi_toolkit.model.loading import LoadedModel
-from fi_toolkit.probe.forward_influence import (
-    CONTROL,
-    NOISE_MARGIN,
-    Chunk,
-    ProbeResult,
-    check_chunks,
-    forward_influence,
-)
+from fi_toolkit.probe.chunks import Chunk, check_chunks
+from fi_toolkit.probe.forward_influence import ProbeResult, forward_influence
 from fi_toolkit.probe.selections import Selection, parse_selections, token_scores
 from fi_toolkit.signals.trace import SignalConfig, Trace, trace_prefix
 
@@ -56,7 +49,7 @@ def fi_table(doc: Document, trace: Trace, result: ProbeResult) -> pd.DataFrame:
     """Tidy FI table: one row per eviction x chunk, with the removed and kept counts of each eviction
     (per layer and head; the mean over layers where budgets differ), so rows compare like with like.
     With the noise controls in ``result``, their rows come first and ``below_noise_floor`` flags the
-    rows whose FI is below ``NOISE_MARGIN`` x the chunk's noise floor."""
+    rows whose FI is below ``NOISE_MARGIN`` x the chunk's noise floor (:mod:`fi_toolkit.probe.noise_floor`)."""
     fi = result.fi()
     below = result.below_noise_floor()
     p = trace.prefix_len
@@ -125,42 +118,3 @@ def probe_document(
     )
     return fi_table(doc, trace, result)
 
-
-def noise_floor(table: pd.DataFrame) -> dict:
-    """``{document: {chunk: floor}}`` from a table's control rows (docs/method.md, "Noise floor")."""
-    controls = table[table["selector"] == CONTROL]
-    floors = controls.assign(fi=controls["fi"].abs()).groupby(["document", "chunk"], sort=False)["fi"].max()
-    out: dict = {}
-    for (doc, chunk), value in floors.items():
-        out.setdefault(doc, {})[chunk] = float(value)
-    return out
-
-
-def flag_below_noise_floor(table: pd.DataFrame, floors: dict | None = None) -> pd.DataFrame:
-    """``below_noise_floor`` of every row, as :func:`fi_table` sets it from a :class:`ProbeResult`
-    (float32 ``fi < NOISE_MARGIN x floor``, per document and chunk): for a document measured in parts,
-    of which only the first holds the controls. ``floors``: :func:`noise_floor` of the table holding
-    the controls (default ``table`` itself)."""
-    fi = table["fi"].to_numpy(dtype=np.float32)
-    floors = noise_floor(table) if floors is None else floors
-    floor = np.array([floors.get(d, {}).get(c, np.nan) for d, c in zip(table["document"], table["chunk"])],
-                     dtype=np.float32)
-    below = pd.Series(fi < np.float32(NOISE_MARGIN) * floor, index=table.index)
-    out = table.drop(columns="below_noise_floor", errors="ignore")
-    out.insert(out.columns.get_loc("fi") + 1, "below_noise_floor", below)
-    return out
-
-
-def noise_warning(table: pd.DataFrame, floors: dict | None = None) -> str | None:
-    """One line when any measured (non-control) row is below ``NOISE_MARGIN`` x its noise floor
-    (``floors``: :func:`noise_floor` of the table holding the controls, default ``table`` itself)."""
-    if "below_noise_floor" not in table:
-        return None
-    floors = noise_floor(table) if floors is None else floors
-    measured = table[table["selector"] != CONTROL] if "selector" in table else table
-    flagged = measured["below_noise_floor"].astype(bool)
-    if not flagged.any():
-        return None
-    top = max(v for chunks in floors.values() for v in chunks.values())
-    return (f"warning: {int(flagged.sum())} of {len(measured)} FI values are below {NOISE_MARGIN:g}x the noise floor "
-            f"(up to {top:.2g} nats); they measure rounding, not the eviction (column below_noise_floor)")

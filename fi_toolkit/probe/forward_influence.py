@@ -3,10 +3,11 @@ future predictions.
 
 ``FI(e; C) = mean_{t in C} KL(P_full(. | x_<=t) || P_e(. | x_<=t))`` in nats, full vocabulary, float32.
 
-The path from the CLI to the KL:
-``cli.probe`` -> :func:`fi_toolkit.probe.experiment.probe_document` -> :func:`forward_influence` ->
+The path from the CLI to the KL (the map is in :mod:`fi_toolkit.probe`):
+:func:`fi_toolkit.probe.experiment.probe_document` -> :func:`forward_influence` ->
 :func:`_continuation_hidden` (one forward over ``[p, max r_c)`` per batch of evictions, masked) ->
-:meth:`Reference.kl` -> :func:`kl_from_reference`.
+:meth:`Reference.kl` -> :func:`fi_toolkit.probe.kl.kl_from_reference`. Chunks live in
+:mod:`fi_toolkit.probe.chunks`, the noise controls and their floor in :mod:`fi_toolkit.probe.noise_floor`.
 
 Token-set evictions are evaluated many at a time: the prefix cache is shared by a batch, each row
 hides its own entries with a float additive mask (``finfo.min``, which gives exactly-zero weight),
@@ -23,106 +24,15 @@ from typing import Callable, Sequence
 
 import torch
 
-from fi_toolkit.errors import FIError
 from fi_toolkit.eviction import KeepMap, TokenSet, gather_cache, shared_cache
 from fi_toolkit.model.architectures import context_limit
 from fi_toolkit.model.attention import head_masked_attention, ragged_attention
 from fi_toolkit.model.compat import cache_kwargs
 from fi_toolkit.model.precision import compute_dtype
+from fi_toolkit.probe.chunks import Chunk, check_chunks
+from fi_toolkit.probe.kl import kl_from_reference, reference_terms
+from fi_toolkit.probe.noise_floor import below_margin, control_floor, is_control, noise_controls
 from fi_toolkit.signals.trace import Trace, decoder_parts
-
-
-@dataclass(frozen=True)
-class Chunk:
-    """A future chunk ``[start, end)`` of positions whose next-token distributions are compared."""
-
-    start: int
-    end: int
-
-    @property
-    def label(self) -> str:
-        return f"{self.start}:{self.end}"
-
-    def __len__(self) -> int:
-        return self.end - self.start
-
-
-def parse_chunk(spec: str) -> Chunk:
-    """``"2048:4096"`` -> ``Chunk(2048, 4096)`` with a clear error for anything else."""
-    parts = spec.split(":")
-    try:
-        if len(parts) != 2:
-            raise ValueError
-        start, end = int(parts[0]), int(parts[1])
-    except ValueError:
-        raise FIError(f"invalid chunk '{spec}': expected START:END with integers, e.g. 2048:4096") from None
-    if start < 0:
-        raise FIError(f"invalid chunk '{spec}': start must be >= 0")
-    if start >= end:
-        raise FIError(f"invalid chunk '{spec}': start must be smaller than end (l_c < r_c)")
-    return Chunk(start, end)
-
-
-def check_chunks(chunks: Sequence[Chunk], prefix_len: int, doc_len: int, max_context: int | None) -> None:
-    """``p <= l_c < r_c <= N`` for every chunk, and within the model's context."""
-    if not chunks:
-        raise FIError("no chunk given: pass at least one --chunk START:END")
-    seen: set[Chunk] = set()
-    for c in chunks:
-        if c in seen:
-            raise FIError(f"chunk {c.label} is given twice")
-        seen.add(c)
-        if c.start < prefix_len:
-            raise FIError(f"chunk {c.label} starts before the compression point p={prefix_len}")
-        if c.end > doc_len:
-            raise FIError(f"chunk {c.label} ends past the document's end ({doc_len:,} tokens)")
-        if max_context is not None and c.end > max_context:
-            raise FIError(f"chunk {c.label} ends past the model's context of {max_context:,} tokens")
-
-
-NEGATIVE_KL_TOLERANCE = 1e-6  # the KL below is accurate to ~1e-8; anything lower than this is a bug, not noise
-
-
-def log_sum_exp(logits: torch.Tensor) -> torch.Tensor:
-    """``log sum_v exp(z_v)`` over the last axis of float32 ``logits``, the sum accumulated in float64 -> float64."""
-    top = logits.max(dim=-1, keepdim=True).values
-    return top.squeeze(-1).double() + torch.exp(logits - top).sum(dim=-1, dtype=torch.float64).log()
-
-
-def reference_terms(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Float32 reference ``logits [n, V]`` -> (probabilities, logits, normalisers), float64, as
-    :func:`kl_from_reference` reads them (computed once per reference position)."""
-    logits = logits.float()
-    lse = log_sum_exp(logits)
-    wide = logits.double()
-    return torch.exp(wide - lse[:, None]), wide, lse
-
-
-def kl_from_reference(ref_p: torch.Tensor, ref_logits: torch.Tensor, ref_lse: torch.Tensor,
-                      logits: torch.Tensor, lse: torch.Tensor | None = None) -> torch.Tensor:
-    """``KL(P_ref || P)`` per row over the full vocabulary -> ``[B, n]`` float32.
-
-    ``ref_p``, ``ref_logits [n, V]`` and ``ref_lse [n]`` (float64, from float32 logits) describe the
-    reference (computed once per position); ``logits [B, n, V]`` the evicted rows. With ``log p = z - LSE(z)``
-    and ``log q = y - LSE(y)``: ``KL = sum_v p_v (z_v - y_v) / sum_v p_v + LSE(y) - LSE(z)``.
-
-    Why not a float32 log-softmax: its normaliser is off by up to ~1e-6 nats, which shifts a whole
-    row's KL by that much, the size of per-token FI on far chunks (a real run hit -1e-6); and when an
-    eviction shifts every logit by a constant ``c`` (removing a sink does), float32 differences lose
-    ``~c * 6e-8``. Here the logit differences are exact (float64), the normalisers accumulate in
-    float64, and ``p`` is renormalised, so the result is accurate to ~1e-8 at any shift. Identical
-    logits give exactly 0. Nothing is clamped: a value below ``-NEGATIVE_KL_TOLERANCE`` is an error.
-    ``lse`` passes the rows' own :func:`log_sum_exp` where the caller has it already.
-    """
-    logits = logits.float()
-    lse = log_sum_exp(logits) if lse is None else lse
-    p = ref_p.double()
-    diff = logits.double().neg_().add_(ref_logits)
-    kl = torch.einsum("nv,bnv->bn", p, diff) / p.sum(dim=-1) + (lse - ref_lse)
-    if kl.numel() and float(kl.min()) < -NEGATIVE_KL_TOLERANCE:
-        raise FIError(f"negative KL divergence ({float(kl.min()):.3g}): the two distributions were not "
-                      "computed consistently (a numerical fault, not a result)")
-    return kl.float()
 
 
 def _continuation_mask(visible: torch.Tensor, past_new: int, q_len: int, dtype) -> torch.Tensor:
@@ -208,35 +118,6 @@ class Reference:
         return torch.cat(out, dim=1)
 
 
-CONTROL = "control"  # the selector of the noise-floor controls
-NOISE_MARGIN = 10.0  # rows whose FI is below NOISE_MARGIN x the noise floor are flagged
-CONTROL_LABELS = (f"{CONTROL}:null", f"{CONTROL}:reorder")  # what noise_controls returns, in order
-
-
-def noise_controls(prefix_len: int, num_layers: int, num_kv_heads: int) -> list[TokenSet | KeepMap]:
-    """Two evictions that change nothing mathematically, so their FI is the path's rounding alone
-    (docs/method.md, "Noise floor").
-
-    ``control:null`` removes nothing and runs in the first batch of the masked path with the real
-    token sets: it is exactly 0 whenever that path computes what the reference computes, so anything
-    else is a fault of the path. ``control:reorder`` keeps every entry, in reverse order, through the
-    gather path: attention sums over keys in any order (RoPE is already in the cached keys), so only
-    the summation order changes and its FI measures how much the arithmetic's rounding alone moves
-    the distributions (float32: ~1e-10 nats; bfloat16 arithmetic: ~1e-3).
-    """
-    meta = {"selector": CONTROL}
-    reverse = torch.arange(prefix_len - 1, -1, -1)
-    null, reorder = CONTROL_LABELS
-    return [
-        TokenSet(null, torch.empty(0, dtype=torch.long), dict(meta)),
-        KeepMap(reorder, [reverse.expand(num_kv_heads, -1).clone() for _ in range(num_layers)], dict(meta)),
-    ]
-
-
-def is_control(eviction) -> bool:
-    return eviction.meta.get("selector") == CONTROL
-
-
 @dataclass
 class ProbeResult:
     """Per-eviction, per-position KL at the chunk positions, and FI per chunk."""
@@ -262,14 +143,15 @@ class ProbeResult:
         return [i for i, e in enumerate(self.evictions) if is_control(e)]
 
     def noise_floor(self) -> torch.Tensor | None:
-        """``[len(chunks)]``: the largest ``|FI|`` of the controls per chunk, or None without controls."""
-        rows = self.control_rows()
-        return self.fi()[rows].abs().max(dim=0).values if rows else None
+        """``[len(chunks)]``: the largest ``|FI|`` of the controls per chunk, or None without controls
+        (:func:`~fi_toolkit.probe.noise_floor.control_floor`)."""
+        return control_floor(self.fi(), self.control_rows())
 
     def below_noise_floor(self) -> torch.Tensor | None:
-        """Bool ``[E, len(chunks)]``: FI below ``NOISE_MARGIN`` x the chunk's noise floor."""
+        """Bool ``[E, len(chunks)]``: FI below ``NOISE_MARGIN`` x the chunk's noise floor
+        (:func:`~fi_toolkit.probe.noise_floor.below_margin`)."""
         floor = self.noise_floor()
-        return None if floor is None else self.fi() < NOISE_MARGIN * floor
+        return None if floor is None else below_margin(self.fi(), floor)
 
 
 def default_batch_size(device: torch.device) -> int:
