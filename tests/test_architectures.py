@@ -7,13 +7,14 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from test_generate import (
-    _pooled_window_attention,
+from cases import CHUNKS, probe_sets
+from cases import P as PROBE_P
+from oracles import (
     assert_full_budget_greedy_equals_plain_generate,
     assert_prefill_compression_equals_masked_model,
+    fi_by_masked_full_forward,
+    pooled_window_attention,
 )
-from test_probe import CHUNKS, _sets, fi_by_masked_full_forward
-from test_probe import P as PROBE_P
 
 from fi_toolkit.compress.decoder import generate
 from fi_toolkit.errors import FIError
@@ -54,7 +55,7 @@ def test_window_attention_equals_eager_output_attentions(arch, tiny_ids):
     mean over the window rows, pooled over the scored positions, GQA-group mean."""
     p = 150
     trace = trace_prefix(arch.model, tiny_ids, p, SignalConfig(window=W, pool_kernel=7))
-    expected = _pooled_window_attention(arch.model, tiny_ids[:p], W, kernel=7)
+    expected = pooled_window_attention(arch.model, tiny_ids[:p], W, kernel=7)
     for layer, e in enumerate(expected):
         np.testing.assert_allclose(trace.attention[layer].double().numpy(), e.numpy(), atol=1e-6, err_msg=str(layer))
 
@@ -62,7 +63,7 @@ def test_window_attention_equals_eager_output_attentions(arch, tiny_ids):
 def test_masked_probe_equals_physical_deletion_and_a_masked_full_forward(arch, tiny_ids):
     model = arch.model
     trace = trace_prefix(model, tiny_ids, PROBE_P, SignalConfig(window=W))
-    sets = _sets()
+    sets = probe_sets()
     masked = forward_influence(model, trace, tiny_ids, sets, CHUNKS, batch_size=3, block=64).fi()
     for i, s in enumerate(sets):
         deleted = forward_influence_by_deletion(model, trace, tiny_ids, s.removed, CHUNKS)
@@ -96,7 +97,7 @@ def test_runs_past_a_sliding_window_or_longrope_original_context_are_refused(arc
         trace_prefix(lm.model, ids, 513, SignalConfig(window=W))
     trace = trace_prefix(lm.model, ids, 400, SignalConfig(window=W))
     with pytest.raises(FIError, match="chunk 400:513 ends past the model's context of 512 tokens"):
-        forward_influence(lm.model, trace, ids, _sets()[:1], [Chunk(400, 513)])
+        forward_influence(lm.model, trace, ids, probe_sets()[:1], [Chunk(400, 513)])
 
 
 SMALL = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_precision import _single_tokens
-from test_probe import CHUNKS, P, _sets
+from cases import CHUNKS, P, probe_sets, single_tokens
 
 from fi_toolkit.compress.decoder import generate
 from fi_toolkit.model.loading import tiny_model
@@ -29,7 +28,7 @@ def _model(dtype=torch.float32, upcast=True):
 def test_probe_on_cuda_equals_deletion_and_the_cpu(tiny, tiny_ids, batch_size):
     """The masked path on the GPU agrees with physical deletion on the GPU and with the CPU probe;
     the null control is exactly 0 where the batch shape is the reference's (batch 1)."""
-    model, sets = _model(), _sets()
+    model, sets = _model(), probe_sets()
     trace = trace_prefix(model, tiny_ids, P, CFG)
     gpu = forward_influence(model, trace, tiny_ids, sets, CHUNKS, batch_size=batch_size, controls=True).fi()
     cpu = forward_influence(tiny.model, trace_prefix(tiny.model, tiny_ids, P, CFG), tiny_ids, sets, CHUNKS).fi()
@@ -49,7 +48,7 @@ def test_upcast_lowers_the_noise_floor_on_cuda(tiny_ids):
     for upcast in (False, True):
         model = _model(torch.bfloat16, upcast)
         trace = trace_prefix(model, tiny_ids, P, CFG)
-        result = forward_influence(model, trace, tiny_ids, _single_tokens(8), CHUNKS, controls=True)
+        result = forward_influence(model, trace, tiny_ids, single_tokens(8), CHUNKS, controls=True)
         assert torch.isfinite(result.fi()).all()
         floors[upcast] = result.noise_floor().max()
     assert floors[False] > 1e-6 and floors[True] < 1e-7 and floors[True] < floors[False] / 1000

@@ -131,6 +131,7 @@ def sharded(tmp_path_factory):
     return out, done.stderr
 
 
+@pytest.mark.torchrun
 @pytest.mark.parametrize("name", STUDIES)
 def test_two_ranks_merge_to_the_single_process_tables(single, sharded, name):
     out, _ = sharded
@@ -155,6 +156,7 @@ def test_two_ranks_merge_to_the_single_process_tables(single, sharded, name):
     assert manifest["computed_this_session"] == [u["document"] for u in units]
 
 
+@pytest.mark.torchrun
 def test_idle_ranks_say_so(sharded):
     _, stderr = sharded
     notes = [line for line in stderr.splitlines() if "has no unit to compute" in line]
@@ -163,6 +165,7 @@ def test_idle_ranks_say_so(sharded):
 
 # ---- faults ---------------------------------------------------------------------------------------------------
 
+@pytest.mark.torchrun
 def test_killed_rank_resumes_with_one_rank(single, tmp_path):
     died = worker(tmp_path, "nearfar", "--kill", "1:2")  # rank 1 dies starting its second unit
     assert died.returncode != 0
@@ -178,6 +181,7 @@ def test_killed_rank_resumes_with_one_rank(single, tmp_path):
     assert {e["unit"] for e in log if e["world_size"] == 2} == before
 
 
+@pytest.mark.torchrun
 def test_torchrun_restart_continues_the_run(single, tmp_path):
     done = worker(tmp_path, "nearfar", "--kill", "1:2", restarts=1)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -232,6 +236,7 @@ COMMANDS = {  # command line -> what rank 0 prints once, and options of the torc
 }
 
 
+@pytest.mark.torchrun
 @pytest.mark.smollm
 @pytest.mark.parametrize("command", list(COMMANDS))
 def test_torchrun_cli_equals_one_process(command, tmp_path):
@@ -252,6 +257,7 @@ def test_torchrun_cli_equals_one_process(command, tmp_path):
         assert {u["rank"] for u in manifest["units"]} == {0, 1} and len(manifest["units"]) > len(DOCS)
 
 
+@pytest.mark.torchrun
 @pytest.mark.smollm
 def test_torchrun_scores_share_the_positions(tmp_path):
     """``fi scores --fi-chunk --estimator exact`` under torchrun: each rank measures a block of the

@@ -3,12 +3,16 @@ independently masked full model, budgets while decoding, cache bytes, sampling, 
 
 from __future__ import annotations
 
-import copy
 import sys
 
 import pytest
 import torch
-from masked_attention import masked_logits
+from oracles import (
+    assert_full_budget_greedy_equals_plain_generate,
+    assert_prefill_compression_equals_masked_model,
+    eager_twin,
+    pooled_window_attention,
+)
 
 from fi_toolkit.cli import app as cli
 from fi_toolkit.compress.decoder import CompressedDecoder, cache_bytes, generate, signal_config_for
@@ -19,18 +23,6 @@ from fi_toolkit.signals.trace import trace_prefix
 P, W = 120, 16
 
 
-def _masked_reference_logits(model, ids: torch.Tensor, keep: list[torch.Tensor]) -> torch.Tensor:
-    """Logits at every position of ``ids`` when positions >= P cannot see what ``keep`` evicted."""
-    n = ids.numel()
-    blocked = {}
-    for layer, idx in enumerate(keep):
-        evicted = torch.ones(idx.shape[0], P, dtype=torch.bool)
-        evicted.scatter_(1, idx.cpu(), False)
-        blocked[layer] = torch.zeros(idx.shape[0], n, n, dtype=torch.bool)
-        blocked[layer][:, P:, :P] = evicted[:, None, :]
-    return masked_logits(model, ids, blocked)
-
-
 @pytest.mark.parametrize(
     "policy",
     [InfoKV(budget=48, window=W), Adaptive(InfoKV(budget=0.4, window=W)), PyramidKV(budget=48, window=W),
@@ -39,26 +31,6 @@ def _masked_reference_logits(model, ids: torch.Tensor, keep: list[torch.Tensor])
 )
 def test_prefill_compression_equals_the_masked_full_model(tiny, tiny_ids, policy):
     assert_prefill_compression_equals_masked_model(tiny.model, tiny_ids, policy)
-
-
-def assert_prefill_compression_equals_masked_model(model, ids: torch.Tensor, policy) -> None:
-    """Compress the first P tokens with ``policy``, feed 4 more: their logits are the full model's with
-    what the keep map evicted hidden from them (an eviction that changed nothing does not count)."""
-    from fi_toolkit.model.attention import ragged_attention
-
-    decoder = CompressedDecoder(model, policy, 200)
-    try:
-        with ragged_attention(model):
-            _, keep = decoder.prefill(ids[:P])
-            steps = [decoder.step(int(t)) for t in ids[P : P + 4]]
-    finally:
-        decoder.close()
-    assert keep is not None and decoder.lengths() == [c + 4 for c in keep.counts()]
-    reference = _masked_reference_logits(model, ids[: P + 4], keep.keep)
-    for i, logits in enumerate(steps):
-        assert (logits - reference[P + i]).abs().max().item() <= 1e-5
-    full = model(ids[None, : P + 1]).logits[0, P].float()
-    assert (steps[0] - full).abs().max().item() > 1e-3  # the eviction really changed something
 
 
 def test_prefill_keep_map_equals_the_trace_policy(tiny, tiny_ids):
@@ -74,16 +46,6 @@ def test_prefill_keep_map_equals_the_trace_policy(tiny, tiny_ids):
 @pytest.mark.parametrize("budget", [P + 30, 1.0])
 def test_full_budget_greedy_is_token_identical_to_plain_generate(tiny, tiny_ids, budget):
     assert_full_budget_greedy_equals_plain_generate(tiny.model, tiny_ids, budget)
-
-
-def assert_full_budget_greedy_equals_plain_generate(model, ids: torch.Tensor, budget) -> None:
-    """A budget that never evicts: 30 greedy tokens after the first P of ``ids`` = ``model.generate``'s."""
-    ids = ids[:P]
-    plain = model.generate(ids[None], max_new_tokens=30, do_sample=False, pad_token_id=0)[0, P:].tolist()
-    result = generate(model, None, ids, InfoKV(budget=budget, window=W), max_new_tokens=30, interval=5)
-    assert result.tokens == plain
-    assert result.stats.compressions == 0 and not result.stats.prefill_compressed
-    assert result.stats.note.startswith("nothing evicted")  # said, not silent
 
 
 @pytest.mark.smollm
@@ -139,33 +101,6 @@ def test_uneven_layers_decode_and_keep_the_total(tiny, tiny_ids):
         assert (pos[:, -W:] == torch.arange(P + 25 - W, P + 25)).all()
 
 
-def _eager_twin(model):
-    """The same weights with eager attention, whose output_attentions the oracles read."""
-    eager = copy.deepcopy(model)
-    eager.set_attn_implementation("eager")
-    return eager
-
-
-def _pooled_window_attention(model, ids: torch.Tensor, window: int, kernel: int = 7) -> list[torch.Tensor]:
-    """From the eager model's output_attentions over ``ids`` (no cache, no compression): the mean over
-    the last ``window`` query rows, zero-padded uniform pooling over ``[0, n - window)``, GQA-group mean."""
-    import numpy as np
-    from scipy.ndimage import convolve1d
-
-    eager = _eager_twin(model)
-    n = ids.numel()
-    with torch.no_grad():
-        att = eager(ids[None], output_attentions=True).attentions
-    out = []
-    for a in att:
-        rows = a[0, :, n - window :, :].double().mean(dim=1).numpy()  # [Hq, n]
-        scored = convolve1d(rows[:, : n - window], np.ones(kernel) / kernel, axis=-1, mode="constant")
-        rows = np.concatenate([scored, rows[:, n - window :]], axis=-1)
-        hkv = model.config.num_key_value_heads
-        out.append(torch.from_numpy(rows).view(hkv, -1, n).mean(dim=1))
-    return out
-
-
 def test_rpc_keeps_the_prompt_and_its_share_of_the_generated_tokens(tiny, tiny_ids):
     """A ratio for a policy that keeps the prompt is a share of what it may compress: the generated
     tokens. Which ones: the window plus the top pooled window attention of the generated part."""
@@ -179,7 +114,7 @@ def test_rpc_keeps_the_prompt_and_its_share_of_the_generated_tokens(tiny, tiny_i
     keep = decoder.compress()
     decoder.close()
     assert keep.counts() == [prompt + round(0.8 * fed)] * 4
-    scores = _pooled_window_attention(tiny.model, tiny_ids[: prompt + fed], W)
+    scores = pooled_window_attention(tiny.model, tiny_ids[: prompt + fed], W)
     n = prompt + fed
     for layer, pos in enumerate(decoder.positions):
         for head in range(pos.shape[0]):
@@ -217,7 +152,7 @@ def test_h2o_decoding_accumulator_equals_summed_eager_attention(tiny, tiny_ids):
         decoder.step(int(t))
     accumulated = decoder.tracker.accumulated
     decoder.close()
-    eager = _eager_twin(tiny.model)
+    eager = eager_twin(tiny.model)
     n = P + steps
     with torch.no_grad():
         att = eager(tiny_ids[:n][None], output_attentions=True).attentions

@@ -137,3 +137,16 @@ def test_relative_imports_are_resolved(tmp_path):
     fake.write_text("def f():\n    from ..probe import forward_influence\n")
     found = imports_of(fake, module, set(all_modules()))
     assert "fi_toolkit.probe.forward_influence" in found
+
+
+def test_test_files_share_helpers_only_through_shared_modules():
+    """Tests import the shared oracles (tests/oracles.py), cases (tests/cases.py) and runners, never
+    another test file: a helper moved or renamed in one test file cannot silently break another."""
+    tests_dir = Path(__file__).resolve().parent
+    offenders = []
+    for path in sorted(tests_dir.glob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            offenders += [f"{path.name} imports {n}" for n in names if n.split(".")[0].startswith("test_")]
+    assert offenders == []

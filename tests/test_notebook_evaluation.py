@@ -10,6 +10,7 @@ SMALL = {"FI_NB_PROMPT": "256", "FI_NB_LENGTH": "384", "FI_NB_INTERVAL": "64", "
 
 
 @pytest.mark.smollm
+@pytest.mark.notebook
 def test_evaluation_notebook_runs(tmp_path, monkeypatch):
     outputs, _ = execute("03_evaluation.ipynb", tmp_path, monkeypatch, SMALL)
     images = [o for o in outputs if "image/png" in o.get("data", {})]

@@ -10,6 +10,7 @@ SMALL = {"FI_NB_PREFIX": "256", "FI_NB_CHUNK_LEN": "32", "FI_NB_DISTANCES": "0,3
 
 
 @pytest.mark.smollm
+@pytest.mark.notebook
 def test_forward_influence_notebook_runs(tmp_path, monkeypatch):
     outputs, printed = execute("01_forward_influence.ipynb", tmp_path, monkeypatch, SMALL)
     assert "p = 256" in printed and "token classes" in printed

@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 import scipy.stats
 import torch
+from cases import single_tokens
 from cli_runner import run_cli
 
 from fi_toolkit.documents import Document
@@ -23,12 +24,6 @@ from fi_toolkit.signals.trace import SignalConfig, trace_prefix
 P = 192
 CHUNKS = [Chunk(P, P + 48), Chunk(P + 96, P + 160)]
 CFG = SignalConfig(window=16)
-
-
-def _single_tokens(n=8, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    picks = torch.randperm(P - 20, generator=gen)[:n] + 4
-    return [TokenSet(f"positions:{int(j)}", [int(j)], {"selector": "positions"}) for j in picks]
 
 
 def _bf16(upcast: bool):
@@ -65,7 +60,7 @@ def test_upcast_is_a_no_op_for_float32_and_idempotent():
 def test_controls_are_exactly_zero_and_rounding_small_in_float32(tiny, tiny_ids):
     trace = trace_prefix(tiny.model, tiny_ids, P, CFG)
     for batch in (1, 3):
-        result = forward_influence(tiny.model, trace, tiny_ids, _single_tokens(4), CHUNKS, batch_size=batch,
+        result = forward_influence(tiny.model, trace, tiny_ids, single_tokens(4), CHUNKS, batch_size=batch,
                                    controls=True)
         fi = result.fi()
         assert [e.label for e in result.evictions[:2]] == ["control:null", "control:reorder"]
@@ -82,7 +77,7 @@ def test_bfloat16_arithmetic_floor_is_reported_and_upcast_lowers_it(tiny_ids):
     for upcast in (False, True):
         model = _bf16(upcast)
         trace = trace_prefix(model, tiny_ids, P, CFG)
-        result = forward_influence(model, trace, tiny_ids, _single_tokens(8), CHUNKS, controls=True)
+        result = forward_influence(model, trace, tiny_ids, single_tokens(8), CHUNKS, controls=True)
         floors[upcast] = result.noise_floor()
         assert torch.isfinite(result.fi()).all() and result.fi()[0].eq(0).all()
     assert floors[False].max() > 1e-6  # bfloat16 arithmetic: the reordered sum rounds differently

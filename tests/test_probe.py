@@ -7,6 +7,8 @@ import pytest
 import scipy.special
 import scipy.stats
 import torch
+from cases import CHUNKS, P, probe_sets
+from oracles import fi_by_masked_full_forward
 
 from fi_toolkit.errors import FIError
 from fi_toolkit.eviction import TokenSet
@@ -15,44 +17,14 @@ from fi_toolkit.probe.forward_influence import forward_influence, forward_influe
 from fi_toolkit.probe.kl import kl_from_reference, log_sum_exp
 from fi_toolkit.signals.trace import SignalConfig, trace_prefix
 
-P = 200
-CHUNKS = [Chunk(200, 260), Chunk(330, 400)]
-
 
 @pytest.fixture(scope="module")
 def trace(tiny, tiny_ids):
     return trace_prefix(tiny.model, tiny_ids, P, SignalConfig(window=16))
 
 
-def _sets():
-    gen = torch.Generator().manual_seed(3)
-    return [
-        TokenSet("scattered", torch.randperm(P, generator=gen)[:30]),
-        TokenSet("block", torch.arange(40, 90)),
-        TokenSet("sinks", torch.arange(0, 4)),
-        TokenSet("window", torch.arange(P - 16, P)),
-        TokenSet("one", [123]),
-    ]
-
-
-def fi_by_masked_full_forward(model, ids, removed, p, chunks) -> torch.Tensor:
-    """An oracle that shares nothing with the probe: one forward over the whole sequence ``[0, max r_c)``
-    with no cache, under an explicit mask (written here) in which every query at ``t >= p`` cannot
-    see the removed keys, compared with the plain causal forward; KL in float64."""
-    n = max(c.end for c in chunks)
-    allowed = torch.ones(n, n, dtype=torch.bool).tril()
-    allowed[p:, torch.as_tensor(removed, dtype=torch.long)] = False
-    dtype = next(model.parameters()).dtype
-    mask = torch.zeros(1, 1, n, n, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
-    with torch.no_grad():
-        full = torch.log_softmax(model(ids[:n][None]).logits[0].double(), -1)
-        pruned = torch.log_softmax(model(ids[:n][None], attention_mask=mask).logits[0].double(), -1)
-    kl = (full.exp() * (full - pruned)).sum(-1)
-    return torch.stack([kl[c.start : c.end].mean() for c in chunks]).float()
-
-
 def test_masked_batched_probe_equals_an_independent_masked_full_forward(tiny, tiny_ids, trace):
-    sets = _sets()
+    sets = probe_sets()
     masked = forward_influence(tiny.model, trace, tiny_ids, sets, CHUNKS, batch_size=3, block=64).fi()
     for i, s in enumerate(sets):
         oracle = fi_by_masked_full_forward(tiny.model, tiny_ids, s.removed, P, CHUNKS)
@@ -61,7 +33,7 @@ def test_masked_batched_probe_equals_an_independent_masked_full_forward(tiny, ti
 
 
 def test_masked_batched_probe_equals_physical_deletion(tiny, tiny_ids, trace):
-    sets = _sets()
+    sets = probe_sets()
     masked = forward_influence(tiny.model, trace, tiny_ids, sets, CHUNKS, batch_size=3, block=64).fi()
     for i, s in enumerate(sets):
         deleted = forward_influence_by_deletion(tiny.model, trace, tiny_ids, s.removed, CHUNKS)
@@ -73,7 +45,7 @@ def test_masked_batched_probe_equals_physical_deletion(tiny, tiny_ids, trace):
 def test_empty_eviction_runs_the_real_path_and_is_exactly_zero(tiny, tiny_ids, trace, batch_size):
     """No shortcut: the empty set goes through the batched masked forward like any other set, so a
     path that perturbed the continuation (a wrong mask, positions or cache) would give FI > 0."""
-    sets = [TokenSet("empty", [])] + _sets()
+    sets = [TokenSet("empty", [])] + probe_sets()
     ticks = []
     result = forward_influence(tiny.model, trace, tiny_ids, sets, CHUNKS, batch_size=batch_size,
                                on_progress=ticks.append)
@@ -92,14 +64,14 @@ def test_keeping_everything_through_the_gather_path_gives_zero(tiny, tiny_ids, t
 
 
 def test_keep_map_path_equals_token_set_path(tiny, tiny_ids, trace):
-    s = _sets()[1]
+    s = probe_sets()[1]
     km = s.keep_map(P, trace.num_layers, trace.num_kv_heads)
     fi = forward_influence(tiny.model, trace, tiny_ids, [s, km], CHUNKS).fi()
     assert (fi[0] - fi[1]).abs().max() <= 1e-5
 
 
 def test_several_chunks_in_one_pass_equal_separate_runs(tiny, tiny_ids, trace):
-    sets = _sets()[:3]
+    sets = probe_sets()[:3]
     together = forward_influence(tiny.model, trace, tiny_ids, sets, CHUNKS).fi()
     for j, chunk in enumerate(CHUNKS):
         alone = forward_influence(tiny.model, trace, tiny_ids, sets, [chunk]).fi()[:, 0]
@@ -107,7 +79,7 @@ def test_several_chunks_in_one_pass_equal_separate_runs(tiny, tiny_ids, trace):
 
 
 def test_batch_size_and_block_size_do_not_change_fi(tiny, tiny_ids, trace):
-    sets = _sets()
+    sets = probe_sets()
     a = forward_influence(tiny.model, trace, tiny_ids, sets, CHUNKS, batch_size=1, block=512).fi()
     b = forward_influence(tiny.model, trace, tiny_ids, sets, CHUNKS, batch_size=5, block=37).fi()
     torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
@@ -166,7 +138,7 @@ def test_bfloat16_model_gives_float32_signals_and_close_fi(tiny_ids):
     lm32 = tiny_model(seed=0)
     lm16 = tiny_model(seed=0)
     lm16.model.to(torch.bfloat16)
-    sets = _sets()[:2]
+    sets = probe_sets()[:2]
     fis = []
     for lm in (lm32, lm16):
         tr = trace_prefix(lm.model, tiny_ids, P, SignalConfig(window=16))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from masked_attention import masked_logits
+from oracles import masked_logits
 
 from fi_toolkit.compress.decoder import CompressedDecoder, compression_points
 from fi_toolkit.compress.replay import replay

@@ -45,7 +45,7 @@ def test_signals_on_a_real_document_are_well_formed(trace):
 
 
 def test_masked_probe_equals_deletion_and_a_masked_full_forward_on_smollm2(smollm, alice, trace):
-    from test_probe import fi_by_masked_full_forward
+    from oracles import fi_by_masked_full_forward
 
     gen = torch.Generator().manual_seed(0)
     sets = [

@@ -1,12 +1,12 @@
 """Keep maps whose KV heads keep different counts (AdaKV-style presses, issue 12): the probe masks each
 head's entries in every layer's attention, checked against an independent oracle (an uncached eager
-forward with a hand-built per-head mask, tests/masked_attention.py); compressed decoding refuses them."""
+forward with a hand-built per-head mask, tests/oracles.py); compressed decoding refuses them."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from masked_attention import masked_logits
+from oracles import masked_logits
 
 from fi_toolkit.errors import FIError
 from fi_toolkit.eviction import KeepMap, gather_cache
