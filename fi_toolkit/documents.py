@@ -6,10 +6,12 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from fi_toolkit.errors import FIError
+
+if TYPE_CHECKING:  # torch is imported by whoever tokenises; reading a document's text needs none of it
+    import torch
 
 BUNDLED = {
     "alice": "alice29.txt",
@@ -107,7 +109,7 @@ def _read_texts(spec: str | None) -> list[tuple[str, str, str]]:
     return [(path.stem, _read_text(path), str(path))]
 
 
-def tokenize(tokenizer, text: str, max_tokens: int | None = None) -> torch.Tensor:
+def tokenize(tokenizer, text: str, max_tokens: int | None = None) -> "torch.Tensor":
     if max_tokens is not None:
         text = text[: max_tokens * _CHARS_PER_TOKEN_BOUND]
     ids = tokenizer(text, return_tensors="pt")["input_ids"][0]
