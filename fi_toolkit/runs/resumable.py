@@ -338,7 +338,9 @@ class ResumableRun:
         results.write_json(self.doc_dir(key) / DONE, {"tables": record, "finished": results.now(), **(info or {})})
 
     def load(self, keys: Sequence[str], name: str) -> pd.DataFrame:
-        return pd.concat([read_table(self.doc_dir(k) / f"{name}.csv") for k in keys], ignore_index=True)
+        """Table ``name`` of the units ``keys``, concatenated as text and typed once (:func:`typed`), so a
+        column's type is decided over all of them and every cell writes back as its unit wrote it."""
+        return typed(concat_text([read_text_table(self.doc_dir(k) / f"{name}.csv") for k in keys]))
 
     def _assembled(self, keys: Sequence[str], documents: Sequence, assemble) -> dict[str, pd.DataFrame]:
         """Every document's tables from its parts' (``assemble(doc, {table: its parts' rows in order})``),
@@ -353,8 +355,8 @@ class ResumableRun:
             names = dict.fromkeys(n for k in part_keys for n in held[k])
             parts = {n: self.load([k for k in part_keys if n in held[k]], n) for n in names}
             for name, table in assemble(doc, parts).items():  # through CSV, as a whole document's tables come
-                combined.setdefault(name, []).append(read_table(io.StringIO(table.to_csv(index=False))))
-        return {name: pd.concat(tables, ignore_index=True) for name, tables in combined.items()}
+                combined.setdefault(name, []).append(read_text_table(io.StringIO(table.to_csv(index=False))))
+        return {name: typed(concat_text(tables)) for name, tables in combined.items()}
 
     def _pending(self, keys: Sequence[str], documents: Sequence, on_skip) -> list[int]:
         """Indices of the units to compute; a finished unit that fails its checks is noted and unmarked."""
@@ -499,7 +501,41 @@ class ResumableRun:
 _EXACT_FLOATS = {} if int(pd.__version__.split(".")[0]) >= 3 else {"float_precision": "round_trip"}
 
 
+# Identifiers and free text: text whatever they look like (a document named 007, an answer " 100.", a token " 3").
+TEXT_COLUMNS = frozenset({"document", "selection", "selector", "policy", "task", "answer", "output", "token"})
+
+
+def read_text_table(path) -> pd.DataFrame:
+    """A result CSV (a path or a text buffer) with every cell exactly as written ("" for an empty cell)."""
+    return pd.read_csv(path, dtype=str, keep_default_na=False)
+
+
+def concat_text(tables: Sequence[pd.DataFrame]) -> pd.DataFrame:
+    """Text tables one after the other; a column a table lacks is empty ("") in its rows."""
+    return pd.concat(tables, ignore_index=True).fillna("")
+
+
+def typed(text: pd.DataFrame) -> pd.DataFrame:
+    """A text table (:func:`read_text_table`) with its columns typed. A column becomes numbers or booleans
+    (pandas' guess, floats read exactly) only where every cell is that value as pandas writes it ("10",
+    "10.0", "1e-05", "True"; an integer in a float column is written "10.0"), and a column of
+    :data:`TEXT_COLUMNS` never does; any other column stays text, so " 100." or "007" is written back as
+    it was. Empty cells are missing values. The type is decided once per column over all its rows, so
+    parts joined at a merge give one type, whatever each part alone would have looked like."""
+    guess = pd.read_csv(io.StringIO(text.to_csv(index=False)), keep_default_na=False, na_values=[""], **_EXACT_FLOATS)
+    back = pd.read_csv(io.StringIO(guess.to_csv(index=False)), dtype=str, keep_default_na=False)
+    for i, name in enumerate(text.columns):
+        cells, again = text.iloc[:, i], back.iloc[:, i]
+        same = again.eq(cells)
+        if pd.api.types.is_float_dtype(guess.iloc[:, i]):
+            same |= again.eq(cells + ".0")  # an integer among floats: the same number
+        if name in TEXT_COLUMNS or not same.all():
+            guess.isetitem(i, cells.mask(cells == ""))
+    return guess
+
+
 def read_table(path) -> pd.DataFrame:
-    """A result CSV (a path or a text buffer), floats read back exactly; only empty cells are missing
-    values, so a token spelled "NA" or "null" stays text."""
-    return pd.read_csv(path, keep_default_na=False, na_values=[""], **_EXACT_FLOATS)
+    """A result CSV (a path or a text buffer), typed by :func:`typed`: numbers read back exactly, text
+    that looks numeric (" 100.", "007") kept as written; only empty cells are missing values, so a token
+    spelled "NA" or "null" stays text."""
+    return typed(read_text_table(path))
