@@ -1,29 +1,63 @@
 """fi_toolkit: Forward Influence analysis for KV-cache compression research.
 
-Quick start::
+Quick start (a doctest: ``tests/test_startup.py`` runs it with the embedded model). A budget is
+``remove=X`` or ``keep=X``; a bare ``X`` keeps X, so removing 10 % of the prefix is ``remove=0.1``::
 
-    from fi_toolkit import load_model, load_document, probe_document, parse_chunk
-    lm = load_model()                                   # embedded SmolLM2-135M
-    doc = load_document(None, lm.tokenizer)             # bundled 'alice'
-    table = probe_document(lm, doc, chunks=[parse_chunk("2048:4096")],
-                           selections=["entropy:0.1", "attention:0.1", "random:0.1@0-2"])
+    >>> from fi_toolkit import load_model, load_document, probe_document, parse_chunk
+    >>> lm = load_model()                                   # embedded SmolLM2-135M
+    >>> doc = load_document(None, lm.tokenizer, max_tokens=192)   # bundled 'alice'
+    >>> table = probe_document(lm, doc, chunks=[parse_chunk("160:192")],
+    ...                        selections=["entropy:remove=0.1", "attention:remove=0.1", "random:remove=0.1@0-2"])
+    >>> sets = table[table.selector != "control"]          # the noise controls' rows come first
+    >>> len(sets), sets.n_removed.unique().tolist(), sets.n_kept.unique().tolist()   # p = 160: 16 removed
+    (5, [16.0], [144.0])
+
+Every name below is imported on first use (PEP 562), so ``import fi_toolkit`` and the ``fi`` command
+line's help and argument errors never wait for torch, transformers or pandas.
 """
+
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
 
-from fi_toolkit.documents import Document, load_document, load_documents  # noqa: E402
-from fi_toolkit.errors import FIError  # noqa: E402
-from fi_toolkit.eviction import KeepMap, TokenSet  # noqa: E402
-from fi_toolkit.model.loading import DEFAULT_MODEL, LoadedModel, load_model, tiny_model  # noqa: E402
-from fi_toolkit.probe.chunks import Chunk, parse_chunk  # noqa: E402
-from fi_toolkit.probe.experiment import probe_document, trace_document  # noqa: E402
-from fi_toolkit.probe.forward_influence import forward_influence, forward_influence_by_deletion  # noqa: E402
-from fi_toolkit.probe.selections import parse_selections  # noqa: E402
-from fi_toolkit.signals.trace import SignalConfig, Trace, trace_prefix  # noqa: E402
+# public name -> the module that defines it
+_EXPORTS = {
+    "Document": "fi_toolkit.documents",
+    "load_document": "fi_toolkit.documents",
+    "load_documents": "fi_toolkit.documents",
+    "FIError": "fi_toolkit.errors",
+    "KeepMap": "fi_toolkit.eviction",
+    "TokenSet": "fi_toolkit.eviction",
+    "DEFAULT_MODEL": "fi_toolkit.model.loading",
+    "LoadedModel": "fi_toolkit.model.loading",
+    "load_model": "fi_toolkit.model.loading",
+    "tiny_model": "fi_toolkit.model.loading",
+    "probe_document": "fi_toolkit.probe.experiment",
+    "trace_document": "fi_toolkit.probe.experiment",
+    "Chunk": "fi_toolkit.probe.chunks",
+    "forward_influence": "fi_toolkit.probe.forward_influence",
+    "forward_influence_by_deletion": "fi_toolkit.probe.forward_influence",
+    "parse_chunk": "fi_toolkit.probe.chunks",
+    "parse_selections": "fi_toolkit.probe.selections",
+    "SignalConfig": "fi_toolkit.signals.trace",
+    "Trace": "fi_toolkit.signals.trace",
+    "trace_prefix": "fi_toolkit.signals.trace",
+}
 
-__all__ = [
-    "Chunk", "DEFAULT_MODEL", "Document", "FIError", "KeepMap", "LoadedModel", "SignalConfig", "TokenSet",
-    "Trace", "forward_influence", "forward_influence_by_deletion", "load_document", "load_documents",
-    "load_model", "parse_chunk", "parse_selections", "probe_document", "tiny_model", "trace_document",
-    "trace_prefix",
-]
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    """Import a public name's module on first access and cache the name here (PEP 562)."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fi_toolkit' has no attribute '{name}'")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

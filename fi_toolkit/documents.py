@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from fi_toolkit.errors import FIError
+
+if TYPE_CHECKING:  # torch is imported by whoever tokenises; reading a document's text needs none of it
+    import torch
 
 BUNDLED = {
     "alice": "alice29.txt",
@@ -22,6 +26,10 @@ DEFAULT_DOCUMENT = "alice"
 # Tokenising a 400 KB book to use its first few thousand tokens is wasted work: cut the text to
 # this many characters per requested token first (English BPE averages ~4 characters per token).
 _CHARS_PER_TOKEN_BOUND = 12
+# A document is read whole into memory; past this it is a mistake (a disk image, a device), not a text.
+# The largest bundled book is ~0.4 MiB and a 1M-token context ~4 MiB of text: 256 MiB leaves room for a
+# JSONL of many long documents while a typo cannot fill the memory.
+MAX_DOCUMENT_BYTES = 256 * 2**20
 
 
 @dataclass
@@ -53,21 +61,56 @@ def bundled_path(name: str) -> Path:
     return Path(__file__).parent / "data" / BUNDLED[name]
 
 
-def _read_text(path: Path) -> str:
+def _file_kind(mode: int) -> str:
+    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return "not a regular file"
+
+
+def check_document_file(path: Path) -> os.stat_result:
+    """Refuse in one line, before anything is opened, what is not a regular file of at most
+    ``MAX_DOCUMENT_BYTES`` (``/dev/zero`` would fill the memory, a FIFO without a writer would wait forever)."""
     try:
-        return path.read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError:
-        raise FIError(f"'{path}' is not UTF-8 text") from None
-    except IsADirectoryError:
-        raise FIError(f"'{path}' is a directory, not a document") from None
+        info = os.stat(path)
     except OSError as exc:
         raise FIError(f"cannot read '{path}': {exc.strerror}") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise FIError(f"'{path}' is a directory, not a document")
+    if not stat.S_ISREG(info.st_mode):
+        raise FIError(f"'{path}' is {_file_kind(info.st_mode)}, not a document: give a text or JSONL file")
+    if info.st_size > MAX_DOCUMENT_BYTES:
+        raise FIError(f"'{path}' is {info.st_size / 2**20:,.0f} MiB; a document file holds at most "
+                      f"{MAX_DOCUMENT_BYTES // 2**20} MiB (split it into several files)")
+    return info
+
+
+def _read_text(path: Path) -> str:
+    """The UTF-8 text of a regular file (:func:`check_document_file`); never more than the bound is read,
+    even if the file grows meanwhile."""
+    check_document_file(path)
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_DOCUMENT_BYTES + 1)
+    except OSError as exc:
+        raise FIError(f"cannot read '{path}': {exc.strerror}") from None
+    if len(data) > MAX_DOCUMENT_BYTES:
+        raise FIError(f"'{path}' grew past {MAX_DOCUMENT_BYTES // 2**20} MiB while it was read; a document file "
+                      f"holds at most {MAX_DOCUMENT_BYTES // 2**20} MiB")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise FIError(f"'{path}' is not UTF-8 text") from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")  # universal newlines, as Path.read_text reads
 
 
 def read_texts(spec: str | None) -> list[tuple[str, str, str]]:
     """(name, text, source) for a path (.txt or .jsonl), a bundled name, or None (the default).
 
-    Empty documents are refused here, before any model is loaded."""
+    A path must be a regular file of at most ``MAX_DOCUMENT_BYTES`` (256 MiB), checked before it is
+    opened. Empty documents are refused here, before any model is loaded."""
     texts = _read_texts(spec)
     for name, text, source in texts:
         if not text.strip():
@@ -107,7 +150,7 @@ def _read_texts(spec: str | None) -> list[tuple[str, str, str]]:
     return [(path.stem, _read_text(path), str(path))]
 
 
-def tokenize(tokenizer, text: str, max_tokens: int | None = None) -> torch.Tensor:
+def tokenize(tokenizer, text: str, max_tokens: int | None = None) -> "torch.Tensor":
     if max_tokens is not None:
         text = text[: max_tokens * _CHARS_PER_TOKEN_BOUND]
     ids = tokenizer(text, return_tensors="pt")["input_ids"][0]

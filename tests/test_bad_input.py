@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
 import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pandas as pd
 import pytest
@@ -22,7 +24,10 @@ from cli_runner import run_cli
 
 from fi_toolkit import Document, SignalConfig
 from fi_toolkit.analysis import run_nearfar
+from fi_toolkit.cli import INTERRUPTED_LINE
+from fi_toolkit.documents import MAX_DOCUMENT_BYTES
 from fi_toolkit.runs import results
+from fi_toolkit.runs.resumable import Part, ResumableRun
 
 NO_SUCH_HUB_ID = "no-such-owner/no-such-model"
 
@@ -100,6 +105,12 @@ def a_directory(name):
     return setup
 
 
+def a_big_sparse_file(tmp):
+    """257 MiB that take no disk (a hole): past the 256 MiB a document file may hold."""
+    with open(tmp / "big.txt", "wb") as fh:
+        fh.truncate(MAX_DOCUMENT_BYTES + 2**20)
+
+
 def existing_scores(tmp):
     (tmp / "s.csv").write_text("position,entropy\n0,1.5\n")
 
@@ -150,6 +161,14 @@ CASES = [
     ("jsonl-text-list", jsonl('{"text": ["a", "b"]}'), ["nearfar", "docs.jsonl"], "docs.jsonl:2: 'text' must be a string"),
     ("jsonl-not-an-object", jsonl('"just text"'), ["probe", "docs.jsonl", "--chunk", "128:160"], "docs.jsonl:2: expected a JSON object"),
     ("empty-document", lambda t: (t / "e.txt").write_text(" \n"), ["probe", "e.txt", "--chunk", "128:160"], "is empty"),
+    # a document must be a regular file of bounded size: refused before it is opened (a FIFO: test_fifo_document)
+    ("document-dev-zero", None, ["probe", "/dev/zero", "--chunk", "128:160"],
+     "error: '/dev/zero' is a character device, not a document: give a text or JSONL file"),
+    ("document-dev-zero-nearfar", None, ["nearfar", "alice", "/dev/zero"], "'/dev/zero' is a character device"),
+    ("document-is-directory", a_directory("d"), ["probe", "d", "--chunk", "128:160"], "error: 'd' is a directory, not a document"),
+    ("eval-document-is-directory", a_directory("d.txt"), ["eval", "d.txt"], "error: 'd.txt' is a directory, not a document"),
+    ("document-too-large", a_big_sparse_file, ["scores", "big.txt"],
+     "error: 'big.txt' is 257 MiB; a document file holds at most 256 MiB (split it into several files)"),
     # values
     ("generate-temperature-nan", None, ["generate", "hi", "--temperature", "nan"], "--temperature must be a finite number, got nan"),
     ("generate-temperature-inf", None, ["generate", "hi", "--temperature", "inf"], "--temperature must be a finite number, got inf"),
@@ -342,6 +361,12 @@ CASES = [
     ("generate-policy-adaptive-random", None, ["generate", "hi", "--policy", "random-adaptive"],
      "adaptive(random): random draws its scores at random"),
     ("generate-policy-unknown", None, ["generate", "hi", "--policy", "lru:alpha=1"], "unknown policy 'lru'"),
+    # the install hint names what the user wrote: a policy is a policy, a selection a selection
+    ("eval-kvpress-hint-names-the-policy", without_kvpress, ["eval", "--policy", "kvpress:TOVAPress"],
+     "error: --policy kvpress:TOVAPress needs the kvpress extra ("),
+    ("probe-kvpress-hint-names-the-selection", without_kvpress,
+     ["probe", "--chunk", "128:160", "--select", "kvpress:TOVAPress@0.5"],
+     "error: --select kvpress:TOVAPress@0.5 needs the kvpress extra ("),
 ]
 
 
@@ -400,6 +425,138 @@ def test_sigint_to_a_running_command(tmp_path):
     assert proc.returncode == 130
     assert err == "interrupted: results already written are intact\n"
     assert list(tmp_path.iterdir()) == []
+
+
+def _sigint_default():
+    """In the child: SIGINT as a terminal delivers it (a job started in the background inherits it ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+IMPORTED = "fi_toolkit.cli.entry"  # the console script's guard: from here on Ctrl-C is the one line
+
+
+@pytest.mark.parametrize("moment, marker, delay", [
+    ("0.2 s after start", IMPORTED, 0.2),     # the app's modules (typer, rich, the commands) are importing
+    ("the app importing", "typer.", 0.0),      # typer's own submodules, under the app's import
+    ("the command importing", "torch.", 0.0),  # the command body's imports: torch and the model code
+])
+def test_sigint_while_the_modules_import(tmp_path, moment, marker, delay):
+    """Ctrl-C while ``python -m fi_toolkit probe`` imports its modules: one line and exit 130, no traceback.
+
+    ``-X importtime`` reports each import as it finishes, so the signal goes at a known moment: ``delay``
+    s after start, once ``marker`` was imported (a loaded machine can take longer than 0.2 s to get
+    through Python's own start-up, before any of the package runs)."""
+    proc = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "fi_toolkit", "probe", "--chunk", "128:160"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_sigint_default)
+    started, lines = time.monotonic(), []
+    try:
+        for line in proc.stderr:
+            lines.append(line)
+            module = line.rsplit("|", 1)[-1].strip() if line.startswith("import time:") else ""
+            if module == marker or (marker.endswith(".") and module.startswith(marker)):
+                break
+        time.sleep(max(0.0, started + delay - time.monotonic()))
+        assert proc.poll() is None, "".join(lines[-5:])  # still importing when the signal goes
+        proc.send_signal(signal.SIGINT)
+        out, rest = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    err = [line for line in lines + rest.splitlines(keepends=True) if not line.startswith("import time:")]
+    assert (proc.returncode, "".join(err), out) == (130, INTERRUPTED_LINE + "\n", ""), moment
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_fifo_document_is_refused_without_waiting_for_a_writer(tmp_path):
+    """A FIFO nobody writes to would block ``open()`` forever: refused from its stat, never opened."""
+    os.mkfifo(tmp_path / "pipe")
+    proc = subprocess.run([sys.executable, "-m", "fi_toolkit", "probe", "pipe", "--chunk", "128:160"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr == "error: 'pipe' is a FIFO (named pipe), not a document: give a text or JSONL file\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]
+
+
+def test_a_document_named_007_keeps_its_name_in_every_merged_table(tiny, tmp_path):
+    """Names that look like numbers stay names: per document, merged, and after a resume."""
+    ids = torch.randint(0, 256, (200,), generator=torch.Generator().manual_seed(5))
+    docs = [Document("007", "text", ids, "test"), Document("1e3", "text", ids.flip(0), "test")]
+    config = SignalConfig(window=8)
+    tables = run_nearfar(tiny, docs, tmp_path / "nf", 96, [0, 32], 16, budget="remove=0.1", seeds=1, config=config)
+    for name in ("nearfar", "token_classes"):
+        text = pd.read_csv(tmp_path / "nf" / f"{name}.csv", dtype=str, keep_default_na=False)
+        assert set(text["document"]) == {"007", "1e3"}, name
+        assert set(tables[name]["document"]) == {"007", "1e3"}, name
+    before = (tmp_path / "nf" / "nearfar.csv").read_bytes()
+    again = run_nearfar(tiny, docs, tmp_path / "nf", 96, [0, 32], 16, budget="remove=0.1", seeds=1, config=config,
+                        resume=True)
+    assert (tmp_path / "nf" / "nearfar.csv").read_bytes() == before
+    assert list(again["nearfar"]["document"].unique()) == ["007", "1e3"]
+
+
+ANSWERS = {"a": [" 3498605.", " 100.", "100"], "b": ["7", "1.50", "-0"]}
+
+
+class Unit:
+    def __init__(self, name):
+        self.name, self.sha256 = name, name
+
+    def __len__(self):
+        return 10
+
+
+def _answers(doc, rows=slice(None)):
+    """A task run's answers table for a fake sample: answers exactly as a model wrote them."""
+    answers = ANSWERS[doc.name][rows]
+    return pd.DataFrame({"document": doc.name, "answer": answers, "output": answers,
+                         "correct": [a.strip() == "100" for a in answers], "answer_kl": [0.1, 1e-05, 2.5][rows]})
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_answers_that_look_numeric_stay_text_through_the_merge(tmp_path, split):
+    """The merge (and its parts' assembly) joins the units' files: every answer is written back as
+    the unit wrote it (" 100." is not 100.0), and numbers stay numbers, read back exactly."""
+    docs = [Unit("a"), Unit("b")]
+    run = ResumableRun(tmp_path / "run", "eval", {"kind": "tasks"})
+    if split:  # each sample in parts of one answer, joined per document by the merge's assemble step
+        units = [Part(d, i, 3) for d in docs for i in range(3)]
+        tables = run.run(units, lambda u: {"answers": _answers(u.doc, slice(u.index, u.index + 1))},
+                         assemble=lambda doc, parts: parts)
+    else:
+        tables = run.run(docs, lambda d: {"answers": _answers(d)})
+    merged = pd.read_csv(tmp_path / "run" / "answers.csv", dtype=str, keep_default_na=False)
+    assert list(merged["answer"]) == ANSWERS["a"] + ANSWERS["b"]
+    assert list(merged["output"]) == ANSWERS["a"] + ANSWERS["b"]
+    assert list(tables["answers"]["answer"]) == ANSWERS["a"] + ANSWERS["b"]
+    assert list(tables["answers"]["answer_kl"]) == [0.1, 1e-05, 2.5] * 2  # numbers still numbers, exact
+    assert tables["answers"]["correct"].tolist() == [False, False, True, False, False, False]
+    if not split:  # the merged file is its units' files one after the other
+        parts = [(tmp_path / "run" / "per_document" / d / "answers.csv").read_text().splitlines() for d in "ab"]
+        assert (tmp_path / "run" / "answers.csv").read_text().splitlines() == parts[0] + parts[1][1:]
+
+
+def test_free_tokens_0_leaves_1st_diff_empty_and_floor_kl_is_not_negative(capsys):
+    """``fi eval``'s text table: no free generation, no 1st diff; the full cache's mean KL (float rounding
+    around 0, here negative) prints as what it is, at most the noise floor, never as a negative KL."""
+    from fi_toolkit.cli.eval import _print_text
+    from fi_toolkit.evaluation import TextSetting, parse_future
+    from fi_toolkit.evaluation.summaries import summarise_replays
+
+    nan = float("nan")
+    replays = pd.DataFrame({
+        "document": ["d0", "d1", "d0", "d1"], "future": "document", "policy": ["full", "full", "snapkv", "snapkv"],
+        "budget": ["keep=1", "keep=1", "keep=0.25", "keep=0.25"], "retention": [1.0, 1.0, 0.25, 0.25],
+        "mean_kl": [-4.2e-10, 1e-10, 0.25, 0.35], "top1_agreement": [1.0, 1.0, 0.8, 0.9],
+        "delta_nll": [0.0, 0.0, 0.1, 0.2], "free_first_divergence": [nan] * 4, "kept_share": [1.0, 1.0, 0.3, 0.3],
+    })
+    summary = summarise_replays(replays, n_resamples=0)
+    _print_text({"replay_summary": summary}, 2, TextSetting(64, 128, 32, parse_future("document"), 0))
+    out = capsys.readouterr().out
+    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]] for line in out.splitlines()
+            if line.count("│") > 3 and line.split("│")[1].strip() in ("full", "snapkv")}
+    assert rows["full"][1] == "≤4.2e-10 (noise floor)" and not rows["full"][1].startswith("-")
+    assert rows["snapkv"][1] == "0.3"  # (0.25 + 0.35) / 2
+    assert rows["full"][4] == rows["snapkv"][4] == ""  # 1st diff: nothing generated
 
 
 def test_bare_fi_prints_only_the_help(capsys):

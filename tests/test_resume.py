@@ -273,3 +273,51 @@ def test_interrupt_while_saving_the_first_unit_leaves_nothing(tiny, docs, tmp_pa
     with pytest.raises(KeyboardInterrupt):
         run.run(docs[:1], lambda doc: {"t": pd.DataFrame({"a": [1, 2]})})
     assert not out.exists()
+
+
+def test_typed_keeps_text_as_text_and_numbers_exact():
+    """runs.resumable.typed: a column is a number only where every cell is that number as pandas writes
+    it; identifiers and answers stay text; floats come back bit for bit (checked against repr)."""
+    import io
+
+    import numpy as np
+
+    from fi_toolkit.runs.resumable import TEXT_COLUMNS, read_table
+
+    floats = np.random.default_rng(3).standard_normal(50) * 10.0 ** np.arange(-25, 25)
+    table = pd.DataFrame({
+        "document": ["12"] * 50,                                 # an identifier that looks like a number
+        "answer": [" 100.", "007", "3498605.", "1e3", "-0"] * 10,
+        "label": ["007"] + ["7"] * 49,                           # not a text column, yet "007" is no number
+        "x": floats,
+        "n": [10] * 49 + [None],                                 # integers with a blank: pandas' float64
+        "flag": [True, False] * 25,
+    })
+    csv = table.to_csv(index=False)
+    back = read_table(io.StringIO(csv))
+    assert "document" in TEXT_COLUMNS and list(back["document"]) == ["12"] * 50
+    assert list(back["answer"]) == list(table["answer"]) and list(back["label"]) == list(table["label"])
+    assert [repr(v) for v in back["x"]] == [repr(float(v)) for v in floats]
+    assert back["n"].dtype == np.float64 and back["n"].iloc[0] == 10 and np.isnan(back["n"].iloc[-1])
+    assert back["flag"].dtype == bool
+    assert back.to_csv(index=False) == csv  # read and written again: the same bytes
+
+
+def test_parts_written_with_and_without_decimals_merge_to_one_number_type(tmp_path):
+    """One unit writes n_removed as 10 (integers), another as 10.0 (beside a blank): the merge decides the
+    column's type over both, so it is numeric (float64, as pandas reads the whole) and not text."""
+    from fi_toolkit.runs.resumable import ResumableRun
+
+    class Unit:
+        def __init__(self, name):
+            self.name, self.sha256 = name, name
+
+        def __len__(self):
+            return 1
+
+    values = {"u0": [10, 12], "u1": [10.0, None]}
+    run = ResumableRun(tmp_path / "run", "nearfar", {})
+    tables = run.run([Unit("u0"), Unit("u1")], lambda u: {"t": pd.DataFrame({"document": u.name, "n": values[u.name]})})
+    assert tables["t"]["n"].dtype == "float64"
+    assert tables["t"]["n"].tolist()[:3] == [10.0, 12.0, 10.0]
+    assert list(tables["t"]["document"]) == ["u0", "u0", "u1", "u1"]

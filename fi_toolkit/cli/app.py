@@ -17,6 +17,7 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
+from fi_toolkit.cli import INTERRUPTED, INTERRUPTED_LINE
 from fi_toolkit.cli.options import (
     OverwriteOpt,
     _progress,
@@ -46,7 +47,7 @@ except ImportError:  # pragma: no cover
 
 DEFAULT_SELECTIONS = ["entropy:remove=0.1", "attention:remove=0.1", "distance:remove=0.1", "infokv:remove=0.1",
                       "random:remove=0.1@0-2"]  # budgets as fi_toolkit.budget spells them: a bare 0.1 would be keep=0.1
-INTERRUPTED = 130  # typer turns KeyboardInterrupt into this exit code under standalone_mode=False
+# INTERRUPTED (130): typer turns KeyboardInterrupt into this exit code under standalone_mode=False
 
 
 @app.command()
@@ -322,13 +323,18 @@ def _line(message: str) -> str:
     return " ".join(str(message).split())  # one line, whatever the message holds
 
 
+def _out_of_memory(exc: BaseException) -> bool:
+    """A torch out-of-memory error; torch is not imported for it (a run that never imported torch has none)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(exc, torch.OutOfMemoryError)
+
+
 def main() -> None:
     """Console entry point: one line on stderr for any user error, never a traceback.
 
-    Bare ``fi`` prints the help (typer prints it while raising NoArgsIsHelpError) and exits 0.
+    Bare ``fi`` prints the help (typer prints it while raising NoArgsIsHelpError) and exits 0. Nothing
+    heavy is imported here: ``fi --help`` and argument errors answer before torch would have loaded.
     """
-    import torch
-
     try:
         code = app(standalone_mode=False)
     except click_exceptions.NoArgsIsHelpError as exc:
@@ -344,11 +350,13 @@ def main() -> None:
         sys.exit(2)
     except (KeyboardInterrupt, Abort):
         code = INTERRUPTED
-    except torch.OutOfMemoryError:
+    except Exception as exc:
+        if not _out_of_memory(exc):
+            raise
         err.print("error: out of memory; lower --batch-size, the chunk length or the prefix", markup=False)
         sys.exit(3)
     if code == INTERRUPTED:
-        err.print("interrupted: results already written are intact", markup=False, highlight=False)
+        err.print(INTERRUPTED_LINE, markup=False, highlight=False)
         sys.exit(INTERRUPTED)
     sys.exit(code if isinstance(code, int) else 0)
 

@@ -172,12 +172,24 @@ def _print_text(tables, n_docs: int, setting) -> None:
     for c in ("policy", "keep", "mean KL" + (" [95% CI]" if ci else ""), "top-1", "ΔNLL", "1st diff", "kept"):
         t.add_column(c, justify="left" if c == "policy" else "right")
     for _, r in s.iterrows():
-        kl = f"{r['mean_kl']:.3g}" + (f" [{r['mean_kl_low']:.3g}, {r['mean_kl_high']:.3g}]" if ci and r["mean_kl_low"] == r["mean_kl_low"] else "")
-        t.add_row(r["policy"], r["budget"].removeprefix("keep="), kl, f"{r['top1_agreement']:.3f}",
-                  f"{r['delta_nll']:+.4f}", f"{r['free_first_divergence']:.1f}", f"{r['kept_share']:.3f}")
+        first = r["free_first_divergence"]  # NaN with --free-tokens 0: nothing was generated
+        t.add_row(r["policy"], r["budget"].removeprefix("keep="), _mean_kl_cell(r, ci), f"{r['top1_agreement']:.3f}",
+                  f"{r['delta_nll']:+.4f}", "" if first != first else f"{first:.1f}", f"{r['kept_share']:.3f}")
     out.print(t)
     out.print("1st diff: tokens of free greedy generation before the first that differs from the full cache's "
-              "(mean over documents); kept: mean share of the entries each position attends to")
+              "(mean over documents; empty with --free-tokens 0); kept: mean share of the entries each position "
+              "attends to; ≤X (noise floor): a mean KL no larger than the full-cache replay's own, float rounding")
+
+
+def _mean_kl_cell(r, ci: bool) -> str:
+    """A mean KL at or below the noise floor (the full-cache replay's |mean KL|, float rounding around 0;
+    it can be negative) prints as ``≤floor (noise floor)``, never as a negative KL; others with their CI."""
+    kl, floor = r["mean_kl"], r.get("noise_floor", float("nan"))
+    if floor == floor and abs(kl) <= floor and floor > 0:
+        return f"≤{floor:.2g} (noise floor)"
+    kl = max(kl, 0.0)  # KL is >= 0; without a floor, a rounding below 0 prints as 0
+    bounds = ci and r["mean_kl_low"] == r["mean_kl_low"]
+    return f"{kl:.3g}" + (f" [{max(r['mean_kl_low'], 0.0):.3g}, {max(r['mean_kl_high'], 0.0):.3g}]" if bounds else "")
 
 
 def _print_tasks(tables) -> None:

@@ -43,6 +43,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable, Sequence
 
+import numpy as np
 import pandas as pd
 
 from fi_toolkit.errors import FIError
@@ -338,7 +339,9 @@ class ResumableRun:
         results.write_json(self.doc_dir(key) / DONE, {"tables": record, "finished": results.now(), **(info or {})})
 
     def load(self, keys: Sequence[str], name: str) -> pd.DataFrame:
-        return pd.concat([read_table(self.doc_dir(k) / f"{name}.csv") for k in keys], ignore_index=True)
+        """Table ``name`` of the units ``keys``, concatenated as text and typed once (:func:`typed`), so a
+        column's type is decided over all of them and every cell writes back as its unit wrote it."""
+        return read_tables([self.doc_dir(k) / f"{name}.csv" for k in keys])
 
     def _assembled(self, keys: Sequence[str], documents: Sequence, assemble) -> dict[str, pd.DataFrame]:
         """Every document's tables from its parts' (``assemble(doc, {table: its parts' rows in order})``),
@@ -353,8 +356,8 @@ class ResumableRun:
             names = dict.fromkeys(n for k in part_keys for n in held[k])
             parts = {n: self.load([k for k in part_keys if n in held[k]], n) for n in names}
             for name, table in assemble(doc, parts).items():  # through CSV, as a whole document's tables come
-                combined.setdefault(name, []).append(read_table(io.StringIO(table.to_csv(index=False))))
-        return {name: pd.concat(tables, ignore_index=True) for name, tables in combined.items()}
+                combined.setdefault(name, []).append(io.StringIO(table.to_csv(index=False)))
+        return {name: read_tables(tables) for name, tables in combined.items()}
 
     def _pending(self, keys: Sequence[str], documents: Sequence, on_skip) -> list[int]:
         """Indices of the units to compute; a finished unit that fails its checks is noted and unmarked."""
@@ -499,7 +502,65 @@ class ResumableRun:
 _EXACT_FLOATS = {} if int(pd.__version__.split(".")[0]) >= 3 else {"float_precision": "round_trip"}
 
 
-def read_table(path) -> pd.DataFrame:
-    """A result CSV (a path or a text buffer), floats read back exactly; only empty cells are missing
-    values, so a token spelled "NA" or "null" stays text."""
+# Identifiers and free text: text whatever they look like (a document named 007, an answer " 100.", a token " 3").
+TEXT_COLUMNS = frozenset({"document", "selection", "selector", "policy", "task", "answer", "output", "token"})
+
+
+def read_text_table(path) -> pd.DataFrame:
+    """A result CSV (a path or a text buffer) with every cell exactly as written ("" for an empty cell)."""
+    return pd.read_csv(path, dtype=str, keep_default_na=False)
+
+
+def _guessed_table(path) -> pd.DataFrame:
+    """pandas' guess of the columns' types; only empty cells are missing values, floats read exactly."""
     return pd.read_csv(path, keep_default_na=False, na_values=[""], **_EXACT_FLOATS)
+
+
+def concat_text(tables: Sequence[pd.DataFrame]) -> pd.DataFrame:
+    """Text tables one after the other; a column a table lacks is empty ("") in its rows."""
+    return pd.concat(tables, ignore_index=True).fillna("")
+
+
+def _writes_back(column: pd.Series, cells: pd.Series) -> bool:
+    """Whether ``column`` (a guess) writes every one of ``cells`` (its text) back as it was: floats as
+    ``repr`` (an integer among floats, "10" for 10.0, is the same number), integers and booleans as
+    ``str``, a missing value as "". A column of mixed kinds (text beside numbers) does not."""
+    is_float = pd.api.types.is_float_dtype(column)
+    if not (is_float or pd.api.types.is_integer_dtype(column) or pd.api.types.is_bool_dtype(column)):
+        return all(isinstance(v, str) or v != v for v in column.tolist())  # text as read; NaN: ""
+    values, cells = column.tolist(), cells.tolist()
+    written = [repr(v) for v in values] if is_float else [str(v) for v in values]
+    differ = np.flatnonzero(np.array(written, dtype=object) != np.array(cells, dtype=object))  # usually none
+    for i in differ.tolist():
+        value, cell = values[i], cells[i]
+        if not ((value != value and cell == "") or (is_float and written[i] == cell + ".0")):
+            return False
+    return True
+
+
+def typed(guess: pd.DataFrame, text: pd.DataFrame) -> pd.DataFrame:
+    """``guess`` (pandas' reading of a table) with a column replaced by its ``text`` (the same table read
+    as text) wherever the guessed numbers or booleans would not write back every cell as it was, and for
+    every column of :data:`TEXT_COLUMNS`. So " 100." or "007" stays text, numbers stay numbers (read back
+    exactly). Empty cells are missing values. Joined from parts, a column is decided once over them all."""
+    guess = guess.copy()
+    for i, name in enumerate(text.columns):
+        cells = text.iloc[:, i]
+        if name in TEXT_COLUMNS or not _writes_back(guess.iloc[:, i], cells):
+            guess.isetitem(i, cells.mask(cells == ""))
+    return guess
+
+
+def read_tables(sources: Sequence) -> pd.DataFrame:
+    """Result CSVs (paths or text buffers) one after the other, typed once over all of them (:func:`typed`)."""
+    sources = [s.read() if hasattr(s, "read") else Path(s) for s in sources]  # a buffer is read twice below
+    opened = [(lambda s=s: io.StringIO(s) if isinstance(s, str) else s) for s in sources]
+    return typed(pd.concat([_guessed_table(o()) for o in opened], ignore_index=True),
+                 concat_text([read_text_table(o()) for o in opened]))
+
+
+def read_table(path) -> pd.DataFrame:
+    """A result CSV (a path or a text buffer), typed by :func:`typed`: numbers read back exactly, text
+    that looks numeric (" 100.", "007") kept as written; only empty cells are missing values, so a token
+    spelled "NA" or "null" stays text."""
+    return read_tables([path])

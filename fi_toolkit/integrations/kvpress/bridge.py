@@ -41,8 +41,9 @@ from fi_toolkit.policies.base import Policy
 KVPRESS_INSTALL = "pip install 'fi_toolkit[kvpress]'"
 
 
-def require_kvpress(what: str = "kvpress: selections need", error: type[Exception] = FIError):
-    """The ``kvpress`` module, or one line (an ``error``) saying how to install it."""
+def require_kvpress(what: str = "kvpress presses need", error: type[Exception] = FIError):
+    """The ``kvpress`` module, or one line (an ``error``) saying how to install it; ``what`` names what
+    the user wrote (``--policy kvpress:TOVAPress needs``, ``--select kvpress:SnapKVPress@0.5 needs``)."""
     try:
         import kvpress
     except Exception as exc:  # not installed, or it cannot load under these versions
@@ -104,8 +105,8 @@ def parse_press_spec(rest: str, where: str) -> PressSpec:
 def make_press(spec: PressSpec, where: str = ""):
     """The kvpress press of ``spec`` (the innermost press gets the ratio; each option goes to the innermost
     press that has such a field). Refuses unknown names and options in one line."""
-    kvpress = require_kvpress()
     where = where or spec.label
+    kvpress = require_kvpress(f"{where} needs")
     classes = []
     for name in spec.names:
         cls = getattr(kvpress, name, None)

@@ -1,0 +1,104 @@
+"""The command line answers at once (issue 19): importing the package or the ``fi`` app loads none of the
+heavy libraries, ``fi --help`` and usage errors never import them, every public name is still there, and the
+package docstring's quick start runs as written."""
+
+from __future__ import annotations
+
+import doctest
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+HEAVY = ["torch", "transformers", "pandas", "scipy", "seaborn", "matplotlib", "numpy"]
+# What `from fi_toolkit import ...` offered before the root became lazy: each must stay importable.
+PUBLIC = [
+    "Chunk", "DEFAULT_MODEL", "Document", "FIError", "KeepMap", "LoadedModel", "SignalConfig", "TokenSet",
+    "Trace", "forward_influence", "forward_influence_by_deletion", "load_document", "load_documents",
+    "load_model", "parse_chunk", "parse_selections", "probe_document", "tiny_model", "trace_document",
+    "trace_prefix",
+]
+
+
+def fresh(code: str) -> dict:
+    """Run ``code`` in a fresh interpreter; it prints a JSON object as its last line."""
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def loaded_heavy(code: str) -> list[str]:
+    return fresh(textwrap.dedent(code) + f"\nimport json, sys\nprint(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))\n")
+
+
+@pytest.mark.parametrize("module", ["fi_toolkit", "fi_toolkit.cli.app", "fi_toolkit.cli.entry", "fi_toolkit.__main__"])
+def test_importing_loads_no_heavy_library(module):
+    assert loaded_heavy(f"import {module}") == []
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["probe", "--help"], ["nearfar", "--help"], ["eval", "--help"],
+                                  ["probe", "--no-such-option"], ["probe"], ["no-such-command"]])
+def test_help_and_usage_errors_import_no_heavy_library(argv):
+    """The whole ``fi ARGS`` run (through the console script's entry point) before it exits."""
+    code = f"""
+        import sys
+        sys.argv = ["fi", *{argv!r}]
+        from fi_toolkit.cli.entry import main
+        try:
+            main()
+        except SystemExit as exc:
+            assert exc.code in (0, 2), exc.code
+    """
+    assert loaded_heavy(code) == []
+
+
+def test_every_public_name_is_still_exported():
+    import fi_toolkit
+
+    assert sorted(fi_toolkit.__all__) == sorted(PUBLIC)
+    assert set(PUBLIC) <= set(dir(fi_toolkit))
+    found = fresh(f"""
+        import importlib, json
+        import fi_toolkit
+        names = {PUBLIC!r}
+        print(json.dumps({{n: getattr(fi_toolkit, n).__module__ if hasattr(getattr(fi_toolkit, n), "__module__")
+                          else type(getattr(fi_toolkit, n)).__name__ for n in names}}))
+    """)
+    assert sorted(found) == sorted(PUBLIC)
+    from fi_toolkit.documents import Document
+    from fi_toolkit.model.loading import DEFAULT_MODEL
+    from fi_toolkit.probe.chunks import parse_chunk
+
+    assert fi_toolkit.Document is Document and fi_toolkit.parse_chunk is parse_chunk
+    assert fi_toolkit.DEFAULT_MODEL == DEFAULT_MODEL
+    with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
+        fi_toolkit.no_such_name  # noqa: B018
+    with pytest.raises(ImportError):
+        exec("from fi_toolkit import no_such_name")
+
+
+def test_star_import_gives_the_public_names():
+    names = fresh("""
+        import json
+        from fi_toolkit import *
+        print(json.dumps(sorted(n for n in dir() if not n.startswith("_"))))
+    """)
+    assert set(PUBLIC) <= set(names)
+
+
+@pytest.mark.smollm
+def test_quick_start_docstring_runs():
+    """The package docstring's quick start, run as a doctest: removing 10 % of p = 160 removes 16 tokens."""
+    import fi_toolkit
+
+    finder = doctest.DocTestFinder(recurse=False)
+    (test,) = finder.find(fi_toolkit, "fi_toolkit")
+    assert len(test.examples) >= 5 and any("remove=0.1" in e.source for e in test.examples)
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+    result = runner.run(test)
+    assert result.failed == 0 and result.attempted == len(test.examples)
