@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -151,12 +152,12 @@ def test_bad_model_args_fail_in_one_line(kwargs, message):
 
 # --- inside lm-eval (SmolLM2; .venv-lmeval) ----------------------------------------------------------
 
-def _evaluate(model, tasks, limit=None, **kwargs):
+def _evaluate(model, tasks, limit=None, include=DATA, **kwargs):
     import lm_eval
     from lm_eval.tasks import TaskManager
 
     return lm_eval.simple_evaluate(model=model, tasks=tasks, limit=limit, log_samples=True,
-                                   task_manager=TaskManager(include_path=str(DATA)), **kwargs)
+                                   task_manager=TaskManager(include_path=str(include)), **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -215,7 +216,7 @@ def test_rolling_loglikelihood_equals_a_plain_forward(fi_none, smollm, monkeypat
 @pytest.mark.lmeval
 @pytest.mark.smollm
 def test_generations_equal_the_hf_backend_token_for_token(fi_none, hf_lm, smollm, exported):
-    ours, theirs = _evaluate(fi_none, ["fi_passkey"]), _evaluate(hf_lm, ["fi_passkey"])
+    ours, theirs = (_evaluate(lm, ["fi_passkey"], include=exported) for lm in (fi_none, hf_lm))
     a = [r["resps"][0][0] for r in ours["samples"]["fi_passkey"]]
     b = [r["resps"][0][0] for r in theirs["samples"]["fi_passkey"]]
     assert a == b and all(a)
@@ -249,14 +250,17 @@ def test_compressed_cli_run_writes_results_with_policy_and_records(exported, tmp
     from cli_runner import run_cli
 
     monkeypatch.chdir(ROOT)
+    tasks = tmp_path / "tasks"  # lm-eval takes one --include_path: the exported tasks and fi_mc together
+    shutil.copytree(exported, tasks)
+    shutil.copy(DATA / "fi_mc.yaml", tasks)
     code, _, err = run_cli([
         "lm-eval", "--model", "fi", "--model_args",
         "pretrained=smollm2-135m,policy=infokv,budget=keep=96,interval=4,device=cpu",
-        "--tasks", "fi_mc,fi_passkey", "--include_path", f"{DATA},{exported}", "--limit", "2",
+        "--tasks", "fi_mc,fi_passkey", "--include_path", str(tasks), "--limit", "2",
         "--output_path", str(tmp_path / "out"), "--log_samples"], capsys)
     assert code == 0, err[-2000:]
     results = json.loads(next((tmp_path / "out").rglob("results_*.json")).read_text())
-    assert "policy=infokv" in results["config"]["model_args"] and results["config"]["fi_policy"] == "infokv@keep=96"
+    assert results["config"]["model_args"]["policy"] == "infokv" and results["config"]["fi_policy"] == "infokv@keep=96"
     for task in ("fi_mc", "fi_passkey"):
         rows = [json.loads(l) for f in (tmp_path / "out").rglob(f"samples_{task}_*.jsonl") for l in f.open()]
         assert len(rows) == 2

@@ -83,8 +83,8 @@ def _annotate_samples_on_save() -> None:
         return
 
     def save_results_samples(self, task_name, samples):
-        for lm in CompressedLM.instances:
-            annotate_samples({task_name: samples}, lm.records)
+        for records in CompressedLM.all_records:
+            annotate_samples({task_name: samples}, records)
         return original(self, task_name, samples)
 
     save_results_samples.fi_annotates = True

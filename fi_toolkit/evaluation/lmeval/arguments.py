@@ -19,8 +19,9 @@ from fi_toolkit.integrations.kvpress.bridge import named_policy
 from fi_toolkit.policies import POLICIES, Policy
 
 NONE = ("none", "full")  # the full cache
-# What lm-eval itself passes to every backend (simple_evaluate's additional config); accepted, not all used.
-LMEVAL_PASSED = ("batch_size", "max_batch_size", "device")
+# Accepted and not used: what lm-eval passes to every backend (simple_evaluate's additional config), and
+# ``tokenizer``, which tasks such as RULER read from the model arguments to size their data with.
+IGNORED = ("batch_size", "max_batch_size", "tokenizer", "trust_remote_code")
 
 
 @dataclass
@@ -149,7 +150,7 @@ def parse_backend_args(**kwargs) -> BackendArgs:
     args = BackendArgs()
     options = {}
     for key, value in kwargs.items():
-        if value is None or (key in LMEVAL_PASSED and key != "device"):
+        if value is None or key in IGNORED:
             continue
         _finite(key, value)
         if key in names:

@@ -16,7 +16,6 @@ request cache (it hashes them again after the run), hence this side channel.
 from __future__ import annotations
 
 import math
-import weakref
 from collections import defaultdict
 
 import torch
@@ -40,7 +39,9 @@ class CompressedLM(TemplateLM):
     arguments are :class:`~.arguments.BackendArgs` (checked before the model loads), or pass a loaded
     model as ``lm=`` (a :class:`~fi_toolkit.model.loading.LoadedModel`)."""
 
-    instances: "weakref.WeakSet[CompressedLM]" = weakref.WeakSet()  # live backends (fi lm-eval annotates their samples)
+    # every backend's records (small dicts, kept after the backend is gone: lm-eval drops the model it
+    # built before it writes the samples, and fi lm-eval annotates them then)
+    all_records: list[dict] = []
 
     def __init__(self, lm=None, **kwargs):
         super().__init__()
@@ -56,7 +57,20 @@ class CompressedLM(TemplateLM):
             raise FIError("the fi lm-eval backend needs a model with a tokenizer")
         self.lm, self.model, self.tokenizer = lm, lm.model, lm.tokenizer
         self.records: dict[tuple, list[dict]] = defaultdict(list)
-        CompressedLM.instances.add(self)
+        CompressedLM.all_records.append(self.records)
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> "CompressedLM":
+        """``--model_args`` text plus lm-eval's own settings (``--device``, ``--batch_size``); a model argument
+        wins over the same lm-eval setting (``device=cpu`` in the model arguments beats ``--device``)."""
+        from fi_toolkit.evaluation.lmeval.arguments import split_model_args
+
+        return cls.create_from_arg_obj(split_model_args(arg_string), additional_config)
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None) -> "CompressedLM":
+        extra = {k: v for k, v in (additional_config or {}).items() if v is not None and k not in arg_dict}
+        return cls(**arg_dict, **extra)
 
     # --- what lm-eval reads -------------------------------------------------------------------------
     @property
