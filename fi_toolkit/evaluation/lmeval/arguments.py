@@ -1,0 +1,186 @@
+"""The ``fi`` backend's model arguments (``--model_args pretrained=...,policy=infokv,budget=keep=2048``),
+checked before any model loads: one :class:`~fi_toolkit.errors.FIError` line for a bad one.
+
+lm-eval splits ``--model_args`` at commas and the first ``=`` of each pair, and turns numbers and
+``true``/``false`` into Python values (``nan`` becomes a float NaN), so every value here may arrive
+as a string, a number or a bool. Policy options are model arguments of their own (``alpha=0.5``) or
+written into the policy's name (``policy=infokv:alpha=0.5:tau=2``); ``kvpress:NAME`` is a kvpress
+press through :func:`fi_toolkit.integrations.kvpress.bridge.named_policy` (its options after a colon).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+
+from fi_toolkit.budget import Budget
+from fi_toolkit.errors import FIError
+from fi_toolkit.integrations.kvpress.bridge import named_policy
+from fi_toolkit.policies import Policy
+from fi_toolkit.policies.spec import options_of, parse_policy, parse_spec
+
+NONE = ("none", "full")  # the full cache
+# Accepted and not used: what lm-eval passes to every backend (simple_evaluate's additional config), and
+# ``tokenizer``, which tasks such as RULER read from the model arguments to size their data with.
+IGNORED = ("batch_size", "max_batch_size", "tokenizer", "trust_remote_code")
+
+
+@dataclass
+class BackendArgs:
+    """Everything the backend is told. ``budget`` and ``window`` feed the policy; ``interval``: generated
+    (or scored) tokens between two compressions back to the budget, as in ``fi generate``."""
+
+    pretrained: str = "smollm2-135m"
+    policy: str = "none"
+    budget: str = "keep=0.25"
+    interval: int = 1024
+    window: int = 32
+    dtype: str = "float32"
+    device: str = "auto"
+    upcast: bool = True
+    max_length: int | None = None  # the context for rolling log-likelihood windows (default: the model's)
+    max_gen_toks: int = 256  # when a task gives none
+    seed: int = 1234  # sampled decoding: request i draws from seed + i
+    prefill_chunk: int = 2048
+    think_end_token: str | None = None  # reasoning models: the answer is what follows its last occurrence
+    policy_options: dict = field(default_factory=dict)
+
+    def make_policy(self) -> Policy | None:
+        """The policy (None: the full cache); raises FIError on an unknown name or option."""
+        if self.policy.strip().lower() in NONE:
+            return None
+        return policy_from_spec(self.policy, self.budget, self.window, self.policy_options)
+
+    @property
+    def policy_label(self) -> str:
+        policy = self.make_policy()
+        return "none" if policy is None else policy.label
+
+
+def policy_from_spec(spec: str, budget, window: int, options: dict) -> Policy:
+    """``infokv``, ``infokv:alpha=0.5:tau=2``, ``kvpress:SnapKVPress`` -> a policy with ``budget``."""
+    if spec.strip().lower().startswith("kvpress:"):
+        if options:
+            raise FIError(f"policy={spec}: give a press's options after its name (kvpress:NAME:key=value), "
+                          f"not as model arguments ({', '.join(options)})")
+        return named_policy(spec, budget=budget, window=window)
+    # lm-eval splits --model_args on commas, so options inside the name are separated by ':' here
+    # (infokv:alpha=0.5:tau=2); fi_toolkit.policies.spec reads them as NAME:alpha=0.5,tau=2
+    name, *parts = spec.strip().split(":")
+    for part in parts:
+        key, sep, _ = part.partition("=")
+        if not sep or not key.strip():
+            raise FIError(f"policy={spec}: write options as NAME:key=value, got '{part}'")
+    text = name + (":" + ",".join(p.strip() for p in parts) if parts else "")
+    known = options_of(parse_spec(text, f"policy={spec}").cls)
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise FIError(f"policy {name} has no option {', '.join(unknown)} "
+                      f"(its options: {', '.join(k for k in known if k != 'window')})")
+    for k, v in options.items():
+        _finite(k, v)
+    policy = parse_policy(text, budget, window, where=f"policy={spec}", **options)
+    from fi_toolkit.compress.decoder import signal_config_for
+
+    signal_config_for(policy)  # top_k, tau, alpha, window: validated now
+    return policy
+
+
+def _number(text: str):
+    """lm-eval's conversion of an argument value (numbers and booleans), for options inside a name."""
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _finite(name: str, value) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise FIError(f"model argument {name}={value}: not a finite number")
+
+
+def _integer(name: str, value, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise FIError(f"model argument {name}={value!r}: need an integer >= {low}")
+    try:
+        number = float(value)
+    except ValueError:
+        raise FIError(f"model argument {name}={value!r}: need an integer >= {low}") from None
+    if not math.isfinite(number) or number != int(number) or number < low:
+        raise FIError(f"model argument {name}={value!r}: need an integer >= {low}")
+    return int(number)
+
+
+def _boolean(name: str, value) -> bool:
+    if isinstance(value, bool):
+        return value
+    if str(value).lower() in ("true", "1", "yes"):
+        return True
+    if str(value).lower() in ("false", "0", "no"):
+        return False
+    raise FIError(f"model argument {name}={value!r}: need true or false")
+
+
+def split_model_args(text: str) -> dict:
+    """``--model_args`` text -> a dict, as lm-eval reads it: pairs at commas, key and value at the first
+    ``=``, ``true``/``false`` and numbers converted (lm_eval.utils.simple_parse_args_string's rules)."""
+    out = {}
+    for pair in (p.strip() for p in text.split(",")):
+        if not pair:
+            continue
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise FIError(f"--model_args: write KEY=VALUE pairs separated by commas, got '{pair}'")
+        out[key.strip()] = _number(value.strip())
+    return out
+
+
+def parse_backend_args(**kwargs) -> BackendArgs:
+    """Check and convert the model arguments (as lm-eval hands them over) -> :class:`BackendArgs`.
+
+    Raises FIError for an unknown argument or policy, a non-finite number, ``interval`` < 1, or a budget
+    that cannot hold the observation window (a token count not above ``window``); a share is checked
+    per request (a short request is left uncompressed, as :meth:`CompressedDecoder.compress` does)."""
+    names = {f.name for f in fields(BackendArgs)} - {"policy_options"}
+    args = BackendArgs()
+    options = {}
+    for key, value in kwargs.items():
+        if value is None or key in IGNORED:
+            continue
+        _finite(key, value)
+        if key in names:
+            setattr(args, key, value)
+        else:
+            options[key] = value
+    args.policy, args.pretrained, args.dtype = str(args.policy), str(args.pretrained), str(args.dtype)
+    args.device = str(args.device)
+    args.interval = _integer("interval", args.interval, 1)
+    args.window = _integer("window", args.window, 1)
+    args.max_gen_toks = _integer("max_gen_toks", args.max_gen_toks, 1)
+    args.seed = _integer("seed", args.seed, 0)
+    args.prefill_chunk = _integer("prefill_chunk", args.prefill_chunk, 1)
+    if args.max_length is not None:
+        args.max_length = _integer("max_length", args.max_length, 2)
+    args.upcast = _boolean("upcast", args.upcast)
+    if args.think_end_token is not None:
+        args.think_end_token = str(args.think_end_token)
+    from fi_toolkit.model.loading import resolve_dtype
+
+    resolve_dtype(args.dtype)
+    none = args.policy.strip().lower() in NONE
+    if none and options:
+        raise FIError(f"unknown model argument {', '.join(sorted(options))} (policy=none takes no policy options)")
+    if not none:
+        args.policy_options = options
+        budget = Budget.parse(str(args.budget), "budget=")
+        if not budget.is_share and budget.side == "keep" and budget.amount <= args.window:
+            raise FIError(f"budget={budget.label} cannot hold the observation window of {args.window} tokens "
+                          "(keep more than the window)")
+        args.budget = budget.label
+        args.make_policy()  # unknown names and options fail here, before the model loads
+    return args

@@ -1,0 +1,251 @@
+"""``CompressedLM``: the toolkit as an lm-evaluation-harness model backend (``--model fi``; issue 22).
+
+Every request runs on a cache kept to a policy's budget in the paper's regime (InfoKV: compression
+at prefill and every ``interval`` generated tokens; :mod:`.requests`): ``generate_until`` decodes
+with the compressed decoder, ``loglikelihood`` scores the continuation teacher-forced on the compressed
+cache of the context, ``loglikelihood_rolling`` does so over lm-eval's rolling windows. Requests run
+one at a time (``batch_size`` is accepted and ignored: each request has its own cache and compressions).
+
+Per-request cache records (:class:`~.requests.CacheRecord`) are kept in ``records`` under
+``(task, doc_id)``; :func:`annotate_samples` puts them into lm-eval's per-sample log (key
+``fi_toolkit``); ``fi lm-eval`` does so before lm-eval writes its ``samples_*.jsonl``. lm-eval 0.4.x
+has no per-response extra-info field, and changing an ``Instance``'s arguments would break its
+request cache (it hashes them again after the run), hence this side channel.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import torch
+from lm_eval.api.model import TemplateLM
+from lm_eval.api.registry import register_model
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+from tqdm import tqdm
+
+from fi_toolkit.errors import FIError
+from fi_toolkit.evaluation.lmeval.arguments import BackendArgs, parse_backend_args
+from fi_toolkit.evaluation.lmeval.requests import generate_tokens, score_continuation, stop_checker
+from fi_toolkit.model.architectures import context_limit
+
+NAME = "fi"
+MAX_GEN_ALIASES = ("max_gen_toks", "max_new_tokens", "max_tokens", "max_completion_tokens")
+
+
+@register_model(NAME)
+class CompressedLM(TemplateLM):
+    """``CompressedLM(pretrained=..., policy="infokv", budget="keep=2048", interval=1024, ...)``; the
+    arguments are :class:`~.arguments.BackendArgs` (checked before the model loads), or pass a loaded
+    model as ``lm=`` (a :class:`~fi_toolkit.model.loading.LoadedModel`)."""
+
+    # every backend's records (small dicts, kept after the backend is gone: lm-eval drops the model it
+    # built before it writes the samples, and fi lm-eval annotates them then)
+    all_records: list[dict] = []
+
+    def __init__(self, lm=None, **kwargs):
+        super().__init__()
+        self.args: BackendArgs = parse_backend_args(**kwargs)
+        self.policy = self.args.make_policy()
+        if lm is None:
+            from fi_toolkit.model.loading import load_model
+
+            device = None if self.args.device == "auto" else self.args.device
+            lm = load_model(self.args.pretrained, device=device or ("cuda" if torch.cuda.is_available() else "cpu"),
+                            dtype=self.args.dtype, upcast=self.args.upcast)
+        if lm.tokenizer is None:
+            raise FIError("the fi lm-eval backend needs a model with a tokenizer")
+        self.lm, self.model, self.tokenizer = lm, lm.model, lm.tokenizer
+        self.records: dict[tuple, list[dict]] = defaultdict(list)
+        CompressedLM.all_records.append(self.records)
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> "CompressedLM":
+        """``--model_args`` text plus lm-eval's own settings (``--device``, ``--batch_size``); a model argument
+        wins over the same lm-eval setting (``device=cpu`` in the model arguments beats ``--device``)."""
+        from fi_toolkit.evaluation.lmeval.arguments import split_model_args
+
+        return cls.create_from_arg_obj(split_model_args(arg_string), additional_config)
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None) -> "CompressedLM":
+        extra = {k: v for k, v in (additional_config or {}).items() if v is not None and k not in arg_dict}
+        return cls(**arg_dict, **extra)
+
+    # --- what lm-eval reads -------------------------------------------------------------------------
+    @property
+    def eot_token_id(self) -> int:
+        return self.tokenizer.eos_token_id
+
+    @property
+    def prefix_token_id(self) -> int:
+        bos = self.tokenizer.bos_token_id
+        return bos if bos is not None else self.eot_token_id
+
+    @property
+    def max_length(self) -> int:
+        return self.args.max_length or context_limit(self.model.config) or 2048
+
+    @property
+    def device(self):
+        return self.lm.device
+
+    @property
+    def tokenizer_name(self) -> str:
+        return str(self.tokenizer.name_or_path).replace("/", "__")
+
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
+        """Token ids; no special tokens are added to a string that already opens with the BOS token
+        (a chat-templated prompt), as lm-eval's ``hf`` backend does."""
+        if add_special_tokens is None:
+            bos = self.tokenizer.bos_token
+            add_special_tokens = not (bos and string.startswith(bos))
+        return self.tokenizer.encode(string, add_special_tokens=add_special_tokens)
+
+    def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        """The tokenizer's chat template, as text (``--apply_chat_template``)."""
+        return self.tokenizer.apply_chat_template(chat_history, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                                  continue_final_message=not add_generation_prompt)
+
+    # --- records ------------------------------------------------------------------------------------
+    def _log(self, request, record) -> None:
+        entry = {"idx": getattr(request, "idx", None), **record.as_dict()}
+        self.records[(getattr(request, "task_name", None), getattr(request, "doc_id", None))].append(entry)
+
+    # --- scoring ------------------------------------------------------------------------------------
+    def _score(self, context: list[int], continuation: list[int]):
+        return score_continuation(self.model, context, continuation, self.policy, self.args.interval,
+                                  prefill_chunk=self.args.prefill_chunk)
+
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
+        """``requests``: ``((context, continuation), context ids, continuation ids)``; the context is cut on
+        the left so that both fit in ``max_length`` (as lm-eval's ``hf`` backend does)."""
+        out = []
+        for item in tqdm(requests, desc="Running loglikelihood requests", disable=disable_tqdm or self.rank != 0):
+            _, context, continuation = item[:3]
+            context = list(context)[-max(1, self.max_length - len(continuation)):]
+            logprob, greedy, record = self._score(context, list(continuation))
+            out.append((logprob, greedy))
+            if len(item) > 3:  # the Instance, passed along by loglikelihood() below
+                self._log(item[3], record)
+            if self.cache_hook is not None and item[0] is not None:
+                self.cache_hook.add_partial("loglikelihood", item[0], (logprob, greedy))
+        return out
+
+    def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        """TemplateLM's tokenisation (lm-eval's rules for an empty context and trailing spaces), with each
+        request's Instance kept beside it for the cache records."""
+        encoded = []
+        for request in requests:
+            context, continuation = request.args
+            if context == "":
+                cont = self.tok_encode(continuation, add_special_tokens=False)
+                ctx, cont = ([self.prefix_token_id], cont) if self.prefix_token_id != cont[0] else (cont[:1], cont[1:])
+            else:
+                ctx, cont = self._encode_pair(context, continuation)
+            encoded.append(((context, continuation), ctx, cont, request))
+        return self._loglikelihood_tokens(encoded, disable_tqdm=disable_tqdm)
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        """The document's log-likelihood over lm-eval's disjoint rolling windows of ``max_length``
+        tokens (the first conditioned on the prefix token), each scored on its compressed cache."""
+        out = []
+        for request in tqdm(requests, desc="Running loglikelihood_rolling requests", disable=disable_tqdm or self.rank != 0):
+            (string,) = request.args
+            windows = [make_disjoint_window(w) for w in get_rolling_token_windows(
+                token_list=self.tok_encode(string, add_special_tokens=False), prefix_token=self.prefix_token_id,
+                max_seq_len=self.max_length, context_len=1)]
+            total = 0.0
+            for context, continuation in windows:
+                logprob, _, record = self._score(list(context), list(continuation))
+                total += logprob
+                record.request = "loglikelihood_rolling"
+                self._log(request, record)
+            out.append(total)
+            if self.cache_hook is not None:
+                self.cache_hook.add_partial("loglikelihood_rolling", (string,), total)
+        return out
+
+    # --- generation ---------------------------------------------------------------------------------
+    def _gen_options(self, gen_kwargs: dict) -> dict:
+        """lm-eval's generation kwargs -> until, max_new, do_sample, temperature, top_p (one FIError line
+        for values that cannot be used)."""
+        kwargs = dict(gen_kwargs or {})
+        max_new = next((kwargs.pop(k) for k in MAX_GEN_ALIASES if kwargs.get(k) is not None), self.args.max_gen_toks)
+        until = kwargs.pop("until", None) or []
+        until = [until] if isinstance(until, str) else list(until)
+        eos_text = self.tokenizer.decode([self.eot_token_id], skip_special_tokens=False)
+        if eos_text and eos_text not in until:
+            until.append(eos_text)
+        temperature = float(kwargs.get("temperature", 0.0) or 0.0)
+        do_sample = bool(kwargs.get("do_sample", temperature > 0))
+        top_p = float(kwargs.get("top_p", 1.0) if kwargs.get("top_p") is not None else 1.0)
+        if do_sample and temperature == 0:
+            temperature = 1.0  # transformers' default for sampling without a temperature
+        if not (isinstance(max_new, int) and max_new >= 1):
+            raise FIError(f"max_gen_toks must be an integer >= 1, got {max_new!r}")
+        if not (math.isfinite(temperature) and temperature >= 0 and 0 < top_p <= 1):
+            raise FIError(f"need a finite temperature >= 0 and 0 < top_p <= 1, got {temperature} and {top_p}")
+        return {"until": until, "max_new": max_new, "do_sample": do_sample, "temperature": temperature, "top_p": top_p}
+
+    def _eos_ids(self) -> set[int]:
+        ids = getattr(self.model.generation_config, "eos_token_id", None)
+        ids = ids if isinstance(ids, (list, tuple)) else [ids]
+        return {int(i) for i in [*ids, self.eot_token_id] if i is not None}
+
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        """Each request decoded on its compressed cache; the text is cut at the first stop string, and for
+        a reasoning model (``think_end_token``) only what follows its last end-of-thinking marker is kept."""
+        out = []
+        eos = self._eos_ids()
+        for i, request in enumerate(tqdm(requests, desc="Running generate_until requests",
+                                         disable=disable_tqdm or self.rank != 0)):
+            context, gen_kwargs = request.args
+            opts = self._gen_options(gen_kwargs)
+            prompt = self.tok_encode(context)
+            room = self.max_length - opts["max_new"]
+            if room < 1:
+                raise FIError(f"max_gen_toks ({opts['max_new']}) leaves no room for the prompt in max_length "
+                              f"({self.max_length})")
+            prompt = prompt[-room:]
+            tokens, record = generate_tokens(
+                self.model, prompt, self.policy, self.args.interval, opts["max_new"], eos,
+                stop_checker(self.tokenizer, opts["until"]), opts["do_sample"], opts["temperature"], opts["top_p"],
+                self.args.seed + i, prefill_chunk=self.args.prefill_chunk)
+            text = self.tokenizer.decode(tokens, skip_special_tokens=False)
+            text = postprocess(text, opts["until"], self.args.think_end_token)
+            out.append(text)
+            self._log(request, record)
+            if self.cache_hook is not None:
+                self.cache_hook.add_partial("generate_until", (context, gen_kwargs), text)
+        return out
+
+    def get_model_info(self) -> dict:
+        """What lm-eval records about the model in its results file, with the policy."""
+        return {"fi_policy": self.args.policy_label, "fi_interval": self.args.interval,
+                "fi_model": self.lm.describe()}
+
+
+def postprocess(text: str, until: list[str], think_end_token: str | None) -> str:
+    """lm-eval's rule: drop the reasoning up to the last ``think_end_token``, then cut at the first
+    occurrence of any stop string."""
+    if think_end_token:
+        text = text.split(think_end_token)[-1].lstrip()
+    for stop in until:
+        if stop:
+            text = text.split(stop)[0]
+    return text
+
+
+def annotate_samples(samples: dict, records: dict) -> int:
+    """Add each request's cache record to lm-eval's per-sample log in place: ``samples[task]`` is the
+    list ``simple_evaluate(..., log_samples=True)["samples"][task]``; ``records``: a backend's
+    :attr:`CompressedLM.records`. Returns the number of samples annotated."""
+    done = 0
+    for task, rows in samples.items():
+        for row in rows:
+            found = records.get((task, row.get("doc_id")))
+            if found:
+                row["fi_toolkit"] = found
+                done += 1
+    return done

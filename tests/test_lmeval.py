@@ -1,0 +1,278 @@
+"""The lm-evaluation-harness backend (issue 22; fi_toolkit/evaluation/lmeval/, fi lm-eval).
+
+Without lm-eval (the fast suite): a request's compressed scoring and generation against independent
+computations (plain transformers forwards and ``model.generate``; the toolkit's replay and generate for
+compressed caches), and the model arguments' checks. Marked ``lmeval`` (skipped where lm_eval is not
+importable; ``make test-lmeval`` runs them in .venv-lmeval): the backend inside lm-eval on SmolLM2
+against lm-eval's own ``hf`` backend, the full-budget oracle, a compressed run's results and samples
+files, ``fi tasks export``'s tasks.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from fi_toolkit.compress.decoder import generate
+from fi_toolkit.compress.replay import replay
+from fi_toolkit.errors import FIError
+from fi_toolkit.evaluation.lmeval.arguments import parse_backend_args, split_model_args
+from fi_toolkit.evaluation.lmeval.requests import generate_tokens, score_continuation
+from fi_toolkit.policies import Adaptive, make_policy
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "tests" / "data" / "lmeval"
+HAS_LMEVAL = importlib.util.find_spec("lm_eval") is not None
+lmeval = pytest.mark.skipif(not HAS_LMEVAL, reason="needs the lmeval extra (make test-lmeval)")
+
+
+def _ids(n: int, seed: int, vocab: int = 256) -> list[int]:
+    return torch.randint(3, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def _plain_logprob(model, context: list[int], continuation: list[int]) -> tuple[float, bool]:
+    """Oracle: one plain transformers forward of the whole sequence (no toolkit code)."""
+    ids = torch.tensor([context + continuation])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(context) - 1 : -1].float()
+    logp = torch.log_softmax(logits, -1)
+    target = torch.tensor(continuation)
+    return float(logp.gather(1, target[:, None]).double().sum()), bool((logits.argmax(-1) == target).all())
+
+
+# --- one request, without lm-eval (tiny random model) ------------------------------------------------
+
+@pytest.mark.parametrize("interval", [1, 7, 1024])
+def test_full_cache_scoring_equals_a_plain_forward(tiny, interval):
+    context, continuation = _ids(90, 1), _ids(25, 2)
+    logprob, greedy, record = score_continuation(tiny.model, context, continuation, None, interval)
+    want, want_greedy = _plain_logprob(tiny.model, context, continuation)
+    assert logprob == pytest.approx(want, abs=1e-4)
+    assert greedy == want_greedy
+    assert record.compressions == 0 and record.cache_entries == record.full_entries == 90 + 24
+
+
+@pytest.mark.parametrize("name", ["infokv", "snapkv", "h2o", "rpc"])
+def test_compressed_scoring_equals_the_replay(tiny, name):
+    """Teacher-forced on the compressed cache: the sum of replay's compressed NLLs, same compression points."""
+    context, continuation = _ids(120, 3), _ids(40, 4)
+    policy = make_policy(name, budget="keep=0.4", window=8)
+    logprob, _, record = score_continuation(tiny.model, context, continuation, policy, 16)
+    rep = replay(tiny.model, torch.tensor(context + continuation), len(context), policy, 16)
+    assert logprob == pytest.approx(-float(rep.nll_compressed.double().sum()), abs=1e-4)
+    assert record.compression_steps == [s for s in rep.compression_steps if s < len(continuation) - 1]
+    assert record.compressions >= 1 and record.cache_entries < record.full_entries
+    full, _, _ = score_continuation(tiny.model, context, continuation, None, 16)
+    assert logprob != pytest.approx(full, abs=1e-3)  # the compression changed the scores
+
+
+def test_full_budget_scores_as_no_policy(tiny):
+    context, continuation = _ids(100, 5), _ids(30, 6)
+    policy = make_policy("infokv", budget="keep=1.0", window=8)
+    a = score_continuation(tiny.model, context, continuation, policy, 8)
+    b = score_continuation(tiny.model, context, continuation, None, 8)
+    assert a[0] == pytest.approx(b[0], abs=1e-5) and a[1] == b[1] and a[2].compressions == 0
+
+
+def test_full_cache_generation_equals_model_generate(tiny):
+    prompt = _ids(60, 7)
+    tokens, record = generate_tokens(tiny.model, prompt, None, 1024, 20, set(), lambda t: False)
+    with torch.no_grad():
+        want = tiny.model.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False, eos_token_id=None,
+                                   pad_token_id=0, min_new_tokens=20)[0, 60:].tolist()
+    assert tokens == want and record.new_tokens == 20 and record.compressions == 0
+
+
+def test_compressed_generation_equals_generate(tiny):
+    """The toolkit's compressed generate (EOS off) decodes the same tokens at the same compression points."""
+    prompt = _ids(80, 8)
+    policy = make_policy("infokv", budget="keep=40", window=8)
+    tokens, record = generate_tokens(tiny.model, prompt, policy, 10, 35, set(), lambda t: False)
+    ref = generate(tiny.model, None, torch.tensor(prompt), policy, max_new_tokens=35, interval=10, eos_token_id=[])
+    assert tokens == ref.tokens
+    assert record.compression_steps == [0] * ref.stats.prefill_compressed + ref.stats.compression_steps
+
+
+def test_generation_stops_at_eos_and_stop_callback(tiny):
+    prompt = _ids(30, 9)
+    free, _ = generate_tokens(tiny.model, prompt, None, 1024, 12, set(), lambda t: False)
+    stopped, _ = generate_tokens(tiny.model, prompt, None, 1024, 12, set(), lambda t: len(t) == 5)
+    assert stopped == free[:5]
+    at_eos, _ = generate_tokens(tiny.model, prompt, None, 1024, 12, {free[3]}, lambda t: False)
+    assert at_eos == free[: free.index(free[3])]
+
+
+def test_sampled_generation_is_seeded(tiny):
+    prompt = _ids(30, 10)
+    a, _ = generate_tokens(tiny.model, prompt, None, 1024, 15, set(), lambda t: False, True, 1.0, 0.9, seed=3)
+    b, _ = generate_tokens(tiny.model, prompt, None, 1024, 15, set(), lambda t: False, True, 1.0, 0.9, seed=3)
+    greedy, _ = generate_tokens(tiny.model, prompt, None, 1024, 15, set(), lambda t: False)
+    assert a == b and a != greedy
+
+
+# --- model arguments ---------------------------------------------------------------------------------
+
+def test_model_args_as_lm_eval_passes_them():
+    args = parse_backend_args(**split_model_args("pretrained=x,policy=infokv,budget=keep=2048,interval=1024,alpha=0.5"),
+                              batch_size=1, device="cpu")
+    policy = args.make_policy()
+    assert (args.interval, policy.alpha, policy.budget.label, args.device) == (1024, 0.5, "keep=2048", "cpu")
+    spelled = parse_backend_args(policy="infokv:alpha=0.5:tau=2", budget=0.25).make_policy()
+    assert (spelled.alpha, spelled.tau, spelled.budget.label) == (0.5, 2, "keep=0.25")
+    assert parse_backend_args(policy="none").make_policy() is None
+    assert isinstance(parse_backend_args(policy="infokv-adaptive").make_policy(), Adaptive)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"policy": "bogus"}, "unknown policy 'bogus'"),
+    ({"policy": "infokv", "budget": "keep=32"}, "cannot hold the observation window of 32"),
+    ({"policy": "infokv", "interval": 0}, "interval=0"),
+    ({"policy": "infokv", "interval": 2.5}, "interval=2.5"),
+    ({"policy": "infokv", "alpha": math.nan}, "alpha=nan: not a finite number"),
+    ({"policy": "infokv", "tau": math.inf}, "tau=inf: not a finite number"),
+    ({"policy": "infokv", "alpha": 2.0}, "alpha must lie in [0, 1]"),
+    ({"policy": "snapkv", "alpha": 0.5}, "policy snapkv has no option alpha"),
+    ({"policy": "infokv:alpha"}, "write options as NAME:key=value"),
+    ({"policy": "infokv", "budget": "keep=lots"}, "is not a number"),
+    ({"policy": "none", "alpha": 0.5}, "unknown model argument alpha"),
+    ({"dtype": "float8"}, "unknown dtype 'float8'"),
+    ({"upcast": "maybe"}, "upcast='maybe'"),
+])
+def test_bad_model_args_fail_in_one_line(kwargs, message):
+    with pytest.raises(FIError) as exc:
+        parse_backend_args(**kwargs)
+    assert message in str(exc.value) and "\n" not in str(exc.value)
+
+
+# --- inside lm-eval (SmolLM2; .venv-lmeval) ----------------------------------------------------------
+
+def _evaluate(model, tasks, limit=None, include=DATA, **kwargs):
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    return lm_eval.simple_evaluate(model=model, tasks=tasks, limit=limit, log_samples=True,
+                                   task_manager=TaskManager(include_path=str(include)), **kwargs)
+
+
+@pytest.fixture(scope="module")
+def fi_none(smollm):
+    from fi_toolkit.evaluation.lmeval.backend import CompressedLM
+
+    return CompressedLM(lm=smollm, policy="none")
+
+
+@pytest.fixture(scope="module")
+def hf_lm(smollm):
+    """lm-eval's own hf backend on the same weights and tokenizer."""
+    from lm_eval.models.huggingface import HFLM
+
+    return HFLM(pretrained=smollm.model, tokenizer=smollm.tokenizer, batch_size=1)
+
+
+@pytest.fixture(scope="module")
+def exported(smollm, tmp_path_factory):
+    from fi_toolkit.evaluation.lmeval.export import export_tasks
+
+    out = tmp_path_factory.mktemp("fi_tasks")
+    export_tasks(out, smollm.tokenizer, ["passkey"], 300, 3, max_gen_toks=12, config=smollm.config)
+    return out
+
+
+def _lls(results, task):
+    return [r["resps"][i][0][0] for r in results["samples"][task] for i in range(len(r["resps"]))]
+
+
+@lmeval
+@pytest.mark.lmeval
+@pytest.mark.smollm
+def test_loglikelihoods_equal_the_hf_backend(fi_none, hf_lm, monkeypatch):
+    monkeypatch.chdir(ROOT)  # the task's data path is relative to the repository root
+    ours, theirs = _evaluate(fi_none, ["fi_mc"]), _evaluate(hf_lm, ["fi_mc"])
+    a, b = _lls(ours, "fi_mc"), _lls(theirs, "fi_mc")
+    assert len(a) == 16 and max(abs(float(x) - float(y)) for x, y in zip(a, b)) < 1e-4
+    assert ours["results"]["fi_mc"]["acc,none"] == theirs["results"]["fi_mc"]["acc,none"]
+
+
+@lmeval
+@pytest.mark.lmeval
+@pytest.mark.smollm
+def test_rolling_loglikelihood_equals_a_plain_forward(fi_none, smollm, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    results = _evaluate(fi_none, ["fi_rolling"])
+    tok = smollm.tokenizer
+    for row in results["samples"]["fi_rolling"]:
+        ids = tok.encode(row["doc"]["text"], add_special_tokens=False)
+        want, _ = _plain_logprob(smollm.model, [fi_none.prefix_token_id], ids)
+        assert float(row["resps"][0][0]) == pytest.approx(want, abs=1e-3)
+
+
+@lmeval
+@pytest.mark.lmeval
+@pytest.mark.smollm
+def test_generations_equal_the_hf_backend_token_for_token(fi_none, hf_lm, smollm, exported):
+    ours, theirs = (_evaluate(lm, ["fi_passkey"], include=exported) for lm in (fi_none, hf_lm))
+    a = [r["resps"][0][0] for r in ours["samples"]["fi_passkey"]]
+    b = [r["resps"][0][0] for r in theirs["samples"]["fi_passkey"]]
+    assert a == b and all(a)
+    # token for token against plain greedy model.generate, before the stop string cut
+    doc = ours["samples"]["fi_passkey"][0]
+    prompt = smollm.tokenizer.encode(doc["arguments"][0][0])
+    with torch.no_grad():
+        want = smollm.model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)[0, len(prompt):]
+    assert smollm.tokenizer.decode(want).split("\n\n")[0] == a[0]
+
+
+@lmeval
+@pytest.mark.lmeval
+@pytest.mark.smollm
+def test_full_budget_equals_none_inside_lm_eval(smollm, fi_none, monkeypatch):
+    from fi_toolkit.evaluation.lmeval.backend import CompressedLM
+
+    monkeypatch.chdir(ROOT)
+    full = CompressedLM(lm=smollm, policy="infokv", budget="keep=1.0", interval=4)
+    a, b = _evaluate(full, ["fi_mc"], limit=2), _evaluate(fi_none, ["fi_mc"], limit=2)
+    assert _lls(a, "fi_mc") == pytest.approx(_lls(b, "fi_mc"), abs=1e-5)
+    assert all(rec["compressions"] == 0 for recs in full.records.values() for rec in recs)
+
+
+@lmeval
+@pytest.mark.lmeval
+@pytest.mark.smollm
+def test_compressed_cli_run_writes_results_with_policy_and_records(exported, tmp_path, monkeypatch, capsys):
+    """fi lm-eval end to end: lm-eval's results file names the policy, the samples log each request's
+    realised cache (fewer entries than a full cache) and its compressions."""
+    from cli_runner import run_cli
+
+    monkeypatch.chdir(ROOT)
+    tasks = tmp_path / "tasks"  # lm-eval takes one --include_path: the exported tasks and fi_mc together
+    shutil.copytree(exported, tasks)
+    shutil.copy(DATA / "fi_mc.yaml", tasks)
+    code, _, err = run_cli([
+        "lm-eval", "--model", "fi", "--model_args",
+        "pretrained=smollm2-135m,policy=infokv,budget=keep=96,interval=4,device=cpu",
+        "--tasks", "fi_mc,fi_passkey", "--include_path", str(tasks), "--limit", "2",
+        "--output_path", str(tmp_path / "out"), "--log_samples"], capsys)
+    assert code == 0, err[-2000:]
+    results = json.loads(next((tmp_path / "out").rglob("results_*.json")).read_text())
+    assert results["config"]["model_args"]["policy"] == "infokv" and results["config"]["fi_policy"] == "infokv@keep=96"
+    for task in ("fi_mc", "fi_passkey"):
+        rows = [json.loads(l) for f in (tmp_path / "out").rglob(f"samples_{task}_*.jsonl") for l in f.open()]
+        assert len(rows) == 2
+        records = [rec for row in rows for rec in row["fi_toolkit"]]
+        assert all(rec["cache_entries"] < rec["full_entries"] and rec["compressions"] >= 1 for rec in records)
+        assert all(rec["cache_entries"] <= 96 + 4 for rec in records)
+
+
+@lmeval
+@pytest.mark.lmeval
+def test_cli_help_adds_the_model_arguments(capsys):
+    from cli_runner import run_cli
+
+    code, out, _ = run_cli(["lm-eval", "--help"], capsys)
+    assert code == 0 and "policy=NAME" in out and "--model_args" in out and "--tasks" in out
