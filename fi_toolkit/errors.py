@@ -35,13 +35,13 @@ class FIError(Exception):
     def naming(self, flag_of) -> str:
         """The message with each parameter spelled as ``flag_of(name)`` (a mapping or a callable; None:
         leave that parameter's spelling). Only whole words outside quotes and spec syntax change:
-        ``top_k`` in ``'top_k'`` or ``infokv:top_k=8`` stays."""
+        ``top_k`` in ``'top_k'``, ``infokv:top_k=8`` or ``top_k:`` (prose: ``cannot resume:``) stays."""
         lookup = flag_of.get if isinstance(flag_of, Mapping) else flag_of
         message = str(self)
         for spelling in sorted(self.parameters, key=len, reverse=True):
             flag = lookup(self.parameters[spelling])
             if flag:
-                message = re.sub(rf"(?<![\w'\":=@.-]){re.escape(spelling)}(?![\w'\"=(-])", flag, message)
+                message = re.sub(rf"(?<![\w'\":=@.-]){re.escape(spelling)}(?![\w'\":=(-])", flag, message)
         return message
 
     def about(self, parameter: str | Mapping[str, str]) -> FIError:

@@ -332,7 +332,7 @@ PARAMETER_ALIASES = {
     "chunks": ("chunk", "fi_chunk"),
     "policies": ("policy",),
     "tasks": ("task",), "contexts": ("context",), "protocols": ("protocol",),
-    "budgets": ("budget",),
+    "budgets": ("budget",), "n_resamples": ("resamples",),
 }
 
 

@@ -73,7 +73,7 @@ def generated_document(lm, doc, prefix: int, future: Future):
     """``doc`` cut at ``prefix`` tokens and continued by the model (``fi probe --future generated:N``)."""
     from fi_toolkit.documents import Document
 
-    doc.require(prefix, f"the prompt of --future {future.label}")
+    doc.require(prefix, f"the prompt of future {future.label}")
     ids = continue_ids(lm.model, doc.ids[:prefix], future)
     text = lm.tokenizer.decode(ids.tolist()) if lm.tokenizer is not None else " ".join(map(str, ids.tolist()))
     return Document(name=f"{doc.name}+{future.label}", text=text, ids=ids,

@@ -220,9 +220,9 @@ def check_run_dir(out_dir: Path, command: str, resume: bool = False, overwrite: 
             raise FIError(f"'{path}' already holds results (a '{holder}' run computed with world size "
                           f"{' and '.join(map(str, sizes))}, this run has {distributed.from_env().size}); pass resume "
                           "to continue it with any world size or overwrite to replace it", parameter=("resume", "overwrite"))
-        hint = "pass --resume to continue it or --overwrite to replace it" if holder == command else \
-            "choose another --out or pass --overwrite to replace it"
-        raise FIError(f"'{path}' already holds results ({what}); {hint}")
+        hint = "pass resume to continue it or overwrite to replace it" if holder == command else \
+            "choose another out_dir or pass overwrite to replace it"
+        raise FIError(f"'{path}' already holds results ({what}); {hint}", parameter=("resume", "overwrite", "out_dir"))
     if (path / SETTINGS).exists():
         holder = _read_settings(path / SETTINGS)["command"]
     if holder is not None and holder != command:
