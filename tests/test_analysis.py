@@ -107,9 +107,9 @@ def test_candidates_default_to_a_uniform_sample(trace):
     for bad in ("sample:0", "half", "stratified:x"):
         with pytest.raises(FIError):
             candidate_positions(trace, bad)
-    with pytest.raises(FIError, match="--seed must be >= 0"):
+    with pytest.raises(FIError, match="seed must be >= 0"):
         candidate_positions(trace, "sample:3", seed=-1)
-    with pytest.raises(FIError, match="--sinks 200 leaves no candidates"):
+    with pytest.raises(FIError, match="sinks 200 leaves no candidates"):
         candidate_positions(trace, "sample:3", sinks=200)
 
 

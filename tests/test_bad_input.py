@@ -380,6 +380,26 @@ CASES = [
      "policy snapkv has no option alpha"),
     ("lmeval-bad-pair", None, ["lm-eval", "--model=fi", "--model_args=policy", "--tasks", "x"],
      "write KEY=VALUE pairs separated by commas"),
+    # equal specifications, compared after parsing (issue 19): refused in one line naming both spellings
+    ("eval-budget-equal", None, ["eval", "--budget", "0.75,keep=0.75"],
+     "--budget gives one budget twice: '0.75' and 'keep=0.75' are both keep=0.75"),
+    ("eval-task-alias", None, ["eval", "--task", "multikey_needle,niah"],
+     "--task names one task twice: 'multikey_needle' and 'niah' are both multikey_needle"),
+    ("eval-context-equal", None, ["eval", "--task", "passkey", "--context", "1024,01024"],
+     "--context lists an item twice: 1024, 1024"),
+    ("eval-policy-default-option", None, ["eval", "--policy", "infokv,infokv:alpha=0.9"],
+     "--policy gives one policy twice: 'infokv' and 'infokv:alpha=0.9' are the same policy with the same options"),
+    ("eval-policy-adaptive-spellings", None, ["eval", "--policy", "adaptive(infokv),snapkv,infokv-adaptive"],
+     "--policy gives one policy twice: 'adaptive(infokv)' and 'infokv-adaptive' are the same policy"),
+    ("eval-documents-twice", None, ["eval", "alice", "alice"], "documents 'alice' (bundled:alice) and 'alice' (bundled:alice) hold the same text; give each document once"),
+    ("probe-documents-twice", None, ["probe", "alice", "alice", "--chunk", "128:160"], "hold the same text"),
+    ("nearfar-documents-twice", None, ["nearfar", "alice", "alice"], "hold the same text"),
+    ("select-equal-budgets", None, ["probe", "--chunk", "128:160", "--select", "entropy:0.1", "--select", "entropy:keep=0.1"],
+     "--select entropy:0.1 and --select entropy:keep=0.1 select the same set (entropy:keep=0.1); give it once"),
+    ("select-random-seed-twice", None, ["probe", "--chunk", "128:160", "--select", "random:remove=0.1@0-2",
+                                       "--select", "random:remove=0.1@1"], "select the same set (random:remove=0.1@1)"),
+    ("select-policy-default-option", None, ["probe", "--chunk", "128:160", "--select", "policy:snapkv@0.5",
+                                            "--select", "policy:snapkv@keep=0.5"], "select the same set (policy:snapkv@keep=0.5)"),
 ]
 
 

@@ -102,7 +102,7 @@ def test_deterministic_for_a_seed_and_weights_untouched(tiny, tiny_ids, trace):
     assert torch.equal(a.fi, b.fi) and torch.equal(a.se, b.se) and not torch.equal(a.fi, c.fi)
     assert all(p.grad is None for p in tiny.model.parameters())
     assert tiny.model.config._attn_implementation == "sdpa"
-    with pytest.raises(FIError, match="--samples must be >= 1"):
+    with pytest.raises(FIError, match="samples must be >= 1"):
         fisher_fi(tiny.model, trace, tiny_ids, CHUNKS, samples=0)
 
 

@@ -393,7 +393,7 @@ def test_make_policy_refuses_keywords_the_policy_does_not_have(kwargs, message):
     "text, message",
     [("snapkv:alpha=0.5", "snapkv has no option 'alpha' (its options: window)"),
      ("infokv:nonsense=1", "infokv has no option 'nonsense' (its options: window, alpha, tau, top_k)"),
-     ("infokv:budget=0.3", "the budget is given with --budget or @BUDGET"),
+     ("infokv:budget=0.3", "the budget is given with the budget argument or @BUDGET"),
      ("infokv:alpha=nan", "alpha must lie in [0, 1], got nan"),
      ("infokv:alpha=2", "alpha must lie in [0, 1], got 2.0"),
      ("infokv:alpha=-0.1", "alpha must lie in [0, 1], got -0.1"),

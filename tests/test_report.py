@@ -151,7 +151,7 @@ def test_report_is_never_overwritten_without_overwrite(runs, tmp_path):
     out = tmp_path / "report"
     build_report([root / "corr", root / "nf"], out, ["csv", "md"])
     before = _snapshot(out)
-    with pytest.raises(FIError, match="already holds results .*pass --overwrite"):
+    with pytest.raises(FIError, match="already holds results .*pass overwrite"):
         build_report([root / "nf"], out, ["csv"])
     assert _snapshot(out) == before
     written = build_report([root / "nf"], out, ["csv"], overwrite=True)

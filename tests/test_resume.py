@@ -84,7 +84,7 @@ def test_resume_with_different_settings_is_refused(tiny, docs, tmp_path):
     run_correlate(tiny, docs[:1], out, P, chunks, "sample:4", n_resamples=20, config=CFG)
     with pytest.raises(FIError, match="different settings.*candidates"):
         run_correlate(tiny, docs[:1], out, P, chunks, "sample:5", n_resamples=20, config=CFG, resume=True)
-    with pytest.raises(FIError, match="already holds results \\(a 'correlate' run\\); pass --resume"):
+    with pytest.raises(FIError, match="already holds results \\(a 'correlate' run\\); pass resume"):
         run_correlate(tiny, docs[:1], out, P, chunks, "sample:4", n_resamples=20, config=CFG)
     with pytest.raises(FIError, match="not 'correlate'|'correlate' run"):
         _nearfar(tiny, docs[:1], out, resume=True)
@@ -202,7 +202,7 @@ def test_deleted_settings_never_mix_units_of_other_settings(finished, tiny, docs
 def test_unreadable_settings_is_one_line(finished, tiny, docs, content):
     run, _ = finished
     (run / "settings.json").write_text(content)
-    with pytest.raises(FIError, match=r"settings.json' is not a run's settings .*pass --overwrite to start over"):
+    with pytest.raises(FIError, match=r"settings.json' is not a run's settings .*pass overwrite to start over"):
         _nearfar(tiny, docs, run, resume=True)
 
 
@@ -219,7 +219,7 @@ def test_resume_refusal_lists_top_level_settings_first(tiny, docs, tmp_path):
 
 
 def test_resume_and_overwrite_together_are_refused(tiny, docs, tmp_path):
-    with pytest.raises(FIError, match="--resume and --overwrite contradict each other"):
+    with pytest.raises(FIError, match="resume and overwrite contradict each other"):
         _nearfar(tiny, docs[:1], tmp_path / "x", resume=True, overwrite=True)
     assert not (tmp_path / "x").exists()
 
@@ -230,9 +230,9 @@ def test_other_results_need_overwrite(tiny, docs, tmp_path):
     (probe_run / "manifest.json").write_text(json.dumps({"command": "probe"}))
     (probe_run / "fi.csv").write_text("selection,fi\nentropy:0.1,0.5\n")
     before = _snapshot(probe_run)
-    with pytest.raises(FIError, match=r"already holds results \(a 'probe' run\); choose another --out or pass --overwrite"):
+    with pytest.raises(FIError, match=r"already holds results \(a 'probe' run\); choose another out_dir or pass overwrite"):
         _nearfar(tiny, docs[:1], probe_run)
-    with pytest.raises(FIError, match=r"holds a 'probe' run, not 'nearfar' \(--resume only continues the same command\)"):
+    with pytest.raises(FIError, match=r"holds a 'probe' run, not 'nearfar' \(resume only continues the same command\)"):
         _nearfar(tiny, docs[:1], probe_run, resume=True)
     assert _snapshot(probe_run) == before
     _nearfar(tiny, docs[:1], probe_run, overwrite=True)

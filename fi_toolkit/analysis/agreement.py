@@ -69,10 +69,10 @@ def estimated_fi(
     positions too (after the noise controls) -> tables ``validation`` and ``agreement``."""
     pool = torch.arange(sinks, trace.scored)
     if sinks < 0 or pool.numel() == 0:
-        raise FIError(f"--sinks {sinks} leaves no candidates: the scored prefix [0, {trace.scored}) "
-                      f"has {trace.scored} positions")
+        raise FIError(f"sinks {sinks} leaves no candidates: the scored prefix [0, {trace.scored}) "
+                      f"has {trace.scored} positions", parameter="sinks")
     if validate < 0 or validate > pool.numel():
-        raise FIError(f"--validate {validate} must lie in [0, {pool.numel()}], the number of candidates "
+        raise FIError(f"validate {validate} must lie in [0, {pool.numel()}], the number of candidates "
                       f"[{sinks}, {trace.scored})")
     est = fisher_fi(model, trace, doc.ids, chunks, samples, seed, block, on_progress)
     columns = {"fi_se": est.se[pool].numpy()}

@@ -94,7 +94,8 @@ def correlate_document(
     """
     if estimator == "fisher":
         if part is not None:
-            raise FIError("--unit-candidates splits exact per-token FI; the fisher estimate is one unit per document")
+            raise FIError("unit_candidates splits exact per-token FI; the fisher estimate is one unit per document",
+                          parameter="unit_candidates")
         m = estimated_fi(model, doc, trace, chunks, sinks, seed, samples, validate, n_resamples, batch_size, block,
                          token_text, on_progress)
         sampling = "all"
@@ -103,7 +104,7 @@ def correlate_document(
                      slice(None) if part is None else part, reference)
         sampling = parse_candidates(candidates)[0]
     else:
-        raise FIError(f"unknown --estimator '{estimator}' (choose exact or fisher)")
+        raise FIError(f"unknown estimator '{estimator}' (choose exact or fisher)", parameter="estimator")
     positions, weights, fi = m.positions, m.weights, m.fi
     signals = signal_columns(trace, positions)
     ids = doc.ids[positions].tolist()

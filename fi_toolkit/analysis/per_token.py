@@ -31,8 +31,8 @@ def parse_candidates(spec: str) -> tuple[str, int | None]:
         return "all", None
     m = re.fullmatch(r"(sample|stratified):(\d+)", text)
     if not m or int(m.group(2)) < 1:
-        raise FIError(f"invalid --candidates '{spec}': use 'all', 'sample:N' (uniform) or 'stratified:N' "
-                      "(by entropy, reweighted) with N >= 1, e.g. sample:256")
+        raise FIError(f"invalid candidates '{spec}': use 'all', 'sample:N' (uniform) or 'stratified:N' "
+                      "(by entropy, reweighted) with N >= 1, e.g. sample:256", parameter="candidates")
     return m.group(1), int(m.group(2))
 
 
@@ -42,10 +42,10 @@ def candidate_positions(trace: Trace, spec: str = "sample:256", sinks: int = 4,
     normalised to mean 1): ``all`` and ``sample:N`` (uniform) weigh every position equally."""
     kind, n = parse_candidates(spec)
     if seed < 0:
-        raise FIError(f"--seed must be >= 0, got {seed}")
+        raise FIError(f"seed must be >= 0, got {seed}", parameter="seed")
     if sinks < 0 or sinks >= trace.scored:
-        raise FIError(f"--sinks {sinks} leaves no candidates: the scored prefix [0, {trace.scored}) "
-                      f"has {trace.scored} positions")
+        raise FIError(f"sinks {sinks} leaves no candidates: the scored prefix [0, {trace.scored}) "
+                      f"has {trace.scored} positions", parameter="sinks")
     pool = torch.arange(sinks, trace.scored)
     if n is None or n >= pool.numel():
         return pool, np.ones(pool.numel())

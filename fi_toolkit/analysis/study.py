@@ -130,10 +130,11 @@ def run_correlate(
     kind, n_wanted = parse_candidates(candidates)
     config.check()
     if sinks < 0 or n_resamples < 0 or seed < 0 or (batch_size is not None and batch_size < 1):
-        raise FIError("--sinks, --seed and --resamples must be >= 0 and --batch-size >= 1")
+        raise FIError("sinks, seed and n_resamples must be >= 0 and batch_size >= 1",
+                      parameter=("sinks", "seed", "n_resamples", "batch_size"))
     if sinks >= prefix - config.window:
-        raise FIError(f"--sinks {sinks} leaves no candidates: the scored prefix [0, {prefix - config.window}) "
-                      f"has {prefix - config.window} positions")
+        raise FIError(f"sinks {sinks} leaves no candidates: the scored prefix [0, {prefix - config.window}) "
+                      f"has {prefix - config.window} positions", parameter="sinks")
     check_estimator(estimator, samples, validate, prefix - config.window - sinks)
     check_unit_candidates(unit_candidates, estimator)
     settings = {**_describe(lm, docs, prefix, chunks, config), "candidates": candidates, "sinks": sinks,
@@ -181,18 +182,20 @@ def run_correlate(
 
 def check_unit_candidates(unit_candidates: int, estimator: str) -> None:
     """``--unit-candidates`` lies in ``[0, MAX_UNIT_SIZE]`` and splits exact per-token FI only."""
-    check_unit_size(unit_candidates, "--unit-candidates")
+    check_unit_size(unit_candidates, "unit_candidates")
     if unit_candidates and estimator != "exact":
-        raise FIError("--unit-candidates splits exact per-token FI; the fisher estimate is one unit per document")
+        raise FIError("unit_candidates splits exact per-token FI; the fisher estimate is one unit per document",
+                      parameter="unit_candidates")
 
 
 def check_estimator(estimator: str, samples: int, validate: int, candidates: int) -> None:
     """``--estimator`` is exact or fisher; ``--samples >= 1``; ``--validate`` within ``[0, candidates]``."""
     if estimator not in ESTIMATORS:
-        raise FIError(f"unknown --estimator '{estimator}' (choose {' or '.join(ESTIMATORS)})")
+        raise FIError(f"unknown estimator '{estimator}' (choose {' or '.join(ESTIMATORS)})", parameter="estimator")
     check_samples(samples)
     if validate < 0 or validate > candidates:
-        raise FIError(f"--validate {validate} must lie in [0, {candidates}], the number of candidate positions")
+        raise FIError(f"validate {validate} must lie in [0, {candidates}], the number of candidate positions",
+                      parameter="validate")
 
 
 def run_nearfar(
@@ -214,10 +217,10 @@ def run_nearfar(
     chunks = nearfar_chunks(prefix, distances, chunk_len)
     config.check()
     if (batch_size is not None and batch_size < 1) or any(s < 0 for s in sinks):
-        raise FIError("--batch-size must be >= 1 and sink counts >= 0")
-    check_unit_size(unit_sets, "--unit-sets")
+        raise FIError("batch_size must be >= 1 and sink counts >= 0", parameter="batch_size")
+    check_unit_size(unit_sets, "unit_sets")
     settings = {**_describe(lm, docs, prefix, chunks, config), "distances": sorted(distances),
-                "chunk_len": chunk_len, "budget": Budget.parse(budget, "--budget").label, "seeds": seeds, "sinks": list(sinks)}
+                "chunk_len": chunk_len, "budget": Budget.parse(budget).label, "seeds": seeds, "sinks": list(sinks)}
     n_sets = count_sets(budget, seeds, sinks)
     units, costs = split_units(docs, n_sets, unit_sets)
     if unit_sets:  # unsplit runs keep the settings they always had, so their --resume still matches

@@ -23,6 +23,7 @@ from fi_toolkit.cli.options import (
     _progress,
     check_prefix,
     check_selections,
+    distinct_texts,
     err,
     out,
     settings_options,
@@ -80,7 +81,7 @@ def probe(
     model.check()
     fut = parse_future(future)
     chunks = [parse_chunk(c) for c in chunk]
-    selections = parse_selections(select or DEFAULT_SELECTIONS)
+    selections = parse_selections(select or DEFAULT_SELECTIONS, "--select")
     config = signals.check()
     if batch_size is not None and batch_size < 1:
         raise FIError(f"--batch-size must be >= 1, got {batch_size}")
@@ -88,7 +89,7 @@ def probe(
     check_chunks(chunks, p, float("inf"), None)  # chunk starts vs p now; lengths once the documents are read
     check_prefix(p, config.window)
     check_selections(selections, p, config.window, sinks)
-    texts = [t for spec in (documents or [None]) for t in read_texts(spec)]
+    texts = distinct_texts([t for spec in (documents or [None]) for t in read_texts(spec)])
     if out_dir is not None:
         results.check_results_dir(out_dir, overwrite)
     started, t0 = results.now(), time.perf_counter()
@@ -331,6 +332,50 @@ def _out_of_memory(exc: BaseException) -> bool:
     return torch is not None and isinstance(exc, torch.OutOfMemoryError)
 
 
+# Library parameters the commands spell otherwise: parameter name -> the command's parameter names, tried
+# in order (every other parameter's flag comes from the running command's options, below).
+PARAMETER_ALIASES = {
+    "out_dir": ("out_dir", "out_file", "out"),
+    "prompt_len": ("prompt",),
+    "selections": ("select",), "selection": ("select",),
+    "chunks": ("chunk", "fi_chunk"),
+    "policies": ("policy",),
+    "tasks": ("task",), "contexts": ("context",), "protocols": ("protocol",),
+    "budgets": ("budget",), "n_resamples": ("resamples",),
+}
+
+
+def command_flags(argv: list[str]) -> dict[str, str]:
+    """{python parameter name: its flag} of the ``fi`` command that ``argv`` runs, from its click options
+    (a settings field ``model__device`` is ``device`` too, from the dataclass's field metadata), so no table
+    of flags goes stale; :data:`PARAMETER_ALIASES` adds the library's names where the command's differ."""
+    import typer.main
+
+    group = typer.main.get_command(app)
+    name = next((a for a in argv if not a.startswith("-")), None)
+    command = getattr(group, "commands", {}).get(name)
+    flags: dict[str, str] = {}
+    for param in getattr(command, "params", []):
+        long = [o for o in getattr(param, "opts", []) if o.startswith("--")]
+        if param.param_type_name != "option" or not long:
+            continue
+        flags[param.name] = long[0]
+        flags.setdefault(param.name.rpartition("__")[2], long[0])
+    for library, names in PARAMETER_ALIASES.items():
+        flag = next((flags[n] for n in names if n in flags), None)
+        if flag and library not in flags:
+            flags[library] = flag
+    return flags
+
+
+def error_line(exc: FIError, argv: list[str]) -> str:
+    """``exc``'s one line as the command line says it: its parameters spelled as the flags the user typed."""
+    if not exc.parameters:
+        return _line(exc)
+    flags = command_flags(argv)
+    return _line(exc.naming(lambda name: flags.get(name) or flags.get(name.rpartition(".")[2])))
+
+
 def main() -> None:
     """Console entry point: one line on stderr for any user error, never a traceback.
 
@@ -345,7 +390,7 @@ def main() -> None:
             out.print(text, markup=False, highlight=False)
         sys.exit(0)
     except FIError as exc:
-        err.print(f"error: {_line(exc)}", markup=False, highlight=False, soft_wrap=True)
+        err.print(f"error: {error_line(exc, sys.argv[1:])}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(2)
     except click_exceptions.ClickException as exc:
         err.print(f"error: {_line(exc.format_message())}", markup=False, highlight=False, soft_wrap=True)

@@ -17,6 +17,7 @@ from fi_toolkit.cli.options import (
     _progress,
     check_resamples,
     err,
+    first_repeat,
     out,
     settings_options,
     unit_progress,
@@ -60,10 +61,25 @@ def make_policies(names: str, budgets: str, window: int, alpha: float, tau: floa
     from fi_toolkit.integrations.kvpress.bridge import named_policy
     from fi_toolkit.policies import split_policies
 
-    parsed = [Budget.parse(b, "--budget") for b in split_list(budgets, "--budget")]
+    spelled = split_list(budgets, "--budget")
+    parsed = [Budget.parse(b, "--budget") for b in spelled]
+    pair = first_repeat(zip(spelled, parsed), key=lambda sb: sb[1])
+    if pair:
+        raise FIError(f"--budget gives one budget twice: '{pair[0][0]}' and '{pair[1][0]}' are both {pair[0][1].label}")
     # one prefill's signals serve every policy: window and top_k are the run's (--window, --top-k)
-    return [named_policy(name, b, window, shared=("window", "top_k"), alpha=alpha, tau=tau, top_k=top_k)
-            for name in split_policies(names, "--policy") for b in parsed]
+    names = split_policies(names, "--policy")
+    policies = [[named_policy(name, b, window, where=f"--policy {name}", shared=("window", "top_k"), alpha=alpha,
+                              tau=tau, top_k=top_k) for b in parsed] for name in names]
+    pair = first_repeat(zip(names, policies), key=lambda np: _policy_key(np[1][0]))
+    if pair:
+        raise FIError(f"--policy gives one policy twice: '{pair[0][0]}' and '{pair[1][0]}' are the same policy "
+                      "with the same options")
+    return [p for row in policies for p in row]
+
+
+def _policy_key(policy):
+    """What makes two parsed policies equal: their class and fields (options, budget, window), not their label."""
+    return type(policy), repr(policy)
 
 
 @settings_options()

@@ -93,8 +93,8 @@ def generate(
             raise FIError(f"cannot read --file '{file}': {exc.strerror}") from None
     chosen = None
     if policy.strip().lower() not in ("none", "full"):
-        chosen = named_policy(policy, budget, signals.window, alpha=signals.alpha, tau=signals.tau,
-                              top_k=signals.top_k)
+        chosen = named_policy(policy, budget, signals.window, where=f"--policy {policy}", alpha=signals.alpha,
+                              tau=signals.tau, top_k=signals.top_k)
     config = signal_config_for(chosen, pool_kernel=signals.pool_kernel, entropy_of=signals.entropy_of)
     lm = model.load()
 

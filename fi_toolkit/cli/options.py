@@ -159,3 +159,25 @@ def unit_progress(bar: Progress, label: str):
         bar.update(tasks[name], completed=done)
 
     return progress
+
+
+# --- equal specifications (issue 19): compared after parsing, refused in one line naming both spellings ---
+
+def first_repeat(items, key=lambda item: item):
+    """The first pair ``(earlier, later)`` of ``items`` with equal ``key``, or None."""
+    seen: dict = {}
+    for item in items:
+        k = key(item)
+        if k in seen:
+            return seen[k], item
+        seen[k] = item
+    return None
+
+
+def distinct_texts(texts: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
+    """``(name, text, source)`` documents: two with the same text are refused (a document counts once)."""
+    pair = first_repeat(texts, key=lambda t: t[1])
+    if pair:
+        (a, _, src_a), (b, _, src_b) = pair
+        raise FIError(f"documents '{a}' ({src_a}) and '{b}' ({src_b}) hold the same text; give each document once")
+    return texts

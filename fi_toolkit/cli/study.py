@@ -20,6 +20,7 @@ from fi_toolkit.cli.options import (
     check_resamples,
     check_selections,
     check_sinks,
+    distinct_texts,
     err,
     out,
     settings_options,
@@ -37,7 +38,7 @@ BatchOpt = typer.Option(None, help="Evictions per batched forward (default: 1 on
 def _read_documents(specs):
     from fi_toolkit.documents import read_texts
 
-    return [t for spec in (specs or [None]) for t in read_texts(spec)]
+    return distinct_texts([t for spec in (specs or [None]) for t in read_texts(spec)])
 
 
 def _run_study(label: str, model: ModelSettings, texts, max_tokens: int, study):
@@ -161,6 +162,7 @@ def nearfar(
     """Equal-size sets by entropy/attention/distance/InfoKV/random: FI on chunks at increasing distance from p."""
     from fi_toolkit.analysis import run_nearfar
     from fi_toolkit.analysis.nearfar import nearfar_chunks, nearfar_selections, parse_distances
+    from fi_toolkit.budget import Budget
     from fi_toolkit.cli.console import print_warning
     from fi_toolkit.probe.noise_floor import noise_warning
     from fi_toolkit.probe.selections import parse_selections
@@ -169,6 +171,7 @@ def nearfar(
     model.check()
     dist = parse_distances(distances)
     chunks = nearfar_chunks(prefix, dist, chunk_len)
+    Budget.parse(budget, "--budget")
     nearfar_selections(budget, seeds)
     config = signals.check()
     check_prefix(prefix, config.window)

@@ -47,10 +47,11 @@ def parse_future(spec: str | None) -> Future:
         return DOCUMENT
     m = _GENERATED.match(text)
     if not m:
-        raise FIError(f"--future must be 'document' or 'generated:N[@SEED]' (N new tokens, SEED to sample), got '{spec}'")
+        raise FIError(f"future must be 'document' or 'generated:N[@SEED]' (N new tokens, SEED to sample), got '{spec}'",
+                      parameter="future")
     n = int(m.group(1))
     if n < 1:
-        raise FIError(f"--future generated:{n} generates nothing: N must be >= 1")
+        raise FIError(f"future generated:{n} generates nothing: N must be >= 1", parameter="future")
     return Future("generated", n, None if m.group(2) is None else int(m.group(2)))
 
 
@@ -72,7 +73,7 @@ def generated_document(lm, doc, prefix: int, future: Future):
     """``doc`` cut at ``prefix`` tokens and continued by the model (``fi probe --future generated:N``)."""
     from fi_toolkit.documents import Document
 
-    doc.require(prefix, f"the prompt of --future {future.label}")
+    doc.require(prefix, f"the prompt of future {future.label}")
     ids = continue_ids(lm.model, doc.ids[:prefix], future)
     text = lm.tokenizer.decode(ids.tolist()) if lm.tokenizer is not None else " ".join(map(str, ids.tolist()))
     return Document(name=f"{doc.name}+{future.label}", text=text, ids=ids,

@@ -50,13 +50,13 @@ class TextSetting:
 
     def check(self) -> None:
         if self.prompt < 1:
-            raise FIError(f"--prompt must be >= 1 tokens, got {self.prompt}")
+            raise FIError(f"prompt must be >= 1 tokens, got {self.prompt}", parameter="prompt")
         if self.interval < 1:
-            raise FIError(f"--interval must be >= 1 fed tokens, got {self.interval}")
+            raise FIError(f"interval must be >= 1 fed tokens, got {self.interval}", parameter="interval")
         if self.free_tokens < 0:
-            raise FIError(f"--free-tokens must be >= 0, got {self.free_tokens}")
+            raise FIError(f"free_tokens must be >= 0, got {self.free_tokens}", parameter="free_tokens")
         if self.total() <= self.prompt:
-            raise FIError(f"--length {self.length} leaves nothing after the {self.prompt}-token prompt")
+            raise FIError(f"length {self.length} leaves nothing after the {self.prompt}-token prompt", parameter="length")
 
 
 def policy_columns(policy: Policy | None) -> dict:
@@ -153,7 +153,7 @@ def text_context(
         ids = continue_ids(model, ids[:p], setting.future, prefill_chunk)
     else:
         if ids.numel() < setting.length:
-            raise FIError(f"'{name}' has {ids.numel():,} tokens but --length asks for {setting.length:,}")
+            raise FIError(f"'{name}' has {ids.numel():,} tokens but length asks for {setting.length:,}", parameter="length")
         ids = ids[: setting.length]
     config = config or signal_config_for(policies[0] if policies else None)
     shared = SharedPrompt(model, ids, p, config, prefill_chunk, capacity=p + setting.free_tokens)

@@ -59,18 +59,19 @@ def run_eval_text(
     setting.check()
     config.check()
     where = run_settings(out_dir, resume, overwrite).check()
-    check_unit_size(unit_policies, "--unit-policies")
+    check_unit_size(unit_policies, "unit_policies")
     limit = max_context(lm)
     for doc in docs:
         if not setting.future.generated:
-            doc.require(setting.length, f"--length {setting.length}")
+            doc.require(setting.length, f"the length of {setting.length}")
         else:
-            doc.require(setting.prompt, f"the --prompt of {setting.prompt}")
+            doc.require(setting.prompt, f"the prompt of {setting.prompt}")
     if limit is not None and setting.total() > limit:
-        raise FIError(f"--prompt + future ({setting.total():,} tokens) exceeds the model's context of {limit:,}")
+        raise FIError(f"prompt + future ({setting.total():,} tokens) exceeds the model's context of {limit:,}",
+                      parameter="prompt")
     if limit is not None and setting.prompt + setting.free_tokens > limit:
-        raise FIError(f"--prompt + --free-tokens ({setting.prompt + setting.free_tokens:,} tokens) exceeds the "
-                      f"model's context of {limit:,}")
+        raise FIError(f"prompt + free_tokens ({setting.prompt + setting.free_tokens:,} tokens) exceeds the "
+                      f"model's context of {limit:,}", parameter=("prompt", "free_tokens"))
     settings = {"kind": "text", **_model_settings(lm, config, policies),
                 "documents": [{"name": d.name, "sha256": d.sha256, "tokens": len(d)} for d in docs],
                 "prompt": setting.prompt, "length": setting.total(), "interval": setting.interval,
@@ -122,7 +123,8 @@ def run_eval_tasks(
     limit = max_context(lm)
     longest = max((len(u) for u in units), default=0)
     if limit is not None and longest + max_new > limit:
-        raise FIError(f"a {longest:,}-token task prompt + --max-new {max_new:,} exceeds the model's context of {limit:,}")
+        raise FIError(f"a {longest:,}-token task prompt + max_new {max_new:,} exceeds the model's context of {limit:,}",
+                      parameter="max_new")
     settings = {"kind": "tasks", **_model_settings(lm, config, policies), "protocols": list(protocols),
                 "max_new": max_new, "interval": interval,
                 "documents": [{"name": u.name, "sha256": u.sha256, "tokens": len(u)} for u in units]}

@@ -38,19 +38,23 @@ class TaskSettings:
         from fi_toolkit.evaluation.task_runs import check_protocols, task_name
 
         for name in ("tasks", "contexts", "protocols"):
-            check_type(f"--{name.rstrip('s')}", getattr(self, name), tuple)
+            check_type(name, getattr(self, name), tuple)
             if not getattr(self, name):
-                raise FIError(f"--{name.rstrip('s')} lists nothing")
-        tasks = tuple(task_name(check_type("--task", t, str)) for t in self.tasks)
+                raise FIError(f"{name} lists nothing", parameter=name)
+        tasks = tuple(task_name(check_type("tasks", t, str)) for t in self.tasks)
+        for i, task in enumerate(tasks):  # aliases compared after resolving: niah is multikey_needle
+            if task in tasks[:i] and self.tasks[i] != self.tasks[tasks.index(task)]:
+                raise FIError(f"tasks names one task twice: '{self.tasks[tasks.index(task)]}' and '{self.tasks[i]}' "
+                              f"are both {task}", parameter="tasks")
         for c in self.contexts:
-            check_int("--context values", c, 1)
-        protocols = tuple(check_protocols([check_type("--protocol", p, str) for p in self.protocols]))
-        for flag, items in (("--task", tasks), ("--context", self.contexts), ("--protocol", protocols)):
+            check_int("contexts", c, 1)
+        protocols = tuple(check_protocols([check_type("protocols", p, str) for p in self.protocols]))
+        for name, items in (("tasks", tasks), ("contexts", self.contexts), ("protocols", protocols)):
             if len(set(items)) != len(items):
-                raise FIError(f"{flag} lists an item twice: {', '.join(map(str, items))}")
+                raise FIError(f"{name} lists an item twice: {', '.join(map(str, items))}", parameter=name)
         if isinstance(self.samples, bool) or not isinstance(self.samples, int) or not 1 <= self.samples <= MAX_SAMPLES:
-            raise FIError(f"--samples must lie in [1, {MAX_SAMPLES:,}], got {self.samples}")
-        check_int("--max-new", self.max_new, 1)
+            raise FIError(f"samples must lie in [1, {MAX_SAMPLES:,}], got {self.samples}", parameter="samples")
+        check_int("max_new", self.max_new, 1)
         return replace(self, tasks=tasks, protocols=protocols)
 
     def units(self, tokenizer, model_config=None) -> list:

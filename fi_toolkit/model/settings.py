@@ -43,11 +43,11 @@ class ModelSettings:
         """The parsed ``device_map`` (:func:`fi_toolkit.model.loading.check_placement`)."""
         from fi_toolkit.model.loading import check_placement
 
-        check_type("--model", self.model, str)
-        check_type("--device", self.device, str, optional=True)
-        check_type("--device-map", self.device_map, str, dict, optional=True)
-        check_type("--dtype", self.dtype, str)
-        check_type("--upcast", self.upcast, bool)
+        check_type("model", self.model, str)
+        check_type("device", self.device, str, optional=True)
+        check_type("device_map", self.device_map, str, dict, optional=True)
+        check_type("dtype", self.dtype, str)
+        check_type("upcast", self.upcast, bool)
         return check_placement(self.device, self.device_map)
 
     def load(self, **kwargs):

@@ -113,8 +113,9 @@ def parse_spec(text: str, where: str = "") -> PolicySpec:
         if not eq or not key.isidentifier():
             raise FIError(f"{where}: expected options like {name}:key=value,key=value, got '{part}'")
         if key not in known:
-            budget = "; the budget is given with --budget or @BUDGET" if key == "budget" else ""
-            raise FIError(f"{where}: {name} has no option '{key}' (its options: {', '.join(known)}){budget}")
+            budget = "; the budget is given with the budget argument or @BUDGET" if key == "budget" else ""
+            raise FIError(f"{where}: {name} has no option '{key}' (its options: {', '.join(known)}){budget}",
+                          parameter={"the budget argument": "budget"})
         if key in options:
             raise FIError(f"{where}: the option '{key}' is given twice")
         options[key] = _value(value, known[key], key, where)
@@ -147,8 +148,8 @@ def parse_policy(text: str, budget=None, window: int | None = None, *, where: st
         raise FIError(f"{where}: {exc}") from None
     for key, _ in spec.options:  # (after the policy's own checks, which speak of the value)
         if key in shared:
-            flag = "--" + key.replace("_", "-")
-            raise FIError(f"{where}: {key} is a signal option every policy of this run shares; give it with {flag}")
+            raise FIError(f"{where}: {key} is a signal option every policy of this run shares; give it with "
+                          f"SignalConfig.{key}", parameter={f"SignalConfig.{key}": key})
     if spec.options:
         policy.name = f"{policy.name}:{spec.options_label}"  # the label names the options spelled
     return policy
@@ -165,18 +166,18 @@ def make_policy(name: str, **kwargs) -> Policy:
     return parse_policy(name, **kwargs)
 
 
-def split_policies(text: str, option: str = "--policy") -> list[str]:
+def split_policies(text: str, option: str = "policies") -> list[str]:
     """``infokv:alpha=0.5,tau=2,snapkv`` -> ``["infokv:alpha=0.5,tau=2", "snapkv"]``: a comma-separated
     list whose items may carry options (an item ``key=value`` continues the previous item's options).
     An empty item or an item given twice is refused."""
     items: list[str] = []
     for part in (t.strip() for t in text.split(",")):
         if not part or not text.strip():
-            raise FIError(f"{option} must be a comma-separated list without empty items, got '{text}'")
+            raise FIError(f"{option} must be a comma-separated list without empty items, got '{text}'", parameter=option)
         if items and ":" in items[-1] and _OPTION.fullmatch(part):
             items[-1] += f",{part}"
         else:
             items.append(part)
     if len(set(items)) != len(items):
-        raise FIError(f"{option} lists an item twice: '{text}'")
+        raise FIError(f"{option} lists an item twice: '{text}'", parameter=option)
     return items

@@ -43,7 +43,7 @@ def parse_chunk(spec: str) -> Chunk:
 def check_chunks(chunks: Sequence[Chunk], prefix_len: int, doc_len: int, max_context: int | None) -> None:
     """``p <= l_c < r_c <= N`` for every chunk, and within the model's context."""
     if not chunks:
-        raise FIError("no chunk given: pass at least one --chunk START:END")
+        raise FIError("no chunk given: pass at least one START:END in chunks", parameter="chunks")
     seen: set[Chunk] = set()
     for c in chunks:
         if c in seen:

@@ -117,9 +117,9 @@ MAX_SAMPLES = 10_000  # label draws per chunk: the standard error falls as 1/sqr
 
 def check_samples(samples: int) -> int:
     if samples < 1:
-        raise FIError(f"--samples must be >= 1, got {samples}")
+        raise FIError(f"samples must be >= 1, got {samples}", parameter="samples")
     if samples > MAX_SAMPLES:
-        raise FIError(f"--samples must be at most {MAX_SAMPLES:,}, got {samples}")
+        raise FIError(f"samples must be at most {MAX_SAMPLES:,}, got {samples}", parameter="samples")
     return samples
 
 

@@ -102,14 +102,14 @@ def probe_document(
     """The ``fi probe`` job for one document -> tidy FI table. ``prefix`` defaults to the smallest chunk start."""
     chunks = list(chunks)
     if not chunks:
-        raise FIError("no chunk given: pass at least one --chunk START:END")
+        raise FIError("no chunk given: pass at least one START:END in chunks", parameter="chunks")
     prefix = min(c.start for c in chunks) if prefix is None else prefix
     check_chunks(chunks, prefix, len(doc), max_context(lm))
     parsed = [s for s in selections if isinstance(s, Selection)] + parse_selections(
         [s for s in selections if isinstance(s, str)]
     )
     if sinks < 0:
-        raise FIError(f"--sinks must be >= 0, got {sinks}")
+        raise FIError(f"sinks must be >= 0, got {sinks}", parameter="sinks")
     trace = trace if trace is not None else trace_document(lm, doc, prefix, config)
     evictions = [s.resolve(trace, sinks=sinks, alpha=config.alpha, model=lm.model, ids=doc.ids) for s in parsed]
     result = forward_influence(

@@ -61,12 +61,12 @@ class Selection:
     positions: tuple[int, ...] = ()
     policy: str | None = None  # kind "policy": the policy's name (NAME-adaptive for adaptive(NAME))
     options: str = ""  # kind "policy": its options as labels spell them (alpha=0.5,tau=2.0)
-    source: str | None = None  # the option that made it, for messages (default: --select SPEC)
+    source: str | None = None  # the option that made it, for messages (default: selection SPEC)
     press: PressSpec | None = None  # kind "kvpress": the press, its ratio and options
 
     @property
     def option(self) -> str:
-        return self.source or f"--select {self.spec}"
+        return self.source or f"selection {self.spec}"
 
     @property
     def label(self) -> str:
@@ -169,7 +169,7 @@ class Selection:
         return keep_map
 
 
-def _parse_positions(text: str, spec: str) -> tuple[int, ...]:
+def _parse_positions(text: str, where: str) -> tuple[int, ...]:
     ranges: list[tuple[int, int]] = []
     try:
         for part in filter(None, text.split(",")):
@@ -179,60 +179,73 @@ def _parse_positions(text: str, spec: str) -> tuple[int, ...]:
                 raise ValueError
             ranges.append((lo, hi))
     except ValueError:
-        raise FIError(f"--select {spec}: expected positions like 10-20,35 (inclusive, non-negative)") from None
+        raise FIError(f"{where}: expected positions like 10-20,35 (inclusive, non-negative)") from None
     if not ranges:
-        raise FIError(f"--select {spec}: no positions given")
+        raise FIError(f"{where}: no positions given")
     last = max(hi for _, hi in ranges)
     if last >= MAX_POSITION:
-        raise FIError(f"--select {spec}: position {last:,} is past any model's context")
+        raise FIError(f"{where}: position {last:,} is past any model's context")
     return tuple(torch.unique(torch.cat([torch.arange(lo, hi + 1) for lo, hi in ranges])).tolist())
 
 
-def parse_selection(spec: str) -> list[Selection]:
-    """Parse one ``--select`` spec; ``random:BUDGET@A-B`` expands to one selection per seed."""
+def parse_selection(spec: str, option: str = "selection") -> list[Selection]:
+    """Parse one ``--select`` spec; ``random:BUDGET@A-B`` expands to one selection per seed. ``option``
+    names the spec in messages (``selection SPEC: ...``; the CLI passes its flag)."""
+    where = f"{option} {spec}"
+    source = None if option == "selection" else where
     kind, sep, rest = spec.partition(":")
     kind = kind.strip().lower()
     if kind not in SELECTORS:
-        raise FIError(f"unknown selector '{kind}' in --select {spec} (choose from {', '.join(SELECTORS)})")
+        raise FIError(f"unknown selector '{kind}' in {where} (choose from {', '.join(SELECTORS)})")
     if not sep or not rest:
-        raise FIError(f"--select {spec}: expected {kind}:BUDGET, e.g. {kind}:remove=0.1")
+        raise FIError(f"{where}: expected {kind}:BUDGET, e.g. {kind}:remove=0.1")
     if kind == "positions":
-        return [Selection(spec, kind, positions=_parse_positions(rest, spec))]
+        return [Selection(spec, kind, source=source, positions=_parse_positions(rest, where))]
     if kind == "kvpress":
-        press = parse_press_spec(rest, f"--select {spec}")
-        make_press(press, f"--select {spec}")  # validate the press now (and that kvpress is installed)
-        return [Selection(spec, kind, press=press)]
+        press = parse_press_spec(rest, f"{where}")
+        make_press(press, f"{where}")  # validate the press now (and that kvpress is installed)
+        return [Selection(spec, kind, source=source, press=press)]
     if kind == "policy":
         name, _, tail = rest.partition("@")
         amount, _, options = tail.partition(":")
         if not amount or ":" in name:
-            raise FIError(f"--select {spec}: expected policy:NAME@BUDGET[:key=value,...], e.g. "
+            raise FIError(f"{where}: expected policy:NAME@BUDGET[:key=value,...], e.g. "
                           "policy:infokv@keep=0.25:alpha=0.5")
-        budget = Budget.parse(amount, f"--select {spec}")
+        budget = Budget.parse(amount, f"{where}")
         # validate the name and options now, before any model work; the label spells them as parsed
-        policy = parse_policy(f"{name}:{options}" if options else name, budget, where=f"--select {spec}",
+        policy = parse_policy(f"{name}:{options}" if options else name, budget, where=f"{where}",
                               shared=TRACE_OPTIONS)
         base, _, spelled = policy.name.partition(":")
-        return [Selection(spec, kind, budget, policy=base, options=spelled)]
+        return [Selection(spec, kind, budget, policy=base, options=spelled, source=source)]
     amount, at, seeds = rest.partition("@")
-    budget = Budget.parse(amount, f"--select {spec}")
+    budget = Budget.parse(amount, f"{where}")
     if kind != "random":
         if at:
-            raise FIError(f"--select {spec}: only random takes @SEED")
-        return [Selection(spec, kind, budget)]
+            raise FIError(f"{where}: only random takes @SEED")
+        return [Selection(spec, kind, budget, source=source)]
     if not at:
-        return [Selection(spec, kind, budget, 0)]
+        return [Selection(spec, kind, budget, 0, source=source)]
     try:
         lo, _, hi = seeds.partition("-")
         first, last = int(lo), int(hi or lo)
     except ValueError:
-        raise FIError(f"--select {spec}: seed must be an integer or a range like 0-4") from None
+        raise FIError(f"{where}: seed must be an integer or a range like 0-4") from None
     if first < 0 or last < first:
-        raise FIError(f"--select {spec}: seeds must be >= 0 and a range must go upwards, like 0-4")
+        raise FIError(f"{where}: seeds must be >= 0 and a range must go upwards, like 0-4")
     if last - first + 1 > MAX_SEEDS:
-        raise FIError(f"--select {spec}: {last - first + 1:,} seeds; at most {MAX_SEEDS} per spec")
-    return [Selection(spec, kind, budget, s) for s in range(first, last + 1)]
+        raise FIError(f"{where}: {last - first + 1:,} seeds; at most {MAX_SEEDS} per spec")
+    return [Selection(spec, kind, budget, s, source=source) for s in range(first, last + 1)]
 
 
-def parse_selections(specs: list[str]) -> list[Selection]:
-    return [sel for spec in specs for sel in parse_selection(spec)]
+def parse_selections(specs: list[str], option: str = "selection") -> list[Selection]:
+    """Every spec's selections; two specs that parse to one selection (equal labels: ``entropy:0.1`` and
+    ``entropy:keep=0.1``, a random seed in two ranges) are refused in one line naming both."""
+    selections, by_label = [], {}
+    for spec in specs:
+        for sel in parse_selection(spec, option):
+            if sel.label in by_label:
+                raise FIError(f"{option} {by_label[sel.label]} and {option} {spec} select the same set "
+                              f"({sel.label}); give it once")
+            by_label[sel.label] = spec
+            selections.append(sel)
+    return selections

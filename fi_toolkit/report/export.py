@@ -51,7 +51,7 @@ def parse_formats(text: str) -> list[str]:
     formats = [f.strip().lower() for f in text.split(",") if f.strip()]
     bad = [f for f in formats if f not in FORMATS]
     if bad or not formats:
-        raise FIError(f"invalid --format '{text}': choose from {','.join(FORMATS)}")
+        raise FIError(f"invalid format '{text}': choose from {','.join(FORMATS)}", parameter={"format": "formats"})
     return formats
 
 
@@ -93,7 +93,7 @@ def load_run(path: Path) -> dict:
     for name, _shown in names:
         f = path / f"{name}.csv"
         if not f.exists():
-            raise FIError(f"'{path}' lacks {name}.csv; was the run interrupted? finish it with --resume")
+            raise FIError(f"'{path}' lacks {name}.csv; was the run interrupted? finish it by resuming it")
         try:
             tables[name] = read_table(f)
             text[name] = pd.read_csv(f, dtype=str, keep_default_na=False)
@@ -244,7 +244,8 @@ def _check_out(out_dir: Path, runs: list[dict], overwrite: bool) -> Path:
     out_dir = results.check_out_path(out_dir)
     for run in runs:
         if out_dir.resolve() == Path(run["path"]).resolve():
-            raise FIError(f"--out '{out_dir}' is the result directory '{run['path']}'; choose another --out")
+            raise FIError(f"out_dir '{out_dir}' is the result directory '{run['path']}'; choose another out_dir",
+                          parameter="out_dir")
     return results.check_results_dir(out_dir, overwrite)
 
 

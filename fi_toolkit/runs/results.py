@@ -89,17 +89,18 @@ def write_json(path: Path, data: dict) -> None:
     atomic_write_text(path, json.dumps(data, indent=2, default=str, allow_nan=False) + "\n")
 
 
-def check_out_path(path: Path, want_dir: bool = True, option: str = "--out") -> Path:
+def check_out_path(path: Path, want_dir: bool = True, option: str = "out_dir") -> Path:
     """Refuse with one line a path that cannot be written: one under a regular file, a file where a
     directory is wanted (``want_dir``) or a directory where a file is wanted. Creates nothing."""
     path = Path(path)
     for parent in reversed(path.parents):
         if parent.exists() and not parent.is_dir():
-            raise FIError(f"{option} '{path}' lies under '{parent}', which is a file, not a directory")
+            raise FIError(f"{option} '{path}' lies under '{parent}', which is a file, not a directory",
+                          parameter=option)
     if want_dir and path.exists() and not path.is_dir():
-        raise FIError(f"{option} '{path}' is a file, not a directory")
+        raise FIError(f"{option} '{path}' is a file, not a directory", parameter=option)
     if not want_dir and path.is_dir():
-        raise FIError(f"{option} '{path}' is a directory; name a file")
+        raise FIError(f"{option} '{path}' is a directory; name a file", parameter=option)
     return path
 
 
@@ -162,7 +163,8 @@ def check_results_dir(path: Path, overwrite: bool = False) -> Path:
     if found and not overwrite:
         kind = held_command(path)
         what = f"a '{kind}' run" if kind else ", ".join(found[:4])
-        raise FIError(f"'{path}' already holds results ({what}); choose another --out or pass --overwrite")
+        raise FIError(f"'{path}' already holds results ({what}); choose another out_dir or pass overwrite",
+                      parameter=("out_dir", "overwrite"))
     return path
 
 

@@ -121,11 +121,13 @@ MAX_UNIT_SIZE = 1_000_000  # items per work unit: past any document's sets, cand
 
 
 def check_unit_size(size: int, option: str) -> int:
-    """``--unit-sets`` / ``--unit-candidates`` / ``--unit-policies``: 0 (one unit per document) to ``MAX_UNIT_SIZE``."""
+    """``unit_sets`` / ``unit_candidates`` / ``unit_policies`` (``option``, the parameter's name): 0 (one unit
+    per document) to ``MAX_UNIT_SIZE``."""
     if size < 0:
-        raise FIError(f"{option} must be >= 0 (0: one unit per document), got {size}")
+        raise FIError(f"{option} must be >= 0 (0: one unit per document), got {size}", parameter=option)
     if size > MAX_UNIT_SIZE:
-        raise FIError(f"{option} must be at most {MAX_UNIT_SIZE:,} items per unit (0: one unit per document), got {size}")
+        raise FIError(f"{option} must be at most {MAX_UNIT_SIZE:,} items per unit (0: one unit per document), got {size}",
+                      parameter=option)
     return size
 
 
@@ -194,7 +196,7 @@ def _read_settings(saved_file: Path) -> dict:
         saved = None
     if not (isinstance(saved, dict) and isinstance(saved.get("command"), str) and isinstance(saved.get("settings"), dict)):
         raise FIError(f"cannot resume: '{saved_file}' is not a run's settings (a JSON object with 'command' "
-                      "and 'settings'); pass --overwrite to start over")
+                      "and 'settings'); pass overwrite to start over", parameter="overwrite")
     return saved
 
 
@@ -206,8 +208,8 @@ def check_run_dir(out_dir: Path, command: str, resume: bool = False, overwrite: 
     """
     path = results.check_out_path(out_dir)
     if resume and overwrite:
-        raise FIError("--resume and --overwrite contradict each other: --resume continues the run in --out, "
-                      "--overwrite replaces it; pass one")
+        raise FIError("resume and overwrite contradict each other: resume continues the run in out_dir, "
+                      "overwrite replaces it; pass one", parameter=("resume", "overwrite", "out_dir"))
     found = results.held_results(path)
     if not found or overwrite:
         return path
@@ -217,19 +219,19 @@ def check_run_dir(out_dir: Path, command: str, resume: bool = False, overwrite: 
         sizes = sorted(written_world_sizes(path) - {distributed.from_env().size})
         if holder == command and sizes:
             raise FIError(f"'{path}' already holds results (a '{holder}' run computed with world size "
-                          f"{' and '.join(map(str, sizes))}, this run has {distributed.from_env().size}); pass --resume "
-                          "to continue it with any world size or --overwrite to replace it")
-        hint = "pass --resume to continue it or --overwrite to replace it" if holder == command else \
-            "choose another --out or pass --overwrite to replace it"
-        raise FIError(f"'{path}' already holds results ({what}); {hint}")
+                          f"{' and '.join(map(str, sizes))}, this run has {distributed.from_env().size}); pass resume "
+                          "to continue it with any world size or overwrite to replace it", parameter=("resume", "overwrite"))
+        hint = "pass resume to continue it or overwrite to replace it" if holder == command else \
+            "choose another out_dir or pass overwrite to replace it"
+        raise FIError(f"'{path}' already holds results ({what}); {hint}", parameter=("resume", "overwrite", "out_dir"))
     if (path / SETTINGS).exists():
         holder = _read_settings(path / SETTINGS)["command"]
     if holder is not None and holder != command:
         raise FIError(f"cannot resume: '{path}' holds a '{holder}' run, not '{command}' "
-                      "(--resume only continues the same command)")
+                      "(resume only continues the same command)", parameter="resume")
     if holder is None and not (path / PER_DOCUMENT).is_dir():
         raise FIError(f"cannot resume: '{path}' holds other results ({', '.join(found[:4])}), not a stopped run; "
-                      "choose another --out or pass --overwrite")
+                      "choose another out_dir or pass overwrite", parameter=("out_dir", "overwrite"))
     return path
 
 
@@ -272,7 +274,7 @@ class ResumableRun:
             diff = _differences(_read_settings(saved_file)["settings"], self.settings)
             if diff:
                 raise FIError(f"cannot resume '{self.path}' with different settings ({_describe_differences(diff)}); "
-                              "use the original settings, a new --out, or --overwrite")
+                              "use the original settings, a new out_dir, or overwrite", parameter=("out_dir", "overwrite"))
         # settings.json missing but per_document/ present: each unit's own settings decide (see _problem)
 
     def _start(self) -> None:
@@ -446,7 +448,7 @@ class ResumableRun:
                    if not (self.doc_dir(k) / DONE).exists() or self._problem(k, self.unit_settings(d)) is not None]
         if missing:
             raise FIError(f"{len(missing)} unit(s) unfinished after every rank was done ({', '.join(missing[:4])}); "
-                          "rerun with --resume")
+                          "rerun with resume", parameter="resume")
         return self._merge(keys, documents, assemble, t2)
 
     def _merge(self, keys: Sequence[str], documents: Sequence, assemble=None,

@@ -25,22 +25,22 @@ def option(*flags: str, help: str, cli_type: type | None = None) -> dict:
 
 
 def check_int(name: str, value, minimum: int | None = None, maximum: int | None = None) -> int:
-    """A whole number (not a bool, not a float) in ``[minimum, maximum]``."""
+    """A whole number (not a bool, not a float) in ``[minimum, maximum]``; ``name``: the parameter's."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise FIError(f"{name} must be a whole number, got {value!r}")
+        raise FIError(f"{name} must be a whole number, got {value!r}", parameter=name)
     if minimum is not None and value < minimum:
-        raise FIError(f"{name} must be >= {minimum}, got {value}")
+        raise FIError(f"{name} must be >= {minimum}, got {value}", parameter=name)
     if maximum is not None and value > maximum:
-        raise FIError(f"{name} must be at most {maximum:,}, got {value}")
+        raise FIError(f"{name} must be at most {maximum:,}, got {value}", parameter=name)
     return value
 
 
 def check_number(name: str, value, finite: bool = True) -> float:
     """A real number (int or float, not a bool), finite unless ``finite=False``: typer parses 'nan' and 'inf'."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise FIError(f"{name} must be a number, got {value!r}")
+        raise FIError(f"{name} must be a number, got {value!r}", parameter=name)
     if finite and not math.isfinite(value):
-        raise FIError(f"{name} must be a finite number, got {value}")
+        raise FIError(f"{name} must be a finite number, got {value}", parameter=name)
     return value
 
 
@@ -50,7 +50,7 @@ def check_type(name: str, value, *types: type, optional: bool = False):
         return value
     if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
         wanted = " or ".join(t.__name__ for t in types) + (" or None" if optional else "")
-        raise FIError(f"{name} must be a {wanted}, got {value!r}")
+        raise FIError(f"{name} must be a {wanted}, got {value!r}", parameter=name)
     return value
 
 
@@ -76,16 +76,16 @@ class RunSettings:
     def check(self, command: str | None = None) -> RunSettings:
         """Types, and ``--resume`` with ``--overwrite`` refused; with ``command``, the checks of ``--out``
         that need no settings (:func:`fi_toolkit.runs.resumable.check_run_dir`)."""
-        check_type("--out", self.out, Path)
-        check_type("--resume", self.resume, bool)
-        check_type("--overwrite", self.overwrite, bool)
+        check_type("out", self.out, Path)
+        check_type("resume", self.resume, bool)
+        check_type("overwrite", self.overwrite, bool)
         if command is not None:
             from fi_toolkit.runs.resumable import check_run_dir
 
             check_run_dir(self.out, command, self.resume, self.overwrite)
         elif self.resume and self.overwrite:
-            raise FIError("--resume and --overwrite contradict each other: --resume continues the run in --out, "
-                          "--overwrite replaces it; pass one")
+            raise FIError("resume and overwrite contradict each other: resume continues the run in out, "
+                          "overwrite replaces it; pass one", parameter=("resume", "overwrite", "out"))
         return self
 
 

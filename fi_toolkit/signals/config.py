@@ -44,17 +44,19 @@ class SignalConfig:
     lm_head_block: int = 512  # rows of logits at a time in the streamed LM head
 
     def check(self) -> SignalConfig:
-        """Every option in range, named by its flag: one line (FIError) for NaN, inf, negatives, wrong types."""
+        """Every option in range, named by its field (the CLI names the flag): one line (FIError) for NaN,
+        inf, negatives, wrong types."""
         if self.entropy_of not in ENTROPY_OF:
-            raise FIError(f"--entropy-of must be one of {', '.join(ENTROPY_OF)}, got '{self.entropy_of}'")
-        check_int("--top-k", self.top_k, 1)
-        check_int("--window", self.window, 1)
-        check_number("--tau", self.tau)
-        check_number("--alpha", self.alpha, finite=False)
+            raise FIError(f"entropy_of must be one of {', '.join(ENTROPY_OF)}, got '{self.entropy_of}'",
+                          parameter="entropy_of")
+        check_int("top_k", self.top_k, 1)
+        check_int("window", self.window, 1)
+        check_number("tau", self.tau)
+        check_number("alpha", self.alpha, finite=False)
         if not 0.0 <= self.alpha <= 1.0:  # NaN too
-            raise FIError(f"--alpha must lie in [0, 1], got {self.alpha}")
-        if check_int("--pool", self.pool_kernel, 1) % 2 == 0:
-            raise FIError(f"--pool must be an odd number >= 1, got {self.pool_kernel}")
+            raise FIError(f"alpha must lie in [0, 1], got {self.alpha}", parameter="alpha")
+        if check_int("pool_kernel", self.pool_kernel, 1) % 2 == 0:
+            raise FIError(f"pool_kernel must be an odd number >= 1, got {self.pool_kernel}", parameter="pool_kernel")
         check_type("final_norm", self.final_norm, bool)
         check_int("prefill_chunk", self.prefill_chunk, 1)
         check_int("lm_head_block", self.lm_head_block, 1)

@@ -135,7 +135,7 @@ def split_model_args(text: str) -> dict:
             continue
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
-            raise FIError(f"--model_args: write KEY=VALUE pairs separated by commas, got '{pair}'")
+            raise FIError(f"model_args: write KEY=VALUE pairs separated by commas, got '{pair}'", parameter="model_args")
         out[key.strip()] = _number(value.strip())
     return out
 

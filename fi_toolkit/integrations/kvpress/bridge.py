@@ -262,19 +262,20 @@ def named_policy(name: str, budget=None, window: int | None = None, *, where: st
     (:func:`fi_toolkit.policies.parse_policy`: ``defaults``, the global ``--alpha``/``--tau``/``--top-k``,
     go to the policies that have such fields, and the options spelled override them)."""
     if name.strip().lower().startswith("kvpress:"):
-        return press_policy(name, budget, window)
-    return parse_policy(name, budget, window, where=where or f"--policy {name}", shared=shared, **defaults)
+        return press_policy(name, budget, window, where)
+    return parse_policy(name, budget, window, where=where or f"policy {name}", shared=shared, **defaults)
 
 
-def press_policy(name: str, budget, window: int | None = None):
+def press_policy(name: str, budget, window: int | None = None, where: str = ""):
     """``fi eval --policy kvpress:NAME[:key=value,...]`` -> a :class:`PressPolicy` with the eval's budget."""
     from fi_toolkit.budget import Budget
 
-    where = f"--policy {name}"
+    where = where or f"policy {name}"
     rest = name.strip()[len("kvpress:"):]
     press_name, _, opts = rest.partition(":")
     if "@" in press_name:
-        raise FIError(f"{where}: give the budget with --budget (kvpress:NAME, without @RATIO)")
+        raise FIError(f"{where}: give the budget with the budget argument (kvpress:NAME, without @RATIO)",
+                      parameter={"the budget argument": "budget"})
     spec = parse_press_spec(f"{press_name}@0.5" + (f":{opts}" if opts else ""), where)
     make_press(spec, where)  # validate the name and options now (and that kvpress is installed)
     return PressPolicy(budget=Budget.parse(budget or "keep=0.25"), window=window or 32, spec=spec)
