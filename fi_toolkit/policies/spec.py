@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from fi_toolkit.errors import FIError
 from fi_toolkit.policies.adaptive import Adaptive
 from fi_toolkit.policies.base import Policy
+from fi_toolkit.policies.fitted import Fitted
 from fi_toolkit.policies.h2o import H2O
 from fi_toolkit.policies.infokv import InfoKV
 from fi_toolkit.policies.knorm import KNorm
@@ -39,6 +40,7 @@ POLICIES: dict[str, type[Policy]] = {
     "knorm": KNorm,
     "random": RandomPolicy,
     "rpc": RPC,
+    "fitted": Fitted,  # fitted:path=FILE, a linear score learned by fi fit (issue 21)
 }
 SPELLING = "NAME[:key=value,...], adaptive(NAME)[:key=value,...] (alias NAME-adaptive) or kvpress:NAME"
 _ADAPTIVE = re.compile(r"adaptive\((?P<inner>[^()]*)\)")
@@ -61,7 +63,8 @@ class PolicySpec:
     @property
     def options_label(self) -> str:
         """``alpha=0.5,tau=2.0``: the options as labels show them (they parse back to the same values)."""
-        return ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v!r}" for k, v in self.options)
+        return ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v if isinstance(v, str) else repr(v)}"
+                        for k, v in self.options)
 
 
 def options_of(cls: type[Policy]) -> dict[str, type]:
