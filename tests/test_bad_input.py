@@ -133,7 +133,8 @@ def fit_data_run(documents):
         manifest = {"command": "fit-data", "model": {"name": "tiny", "layers": 1, "kv_heads": 1, "head_dim": 4},
                     "signals": {"window": 2, "top_k": 8, "pool_kernel": 1, "tau": 1.0, "entropy_of": "produced",
                                 "final_norm": False},
-                    "prefix": 8, "chunks": ["8:10"], "sinks": 0, "samples": 1, "documents": documents}
+                    "prefix": 8, "chunks": ["8:10"], "sinks": 0, "samples": 1,
+                    "documents": [{"name": d, "source": "test", "sha256": "-"} for d in documents]}
         (tmp / "fd" / "manifest.json").write_text(json.dumps(manifest))
     return setup
 
@@ -404,6 +405,10 @@ CASES = [
      "--ridge must be a finite number >= 0, got -1.0"),
     ("fit-target-unknown", fit_data_run(["a", "b"]), ["fit", "fd", "--out", "p.json", "--target", "top"],
      "--target must be one of rank, log, got 'top'"),
+    ("fit-exclude-unknown", fit_data_run(["a", "b"]), ["fit", "fd", "--out", "p.json", "--exclude", "c"],
+     "--exclude 'c': no such document in the runs (a, b)"),
+    ("fit-exclude-to-one", fit_data_run(["a", "b"]), ["fit", "fd", "--out", "p.json", "--exclude", "a"],
+     "needs rows of at least two documents"),
     ("fit-out-not-json", fit_data_run(["a", "b"]), ["fit", "fd", "--out", "p.txt"], "--out must end in .json"),
     ("fit-data-samples-0", None, ["fit-data", "--chunk", "128:160", "--out", "fd", "--samples", "0"],
      "--samples must be >= 1, got 0"),

@@ -122,6 +122,7 @@ def fit(
     features: Optional[str] = typer.Option(None, help="Comma-separated features (default: all of them; 'decoding': all that a decoding compression can compute)."),
     target: str = typer.Option("rank", help="'rank' (within-head rank of FI) or 'log' (log FI)."),
     ridge: float = typer.Option(1e-3, help="Ridge penalty lambda (times the number of rows) on the standardised coefficients."),
+    exclude: List[str] = typer.Option(None, "--exclude", help="Leave this document's rows out (repeatable), to test the policy on it."),
     overwrite: bool = typer.Option(False, help="Replace --out if it exists."),
 ):
     """Fit a linear score of compression-time signals to per-(layer, KV head) FI; cross-validated leaving one document out."""
@@ -147,6 +148,10 @@ def fit(
             if manifest.get(key) != first.get(key):
                 raise FIError(f"'{path}' was made with other {key} than '{runs[0]}': one fit needs one setting")
     rows = pd.concat([r for _, r in loaded], ignore_index=True)
+    unknown = [d for d in exclude or [] if d not in set(rows["document"])]
+    if unknown:
+        raise FIError(f"--exclude '{unknown[0]}': no such document in the runs ({', '.join(dict.fromkeys(rows['document']))})")
+    rows = rows[~rows["document"].isin(exclude or [])].reset_index(drop=True)
     if rows.duplicated(["document", "layer", "head", "position"]).any():
         raise FIError("a document appears in more than one run: give each document once")
     signals = first["signals"]
@@ -154,7 +159,7 @@ def fit(
             "signals": {k: signals[k] for k in ("window", "top_k", "pool_kernel", "tau", "entropy_of", "final_norm")},
             "fitted_on": {"runs": [str(r) for r in runs], "prefix": first["prefix"], "chunks": first["chunks"],
                           "sinks": first["sinks"], "samples": first["samples"],
-                          "documents": [d for m, _ in loaded for d in m["documents"]]}}
+                          "documents": [d for m, _ in loaded for d in m["documents"] if d["name"] not in (exclude or [])]}}
     record = fit_policy(rows, names, target, ridge, meta)
     results.atomic_write_text(out_file, policy_json(record))
     cv = record["cross_validation"]["mean"]

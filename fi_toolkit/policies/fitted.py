@@ -1,5 +1,7 @@
 """A fitted policy (issue 21): a linear score of compression-time signals, learned by ``fi fit`` to rank
-entries by their per-(layer, KV head) Forward Influence (:mod:`fi_toolkit.analysis.fit`).
+entries by their per-(layer, KV head) Forward Influence (:mod:`fi_toolkit.analysis.fit`). The signals are
+InfoKV's (arXiv 2606.26875: H, D^(l), E^(l)), SnapKV's window attention (arXiv 2404.14469), H2O's
+accumulated attention (arXiv 2306.14048), KNorm's key norm (arXiv 2406.11430) and position.
 
 The score of slot ``j`` of layer ``l``, KV head ``h`` is ``sum_f c_f (x_f - mu_f) / sigma_f`` over the
 features :data:`FEATURES` (standardisation ``mu``, ``sigma`` and coefficients ``c`` from the fitted

@@ -40,8 +40,11 @@ POLICIES: dict[str, type[Policy]] = {
     "knorm": KNorm,
     "random": RandomPolicy,
     "rpc": RPC,
-    "fitted": Fitted,  # fitted:path=FILE, a linear score learned by fi fit (issue 21)
 }
+# policies that read a file (fitted:path=FILE, a score learned by fi fit; issue 21): named like the others,
+# but not in POLICIES, which lists the policies that can be made from their name alone
+FILE_POLICIES: dict[str, type[Policy]] = {"fitted": Fitted}
+NAMED: dict[str, type[Policy]] = {**POLICIES, **FILE_POLICIES}
 SPELLING = "NAME[:key=value,...], adaptive(NAME)[:key=value,...] (alias NAME-adaptive) or kvpress:NAME"
 _ADAPTIVE = re.compile(r"adaptive\((?P<inner>[^()]*)\)")
 _OPTION = re.compile(r"[A-Za-z_][\w-]*=.*")  # a list item that continues the previous item's options
@@ -58,7 +61,7 @@ class PolicySpec:
 
     @property
     def cls(self) -> type[Policy]:
-        return POLICIES[self.name]
+        return NAMED[self.name]
 
     @property
     def options_label(self) -> str:
@@ -74,7 +77,7 @@ def options_of(cls: type[Policy]) -> dict[str, type]:
 
 
 def _unknown(name: str) -> FIError:
-    return FIError(f"unknown policy '{name}' (choose from {', '.join(POLICIES)}, or spell {SPELLING})")
+    return FIError(f"unknown policy '{name}' (choose from {', '.join(NAMED)}, or spell {SPELLING})")
 
 
 def _value(text: str, kind: type, key: str, where: str):
@@ -102,13 +105,13 @@ def parse_spec(text: str, where: str = "") -> PolicySpec:
     match = _ADAPTIVE.fullmatch(head)
     adaptive = match is not None or (head.endswith("-adaptive") and head != "-adaptive")
     name = match["inner"].strip() if match else head.removesuffix("-adaptive") if adaptive else head
-    if name not in POLICIES:
+    if name not in NAMED:
         if adaptive and (name.endswith("-adaptive") or name.startswith("adaptive(")):
             raise FIError(f"{where}: '{name}' is adaptive already; adaptive(NAME) wraps a plain policy")
         raise _unknown(name if name else text.strip())
     if colon and not tail.strip():
         raise FIError(f"{where}: expected options after the colon, like {name}:key=value,key=value")
-    known = options_of(POLICIES[name])
+    known = options_of(NAMED[name])
     options: dict[str, object] = {}
     for part in filter(None, (p.strip() for p in tail.split(","))):
         key, eq, value = part.partition("=")
