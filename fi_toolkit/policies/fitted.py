@@ -129,7 +129,8 @@ def read_fitted(path: str | Path) -> dict:
     if not isinstance(model, dict) or not all(isinstance(model.get(k), int) for k in ("layers", "kv_heads", "head_dim")):
         raise FIError(f"{where}: the model's architecture (layers, kv_heads, head_dim) is missing")
     if not isinstance(signals, dict) or not isinstance(signals.get("window"), int) \
-            or signals.get("entropy_of") not in ("produced", "next") or not isinstance(signals.get("tau"), (int, float)):
+            or signals.get("entropy_of") not in ("produced", "next") or not isinstance(signals.get("tau"), (int, float)) \
+            or not math.isfinite(signals["tau"]):
         raise FIError(f"{where}: the signal settings (window, entropy_of, tau) are missing")
     return data
 
