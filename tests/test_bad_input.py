@@ -120,6 +120,36 @@ def unknown_architecture(tmp):
     (tmp / "bad-model" / "config.json").write_text(json.dumps({"model_type": "no-such-architecture"}))
 
 
+def fitted_file(text):
+    """A fitted-policy file ``p.json`` holding ``text`` (issue 21)."""
+    def setup(tmp):
+        (tmp / "p.json").write_text(text)
+    return setup
+
+
+def fitted_record(**change):
+    record = {"format": "fi_toolkit.fitted/1", "features": ["attention"], "mean": [0.0], "scale": [1.0],
+              "coefficients": [1.0], "model": {"name": "smollm2-135m", "layers": 30, "kv_heads": 3, "head_dim": 64},
+              "signals": {"window": 32, "entropy_of": "produced", "tau": 1.0}}
+    return json.dumps({**record, **change})  # NaN is written as NaN, as a careless writer would
+
+
+def fit_data_run(documents):
+    """A ``fi fit-data`` run directory ``fd`` with rows of ``documents`` (issue 21)."""
+    def setup(tmp):
+        (tmp / "fd").mkdir()
+        rows = pd.DataFrame({"document": [d for d in documents for _ in range(4)], "layer": 0, "head": 0,
+                             "position": list(range(4)) * len(documents), "fi": 1.0, "attention": 0.5})
+        rows.to_parquet(tmp / "fd" / "fit_rows.parquet")
+        manifest = {"command": "fit-data", "model": {"name": "tiny", "layers": 1, "kv_heads": 1, "head_dim": 4},
+                    "signals": {"window": 2, "top_k": 8, "pool_kernel": 1, "tau": 1.0, "entropy_of": "produced",
+                                "final_norm": False},
+                    "prefix": 8, "chunks": ["8:10"], "sinks": 0, "samples": 1,
+                    "documents": [{"name": d, "source": "test", "sha256": "-"} for d in documents]}
+        (tmp / "fd" / "manifest.json").write_text(json.dumps(manifest))
+    return setup
+
+
 SINKS = "error: --sinks 99999 leaves no candidates: the scored prefix [0, 96) has 96 positions"
 
 CASES = [
@@ -400,6 +430,48 @@ CASES = [
                                        "--select", "random:remove=0.1@1"], "select the same set (random:remove=0.1@1)"),
     ("select-policy-default-option", None, ["probe", "--chunk", "128:160", "--select", "policy:snapkv@0.5",
                                             "--select", "policy:snapkv@keep=0.5"], "select the same set (policy:snapkv@keep=0.5)"),
+    # fitted policies and fi fit (issue 21); a file fitted on another architecture: tests/test_fit.py (needs a model)
+    ("select-fitted-missing", None, ["probe", "--chunk", "128:160", "--select", "policy:fitted@0.25:path=no.json"],
+     "--select policy:fitted@0.25:path=no.json: fitted policy 'no.json': no such file (make one with fi fit)"),
+    ("select-fitted-no-path", None, ["probe", "--chunk", "128:160", "--select", "policy:fitted@0.25"],
+     "fitted needs the fitted JSON: fitted:path=FILE"),
+    ("select-fitted-corrupt", fitted_file("{not json"), ["probe", "--chunk", "128:160", "--select",
+                                                           "policy:fitted@0.25:path=p.json"], "not a fitted-policy JSON"),
+    ("select-fitted-nan", fitted_file(fitted_record(coefficients=[float("nan")])),
+     ["probe", "--chunk", "128:160", "--select", "policy:fitted@0.25:path=p.json"], "'coefficients' holds a non-finite value"),
+    ("eval-fitted-inf", fitted_file(fitted_record(scale=[float("inf")])), ["eval", "--policy", "fitted:path=p.json"],
+     "'scale' holds a non-finite value"),
+    ("eval-fitted-missing-features", fitted_file(fitted_record(features=["attention", "gaze"])),
+     ["eval", "--policy", "fitted:path=p.json"], "unknown feature 'gaze'"),
+    ("eval-fitted-no-features", fitted_file(fitted_record(features=None)), ["eval", "--policy", "fitted:path=p.json"],
+     "no features listed"),
+    ("generate-fitted-missing", None, ["generate", "hi", "--policy", "fitted:path=no.json"], "'no.json': no such file"),
+    ("generate-fitted-no-architecture", fitted_file(fitted_record(model={"name": "x"})),
+     ["generate", "hi", "--policy", "fitted:path=p.json"], "the model's architecture (layers, kv_heads, head_dim) is missing"),
+    ("fit-run-without-fi", a_run, ["fit", "run", "--out", "p.json"],
+     "'run' holds no per-token FI per layer and KV head (fit_rows.parquet): make it with fi fit-data"),
+    ("fit-manifest-incomplete", lambda t: (fit_data_run(["a", "b"])(t), (t / "fd" / "manifest.json").write_text(
+        json.dumps({"command": "fit-data"}))), ["fit", "fd", "--out", "p.json"], "its manifest.json lacks 'model'"),
+    ("fit-no-such-run", None, ["fit", "nowhere", "--out", "p.json"], "'nowhere' is not a run directory"),
+    ("fit-one-document", fit_data_run(["a"]), ["fit", "fd", "--out", "p.json"],
+     "fi fit needs rows of at least two documents to cross-validate (leaving one out), got 1"),
+    ("fit-unknown-feature", fit_data_run(["a", "b"]), ["fit", "fd", "--out", "p.json", "--features", "attention,gaze"],
+     "--features names an unknown feature 'gaze'"),
+    ("fit-ridge-nan", fit_data_run(["a", "b"]), ["fit", "fd", "--out", "p.json", "--ridge", "nan"],
+     "--ridge must be a finite number >= 0, got nan"),
+    ("fit-ridge-negative", fit_data_run(["a", "b"]), ["fit", "fd", "--out", "p.json", "--ridge", "-1"],
+     "--ridge must be a finite number >= 0, got -1.0"),
+    ("fit-target-unknown", fit_data_run(["a", "b"]), ["fit", "fd", "--out", "p.json", "--target", "top"],
+     "--target must be one of rank, log, got 'top'"),
+    ("fit-exclude-unknown", fit_data_run(["a", "b"]), ["fit", "fd", "--out", "p.json", "--exclude", "c"],
+     "--exclude 'c': no such document in the runs (a, b)"),
+    ("fit-exclude-to-one", fit_data_run(["a", "b"]), ["fit", "fd", "--out", "p.json", "--exclude", "a"],
+     "needs rows of at least two documents"),
+    ("fit-out-not-json", fit_data_run(["a", "b"]), ["fit", "fd", "--out", "p.txt"], "--out must end in .json"),
+    ("fit-data-samples-0", None, ["fit-data", "--chunk", "128:160", "--out", "fd", "--samples", "0"],
+     "--samples must be >= 1, got 0"),
+    ("fit-data-sinks-negative", None, ["fit-data", "--chunk", "128:160", "--out", "fd", "--sinks", "-1"],
+     "--sinks must lie in [0, 96), got -1"),
 ]
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from fi_toolkit.errors import FIError
 from fi_toolkit.policies.adaptive import Adaptive
 from fi_toolkit.policies.base import Policy
+from fi_toolkit.policies.fitted import Fitted
 from fi_toolkit.policies.h2o import H2O
 from fi_toolkit.policies.infokv import InfoKV
 from fi_toolkit.policies.knorm import KNorm
@@ -40,6 +41,10 @@ POLICIES: dict[str, type[Policy]] = {
     "random": RandomPolicy,
     "rpc": RPC,
 }
+# policies that read a file (fitted:path=FILE, a score learned by fi fit; issue 21): named like the others,
+# but not in POLICIES, which lists the policies that can be made from their name alone
+FILE_POLICIES: dict[str, type[Policy]] = {"fitted": Fitted}
+NAMED: dict[str, type[Policy]] = {**POLICIES, **FILE_POLICIES}
 SPELLING = "NAME[:key=value,...], adaptive(NAME)[:key=value,...] (alias NAME-adaptive) or kvpress:NAME"
 _ADAPTIVE = re.compile(r"adaptive\((?P<inner>[^()]*)\)")
 _OPTION = re.compile(r"[A-Za-z_][\w-]*=.*")  # a list item that continues the previous item's options
@@ -56,12 +61,13 @@ class PolicySpec:
 
     @property
     def cls(self) -> type[Policy]:
-        return POLICIES[self.name]
+        return NAMED[self.name]
 
     @property
     def options_label(self) -> str:
         """``alpha=0.5,tau=2.0``: the options as labels show them (they parse back to the same values)."""
-        return ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v!r}" for k, v in self.options)
+        return ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v if isinstance(v, str) else repr(v)}"
+                        for k, v in self.options)
 
 
 def options_of(cls: type[Policy]) -> dict[str, type]:
@@ -71,7 +77,7 @@ def options_of(cls: type[Policy]) -> dict[str, type]:
 
 
 def _unknown(name: str) -> FIError:
-    return FIError(f"unknown policy '{name}' (choose from {', '.join(POLICIES)}, or spell {SPELLING})")
+    return FIError(f"unknown policy '{name}' (choose from {', '.join(NAMED)}, or spell {SPELLING})")
 
 
 def _value(text: str, kind: type, key: str, where: str):
@@ -99,13 +105,13 @@ def parse_spec(text: str, where: str = "") -> PolicySpec:
     match = _ADAPTIVE.fullmatch(head)
     adaptive = match is not None or (head.endswith("-adaptive") and head != "-adaptive")
     name = match["inner"].strip() if match else head.removesuffix("-adaptive") if adaptive else head
-    if name not in POLICIES:
+    if name not in NAMED:
         if adaptive and (name.endswith("-adaptive") or name.startswith("adaptive(")):
             raise FIError(f"{where}: '{name}' is adaptive already; adaptive(NAME) wraps a plain policy")
         raise _unknown(name if name else text.strip())
     if colon and not tail.strip():
         raise FIError(f"{where}: expected options after the colon, like {name}:key=value,key=value")
-    known = options_of(POLICIES[name])
+    known = options_of(NAMED[name])
     options: dict[str, object] = {}
     for part in filter(None, (p.strip() for p in tail.split(","))):
         key, eq, value = part.partition("=")

@@ -1,0 +1,179 @@
+"""``fi fit-data`` and ``fi fit``: learn a policy from Forward Influence (issue 21; :mod:`fi_toolkit.analysis.fit`).
+
+``fi fit-data DOCS --chunk A:B --out RUN`` writes ``RUN/fit_rows.parquet`` (per document, layer, KV head
+and candidate position: the compression-time features and the Fisher estimate of FI) and
+``RUN/manifest.json``; ``fi fit RUN... --out policy.json`` fits a ridge score on the rows of every run,
+cross-validated leaving one document out, and writes the JSON ``fitted:path=policy.json`` reads.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from fi_toolkit.cli.options import _progress, check_prefix, err, out, settings_options
+from fi_toolkit.cli.study import _read_documents
+from fi_toolkit.errors import FIError
+from fi_toolkit.model.settings import ModelSettings
+from fi_toolkit.signals.config import SignalConfig
+
+ROWS = "fit_rows.parquet"
+# the settings every run given to one fit must share (they define the features and the target)
+SHARED = ("model", "signals", "prefix", "chunks", "sinks", "samples")
+
+
+@settings_options()
+def fit_data(
+    documents: List[str] = typer.Argument(None, help="Text/JSONL files or bundled names (default: alice)."),
+    chunk: List[str] = typer.Option(..., "--chunk", "-c", help="Future chunk START:END of the FI target (repeatable: the mean over chunks)."),
+    prefix: Optional[int] = typer.Option(None, help="Compression point p (default: smallest chunk start)."),
+    sinks: int = typer.Option(0, help="Leave the first N positions out of the rows (the policy ranks them too: default 0)."),
+    samples: int = typer.Option(16, help="Label draws of the Fisher estimator per chunk."),
+    seed: int = typer.Option(0, help="Seed of the label draws."),
+    model: ModelSettings = ModelSettings(), signals: SignalConfig = SignalConfig(),
+    out_dir: Path = typer.Option(..., "--out", "-o", help="Run directory for fit_rows.parquet and manifest.json."),
+    overwrite: bool = typer.Option(False, help="Replace the results already in --out."),
+):
+    """Training rows for fi fit: compression-time features and per-(layer, KV head) Fisher FI of every position."""
+    import pandas as pd
+
+    from fi_toolkit.analysis.fit import fit_rows
+    from fi_toolkit.documents import tokenize_texts
+    from fi_toolkit.probe.chunks import check_chunks, parse_chunk
+    from fi_toolkit.probe.estimator import check_samples
+    from fi_toolkit.probe.experiment import max_context, trace_document
+    from fi_toolkit.runs import results
+
+    model.check()
+    config = signals.check()
+    chunks = [parse_chunk(c) for c in chunk]
+    p = prefix if prefix is not None else min(c.start for c in chunks)
+    check_chunks(chunks, p, float("inf"), None)
+    check_prefix(p, config.window)
+    if not 0 <= sinks < p - config.window:
+        raise FIError(f"--sinks must lie in [0, {p - config.window}), got {sinks}")
+    check_samples(samples)
+    if seed < 0:
+        raise FIError(f"--seed must be >= 0, got {seed}")
+    texts = _read_documents(documents)
+    results.check_results_dir(out_dir, overwrite)
+    t0 = time.perf_counter()
+    lm = model.load()
+    docs = tokenize_texts(texts, lm.tokenizer, max_tokens=max(c.end for c in chunks))
+    for doc in docs:
+        check_chunks(chunks, p, len(doc), max_context(lm))
+    tables = []
+    with _progress() as bar:
+        for doc in docs:
+            task = bar.add_task(f"trace {doc.name}", total=None)
+            trace = trace_document(lm, doc, p, config)
+            bar.update(task, description=f"fisher FI {doc.name}", total=samples, completed=0)
+            tables.append(fit_rows(lm.model, doc, trace, chunks, sinks, samples, seed,
+                                   on_progress=lambda n, task=task: bar.advance(task, n)))
+    table = pd.concat(tables, ignore_index=True)
+    cfg = lm.config
+    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+    manifest = {
+        "command": "fit-data", "argv": sys.argv, "seconds": round(time.perf_counter() - t0, 2),
+        "model": {**lm.describe(), "name": model.model, "head_dim": head_dim},
+        "signals": dict(config.__dict__), "prefix": p, "chunks": [c.label for c in chunks], "sinks": sinks,
+        "samples": samples, "seed": seed,
+        "documents": [{"name": d.name, "source": d.source, "sha256": d.sha256} for d in docs],
+        "versions": results.versions(),
+    }
+    out_path = results.check_results_dir(out_dir, overwrite)
+    if overwrite:
+        results.clear_results(out_path)
+    results.write_table(out_path / ROWS, table)
+    results.write_json(out_path / "manifest.json", manifest)
+    err.print(f"wrote {len(table):,} rows ({len(docs)} document(s)) to {out_path}/{ROWS}", markup=False, highlight=False)
+
+
+def _read_run(path: Path):
+    """(manifest, rows) of a ``fi fit-data`` run; one line for anything else."""
+    import pandas as pd
+
+    manifest_file, rows_file = path / "manifest.json", path / ROWS
+    if not path.is_dir():
+        raise FIError(f"'{path}' is not a run directory")
+    if not rows_file.is_file() or not manifest_file.is_file():
+        raise FIError(f"'{path}' holds no per-token FI per layer and KV head ({ROWS}): make it with fi fit-data")
+    try:
+        manifest = json.loads(manifest_file.read_text())
+        rows = pd.read_parquet(rows_file)
+    except Exception as exc:  # a damaged file, whatever the reader says
+        raise FIError(f"'{path}': cannot read its fit data ({type(exc).__name__}: {exc})") from None
+    if manifest.get("command") != "fit-data" or "fi" not in rows.columns:
+        raise FIError(f"'{path}' holds no per-token FI per layer and KV head ({ROWS}): make it with fi fit-data")
+    missing = [k for k in (*SHARED, "documents") if k not in manifest]
+    if missing:
+        raise FIError(f"'{path}': its manifest.json lacks '{missing[0]}' (made by another version? run fi fit-data again)")
+    return manifest, rows
+
+
+def fit(
+    runs: List[Path] = typer.Argument(..., help="Run directories of fi fit-data (their documents are pooled)."),
+    out_file: Path = typer.Option(..., "--out", "-o", help="The fitted policy JSON to write."),
+    features: Optional[str] = typer.Option(None, help="Comma-separated features (default: all of them; 'decoding': all that a decoding compression can compute)."),
+    target: str = typer.Option("rank", help="'rank' (within-head rank of FI) or 'log' (log FI)."),
+    ridge: float = typer.Option(1e-3, help="Ridge penalty lambda (times the number of rows) on the standardised coefficients."),
+    exclude: List[str] = typer.Option(None, "--exclude", help="Leave this document's rows out (repeatable), to test the policy on it."),
+    overwrite: bool = typer.Option(False, help="Replace --out if it exists."),
+):
+    """Fit a linear score of compression-time signals to per-(layer, KV head) FI; cross-validated leaving one document out."""
+    import pandas as pd
+
+    from fi_toolkit.analysis.fit import DECODING_FEATURES, DEFAULT_FEATURES, check_fit_options, fit_policy, policy_json
+    from fi_toolkit.runs import results
+
+    if features is None or features.strip() == "decoding":
+        names = list(DECODING_FEATURES if features else DEFAULT_FEATURES)
+    else:
+        names = [f.strip() for f in features.split(",")]
+    check_fit_options(names, target, ridge)
+    if out_file.suffix != ".json":
+        raise FIError(f"--out must end in .json, got '{out_file}'")
+    results.check_out_path(out_file, want_dir=False)
+    if out_file.exists() and not overwrite:
+        raise FIError(f"--out '{out_file}' exists; choose another file or pass --overwrite")
+    loaded = [_read_run(r) for r in runs]
+    first = loaded[0][0]
+    for path, (manifest, _) in zip(runs[1:], loaded[1:]):
+        for key in SHARED:
+            if manifest.get(key) != first.get(key):
+                raise FIError(f"'{path}' was made with other {key} than '{runs[0]}': one fit needs one setting")
+    rows = pd.concat([r for _, r in loaded], ignore_index=True)
+    unknown = [d for d in exclude or [] if d not in set(rows["document"])]
+    if unknown:
+        raise FIError(f"--exclude '{unknown[0]}': no such document in the runs ({', '.join(dict.fromkeys(rows['document']))})")
+    rows = rows[~rows["document"].isin(exclude or [])].reset_index(drop=True)
+    if rows.duplicated(["document", "layer", "head", "position"]).any():
+        raise FIError("a document appears in more than one run: give each document once")
+    signals = first["signals"]
+    meta = {"model": first["model"],
+            "signals": {k: signals[k] for k in ("window", "top_k", "pool_kernel", "tau", "entropy_of", "final_norm")},
+            "fitted_on": {"runs": [str(r) for r in runs], "prefix": first["prefix"], "chunks": first["chunks"],
+                          "sinks": first["sinks"], "samples": first["samples"],
+                          "documents": [d for m, _ in loaded for d in m["documents"] if d["name"] not in (exclude or [])]}}
+    record = fit_policy(rows, names, target, ridge, meta)
+    results.atomic_write_text(out_file, policy_json(record))
+    cv = record["cross_validation"]["mean"]
+    out.print(f"fitted {len(names)} feature(s) on {record['rows']:,} rows of {len(record['documents'])} documents "
+              f"(target {target}, ridge {ridge:g})")
+    for name, c in sorted(zip(names, record["coefficients"]), key=lambda t: -abs(t[1])):
+        out.print(f"  {name:18s} {c:+.4f}")
+    fmt = {k: "n/a" if v is None else f"{v:+.3f}" for k, v in cv.items()}
+    out.print(f"leave-one-document-out mean within-head Spearman with FI: fitted {fmt['spearman_fitted']}, "
+              f"snapkv {fmt['spearman_snapkv']}, infokv {fmt['spearman_infokv']}")
+    err.print(f"wrote {out_file}", markup=False, highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``fit-data`` and ``fit`` to ``app``."""
+    app.command("fit-data")(fit_data)
+    app.command()(fit)

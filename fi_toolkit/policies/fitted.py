@@ -1,0 +1,197 @@
+"""A fitted policy (issue 21): a linear score of compression-time signals, learned by ``fi fit`` to rank
+entries by their per-(layer, KV head) Forward Influence (:mod:`fi_toolkit.analysis.fit`). The signals are
+InfoKV's (arXiv 2606.26875: H, D^(l), E^(l)), SnapKV's window attention (arXiv 2404.14469), H2O's
+accumulated attention (arXiv 2306.14048), KNorm's key norm (arXiv 2406.11430) and position.
+
+The score of slot ``j`` of layer ``l``, KV head ``h`` is ``sum_f c_f (x_f - mu_f) / sigma_f`` over the
+features :data:`FEATURES` (standardisation ``mu``, ``sigma`` and coefficients ``c`` from the fitted
+JSON; higher = keep). Every feature is computed from :class:`Signals` alone, at prefill and while
+decoding, so the policy never reads a token after the compression point; the one exception is the
+entropy under the *other* convention than the signals', which needs the neighbouring position's
+entropy and is known at a prefill only (the policy refuses it at a decoding compression).
+
+Spelling: ``fitted:path=FILE`` (``--policy fitted:path=runs/fit/policy.json``, ``--select
+policy:fitted@keep=0.25:path=runs/fit/policy.json``); the path may hold neither a comma nor start
+with a space. The signals must be traced with the options the file records (window, top-k, pool,
+tau, entropy convention); the window and the architecture (layers, KV heads, head size) are checked.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import torch
+
+from fi_toolkit.errors import FIError
+from fi_toolkit.policies.base import Policy, Signals, as_signals
+from fi_toolkit.signals.formulas import layer_entropy_score
+
+FORMAT = "fi_toolkit.fitted/1"
+EPS = 1e-8  # inside the logs of attention masses (window attention is about 1/p per entry)
+
+
+def _log(x: torch.Tensor) -> torch.Tensor:
+    return torch.log(x.double() + EPS)
+
+
+def _positions(s: Signals, layer: int) -> torch.Tensor:
+    return s.positions[layer].to(s.keys[layer].device).double()
+
+
+def _entropy(s: Signals, layer: int, want: str, have: str) -> torch.Tensor:
+    """H of each slot's token under convention ``want``, from the signals' ``have`` ``[Hkv, n]``. The other
+    convention is the neighbour's value (``H_next(i) = H_produced(i + 1)``, ``H_produced(0) = 0``), known
+    where slot ``j + 1`` holds position ``j + 1``: at a prefill, where slots are positions."""
+    if s.entropy is None:
+        raise FIError("the fitted policy needs token entropies; these signals were tracked without them")
+    h = s.entropy[layer].double()
+    if want == have:
+        return h
+    n = h.shape[1]
+    if not torch.equal(s.positions[layer].cpu(), torch.arange(n).expand_as(s.positions[layer])):
+        raise FIError(f"the fitted policy uses entropy_{want}, which is known at a prefill only (the signals "
+                      f"hold entropy_{have}); fit without it (features='decoding') to compress while decoding")
+    if want == "next":  # the last slot's next entropy is unknown; it lies in the window, never ranked
+        return torch.cat([h[:, 1:], h[:, -1:]], dim=1)
+    return torch.cat([torch.zeros_like(h[:, :1]), h[:, :-1]], dim=1)
+
+
+def _needs(s: Signals, name: str, what: str):
+    value = getattr(s, name)
+    if value is None:
+        raise FIError(f"the fitted policy needs {what}; these signals were tracked without it")
+    return value
+
+
+# name -> (what it is, function (signals, layer, entropy_of, tau) -> [Hkv, n] float64)
+FEATURES: dict[str, tuple[str, object]] = {
+    "attention": ("window attention A^(l) (pooled)",
+                  lambda s, l, e, t: _needs(s, "attention", "window attention")[l].double()),
+    "log_attention": ("log(A^(l) + 1e-8)", lambda s, l, e, t: _log(_needs(s, "attention", "window attention")[l])),
+    "log_accumulated": ("log of the attention received so far (H2O's accumulator) + 1e-8",
+                        lambda s, l, e, t: _log(_needs(s, "accumulated", "accumulated attention")[l])),
+    "entropy_produced": ("H of the distribution that produced the token", lambda s, l, e, t: _entropy(s, l, "produced", e)),
+    "entropy_next": ("H of the distribution computed at the token", lambda s, l, e, t: _entropy(s, l, "next", e)),
+    "distance": ("D^(l) = 1 - cos(h^(l), h^(L))", lambda s, l, e, t: _needs(s, "distance", "D^(l)")[l].double()),
+    "layer_entropy": ("E^(l) = (D^(l) + tau) H", lambda s, l, e, t: layer_entropy_score(
+        _needs(s, "distance", "D^(l)")[l].double(), _needs(s, "entropy", "entropies")[l].double(), t).double()),
+    "key_norm": ("L2 norm of the (rotated) key", lambda s, l, e, t: s.keys[l][0].double().norm(dim=-1)),
+    "log_recency": ("log(seen - position)", lambda s, l, e, t: torch.log(s.seen - _positions(s, l))),
+    "log_position": ("log(1 + position)", lambda s, l, e, t: torch.log1p(_positions(s, l))),
+}
+TOKEN_FEATURES = ("entropy_produced", "entropy_next", "distance", "layer_entropy")  # need H and D per token
+
+
+def feature_matrix(s: Signals, layer: int, names, entropy_of: str, tau: float) -> torch.Tensor:
+    """The features ``names`` of every slot of one layer -> ``[F, Hkv, n_l]`` float64 (``entropy_of``: the
+    convention of ``s.entropy``; ``tau``: the bias of ``E^(l)``). The one place features are computed:
+    ``fi fit`` builds its training rows with it, the policy scores with it."""
+    return torch.stack([FEATURES[name][1](s, layer, entropy_of, tau) for name in names])
+
+
+def _finite_list(data: dict, key: str, n: int, where: str) -> list[float]:
+    values = data.get(key)
+    if not isinstance(values, list) or len(values) != n or not all(isinstance(v, (int, float)) for v in values):
+        raise FIError(f"{where}: '{key}' must list {n} numbers, one per feature")
+    if not all(math.isfinite(v) for v in values):
+        raise FIError(f"{where}: '{key}' holds a non-finite value (NaN or inf)")
+    return [float(v) for v in values]
+
+
+def read_fitted(path: str | Path) -> dict:
+    """The fitted JSON at ``path``, checked: format, features known, standardisation and coefficients finite
+    (scales > 0), the model's architecture and the signal settings present."""
+    where = f"fitted policy '{path}'"
+    path = Path(path)
+    if not path.is_file():
+        raise FIError(f"{where}: no such file (make one with fi fit)")
+    try:
+        data = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise FIError(f"{where}: not a fitted-policy JSON ({exc})") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise FIError(f"{where}: not a fitted-policy JSON (format '{FORMAT}' expected)")
+    names = data.get("features")
+    if not isinstance(names, list) or not names:
+        raise FIError(f"{where}: no features listed")
+    unknown = [n for n in names if n not in FEATURES]
+    if unknown:
+        raise FIError(f"{where}: unknown feature '{unknown[0]}' (known: {', '.join(FEATURES)})")
+    for key in ("mean", "scale", "coefficients"):
+        _finite_list(data, key, len(names), where)
+    if min(data["scale"]) <= 0:
+        raise FIError(f"{where}: 'scale' must be positive")
+    model, signals = data.get("model"), data.get("signals")
+    if not isinstance(model, dict) or not all(isinstance(model.get(k), int) for k in ("layers", "kv_heads", "head_dim")):
+        raise FIError(f"{where}: the model's architecture (layers, kv_heads, head_dim) is missing")
+    if not isinstance(signals, dict) or not isinstance(signals.get("window"), int) \
+            or signals.get("entropy_of") not in ("produced", "next") or not isinstance(signals.get("tau"), (int, float)) \
+            or not math.isfinite(signals["tau"]):
+        raise FIError(f"{where}: the signal settings (window, entropy_of, tau) are missing")
+    return data
+
+
+@dataclass
+class Fitted(Policy):
+    """Keep the entries with the highest fitted score (module docstring); ``path``: the ``fi fit`` JSON.
+    ``window`` (0, the default) is the one the file was fitted with."""
+
+    window: int = 0  # 0: the window the file was fitted with
+    path: str = ""
+
+    name: ClassVar[str] = "fitted"
+    no_layer_weight: ClassVar[str] = "ranks by a fitted score of within-head contrasts, not a mass to share layer budgets by"
+
+    def __post_init__(self):
+        if not self.path:
+            raise FIError("fitted needs the fitted JSON: fitted:path=FILE (made by fi fit)")
+        self.fit = read_fitted(self.path)
+        fitted_window = self.fit["signals"]["window"]
+        self.window = self.window or fitted_window
+        super().__post_init__()
+        if self.window != fitted_window:
+            raise FIError(f"fitted policy '{self.path}' was fitted with window {fitted_window}, not {self.window}")
+        used = [n for n, c in zip(self.fit["features"], self.fit["coefficients"]) if c != 0]
+        self.needs_token_signals = any(n in TOKEN_FEATURES for n in used)
+        self.tracks_accumulated = "log_accumulated" in used
+
+    def _check_architecture(self, s: Signals) -> None:
+        want = self.fit["model"]
+        got = {"layers": s.num_layers, "kv_heads": int(s.keys[0].shape[1]), "head_dim": int(s.keys[0].shape[-1])}
+        if s.model is not None and isinstance(want.get("vocab"), int):
+            got["vocab"] = int(s.model.config.vocab_size)
+        for key, value in got.items():
+            if want.get(key) != value:
+                raise FIError(f"fitted policy '{self.path}' was fitted on {want.get('name', 'another model')} "
+                              f"({key} {want.get(key)}), this model has {key} {value}: fit it on this model")
+
+    def linear_score(self, s: Signals, layer: int) -> torch.Tensor:
+        """``sum_f c_f (x_f - mu_f) / sigma_f`` of every slot -> ``[Hkv, n_l]`` float64."""
+        fit = self.fit
+        x = feature_matrix(s, layer, fit["features"], fit["signals"]["entropy_of"], float(fit["signals"]["tau"]))
+        mean, scale, coef = (torch.tensor(fit[k], dtype=torch.float64, device=x.device)[:, None, None]
+                             for k in ("mean", "scale", "coefficients"))
+        return ((x - mean) / scale * coef).sum(dim=0)
+
+    def scores(self, s: Signals, layer: int) -> torch.Tensor:
+        """Dense ranks of :meth:`linear_score` over the candidate slots ``[protected, n - w)`` (equal scores,
+        equal ranks), 0 elsewhere -> ``[Hkv, n_l]`` float32. Ranks carry the float64 order exactly into
+        :func:`~fi_toolkit.policies.base.select`, which ranks in float32."""
+        lo, hi = s.protected[layer], s.slots(layer) - s.window
+        z = self.linear_score(s, layer)
+        out = torch.zeros(z.shape, dtype=torch.float32, device=z.device)
+        candidates = z[:, lo:hi]
+        if not torch.isfinite(candidates).all():
+            raise FIError(f"fitted policy '{self.path}': non-finite score (a feature is NaN or inf)")
+        for h in range(z.shape[0]):
+            out[h, lo:hi] = torch.unique(candidates[h], return_inverse=True)[1].float()
+        return out
+
+    def keep_map(self, signals):
+        s = as_signals(signals)
+        self._check_architecture(s)
+        return super().keep_map(s)
