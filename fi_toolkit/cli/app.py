@@ -312,10 +312,12 @@ def models():
 from fi_toolkit.cli.eval import register as _register_eval  # noqa: E402
 from fi_toolkit.cli.generate import register as _register_generate  # noqa: E402
 from fi_toolkit.cli.study import register as _register_study  # noqa: E402
+from fi_toolkit.cli.view import register as _register_view  # noqa: E402
 
 _register_study(app)
 _register_generate(app)
 _register_eval(app)
+_register_view(app)
 
 
 def _line(message: str) -> str:

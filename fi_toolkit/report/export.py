@@ -25,6 +25,7 @@ import pandas as pd
 
 from fi_toolkit.errors import FIError
 from fi_toolkit.report import eval_figures, figures
+from fi_toolkit.report.display import display_table
 from fi_toolkit.runs import results
 from fi_toolkit.runs.resumable import read_table
 
@@ -141,7 +142,7 @@ def cross_run_tables(runs: list[dict]) -> pd.DataFrame | None:
 
 def _png(fig) -> bytes:
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")  # legends outside the axes stay in
     figures.plt.close(fig)
     return buf.getvalue()
 
@@ -157,11 +158,17 @@ def _records(df: pd.DataFrame) -> list[dict]:
 
 
 def _shown(run: dict, name: str) -> pd.DataFrame:
+    """The table as shown: its CSV text in :func:`~fi_toolkit.report.display.display_table`'s reading form."""
     df = run["text"][name]
     cols = [c for c in SHOWN_COLUMNS.get(name, df.columns) if c in df.columns]
     if name == "correlation_summary":  # the per-layer rows live in the heatmap and the CSV
         df = df[df["scope"] == "mean"]
-    return df[cols]
+    return display_table(df[cols])
+
+
+def _text_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """A computed table (the cross-run one) as CSV-like text cells, for :func:`display_table`."""
+    return df.map(lambda v: "" if v is None or (not isinstance(v, str) and pd.isna(v)) else str(v))
 
 
 def _md(text) -> str:
@@ -170,18 +177,25 @@ def _md(text) -> str:
 
 
 def _md_table(df: pd.DataFrame) -> str:
+    """A shown table in Markdown; number columns right-aligned (``attrs['numeric']``)."""
     def cell(v):
         return _md(v)
-    lines = ["| " + " | ".join(cell(c) for c in df.columns) + " |", "|" + "---|" * len(df.columns)]
+    numeric = set(df.attrs.get("numeric", []))
+    rule = "|" + "".join("---:|" if c in numeric else "---|" for c in df.columns)
+    lines = ["| " + " | ".join(cell(c) for c in df.columns) + " |", rule]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
     return "\n".join(lines)
 
 
 def _html_table(df: pd.DataFrame) -> str:
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in df.columns)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in row) + "</tr>"
-                   for row in df.itertuples(index=False))
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    """A shown table in a container that scrolls sideways when the table is wider than the page;
+    number columns right-aligned (``attrs['numeric']``)."""
+    numeric = set(df.attrs.get("numeric", []))
+    kinds = ["num" if c in numeric else "txt" for c in df.columns]
+    head = "".join(f"<th class='{k}'>{html.escape(str(c))}</th>" for c, k in zip(df.columns, kinds))
+    body = "".join("<tr>" + "".join(f"<td class='{k}'>{html.escape(str(v))}</td>" for v, k in zip(row, kinds))
+                   + "</tr>" for row in df.itertuples(index=False))
+    return f"<div class='table-wrap'><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
 
 
 def _top_tokens(run: dict, n: int = 12) -> pd.DataFrame | None:
@@ -191,7 +205,7 @@ def _top_tokens(run: dict, n: int = 12) -> pd.DataFrame | None:
     first = text["chunk"].iloc[0] if len(text) else None
     part = text[text["chunk"] == first]
     order = run["tables"]["tokens"].loc[part.index, "fi"].sort_values(ascending=False).index[:n]
-    return part.loc[order, ["document", "position", "token", "chunk", "fi", "entropy", "attention"]]
+    return display_table(part.loc[order, ["document", "position", "token", "chunk", "fi", "entropy", "attention"]])
 
 
 def _headline(run: dict) -> list[str]:
@@ -218,7 +232,7 @@ def _headline(run: dict) -> list[str]:
         tests = t["nearfar_tests"]
         far = tests[(tests["metric"].isin(["fi", "fi_share_near"])) & (tests["distance_from_p"] == tests["distance_from_p"].max())]
         for r in far.itertuples():
-            lines.append(f"sinks={r.sinks}, farthest chunk (+{r.distance_from_p}), {r.metric}: entropy beats attention in "
+            lines.append(f"sinks={int(r.sinks)}, farthest chunk (+{int(r.distance_from_p)}), {r.metric}: entropy beats attention in "
                          f"{r.a_wins}/{r.n_documents} documents, one-sided Wilcoxon p = {r.wilcoxon_p:.3g}")
     else:
         for r in t.get("agreement_summary", pd.DataFrame()).itertuples():
@@ -233,8 +247,10 @@ def _headline(run: dict) -> list[str]:
 
 
 CSS = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
-table{border-collapse:collapse;font-size:12px;margin:0.5em 0 1.5em}td,th{border:1px solid #ccc;padding:2px 6px}
-th{background:#f3f3f3}img{max-width:100%;border:1px solid #eee}code{background:#f5f5f5}.cap{color:#555;font-size:13px}"""
+.table-wrap{max-width:100%;overflow-x:auto;margin:0.5em 0 1.5em}
+table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px;white-space:nowrap}
+th{background:#f3f3f3;position:sticky;top:0}td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
+img{max-width:100%;border:1px solid #eee}figure{margin:1em 0}code{background:#f5f5f5}.cap{color:#555;font-size:13px}"""
 
 
 REPORT_FILES = ("report.html", "report.md", "report.json")
@@ -326,7 +342,7 @@ def _write_markdown(runs, figs, out_dir: Path, cross: pd.DataFrame | None = None
             parts += ["### tokens with the largest per-token FI (first chunk)", "", _md_table(top), ""]
         parts += [f"Full tables: {_md(run['path'])} (CSV), and tables/, report.json here.", ""]
     if cross is not None:
-        parts += [f"## {_md(CROSS_TITLE)}", "", _md_table(cross), ""]
+        parts += [f"## {_md(CROSS_TITLE)}", "", _md_table(display_table(_text_frame(cross))), ""]
     path = out_dir / "report.md"
     results.atomic_write_text(path, "\n".join(parts))
     return [path] + pngs
@@ -348,7 +364,7 @@ def _write_html(runs, figs, out_dir: Path, cross: pd.DataFrame | None = None) ->
         if top is not None:
             parts.append(f"<h3>tokens with the largest per-token FI (first chunk)</h3>{_html_table(top)}")
     if cross is not None:
-        parts.append(f"<h2>{e(CROSS_TITLE)}</h2>{_html_table(cross)}")
+        parts.append(f"<h2>{e(CROSS_TITLE)}</h2>{_html_table(display_table(_text_frame(cross)))}")
     parts.append("</body></html>")
     path = out_dir / "report.html"
     results.atomic_write_text(path, "\n".join(parts))
