@@ -100,6 +100,10 @@ def a_directory(name):
     return setup
 
 
+def short_text(tmp):
+    (tmp / "short.txt").write_text("A short document of a few words. " * 4)
+
+
 def existing_scores(tmp):
     (tmp / "s.csv").write_text("position,entropy\n0,1.5\n")
 
@@ -342,6 +346,20 @@ CASES = [
     ("generate-policy-adaptive-random", None, ["generate", "hi", "--policy", "random-adaptive"],
      "adaptive(random): random draws its scores at random"),
     ("generate-policy-unknown", None, ["generate", "hi", "--policy", "lru:alpha=1"], "unknown policy 'lru'"),
+    # fi view (issue 21): every option checked before the model loads
+    ("view-missing-document", None, ["view", "no-such-file.txt"], "no-such-file.txt"),
+    ("view-policy-unknown", None, ["view", "alice", "--policy", "infokv,lru"], "unknown policy 'lru'"),
+    ("view-budget-nan", None, ["view", "alice", "--budget", "keep=nan"], "--budget"),
+    ("view-budget-keeps-all", None, ["view", "alice", "--budget", "keep=1.0"], "keeps all 1,024 prefix tokens"),
+    ("view-chunk-before-p", None, ["view", "alice", "--chunk", "512:768"], "starts before the compression point p=1024"),
+    ("view-chunk-past-document", short_text, ["view", "short.txt", "--prefix", "160", "--chunk", "160:400"],
+     "chunk 160:400 ends past the end of document 'short"),
+    ("view-chunk-malformed", None, ["view", "alice", "--chunk", "a:b"], "invalid chunk 'a:b'"),
+    ("view-samples-0", None, ["view", "alice", "--samples", "0"], "--samples must be >= 1"),
+    ("view-out-not-html", None, ["view", "alice", "--out", "page.txt"], "--out must end in .html"),
+    ("view-out-exists", lambda t: (t / "page.html").write_text("old"), ["view", "alice", "--out", "page.html"],
+     "--out 'page.html' exists"),
+    ("view-out-under-file", a_file, ["view", "alice", "--out", "f/page.html"], "lies under 'f'"),
 ]
 
 

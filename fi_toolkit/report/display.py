@@ -19,7 +19,7 @@ WORDS = {  # column-name words as a reader spells them; other words keep their s
 }
 NAMES = {  # whole names where the words alone read badly
     "n_documents": "documents", "n_removed": "removed", "n_kept": "kept", "distance_from_p": "distance from p",
-    "fi_share_near": "FI / nearest chunk's FI", "fi_rel_random": "FI / random FI", "delta_nll": "ΔNLL",
+    "fi_share_near": "FI / FI on nearest chunk", "fi_rel_random": "FI / random FI", "delta_nll": "ΔNLL",
     "top1_agreement": "top-1 agreement", "mean_kl": "mean KL", "a_wins": "entropy wins", "wilcoxon_p": "Wilcoxon p",
 }
 # (suffix of the low bound, suffix of the high bound, what the pair is): checked in this order
@@ -47,9 +47,12 @@ def _numeric(cells: pd.Series) -> pd.Series | None:
 
 
 def reader_name(column: str) -> str:
-    """``rho_mean`` -> ``ρ mean``, ``n_documents`` -> ``documents``."""
+    """``rho_mean`` -> ``ρ mean``, ``n_documents`` -> ``documents``, ``fi_rel_random_sd`` -> ``FI / random FI sd``."""
     if column in NAMES:
         return NAMES[column]
+    for name in sorted(NAMES, key=len, reverse=True):  # a named stem with a suffix (_mean, _sd)
+        if column.startswith(name + "_"):
+            return f"{NAMES[name]} {reader_name(column[len(name) + 1:])}"
     return " ".join(WORDS.get(w, w) for w in column.split("_") if w)
 
 
@@ -57,8 +60,9 @@ def _pairs(columns: list[str]) -> dict[str, tuple[str, str, str]]:
     """{value column: (low column, high column, kind)} for the bounds each value has beside it."""
     found, used = {}, set()
     for col in columns:
-        for lo_suffix, hi_suffix, kind in BOUNDS:
-            lo, hi = col + lo_suffix, col + hi_suffix
+        stems = [col] + ([col.removesuffix("_mean")] if col.endswith("_mean") else [])  # fi_mean beside fi_ci_low
+        for stem, (lo_suffix, hi_suffix, kind) in ((s, b) for b in BOUNDS for s in stems):
+            lo, hi = stem + lo_suffix, stem + hi_suffix
             if lo in columns and hi in columns and not {lo, hi} & used:
                 found[col], used = (lo, hi, kind), used | {lo, hi}
                 break
@@ -76,8 +80,8 @@ def display_table(text: pd.DataFrame) -> pd.DataFrame:
     """A table's cells as the CSV has them (``str``) -> the cells and column names a reader sees.
 
     Returns a frame of ``str`` with the same rows; bounds columns are folded into their value's column
-    and numbers shortened (module docstring). ``attrs['numeric']`` lists the columns that hold numbers."""
-    columns = list(text.columns)
+    and numbers shortened (module docstring); columns with no value at all are left out. ``attrs['numeric']`` lists the columns that hold numbers."""
+    columns = [c for c in text.columns if (text[c].astype(str).str.strip() != "").any()]  # all-empty: dropped
     numbers = {c: _numeric(text[c].astype(str)) for c in columns}
     integer = {c: v is not None and bool(((v.dropna() % 1) == 0).all()) for c, v in numbers.items()}
 

@@ -1,8 +1,11 @@
 """``fi report``: result directories -> a self-contained HTML page, Markdown, CSV and JSON tables.
 
-The tables are the result files themselves: CSV files are copied byte for byte, JSON holds the
-same rows read back at full precision, and the tables shown in HTML and Markdown carry each
-cell's text exactly as the CSV file has it. Every string from the data (document names, token
+The tables are the result files themselves: CSV files are copied byte for byte and JSON holds the
+same rows read back at full precision; the tables shown in HTML and Markdown are the CSV cells in a
+reader's form (:mod:`fi_toolkit.report.display`: at most 4 significant digits, integers as integers,
+bounds folded into their value's column, names in words), wide ones in a container that scrolls
+sideways. ``fi view`` pages found in a run directory (``*.html`` or ``views/*.html``, of the run's
+documents) are copied to ``views/`` and linked. Every string from the data (document names, token
 text, run labels) is HTML-escaped before it reaches the page or the Markdown (which renderers
 read as HTML too); Markdown image links are URL-encoded; figures are embedded as base64 PNG.
 
@@ -26,6 +29,7 @@ import pandas as pd
 from fi_toolkit.errors import FIError
 from fi_toolkit.report import eval_figures, figures
 from fi_toolkit.report.display import display_table
+from fi_toolkit.report.view import read_view_meta
 from fi_toolkit.runs import results
 from fi_toolkit.runs.resumable import read_table
 
@@ -42,8 +46,8 @@ TABLES = {
 EVAL_KINDS = {"text": "eval-text", "tasks": "eval-tasks"}  # fi eval writes command 'eval' and settings.kind
 # Tables a run holds only with some settings (fi correlate --estimator fisher --validate N), read when present.
 OPTIONAL_TABLES = {"correlate": [("agreement", True), ("agreement_summary", True), ("validation", False)]}
-SHOWN_COLUMNS = {  # columns shown in HTML/Markdown (all columns stay in CSV/JSON)
-    "correlation_summary": ["chunk", "signal", "scope", "layer", "method", "sampling", "weighted", "rho_mean",
+SHOWN_COLUMNS = {  # columns shown in HTML/Markdown (all columns stay in CSV/JSON); correlation_summary: its mean rows
+    "correlation_summary": ["chunk", "signal", "method", "sampling", "weighted", "rho_mean",
                             "rho_std", "rho_min", "rho_max", "n_documents"],
 }
 
@@ -101,7 +105,14 @@ def load_run(path: Path) -> dict:
         except (ValueError, pd.errors.ParserError):  # EmptyDataError is a ValueError
             raise FIError(f"'{f}' is not a readable CSV table") from None
     return {"label": path.name, "path": path, "manifest": manifest, "kind": kind, "tables": tables, "text": text,
-            "names": names}
+            "names": names, "views": _views(path, manifest)}
+
+
+def _views(path: Path, manifest: dict) -> list[Path]:
+    """The ``fi view`` pages in a run directory (``*.html`` or ``views/*.html``) of the documents it covers."""
+    names = {d["name"] for d in manifest["settings"].get("documents", [])}
+    found = sorted(path.glob("*.html")) + sorted((path / "views").glob("*.html"))
+    return [f for f in found if (meta := read_view_meta(f)) is not None and meta["document"] in names]
 
 
 def _figures(run: dict) -> list[tuple[str, object]]:
@@ -268,7 +279,7 @@ def _remove_stale(out_dir: Path, written: list[Path]) -> None:
     """After ``--overwrite``: drop the old report's files that the new report did not write."""
     keep = {p.resolve() for p in written}
     stale = [out_dir / n for n in REPORT_FILES] + sorted((out_dir / "tables").glob("*.csv")) \
-        + sorted((out_dir / "figures").glob("*.png"))
+        + sorted((out_dir / "figures").glob("*.png")) + sorted((out_dir / "views").glob("*.html"))
     for f in stale:
         if f.is_file() and f.resolve() not in keep:
             f.unlink()
@@ -303,6 +314,14 @@ def build_report(run_dirs: Sequence[Path], out_dir: Path, formats: Sequence[str]
             for name, _ in run["names"]:
                 target = out_dir / "tables" / f"{run['label']}__{name}.csv"
                 results.atomic_copy(run["path"] / f"{name}.csv", target)
+                written.append(target)
+    if {"html", "md"} & set(formats):  # fi view pages found in the run directories, copied beside the report
+        for run in runs:
+            run["view_copies"] = []
+            for page in run["views"]:
+                target = out_dir / "views" / f"{run['label']}__{page.name}"
+                results.atomic_copy(page, target)
+                run["view_copies"].append(target)
                 written.append(target)
     if "json" in formats:
         data = {"generated": results.now(), "runs": [
@@ -340,6 +359,10 @@ def _write_markdown(runs, figs, out_dir: Path, cross: pd.DataFrame | None = None
         top = _top_tokens(run)
         if top is not None:
             parts += ["### tokens with the largest per-token FI (first chunk)", "", _md_table(top), ""]
+        if run.get("view_copies"):
+            parts += ["### token views (fi view)", ""] + [
+                f"- [{_md(read_view_meta(f)['document'])}](views/{urllib.parse.quote(f.name)})" for f in run["view_copies"]]
+            parts += [""]
         parts += [f"Full tables: {_md(run['path'])} (CSV), and tables/, report.json here.", ""]
     if cross is not None:
         parts += [f"## {_md(CROSS_TITLE)}", "", _md_table(display_table(_text_frame(cross))), ""]
@@ -363,6 +386,10 @@ def _write_html(runs, figs, out_dir: Path, cross: pd.DataFrame | None = None) ->
         top = _top_tokens(run)
         if top is not None:
             parts.append(f"<h3>tokens with the largest per-token FI (first chunk)</h3>{_html_table(top)}")
+        if run.get("view_copies"):
+            links = "".join(f"<li><a href='views/{e(urllib.parse.quote(f.name))}'>{e(read_view_meta(f)['document'])}</a></li>"
+                            for f in run["view_copies"])
+            parts.append(f"<h3>token views (fi view)</h3><ul>{links}</ul>")
     if cross is not None:
         parts.append(f"<h2>{e(CROSS_TITLE)}</h2>{_html_table(display_table(_text_frame(cross)))}")
     parts.append("</body></html>")

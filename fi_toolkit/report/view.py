@@ -163,7 +163,7 @@ document.querySelectorAll('input[name=shade]').forEach(el=>el.addEventListener('
 document.querySelectorAll('input[name=evict]').forEach(el=>el.addEventListener('change',()=>{policy=el.value===''?null:el.value;mark();}));
 shade=document.querySelector('input[name=shade]:checked').value;
 const p0=document.querySelector('input[name=evict]:checked');policy=p0&&p0.value!==''?p0.value:null;
-paint();mark();document.body.dataset.ready='1';
+paint();mark();window.fiReadyMs=performance.now();document.body.dataset.ready='1';
 })();"""
 
 
