@@ -102,3 +102,24 @@ def test_page_is_standalone_and_text_stays_text(page, tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["v.html"]  # atomic: no temporary file left
     (tmp_path / "other.html").write_text("<html><meta name='generator' content='other'></html>")
     assert read_view_meta(tmp_path / "other.html") is None
+
+
+@pytest.mark.smollm
+def test_fi_view_on_the_embedded_model(tmp_path, capsys):
+    """The command end to end: the page holds the prefix's tokens as the tokenizer decodes them."""
+    from cli_runner import run_cli
+
+    from fi_toolkit.documents import load_document
+    from fi_toolkit.model.loading import load_model
+
+    out = tmp_path / "alice.html"
+    code, _, err = run_cli(["view", "alice", "--prefix", "128", "--chunk", "128:192", "--samples", "2", "--window", "8",
+                            "--policy", "infokv,snapkv", "--out", str(out)], capsys)
+    assert code == 0, err
+    shown = _payload(out.read_text())
+    lm = load_model("smollm2-135m", device="cpu", dtype="float32")
+    ids = load_document("alice", lm.tokenizer, max_tokens=192).ids
+    assert shown["tokens"] == [lm.tokenizer.decode([int(i)]) for i in ids[:128]]
+    assert set(shown["evicted"]) == {"infokv@keep=0.25", "snapkv@keep=0.25"}
+    assert shown["pairs"] == lm.model.config.num_hidden_layers * lm.model.config.num_key_value_heads
+    assert read_view_meta(out) == {"document": "alice"}
