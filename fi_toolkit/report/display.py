@@ -14,11 +14,12 @@ import pandas as pd
 
 SIGNIFICANT = 4
 WORDS = {  # column-name words as a reader spells them; other words keep their spelling, '_' becomes ' '
-    "fi": "FI", "kl": "KL", "nll": "NLL", "rho": "ρ", "std": "sd", "n": "number of", "p": "p", "ci": "CI",
+    "fi": "FI", "kl": "KL", "nll": "NLL", "rho": "ρ", "std": "sd", "p": "p", "ci": "CI",
     "top1": "top-1", "delta": "Δ", "rel": "relative to", "wilcoxon": "Wilcoxon", "sd": "sd",
 }
 NAMES = {  # whole names where the words alone read badly
-    "n_documents": "documents", "n_removed": "removed", "n_kept": "kept", "distance_from_p": "distance from p",
+    "n_documents": "documents", "n_removed": "removed", "n_kept": "kept", "n_tokens": "tokens", "n": "n",
+    "distance_from_p": "distance from p",
     "fi_share_near": "FI / FI on nearest chunk", "fi_rel_random": "FI / random FI", "delta_nll": "ΔNLL",
     "top1_agreement": "top-1 agreement", "mean_kl": "mean KL", "a_wins": "entropy wins", "wilcoxon_p": "Wilcoxon p",
 }
