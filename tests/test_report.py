@@ -137,11 +137,11 @@ def test_display_table_reads_like_a_person_writes():
 
     text = pd.DataFrame({"sinks": ["4.0", "0.0"], "fi_mean": ["0.026641269214513", "1.5e-07"],
                          "fi_ci_low": ["0.0213", ""], "fi_ci_high": ["0.031149", ""], "note": ["a_b", "1e3x"],
-                         "layer": ["", ""], "flag": ["True", "False"]})
+                         "layer": ["", ""], "flag": ["True", "False"], "token": [" 1.50", "2"]})
     shown = display_table(text)
-    assert list(shown.columns) == ["sinks", "FI mean [95 % CI]", "note", "flag"]
-    assert shown.iloc[0].tolist() == ["4", "0.02664 [0.0213, 0.03115]", "a_b", "True"]
-    assert shown.iloc[1].tolist() == ["0", "1.5e-07", "1e3x", "False"]
+    assert list(shown.columns) == ["sinks", "FI mean [95 % CI]", "note", "flag", "token"]
+    assert shown.iloc[0].tolist() == ["4", "0.02664 [0.0213, 0.03115]", "a_b", "True", " 1.50"]
+    assert shown.iloc[1].tolist() == ["0", "1.5e-07", "1e3x", "False", "2"]
     assert shown.attrs["numeric"] == ["sinks", "FI mean [95 % CI]"]
 
 
@@ -171,6 +171,10 @@ def test_html_parses_and_escapes_document_text(runs):
     assert parser.images >= 5  # every figure embedded, nothing linked
     assert "tiny-llama" in text and "p = 96" in text  # caption: model, documents, prefix, chunks
     assert "noise floor <= " in text and "(float32 weights, float32 arithmetic)" in text  # ...and its floor
+    cells = re.findall(r"<td class='num'>([^<]*)</td>", page)
+    numbers = [n for c in cells for n in re.findall(r"-?\d+\.\d+(?:e[-+]\d+)?", c)]
+    assert len(numbers) > 50 and all(_significant(n) <= 4 for n in numbers)  # the page's tables, as in Markdown
+    assert page.count("<div class='table-wrap'><table>") == page.count("<table>")  # every table can scroll
 
 
 def _fi(args, capsys):

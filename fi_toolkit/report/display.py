@@ -77,13 +77,16 @@ def _pairs(columns: list[str]) -> dict[str, tuple[str, str, str]]:
     return found
 
 
+TEXT_COLUMNS = ("document", "token", "text", "name")  # text even where every cell looks like a number ("2024")
+
+
 def display_table(text: pd.DataFrame) -> pd.DataFrame:
     """A table's cells as the CSV has them (``str``) -> the cells and column names a reader sees.
 
     Returns a frame of ``str`` with the same rows; bounds columns are folded into their value's column
     and numbers shortened (module docstring); columns with no value at all are left out. ``attrs['numeric']`` lists the columns that hold numbers."""
     columns = [c for c in text.columns if (text[c].astype(str).str.strip() != "").any()]  # all-empty: dropped
-    numbers = {c: _numeric(text[c].astype(str)) for c in columns}
+    numbers = {c: None if c in TEXT_COLUMNS else _numeric(text[c].astype(str)) for c in columns}
     integer = {c: v is not None and bool(((v.dropna() % 1) == 0).all()) for c, v in numbers.items()}
 
     def cells(c: str) -> pd.Series:
