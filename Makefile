@@ -18,7 +18,7 @@ VENV_LME := .venv-lmeval
 BIN_LME := $(VENV_LME)/bin
 STAMP_LME := $(VENV_LME)/.installed
 
-.PHONY: setup probe test test-min test-kvpress test-lmeval bench gpu-check clean-cache docs
+.PHONY: setup probe test test-min test-kvpress test-lmeval bench gpu-check clean-cache docs browser
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -94,3 +94,10 @@ $(STAMP_DOCS): $(STAMP) pyproject.toml
 docs: $(STAMP_DOCS)
 	$(BIN)/python docs/gen_cli_reference.py
 	$(BIN)/mkdocs build --strict --site-dir site
+
+# Headless Chromium from Debian's packages for the tests marked `browser` (tests/test_browser.py drives it
+# over its DevTools pipe; no network at test time). Needs root, or sudo.
+browser:
+	@command -v chromium >/dev/null || { SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q chromium; }
+	chromium --version

@@ -109,6 +109,8 @@ def a_big_sparse_file(tmp):
     """257 MiB that take no disk (a hole): past the 256 MiB a document file may hold."""
     with open(tmp / "big.txt", "wb") as fh:
         fh.truncate(MAX_DOCUMENT_BYTES + 2**20)
+def short_text(tmp):
+    (tmp / "short.txt").write_text("A short document of a few words. " * 4)
 
 
 def existing_scores(tmp):
@@ -472,6 +474,20 @@ CASES = [
      "--samples must be >= 1, got 0"),
     ("fit-data-sinks-negative", None, ["fit-data", "--chunk", "128:160", "--out", "fd", "--sinks", "-1"],
      "--sinks must lie in [0, 96), got -1"),
+    # fi view (issue 21): every option checked before the model loads
+    ("view-missing-document", None, ["view", "no-such-file.txt"], "no-such-file.txt"),
+    ("view-policy-unknown", None, ["view", "alice", "--policy", "infokv,lru"], "unknown policy 'lru'"),
+    ("view-budget-nan", None, ["view", "alice", "--budget", "keep=nan"], "--budget"),
+    ("view-budget-keeps-all", None, ["view", "alice", "--budget", "keep=1.0"], "keeps all 1,024 prefix tokens"),
+    ("view-chunk-before-p", None, ["view", "alice", "--chunk", "512:768"], "starts before the compression point p=1024"),
+    ("view-chunk-past-document", short_text, ["view", "short.txt", "--prefix", "160", "--chunk", "160:400"],
+     "chunk 160:400 ends past the end of document 'short"),
+    ("view-chunk-malformed", None, ["view", "alice", "--chunk", "a:b"], "invalid chunk 'a:b'"),
+    ("view-samples-0", None, ["view", "alice", "--samples", "0"], "--samples must be >= 1"),
+    ("view-out-not-html", None, ["view", "alice", "--out", "page.txt"], "--out must end in .html"),
+    ("view-out-exists", lambda t: (t / "page.html").write_text("old"), ["view", "alice", "--out", "page.html"],
+     "--out 'page.html' exists"),
+    ("view-out-under-file", a_file, ["view", "alice", "--out", "f/page.html"], "lies under 'f'"),
 ]
 
 

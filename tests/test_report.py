@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 import json
 import math
+import re
 import shutil
 from html.parser import HTMLParser
 
@@ -68,18 +69,80 @@ def test_tables_carry_exactly_the_result_numbers(runs):
                     assert _same(rec[col], row[col]), (name, col, rec[col], row[col])
 
 
-def test_markdown_tables_show_the_csv_text(runs):
+def _md_rows(md: str, title: str) -> list[list[str]]:
+    """The cells of the Markdown table under ``### title`` (header first), unescaped."""
+    lines = md.split(f"### {title}\n\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    return [[html.unescape(c.strip()) for c in line.strip("|").split(" | ")] for line in [lines[0]] + lines[2:]]
+
+
+def _significant(text: str) -> int:
+    """Significant digits of a number as written (``0.02664`` -> 4, ``1.5e-07`` -> 2, ``12`` -> 2)."""
+    mantissa = text.lower().split("e")[0].lstrip("-").replace(".", "").lstrip("0")
+    return len(mantissa.rstrip("0")) if "." not in text.split("e")[0] else len(mantissa)
+
+
+def _reads_as(shown: str, csv_text: str) -> bool:
+    """The shown cell is the CSV's number to at most 4 significant digits (an integer as an integer)."""
+    if csv_text == "":
+        return shown == ""
+    value = float(csv_text)
+    if value == int(value) and abs(value) < 1e15:
+        return shown == str(int(value))
+    return _significant(shown) <= 4 and math.isclose(float(shown), value, rel_tol=5e-4, abs_tol=0)
+
+
+def test_markdown_tables_show_the_csv_numbers_to_4_significant_digits(runs):
+    """Issue 21: the shown tables read well (<= 4 significant digits, integers as integers); the CSV files
+    they come from keep every digit."""
     root, out, _ = runs
     md = (out / "report.md").read_text()
     text = pd.read_csv(root / "nf" / "nearfar_tests.csv", dtype=str, keep_default_na=False)
-    for row in text.itertuples(index=False):  # as the CSV has it, HTML-escaped ("entropy &gt; attention")
-        assert "| " + " | ".join(html.escape(v) for v in row) + " |" in md
+    rows = _md_rows(md, "nearfar_tests")
+    head = rows[0]
+    assert head[:3] == ["sinks", "distance from p", "metric"] and "Wilcoxon p" in head
+    assert len(rows) - 1 == len(text)
+    columns = {"sinks": "sinks", "distance from p": "distance_from_p", "metric": "metric", "hypothesis": "hypothesis",
+               "Wilcoxon p": "wilcoxon_p", "median difference": "median_difference"}
+    for shown, (_, row) in zip(rows[1:], text.iterrows()):
+        for name, col in columns.items():
+            cell = shown[head.index(name)]
+            if col in ("metric", "hypothesis"):
+                assert cell == row[col]  # text as the CSV has it ("entropy > attention")
+            else:
+                assert _reads_as(cell, row[col]), (name, cell, row[col])
     summary = pd.read_csv(root / "corr" / "correlation_summary.csv", dtype=str, keep_default_na=False)
     first = summary[summary.scope == "mean"].iloc[0]
-    assert f"| {first['rho_mean']} | {first['rho_std']} |" in md
+    shown = _md_rows(md, "correlation_summary")
+    cell = shown[1][shown[0].index("ρ mean (range)")]  # "0.1087 (-0.1174 .. 0.3348)"
+    mean, low, high = cell.replace("(", "").replace(")", "").replace("..", " ").split()
+    assert _reads_as(mean, first["rho_mean"]) and _reads_as(low, first["rho_min"]) and _reads_as(high, first["rho_max"])
+    assert shown[1][shown[0].index("documents")] == str(int(float(first["n_documents"])))
+    nf = _md_rows(md, "nearfar_summary")
+    assert "FI mean [95 % CI]" in nf[0] and "fi_mean" not in nf[0]
+    csv = pd.read_csv(root / "nf" / "nearfar_summary.csv", dtype=str, keep_default_na=False).iloc[0]
+    value, low, high = nf[1][nf[0].index("FI mean [95 % CI]")].replace("[", "").replace("]", "").replace(",", "").split()
+    assert _reads_as(value, csv["fi_mean"]) and _reads_as(low, csv["fi_ci_low"]) and _reads_as(high, csv["fi_ci_high"])
+    assert len(csv["fi_mean"].replace(".", "").lstrip("0-")) > 5  # ...while the CSV keeps every digit
+    numbers = re.findall(r"(?<![\w.:=+-])-?\d+\.\d+(?:e[-+]\d+)?(?![\w.:])", md.split("### ", 1)[1])
+    assert len(numbers) > 50
+    for number in numbers:
+        assert _significant(number) <= 4, number  # every decimal number in the tables
     for fig in ("fi_vs_distance", "fi_vs_signals", "rho_heatmap", "rho_vs_distance"):
         assert fig in md
     assert all(p.exists() for p in runs[2])
+
+
+def test_display_table_reads_like_a_person_writes():
+    from fi_toolkit.report.display import display_table
+
+    text = pd.DataFrame({"sinks": ["4.0", "0.0"], "fi_mean": ["0.026641269214513", "1.5e-07"],
+                         "fi_ci_low": ["0.0213", ""], "fi_ci_high": ["0.031149", ""], "note": ["a_b", "1e3x"],
+                         "layer": ["", ""], "flag": ["True", "False"], "token": [" 1.50", "2"]})
+    shown = display_table(text)
+    assert list(shown.columns) == ["sinks", "FI mean [95 % CI]", "note", "flag", "token"]
+    assert shown.iloc[0].tolist() == ["4", "0.02664 [0.0213, 0.03115]", "a_b", "True", " 1.50"]
+    assert shown.iloc[1].tolist() == ["0", "1.5e-07", "1e3x", "False", "2"]
+    assert shown.attrs["numeric"] == ["sinks", "FI mean [95 % CI]"]
 
 
 class Collector(HTMLParser):
@@ -108,6 +171,10 @@ def test_html_parses_and_escapes_document_text(runs):
     assert parser.images >= 5  # every figure embedded, nothing linked
     assert "tiny-llama" in text and "p = 96" in text  # caption: model, documents, prefix, chunks
     assert "noise floor <= " in text and "(float32 weights, float32 arithmetic)" in text  # ...and its floor
+    cells = re.findall(r"<td class='num'>([^<]*)</td>", page)
+    numbers = [n for c in cells for n in re.findall(r"-?\d+\.\d+(?:e[-+]\d+)?", c)]
+    assert len(numbers) > 50 and all(_significant(n) <= 4 for n in numbers)  # the page's tables, as in Markdown
+    assert page.count("<div class='table-wrap'><table>") == page.count("<table>")  # every table can scroll
 
 
 def _fi(args, capsys):
@@ -211,3 +278,29 @@ def test_analyses_scripts_copy_results_atomically(tmp_path, monkeypatch):
     monkeypatch.undo()
     copy_results(argparse.Namespace(out=tmp_path / "out", results=str(kept)), ["summary.csv"])
     assert (kept / "summary.csv").read_text() == "new\n"
+
+
+def test_view_pages_of_the_runs_documents_are_linked(runs, tmp_path):
+    """fi view pages in a run directory (of the documents it covers) are copied beside the report and linked."""
+    from fi_toolkit.report.view import ViewData, write_view
+
+    root, _, _ = runs
+    run = tmp_path / "nf"
+    shutil.copytree(root / "nf", run)
+
+    def page(document, path):
+        data = ViewData(document, "tiny-llama", 2, "2:3", ["a", "b"], {k: torch.ones(2) for k in
+                        ("FI", "FI_se", "H", "A", "D", "S")}, {"snapkv@keep=0.5": torch.tensor([0, 8])}, 8)
+        write_view(path, data)
+
+    page(f"{EVIL} doc1", run / "doc1.html")
+    (run / "views").mkdir()
+    page("another document", run / "views" / "other.html")  # not a document of this run
+    (run / "notes.html").write_text("<html>not a view</html>")
+    out = tmp_path / "report"
+    written = build_report([run], out, ["html", "md"])
+    assert sorted(p.name for p in (out / "views").iterdir()) == ["nf__doc1.html"]
+    assert (out / "views" / "nf__doc1.html").read_bytes() == (run / "doc1.html").read_bytes()
+    assert out / "views" / "nf__doc1.html" in written
+    assert f"- [{html.escape(EVIL)} doc1](views/nf__doc1.html)" in (out / "report.md").read_text()
+    assert "<a href='views/nf__doc1.html'>" in (out / "report.html").read_text()

@@ -316,12 +316,14 @@ from fi_toolkit.cli.fit import register as _register_fit  # noqa: E402
 from fi_toolkit.cli.generate import register as _register_generate  # noqa: E402
 from fi_toolkit.cli.lmeval import register as _register_lmeval  # noqa: E402  (fi lm-eval, fi tasks export)
 from fi_toolkit.cli.study import register as _register_study  # noqa: E402
+from fi_toolkit.cli.view import register as _register_view  # noqa: E402
 
 _register_study(app)
 _register_generate(app)
 _register_eval(app)
 _register_lmeval(app)
 _register_fit(app)
+_register_view(app)
 
 
 def _line(message: str) -> str:

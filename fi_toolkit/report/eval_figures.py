@@ -9,6 +9,8 @@ import pandas as pd
 
 from fi_toolkit.report.figures import _finish, _spans_decades, plt, sns
 
+LEGEND_OUTSIDE = {"loc": "upper left", "bbox_to_anchor": (1.02, 1.0), "frameon": False, "fontsize": 8}
+
 POLICY_ORDER = ["infokv", "snapkv", "pyramidkv", "streaming", "h2o", "knorm", "random", "rpc"]
 
 
@@ -49,8 +51,8 @@ def _against_retention(ax, part: pd.DataFrame, metric: str, label: str, legend: 
         ax.set_yscale("log")
     ax.set_xlabel("retention (share of the cache kept)")
     ax.set_ylabel(label)
-    if legend:
-        ax.legend(fontsize=8)
+    if legend:  # right of the panel, outside the data
+        ax.legend(**LEGEND_OUTSIDE)
 
 
 def replay_vs_retention(summary: pd.DataFrame, text: str):
@@ -63,7 +65,7 @@ def replay_vs_retention(summary: pd.DataFrame, text: str):
     fig, axes = plt.subplots(len(futures), 3, figsize=(15, 4.2 * len(futures)), squeeze=False)
     for r, future in enumerate(futures):
         for c, (metric, label) in enumerate(metrics):
-            _against_retention(axes[r][c], summary[summary["future"] == future], metric, label, r == 0 and c == 0)
+            _against_retention(axes[r][c], summary[summary["future"] == future], metric, label, r == 0 and c == 2)
             axes[r][c].set_title(f"future: {future}", fontsize=10)
     fig.suptitle("Decoding replay against retention (mean over documents, bootstrap 95% bands)", fontsize=11)
     return _finish(fig, text)
@@ -79,7 +81,7 @@ def accuracy_vs_retention(summary: pd.DataFrame, text: str):
     fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 4 * rows), squeeze=False)
     for i, ((task, context, protocol), part) in enumerate(groups):
         ax = axes[i // cols][i % cols]
-        _against_retention(ax, part, "accuracy", "exact-match accuracy", i == 0)
+        _against_retention(ax, part, "accuracy", "exact-match accuracy", i == min(cols, len(groups)) - 1)
         ax.set_ylim(-0.05, 1.05)
         ax.set_title(f"{task}, {context} tokens, {protocol}", fontsize=10)
     for j in range(len(groups), rows * cols):
@@ -113,7 +115,7 @@ def kl_over_position(positions: pd.DataFrame, segments: pd.DataFrame, text: str,
             ax.set_yscale("log")
         ax.set_ylabel(f"KL (nats), {budget}")
         if i == 0:
-            ax.legend(fontsize=8, ncol=4)
+            ax.legend(**LEGEND_OUTSIDE)
     axes[-1][0].set_xlabel("position (dotted: compressions; rolling mean over %d positions)" % smooth)
     fig.suptitle(f"Replay KL over position: {doc}, future {future}", fontsize=11)
     return _finish(fig, text)

@@ -1,8 +1,11 @@
 """``fi report``: result directories -> a self-contained HTML page, Markdown, CSV and JSON tables.
 
-The tables are the result files themselves: CSV files are copied byte for byte, JSON holds the
-same rows read back at full precision, and the tables shown in HTML and Markdown carry each
-cell's text exactly as the CSV file has it. Every string from the data (document names, token
+The tables are the result files themselves: CSV files are copied byte for byte and JSON holds the
+same rows read back at full precision; the tables shown in HTML and Markdown are the CSV cells in a
+reader's form (:mod:`fi_toolkit.report.display`: at most 4 significant digits, integers as integers,
+bounds folded into their value's column, names in words), wide ones in a container that scrolls
+sideways. ``fi view`` pages found in a run directory (``*.html`` or ``views/*.html``, of the run's
+documents) are copied to ``views/`` and linked. Every string from the data (document names, token
 text, run labels) is HTML-escaped before it reaches the page or the Markdown (which renderers
 read as HTML too); Markdown image links are URL-encoded; figures are embedded as base64 PNG.
 
@@ -25,6 +28,8 @@ import pandas as pd
 
 from fi_toolkit.errors import FIError
 from fi_toolkit.report import eval_figures, figures
+from fi_toolkit.report.display import display_table
+from fi_toolkit.report.view import read_view_meta
 from fi_toolkit.runs import results
 from fi_toolkit.runs.resumable import read_table
 
@@ -41,8 +46,8 @@ TABLES = {
 EVAL_KINDS = {"text": "eval-text", "tasks": "eval-tasks"}  # fi eval writes command 'eval' and settings.kind
 # Tables a run holds only with some settings (fi correlate --estimator fisher --validate N), read when present.
 OPTIONAL_TABLES = {"correlate": [("agreement", True), ("agreement_summary", True), ("validation", False)]}
-SHOWN_COLUMNS = {  # columns shown in HTML/Markdown (all columns stay in CSV/JSON)
-    "correlation_summary": ["chunk", "signal", "scope", "layer", "method", "sampling", "weighted", "rho_mean",
+SHOWN_COLUMNS = {  # columns shown in HTML/Markdown (all columns stay in CSV/JSON); correlation_summary: its mean rows
+    "correlation_summary": ["chunk", "signal", "method", "sampling", "weighted", "rho_mean",
                             "rho_std", "rho_min", "rho_max", "n_documents"],
 }
 
@@ -100,7 +105,14 @@ def load_run(path: Path) -> dict:
         except (ValueError, pd.errors.ParserError):  # EmptyDataError is a ValueError
             raise FIError(f"'{f}' is not a readable CSV table") from None
     return {"label": path.name, "path": path, "manifest": manifest, "kind": kind, "tables": tables, "text": text,
-            "names": names}
+            "names": names, "views": _views(path, manifest)}
+
+
+def _views(path: Path, manifest: dict) -> list[Path]:
+    """The ``fi view`` pages in a run directory (``*.html`` or ``views/*.html``) of the documents it covers."""
+    names = {d["name"] for d in manifest["settings"].get("documents", [])}
+    found = sorted(path.glob("*.html")) + sorted((path / "views").glob("*.html"))
+    return [f for f in found if (meta := read_view_meta(f)) is not None and meta["document"] in names]
 
 
 def _figures(run: dict) -> list[tuple[str, object]]:
@@ -141,7 +153,7 @@ def cross_run_tables(runs: list[dict]) -> pd.DataFrame | None:
 
 def _png(fig) -> bytes:
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")  # legends outside the axes stay in
     figures.plt.close(fig)
     return buf.getvalue()
 
@@ -157,11 +169,17 @@ def _records(df: pd.DataFrame) -> list[dict]:
 
 
 def _shown(run: dict, name: str) -> pd.DataFrame:
+    """The table as shown: its CSV text in :func:`~fi_toolkit.report.display.display_table`'s reading form."""
     df = run["text"][name]
     cols = [c for c in SHOWN_COLUMNS.get(name, df.columns) if c in df.columns]
     if name == "correlation_summary":  # the per-layer rows live in the heatmap and the CSV
         df = df[df["scope"] == "mean"]
-    return df[cols]
+    return display_table(df[cols])
+
+
+def _text_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """A computed table (the cross-run one) as CSV-like text cells, for :func:`display_table`."""
+    return df.map(lambda v: "" if v is None or (not isinstance(v, str) and pd.isna(v)) else str(v))
 
 
 def _md(text) -> str:
@@ -170,18 +188,25 @@ def _md(text) -> str:
 
 
 def _md_table(df: pd.DataFrame) -> str:
+    """A shown table in Markdown; number columns right-aligned (``attrs['numeric']``)."""
     def cell(v):
         return _md(v)
-    lines = ["| " + " | ".join(cell(c) for c in df.columns) + " |", "|" + "---|" * len(df.columns)]
+    numeric = set(df.attrs.get("numeric", []))
+    rule = "|" + "".join("---:|" if c in numeric else "---|" for c in df.columns)
+    lines = ["| " + " | ".join(cell(c) for c in df.columns) + " |", rule]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
     return "\n".join(lines)
 
 
 def _html_table(df: pd.DataFrame) -> str:
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in df.columns)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in row) + "</tr>"
-                   for row in df.itertuples(index=False))
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    """A shown table in a container that scrolls sideways when the table is wider than the page;
+    number columns right-aligned (``attrs['numeric']``)."""
+    numeric = set(df.attrs.get("numeric", []))
+    kinds = ["num" if c in numeric else "txt" for c in df.columns]
+    head = "".join(f"<th class='{k}'>{html.escape(str(c))}</th>" for c, k in zip(df.columns, kinds))
+    body = "".join("<tr>" + "".join(f"<td class='{k}'>{html.escape(str(v))}</td>" for v, k in zip(row, kinds))
+                   + "</tr>" for row in df.itertuples(index=False))
+    return f"<div class='table-wrap'><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
 
 
 def _top_tokens(run: dict, n: int = 12) -> pd.DataFrame | None:
@@ -191,7 +216,7 @@ def _top_tokens(run: dict, n: int = 12) -> pd.DataFrame | None:
     first = text["chunk"].iloc[0] if len(text) else None
     part = text[text["chunk"] == first]
     order = run["tables"]["tokens"].loc[part.index, "fi"].sort_values(ascending=False).index[:n]
-    return part.loc[order, ["document", "position", "token", "chunk", "fi", "entropy", "attention"]]
+    return display_table(part.loc[order, ["document", "position", "token", "chunk", "fi", "entropy", "attention"]])
 
 
 def _headline(run: dict) -> list[str]:
@@ -218,7 +243,7 @@ def _headline(run: dict) -> list[str]:
         tests = t["nearfar_tests"]
         far = tests[(tests["metric"].isin(["fi", "fi_share_near"])) & (tests["distance_from_p"] == tests["distance_from_p"].max())]
         for r in far.itertuples():
-            lines.append(f"sinks={r.sinks}, farthest chunk (+{r.distance_from_p}), {r.metric}: entropy beats attention in "
+            lines.append(f"sinks={int(r.sinks)}, farthest chunk (+{int(r.distance_from_p)}), {r.metric}: entropy beats attention in "
                          f"{r.a_wins}/{r.n_documents} documents, one-sided Wilcoxon p = {r.wilcoxon_p:.3g}")
     else:
         for r in t.get("agreement_summary", pd.DataFrame()).itertuples():
@@ -233,8 +258,10 @@ def _headline(run: dict) -> list[str]:
 
 
 CSS = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
-table{border-collapse:collapse;font-size:12px;margin:0.5em 0 1.5em}td,th{border:1px solid #ccc;padding:2px 6px}
-th{background:#f3f3f3}img{max-width:100%;border:1px solid #eee}code{background:#f5f5f5}.cap{color:#555;font-size:13px}"""
+.table-wrap{max-width:100%;overflow-x:auto;margin:0.5em 0 1.5em}
+table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px;white-space:nowrap}
+th{background:#f3f3f3;position:sticky;top:0}td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
+img{max-width:100%;border:1px solid #eee}figure{margin:1em 0}code{background:#f5f5f5}.cap{color:#555;font-size:13px}"""
 
 
 REPORT_FILES = ("report.html", "report.md", "report.json")
@@ -253,7 +280,7 @@ def _remove_stale(out_dir: Path, written: list[Path]) -> None:
     """After ``--overwrite``: drop the old report's files that the new report did not write."""
     keep = {p.resolve() for p in written}
     stale = [out_dir / n for n in REPORT_FILES] + sorted((out_dir / "tables").glob("*.csv")) \
-        + sorted((out_dir / "figures").glob("*.png"))
+        + sorted((out_dir / "figures").glob("*.png")) + sorted((out_dir / "views").glob("*.html"))
     for f in stale:
         if f.is_file() and f.resolve() not in keep:
             f.unlink()
@@ -288,6 +315,14 @@ def build_report(run_dirs: Sequence[Path], out_dir: Path, formats: Sequence[str]
             for name, _ in run["names"]:
                 target = out_dir / "tables" / f"{run['label']}__{name}.csv"
                 results.atomic_copy(run["path"] / f"{name}.csv", target)
+                written.append(target)
+    if {"html", "md"} & set(formats):  # fi view pages found in the run directories, copied beside the report
+        for run in runs:
+            run["view_copies"] = []
+            for page in run["views"]:
+                target = out_dir / "views" / f"{run['label']}__{page.name}"
+                results.atomic_copy(page, target)
+                run["view_copies"].append(target)
                 written.append(target)
     if "json" in formats:
         data = {"generated": results.now(), "runs": [
@@ -325,9 +360,13 @@ def _write_markdown(runs, figs, out_dir: Path, cross: pd.DataFrame | None = None
         top = _top_tokens(run)
         if top is not None:
             parts += ["### tokens with the largest per-token FI (first chunk)", "", _md_table(top), ""]
+        if run.get("view_copies"):
+            parts += ["### token views (fi view)", ""] + [
+                f"- [{_md(read_view_meta(f)['document'])}](views/{urllib.parse.quote(f.name)})" for f in run["view_copies"]]
+            parts += [""]
         parts += [f"Full tables: {_md(run['path'])} (CSV), and tables/, report.json here.", ""]
     if cross is not None:
-        parts += [f"## {_md(CROSS_TITLE)}", "", _md_table(cross), ""]
+        parts += [f"## {_md(CROSS_TITLE)}", "", _md_table(display_table(_text_frame(cross))), ""]
     path = out_dir / "report.md"
     results.atomic_write_text(path, "\n".join(parts))
     return [path] + pngs
@@ -348,8 +387,12 @@ def _write_html(runs, figs, out_dir: Path, cross: pd.DataFrame | None = None) ->
         top = _top_tokens(run)
         if top is not None:
             parts.append(f"<h3>tokens with the largest per-token FI (first chunk)</h3>{_html_table(top)}")
+        if run.get("view_copies"):
+            links = "".join(f"<li><a href='views/{e(urllib.parse.quote(f.name))}'>{e(read_view_meta(f)['document'])}</a></li>"
+                            for f in run["view_copies"])
+            parts.append(f"<h3>token views (fi view)</h3><ul>{links}</ul>")
     if cross is not None:
-        parts.append(f"<h2>{e(CROSS_TITLE)}</h2>{_html_table(cross)}")
+        parts.append(f"<h2>{e(CROSS_TITLE)}</h2>{_html_table(display_table(_text_frame(cross)))}")
     parts.append("</body></html>")
     path = out_dir / "report.html"
     results.atomic_write_text(path, "\n".join(parts))

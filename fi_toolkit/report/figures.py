@@ -42,6 +42,17 @@ def caption(manifest: dict) -> str:
     return text
 
 
+def legend_outside(ax) -> None:
+    """Move ``ax``'s legend to the right of the axes, outside the data (seaborn's ``move_legend``);
+    :func:`_finish`'s tight layout and ``bbox_inches='tight'`` keep it inside the saved figure."""
+    if ax.get_legend() is not None:
+        sns.move_legend(ax, "upper left", bbox_to_anchor=(1.02, 1.0), frameon=False, fontsize=8, title_fontsize=8)
+
+
+def _sinks_title(s) -> str:
+    return f"sinks protected (first {int(s)})" if s else "no sink protection"
+
+
 def _finish(fig, text: str):
     fig.text(0.5, 0.005, "\n".join(textwrap.wrap(text, 150)), ha="center", va="bottom", fontsize=7, color="#444")
     fig.tight_layout(rect=(0, 0.05, 1, 1))
@@ -67,12 +78,13 @@ def nearfar_distance(nf: pd.DataFrame, text: str):
         for row, (metric, label) in enumerate(metrics):
             ax = axes[row][col]
             sns.lineplot(data=part, x="distance_from_p", y=metric, hue="selector", hue_order=hue_order,
-                         errorbar=("ci", 95), marker="o", ax=ax, legend=(row == 0 and col == 0))
+                         errorbar=("ci", 95), marker="o", ax=ax, legend=(row == 0 and col == len(sinks) - 1))
+            legend_outside(ax)
             if metric == "fi" and _spans_decades(part[metric]):
                 ax.set_yscale("log")
             ax.set_xlabel("chunk start - p (tokens)")
             ax.set_ylabel(label)
-            ax.set_title(f"{'sinks protected (first ' + str(s) + ')' if s else 'no sink protection'}", fontsize=10)
+            ax.set_title(_sinks_title(s), fontsize=10)
     fig.suptitle("Forward Influence of equal-size sets vs chunk distance (mean over documents, 95% CI)", fontsize=11)
     return _finish(fig, text)
 
@@ -83,9 +95,10 @@ def token_classes(summary: pd.DataFrame, text: str):
     long = summary.melt(id_vars=["sinks", "selector"], value_vars=["share_content", "share_function", "share_other"],
                         var_name="class", value_name="share")
     long["class"] = long["class"].str.removeprefix("share_")
-    long["set"] = long["selector"] + " (sinks=" + long["sinks"].astype(str) + ")"
+    long["set"] = long["selector"] + " (sinks=" + long["sinks"].astype(int).astype(str) + ")"
     fig, ax = plt.subplots(figsize=(10, 4))
     sns.barplot(data=long, x="set", y="share", hue="class", ax=ax)
+    legend_outside(ax)
     ax.tick_params(axis="x", rotation=30, labelsize=8)
     ax.set_xlabel("")
     ax.set_title("Token classes in each selector's set (closed-class function-word list)", fontsize=11)
@@ -102,6 +115,7 @@ def fi_vs_signals(tokens: pd.DataFrame, text: str):
             ax = axes[row][col]
             sns.scatterplot(data=part, x=signal, y="fi", hue="document", s=12, alpha=0.7, ax=ax,
                             legend=(row == 0 and col == 1))
+            legend_outside(ax)
             if _spans_decades(part["fi"]):
                 ax.set_yscale("log")
             if _spans_decades(part[signal]):
@@ -137,6 +151,7 @@ def rho_vs_distance(correlations: pd.DataFrame, text: str):
         return None
     fig, ax = plt.subplots(figsize=(7, 4))
     sns.lineplot(data=mean, x="distance_from_p", y="rho", hue="signal", errorbar="sd", marker="o", ax=ax)
+    legend_outside(ax)
     ax.axhline(0, color="#888", lw=0.8)
     ax.set_xlabel("chunk start - p (tokens)")
     ax.set_ylabel("Spearman rho (FI_j vs signal)")
@@ -155,7 +170,7 @@ def estimate_vs_exact(validation: pd.DataFrame, text: str):
         part = validation[(validation["chunk"] == chunk) & (validation["fi_exact"] > 0) & (validation["fi_estimate"] > 0)]
         ax = axes[0][i]
         sns.scatterplot(data=part, x="fi_exact", y="fi_estimate", hue="document", s=14, alpha=0.8, ax=ax,
-                        legend=(i == 0))
+                        legend=(i == len(chunks) - 1))
         if len(part):
             lo = min(part["fi_exact"].min(), part["fi_estimate"].min())
             hi = max(part["fi_exact"].max(), part["fi_estimate"].max())
@@ -164,5 +179,6 @@ def estimate_vs_exact(validation: pd.DataFrame, text: str):
         ax.set_yscale("log")
         ax.set_xlabel(f"exact per-token FI on {chunk} (nats)")
         ax.set_ylabel("Fisher estimate (nats)")
+        legend_outside(ax)
     fig.suptitle("Gradient (Fisher) estimate against exact leave-one-out FI (dashed: identity)", fontsize=11)
     return _finish(fig, text)

@@ -1,0 +1,293 @@
+"""The pages in a real headless browser (issue 21, part 4): Debian's Chromium driven through its own
+DevTools protocol over a pipe (``--remote-debugging-pipe``: JSON messages ended by NUL on fds 3 and 4),
+so no websocket, no Playwright and no network. ``make browser`` installs Chromium; without a binary
+these tests are skipped with the reason.
+
+Set ``FI_SCREENSHOTS=DIR`` to keep the screenshots (docs/images/ holds the ones in the guides).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import select
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from fi_toolkit import Document, LoadedModel, SignalConfig
+from fi_toolkit.policies import parse_policy
+from fi_toolkit.probe.chunks import Chunk
+from fi_toolkit.report.view import view_data, write_view
+from fi_toolkit.signals.trace import trace_prefix
+
+BINARY = next((b for b in (os.environ.get("FI_CHROMIUM"), shutil.which("chromium"), shutil.which("chromium-browser"),
+                           shutil.which("google-chrome")) if b), None)
+pytestmark = [pytest.mark.browser,
+              pytest.mark.skipif(BINARY is None, reason="no chromium binary on PATH: run `make browser` "
+                                                        "(apt-get install chromium) or set FI_CHROMIUM")]
+WORDS = "the of and a to in is you that it he was for on are as with his they I at be this have from".split()
+
+
+class Chromium:
+    """Headless Chromium and one page, spoken to over the DevTools pipe."""
+
+    def __init__(self, profile: Path, width: int = 1280, height: int = 900):
+        cmd_r, self._cmd_w = os.pipe()  # we write commands, Chromium reads fd 3
+        self._out_r, out_w = os.pipe()  # Chromium writes fd 4, we read
+
+        def fds():  # in the child: the two pipe ends on 3 and 4 (dup first: either may already be 3 or 4)
+            a, b = os.dup(cmd_r), os.dup(out_w)
+            os.dup2(a, 3)
+            os.dup2(b, 4)
+
+        self.proc = subprocess.Popen(
+            [BINARY, "--headless", "--remote-debugging-pipe", "--no-sandbox", "--disable-gpu", "--no-first-run",
+             "--disable-extensions", "--disable-background-networking", "--disable-dev-shm-usage",
+             f"--user-data-dir={profile}", f"--window-size={width},{height}", "about:blank"],
+            preexec_fn=fds, close_fds=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fds: 3, 4 stay
+        os.close(cmd_r)
+        os.close(out_w)
+        self._buf, self._id, self.events = b"", 0, []
+        target = self.call("Target.createTarget", {"url": "about:blank"})["targetId"]
+        self.session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+        self.call("Emulation.setDeviceMetricsOverride", {"width": width, "height": height, "deviceScaleFactor": 1,
+                                                         "mobile": False}, self.session)
+        for domain in ("Page", "Runtime", "Log"):
+            self.call(f"{domain}.enable", {}, self.session)
+
+    def _message(self, timeout: float) -> dict:
+        end = time.monotonic() + timeout
+        while b"\0" not in self._buf:
+            left = end - time.monotonic()
+            if left <= 0 or not select.select([self._out_r], [], [], left)[0]:
+                raise TimeoutError("no answer from Chromium")
+            chunk = os.read(self._out_r, 1 << 20)
+            if not chunk:
+                raise RuntimeError("Chromium closed the DevTools pipe")
+            self._buf += chunk
+        raw, self._buf = self._buf.split(b"\0", 1)
+        return json.loads(raw)
+
+    def call(self, method: str, params: dict | None = None, session: str | None = None, timeout: float = 60) -> dict:
+        self._id += 1
+        msg = {"id": self._id, "method": method, "params": params or {}}
+        if session:
+            msg["sessionId"] = session
+        os.write(self._cmd_w, json.dumps(msg).encode() + b"\0")
+        while True:
+            answer = self._message(timeout)
+            if answer.get("id") == self._id:
+                if "error" in answer:
+                    raise RuntimeError(f"{method}: {answer['error']}")
+                return answer.get("result", {})
+            self.events.append(answer)
+
+    def page(self, method: str, params: dict | None = None) -> dict:
+        return self.call(method, params, self.session)
+
+    def js(self, expression: str):
+        result = self.page("Runtime.evaluate", {"expression": expression, "returnByValue": True, "awaitPromise": True})
+        if "exceptionDetails" in result:
+            raise RuntimeError(f"{expression}: {result['exceptionDetails']}")
+        return result["result"].get("value")
+
+    def open(self, path: Path, timeout: float = 60) -> float:
+        """Load a file and wait until the page says it is ready; returns the seconds it took."""
+        t0 = time.perf_counter()
+        self.page("Page.navigate", {"url": path.resolve().as_uri()})
+        while self.js("document.readyState") != "complete" or self.js("document.body.dataset.ready") is None:
+            if time.perf_counter() - t0 > timeout:
+                raise TimeoutError(f"{path} was not ready within {timeout} s")
+            time.sleep(0.02)
+        return time.perf_counter() - t0
+
+    def errors(self) -> list[str]:
+        """Console errors and uncaught exceptions seen so far."""
+        bad = []
+        for e in self.events:
+            m, p = e.get("method"), e.get("params", {})
+            if m == "Runtime.exceptionThrown":
+                bad.append(str(p["exceptionDetails"]))
+            elif m == "Runtime.consoleAPICalled" and p.get("type") in ("error", "assert"):
+                bad.append(str(p.get("args")))
+            elif m == "Log.entryAdded" and p["entry"].get("level") == "error":
+                bad.append(p["entry"].get("text", ""))
+        return bad
+
+    def center(self, selector: str) -> tuple[float, float]:
+        self.js(f"document.querySelector({json.dumps(selector)}).scrollIntoView({{block: 'center'}})")
+        r = self.js(f"(() => {{const r = document.querySelector({json.dumps(selector)}).getBoundingClientRect();"
+                    "return [r.x + r.width / 2, r.y + r.height / 2];})()")
+        return r[0], r[1]
+
+    def mouse(self, kind: str, x: float, y: float) -> None:
+        params = {"type": kind, "x": x, "y": y, "button": "left" if kind != "mouseMoved" else "none"}
+        if kind != "mouseMoved":
+            params["clickCount"] = 1
+        self.page("Input.dispatchMouseEvent", params)
+
+    def click(self, selector: str) -> None:
+        x, y = self.center(selector)
+        self.mouse("mouseMoved", x, y)
+        self.mouse("mousePressed", x, y)
+        self.mouse("mouseReleased", x, y)
+
+    def screenshot(self, path: Path, full: bool = False) -> None:
+        params = {"format": "png"}
+        if full:
+            params["captureBeyondViewport"] = True
+        path.write_bytes(base64.b64decode(self.page("Page.captureScreenshot", params)["data"]))
+
+    def close(self) -> None:
+        try:
+            self.call("Browser.close", timeout=10)
+        except Exception:
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        os.close(self._cmd_w)
+        os.close(self._out_r)
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    b = Chromium(tmp_path_factory.mktemp("chromium-profile"))
+    yield b
+    b.close()
+
+
+def _shots() -> Path | None:
+    d = os.environ.get("FI_SCREENSHOTS")
+    if d:
+        Path(d).mkdir(parents=True, exist_ok=True)
+    return Path(d) if d else None
+
+
+class Words:
+    def decode(self, ids):
+        i = int(ids[0])
+        return ("\n" if i % 29 == 0 else " ") + WORDS[i % len(WORDS)]
+
+
+def _page(tiny, tmp: Path, prefix: int, chunk: int = 64, name: str = "view.html") -> Path:
+    """A page of the tiny model on ``prefix`` tokens (words as token text), infokv and snapkv at keep=0.25."""
+    cfg = SignalConfig(window=8, prefill_chunk=1024)
+    lm = LoadedModel(tiny.model, Words(), "tiny-llama", tiny.device, tiny.dtype)
+    ids = torch.randint(0, 256, (prefix + chunk,), generator=torch.Generator().manual_seed(2))
+    doc = Document("words", "text", ids, "test")
+    trace = trace_prefix(lm.model, ids, prefix, cfg)
+    policies = [parse_policy(n, "keep=0.25", cfg.window) for n in ("infokv", "snapkv")]
+    return write_view(tmp / name, view_data(lm, doc, trace, policies, Chunk(prefix, prefix + chunk), samples=2))
+
+
+def test_view_page_in_chromium(browser, tiny, tmp_path):
+    page = _page(tiny, tmp_path, 256)
+    browser.events.clear()
+    browser.open(page)
+    assert browser.errors() == []  # (a) no console error, no exception
+    assert browser.js("document.querySelectorAll('#tokens span').length") == 256  # (b) every prefix token
+    colors = "Array.from(document.querySelectorAll('#tokens span'), s => s.style.backgroundColor).join('|')"
+    before = browser.js(colors)
+    assert browser.js("document.getElementById('tokens').dataset.shade") == "FI"
+    browser.click("input[name=shade][value=H]")  # (c) a real click on the toggle changes the shading
+    assert browser.js("document.getElementById('tokens').dataset.shade") == "H"
+    after = browser.js(colors)
+    assert after != before and after.count("rgba") == 256
+    marked = "document.querySelectorAll('#tokens span.ev').length"
+    browser.click("input[name=evict][value='snapkv@keep=0.25']")
+    assert browser.js("document.getElementById('tokens').dataset.policy") == "snapkv@keep=0.25"
+    evicted = json.loads(browser.js("document.getElementById('fi-data').textContent"))["evicted"]["snapkv@keep=0.25"]
+    pairs = json.loads(browser.js("document.getElementById('fi-data').textContent"))["pairs"]
+    assert browser.js(marked) == sum(1 for c in evicted if c == pairs)  # struck through: evicted everywhere
+    x, y = browser.center("#tokens span[data-i='40']")  # (d) hover a token and read its numbers
+    browser.mouse("mouseMoved", x, y)
+    info = browser.js("document.getElementById('info').textContent")
+    data = json.loads(browser.js("document.getElementById('fi-data').textContent"))
+    assert info.startswith(f"#40 {json.dumps(data['tokens'][40])} · FI ")
+    assert f"snapkv@keep=0.25 {round(100 * evicted[40] / pairs)} %" in info
+    h = data["values"]["H"][40]
+    assert f"H {float(f'{h:.4g}'):g}" in info or f"H {h:.2e}" in info
+    assert browser.errors() == []
+    if _shots():
+        browser.screenshot(_shots() / "view.png")
+
+
+def test_view_page_of_8192_tokens_stays_responsive(browser, tmp_path):
+    """The size and load time docs/guides/view.md states (written to FI_SCREENSHOTS/view_8192.json)."""
+    from fi_toolkit.model.loading import tiny_model
+
+    long = tiny_model(seed=0)
+    long.model.config.max_position_embeddings = 8192 + 64  # RoPE has no table to outgrow: a longer context
+    page = _page(long, tmp_path, 8192)
+    browser.events.clear()
+    seconds = browser.open(page)
+    assert browser.errors() == []
+    assert browser.js("document.querySelectorAll('#tokens span').length") == 8192
+    t0 = time.perf_counter()
+    browser.click("input[name=shade][value=A]")
+    assert browser.js("document.getElementById('tokens').dataset.shade") == "A"
+    toggle = time.perf_counter() - t0
+    size = page.stat().st_size
+    ready = browser.js("window.fiReadyMs") / 1000
+    assert seconds < 10 and toggle < 2
+    if _shots():
+        (_shots() / "view_8192.json").write_text(json.dumps(
+            {"tokens": 8192, "bytes": size, "load_seconds": round(seconds, 3), "script_ready_seconds": round(ready, 3),
+             "toggle_seconds": round(toggle, 3), "chromium": browser.call("Browser.getVersion")["product"]}, indent=1))
+
+
+@pytest.fixture(scope="module")
+def report(tiny, tmp_path_factory):
+    from fi_toolkit.analysis import run_correlate, run_nearfar
+    from fi_toolkit.report import build_report
+
+    root = tmp_path_factory.mktemp("browser-report")
+    cfg = SignalConfig(window=8)
+    docs = [Document(f"document number {i} with a long name", "text",
+                     torch.randint(0, 256, (200,), generator=torch.Generator().manual_seed(i)), "test") for i in range(2)]
+    run_correlate(tiny, docs, root / "corr", 96, [Chunk(96, 112), Chunk(128, 144)], "sample:10", n_resamples=50, config=cfg)
+    run_nearfar(tiny, docs, root / "nf", 96, [0, 32], 16, budget="remove=0.1", seeds=2, config=cfg)
+    build_report([root / "corr", root / "nf"], root / "report", ["html"])
+    return root / "report" / "report.html"
+
+
+@pytest.mark.parametrize("width", [1280, 700])
+def test_report_tables_fit_their_container(browser, report, width):
+    """(e) No table makes the page wider than the window: each sits in a container that scrolls."""
+    browser.page("Emulation.setDeviceMetricsOverride", {"width": width, "height": 900, "deviceScaleFactor": 1,
+                                                       "mobile": False})
+    browser.events.clear()
+    browser.page("Page.navigate", {"url": report.resolve().as_uri()})
+    t0 = time.perf_counter()
+    while browser.js("document.readyState") != "complete":
+        assert time.perf_counter() - t0 < 30
+        time.sleep(0.02)
+    assert browser.errors() == []
+    check = """(() => {
+      const out = [];
+      for (const t of document.querySelectorAll('table')) {
+        const box = t.parentElement, style = getComputedStyle(box);
+        const body = document.body.getBoundingClientRect();
+        out.push({wrapped: box.classList.contains('table-wrap') && style.overflowX === 'auto',
+                  boxFits: box.getBoundingClientRect().right <= body.right + 1,
+                  scrolls: t.scrollWidth <= box.clientWidth || box.scrollWidth > box.clientWidth});
+      }
+      return {tables: out, pageWidth: document.documentElement.scrollWidth, window: window.innerWidth};
+    })()"""
+    found = browser.js(check)
+    assert len(found["tables"]) >= 5
+    assert all(t["wrapped"] and t["boxFits"] and t["scrolls"] for t in found["tables"]), found
+    assert found["pageWidth"] <= found["window"]  # no sideways scrolling of the page itself
+    if _shots() and width == 1280:
+        browser.screenshot(_shots() / "report.png")
+    browser.page("Emulation.setDeviceMetricsOverride", {"width": 1280, "height": 900, "deviceScaleFactor": 1,
+                                                       "mobile": False})
