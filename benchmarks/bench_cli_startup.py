@@ -4,6 +4,8 @@
   python         python -c pass: the interpreter's own start-up, the floor
   fi --help      python -m fi_toolkit --help (the console script's path: fi_toolkit.cli.entry)
   usage error    python -m fi_toolkit probe --no-such-option (exit 2, one line)
+  value error    python -m fi_toolkit probe --chunk 9:3 (exit 2, one line): an error in an option's value,
+                 found by the command's own checks, which import nothing heavy
   heavy imports  python -c "import torch, transformers, pandas, scipy, seaborn": what every ``fi``
                  invocation paid before the package root became lazy
 
@@ -30,9 +32,10 @@ COMMANDS = {
     "python": ["-c", "pass"],
     "fi --help": ["-m", "fi_toolkit", "--help"],
     "usage error": ["-m", "fi_toolkit", "probe", "--no-such-option"],
+    "value error": ["-m", "fi_toolkit", "probe", "--chunk", "9:3"],
     "heavy imports": ["-c", "import torch, transformers, pandas, scipy, seaborn"],
 }
-EXPECTED_STATUS = {"usage error": 2}
+EXPECTED_STATUS = {"usage error": 2, "value error": 2}
 
 
 def timed(args: list[str]) -> tuple[float, float, int]:
@@ -71,6 +74,8 @@ def main() -> None:
     lines.append(f"fi --help above python: {wall['fi --help'] - wall['python']:.3f} s wall, "
                  f"{cpu['fi --help'] - cpu['python']:.3f} s CPU; the heavy imports it no longer pays: "
                  f"{wall['heavy imports'] - wall['python']:.3f} s wall, {cpu['heavy imports'] - cpu['python']:.3f} s CPU")
+    lines.append(f"fi probe --chunk 9:3 above python: {wall['value error'] - wall['python']:.3f} s wall, "
+                 f"{cpu['value error'] - cpu['python']:.3f} s CPU ({wall['value error'] / wall['python']:.1f} x python -c pass)")
     text = "\n".join(lines) + "\n"
     print(text, end="")
     args.out.parent.mkdir(parents=True, exist_ok=True)

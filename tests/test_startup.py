@@ -57,6 +57,46 @@ def test_help_and_usage_errors_import_no_heavy_library(argv):
     assert loaded_heavy(code) == []
 
 
+# usage errors in option values (issue 19): refused before torch, transformers or pandas is imported
+VALUE_ERRORS = [
+    (["probe", "--chunk", "9:3"], "invalid chunk '9:3'"),
+    (["probe", "--chunk", "128:160", "--select", "nonsense:1"], "unknown selector 'nonsense'"),
+    (["probe", "--chunk", "128:160", "--select", "entropy:nan"], "'nan' is not a number"),
+    (["nearfar", "--distances", "x"], "invalid --distances 'x'"),
+    (["eval", "--budget", "nan"], "'nan' is not a number"),
+    (["eval", "--interval", "0"], "--interval must be >= 1, got 0"),
+    (["generate", "hi", "--max-new", "-1"], "--max-new must be >= 1, got -1"),
+    (["correlate", "--chunk", "128:160", "--candidates", "bad"], "invalid --candidates 'bad'"),
+    (["scores", "--fi-chunk", "9:3"], "invalid chunk '9:3'"),
+    (["eval", "--future", "generated:x"], "--future must be 'document' or 'generated:N[@SEED]'"),
+    (["probe", "--chunk", "128:160", "--select", "policy:infokv@0.5:alpha=nan"], "alpha must lie in [0, 1]"),
+    (["eval", "--policy", "infokv:nonsense=1"], "infokv has no option 'nonsense'"),
+    (["probe", "--chunk", "128:160", "--select", "positions:0-99999999"], "past any model's context"),
+    (["correlate", "--chunk", "128:160", "--estimator", "fisher", "--samples", "0"], "--samples must be >= 1"),
+    (["nearfar", "--unit-sets=-1"], "--unit-sets must be >= 0"),
+    (["probe", "--chunk", "128:160", "--device", "cpu", "--device-map", "auto"], "does not go with --device"),
+]
+
+
+@pytest.mark.parametrize("argv, message", VALUE_ERRORS, ids=[" ".join(a) for a, _ in VALUE_ERRORS])
+def test_value_errors_answer_before_any_heavy_import(argv, message):
+    """``fi ARGS`` in a fresh interpreter through the console script's entry point: exit 2, one line on
+    stderr, and at exit (an atexit hook, after everything the command did) none of the heavy libraries."""
+    code = f"""
+        import atexit, json, sys
+        atexit.register(lambda: print(json.dumps([m for m in {HEAVY!r} if m in sys.modules])))
+        sys.argv = ["fi", *{argv!r}]
+        from fi_toolkit.cli.entry import main
+        main()
+    """
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, cwd=ROOT,
+                          timeout=120)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2, proc.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
+
+
 def test_every_public_name_is_still_exported():
     import fi_toolkit
 

@@ -25,45 +25,19 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from fi_toolkit.analysis.nearfar_spec import (  # noqa: F401  (nearfar_chunks, parse_distances: importable here too)
+    nearfar_chunks,
+    nearfar_selections,
+    parse_distances,
+)
 from fi_toolkit.analysis.token_classes import token_class_table
 from fi_toolkit.budget import Budget
-from fi_toolkit.errors import FIError
 from fi_toolkit.probe.chunks import Chunk
 from fi_toolkit.probe.experiment import fi_table
 from fi_toolkit.probe.forward_influence import forward_influence
 from fi_toolkit.probe.noise_floor import CONTROL
-from fi_toolkit.probe.selections import MAX_SEEDS, SCORE_SELECTORS, parse_selections
+from fi_toolkit.probe.selections import parse_selections
 from fi_toolkit.signals.trace import Trace
-
-
-def nearfar_chunks(prefix: int, distances: Sequence[int], chunk_len: int) -> list[Chunk]:
-    if chunk_len < 1:
-        raise FIError(f"chunk_len must be >= 1, got {chunk_len}", parameter="chunk_len")
-    if not distances:
-        raise FIError("distances is empty: give distances from p like 0,256,512", parameter="distances")
-    if any(d < 0 for d in distances):
-        raise FIError("distances must be >= 0 (a chunk cannot start before p)", parameter="distances")
-    if len(set(distances)) != len(distances):
-        raise FIError("distances holds a distance twice", parameter="distances")
-    return [Chunk(prefix + d, prefix + d + chunk_len) for d in sorted(distances)]
-
-
-def parse_distances(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise FIError(f"invalid distances '{text}': expected integers like 0,256,512", parameter="distances") from None
-
-
-def nearfar_selections(budget: Budget | str, seeds: int) -> list[str]:
-    """``--select`` specs of the study: every score-based selector and ``seeds`` random sets, one budget."""
-    budget = Budget.parse(budget)
-    if budget.kept(1_000_000) in (0, 1_000_000) and budget.is_share:
-        raise FIError(f"budget {budget.label} removes nothing or everything; use a share strictly between 0 and 1",
-                      parameter="budget")
-    if not 1 <= seeds <= MAX_SEEDS:
-        raise FIError(f"seeds must lie in [1, {MAX_SEEDS}], got {seeds}", parameter="seeds")
-    return [f"{k}:{budget.label}" for k in SCORE_SELECTORS] + [f"random:{budget.label}@0-{seeds - 1}"]
 
 
 def count_sets(budget: Budget | str, seeds: int, sink_options: Sequence[int]) -> int:

@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -14,26 +13,13 @@ import numpy as np
 import pandas as pd
 import torch
 
+from fi_toolkit.analysis.study_options import SAMPLINGS, parse_candidates  # noqa: F401  (importable here too)
 from fi_toolkit.errors import FIError
 from fi_toolkit.eviction import TokenSet
 from fi_toolkit.probe.chunks import Chunk
 from fi_toolkit.probe.experiment import fi_table
 from fi_toolkit.probe.forward_influence import ProbeResult, forward_influence
 from fi_toolkit.signals.trace import Trace
-
-SAMPLINGS = ("all", "sample", "stratified")
-
-
-def parse_candidates(spec: str) -> tuple[str, int | None]:
-    """``"all"`` -> ("all", None); ``"sample:256"`` -> ("sample", 256); ``"stratified:64"`` -> ("stratified", 64)."""
-    text = spec.strip().lower()
-    if text == "all":
-        return "all", None
-    m = re.fullmatch(r"(sample|stratified):(\d+)", text)
-    if not m or int(m.group(2)) < 1:
-        raise FIError(f"invalid candidates '{spec}': use 'all', 'sample:N' (uniform) or 'stratified:N' "
-                      "(by entropy, reweighted) with N >= 1, e.g. sample:256", parameter="candidates")
-    return m.group(1), int(m.group(2))
 
 
 def candidate_positions(trace: Trace, spec: str = "sample:256", sinks: int = 4,

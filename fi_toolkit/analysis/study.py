@@ -25,12 +25,11 @@ from fi_toolkit.analysis.nearfar import (
     summarize_nearfar,
     token_class_summary,
 )
-from fi_toolkit.analysis.per_token import parse_candidates
+from fi_toolkit.analysis.study_options import check_estimator, check_unit_candidates, parse_candidates
 from fi_toolkit.budget import Budget
 from fi_toolkit.errors import FIError
 from fi_toolkit.model.loading import dtype_name
 from fi_toolkit.probe.chunks import Chunk, check_chunks
-from fi_toolkit.probe.estimator import ESTIMATORS, check_samples
 from fi_toolkit.probe.experiment import max_context, trace_document
 from fi_toolkit.probe.forward_influence import chunk_reference
 from fi_toolkit.probe.noise_floor import CONTROL_LABELS, flag_below_noise_floor, noise_floor
@@ -178,24 +177,6 @@ def run_correlate(
 
     return execute_run(lm, run, units, compute, summaries, _floors("controls"), costs,
                        assemble if unit_candidates else None)
-
-
-def check_unit_candidates(unit_candidates: int, estimator: str) -> None:
-    """``--unit-candidates`` lies in ``[0, MAX_UNIT_SIZE]`` and splits exact per-token FI only."""
-    check_unit_size(unit_candidates, "unit_candidates")
-    if unit_candidates and estimator != "exact":
-        raise FIError("unit_candidates splits exact per-token FI; the fisher estimate is one unit per document",
-                      parameter="unit_candidates")
-
-
-def check_estimator(estimator: str, samples: int, validate: int, candidates: int) -> None:
-    """``--estimator`` is exact or fisher; ``--samples >= 1``; ``--validate`` within ``[0, candidates]``."""
-    if estimator not in ESTIMATORS:
-        raise FIError(f"unknown estimator '{estimator}' (choose {' or '.join(ESTIMATORS)})", parameter="estimator")
-    check_samples(samples)
-    if validate < 0 or validate > candidates:
-        raise FIError(f"validate {validate} must lie in [0, {candidates}], the number of candidate positions",
-                      parameter="validate")
 
 
 def run_nearfar(

@@ -69,12 +69,9 @@ def probe(
 
     Everything that can be checked without the model is checked first; the results directory is
     created only when the results are written, so a failed or interrupted run leaves none behind."""
-    from fi_toolkit.cli.console import print_warning
     from fi_toolkit.compress.future import generated_document, parse_future
     from fi_toolkit.documents import read_texts, tokenize_texts
     from fi_toolkit.probe.chunks import check_chunks, parse_chunk
-    from fi_toolkit.probe.experiment import max_context, probe_document, trace_document
-    from fi_toolkit.probe.noise_floor import CONTROL_LABELS, noise_floor, noise_warning
     from fi_toolkit.probe.selections import parse_selections
     from fi_toolkit.runs import results
 
@@ -92,6 +89,11 @@ def probe(
     texts = distinct_texts([t for spec in (documents or [None]) for t in read_texts(spec)])
     if out_dir is not None:
         results.check_results_dir(out_dir, overwrite)
+    # every check above imports nothing heavy (issue 19: usage errors answer at once); the work below does
+    from fi_toolkit.cli.console import print_warning
+    from fi_toolkit.probe.experiment import max_context, probe_document, trace_document
+    from fi_toolkit.probe.noise_floor import CONTROL_LABELS, noise_floor, noise_warning
+
     started, t0 = results.now(), time.perf_counter()
     lm = model.load()
     for c in chunks if fut.generated else []:
@@ -197,7 +199,6 @@ def scores(
 ):
     """Write per-token signals (H, A, D, E, S; per layer too) with the token text; with --fi-chunk, per-token FI too."""
     from fi_toolkit.documents import read_texts, tokenize_texts
-    from fi_toolkit.probe.experiment import max_context, trace_document
     from fi_toolkit.runs import results
 
     model.check()
@@ -210,6 +211,7 @@ def scores(
     if out_file.exists() and not overwrite:
         raise FIError(f"--out '{out_file}' exists; choose another file or pass --overwrite")
     texts = read_texts(document)[:1]
+    from fi_toolkit.probe.experiment import max_context, trace_document  # the checks above import nothing heavy
     from fi_toolkit.runs.distributed import current
 
     world = current()
@@ -249,7 +251,7 @@ def scores(
 def _score_fi_options(fi_chunk, estimator, samples, seed, prefix: int):
     """``fi scores``' FI options -> (chunks, estimator, samples, seed); options that would be ignored are refused."""
     from fi_toolkit.probe.chunks import check_chunks, parse_chunk
-    from fi_toolkit.probe.estimator import DEFAULT_SAMPLES, ESTIMATORS, check_samples
+    from fi_toolkit.probe.estimator_options import DEFAULT_SAMPLES, ESTIMATORS, check_samples
 
     if not fi_chunk:
         if estimator is not None or samples is not None or seed is not None:

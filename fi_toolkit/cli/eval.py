@@ -18,6 +18,7 @@ from fi_toolkit.cli.options import (
     check_resamples,
     err,
     first_repeat,
+    named_policy,
     out,
     settings_options,
     unit_progress,
@@ -58,7 +59,6 @@ def int_list(text: str, option: str, minimum: int = 1) -> list[int]:
 
 def make_policies(names: str, budgets: str, window: int, alpha: float, tau: float, top_k: int):
     from fi_toolkit.budget import Budget
-    from fi_toolkit.integrations.kvpress.bridge import named_policy
     from fi_toolkit.policies import split_policies
 
     spelled = split_list(budgets, "--budget")
@@ -106,15 +106,13 @@ def eval_(
                                            "share documents; same tables."),
 ):
     """Replay KL, top-1 agreement, ΔNLL and free-generation agreement on text, or task accuracy, per policy and budget."""
-    from fi_toolkit.compress.decoder import check_budget
-
     model.check()
     config = signals.check()
     policies = make_policies(policy, budget, config.window, config.alpha, config.tau, config.top_k)
     if interval < 1:
         raise FIError(f"--interval must be >= 1, got {interval}")
     check_resamples(resamples)
-    from fi_toolkit.runs.resumable import check_unit_size
+    from fi_toolkit.runs.units import check_unit_size
 
     check_unit_size(unit_policies, "--unit-policies")
     if task is not None:
@@ -123,11 +121,14 @@ def eval_(
         if unit_policies:
             raise FIError("--unit-policies splits text documents; a task run's unit is already one sample")
         return _eval_tasks(task, context, samples, protocol, max_new, policies, config, interval, resamples, model, run)
-    from fi_toolkit.evaluation import TextSetting, parse_future
+    from fi_toolkit.compress.future import parse_future
 
     fut = parse_future(future)
     if fut.generated and length is not None:
         raise FIError(f"--length and --future {fut.label} both set the length; give one")
+    from fi_toolkit.compress.decoder import check_budget  # the checks above import nothing heavy (issue 19)
+    from fi_toolkit.evaluation import TextSetting
+
     setting = TextSetting(prompt, length or 2048, interval, fut, free_tokens)
     setting.check()
     for p in policies:

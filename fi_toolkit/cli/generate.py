@@ -12,7 +12,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from fi_toolkit.cli.options import check_entropy_of, check_finite, err, settings_options
+from fi_toolkit.cli.options import check_entropy_of, check_finite, err, named_policy, settings_options
 from fi_toolkit.errors import FIError
 from fi_toolkit.model.settings import ModelSettings
 from fi_toolkit.signals.config import SignalConfig
@@ -69,10 +69,6 @@ def generate(
     stream: bool = typer.Option(True, "--stream/--no-stream", help="Stream text as it is generated."),
 ):
     """Generate text with the KV cache compressed by a policy (prefill and every --interval tokens)."""
-    from fi_toolkit.compress.decoder import generate as run_generate
-    from fi_toolkit.compress.decoder import signal_config_for
-    from fi_toolkit.integrations.kvpress.bridge import named_policy
-
     if (prompt is None) == (file is None):
         raise FIError("give a prompt or --file (exactly one)")
     check_finite("--temperature", temperature)
@@ -95,6 +91,10 @@ def generate(
     if policy.strip().lower() not in ("none", "full"):
         chosen = named_policy(policy, budget, signals.window, where=f"--policy {policy}", alpha=signals.alpha,
                               tau=signals.tau, top_k=signals.top_k)
+    # every check above imports nothing heavy but a kvpress policy (issue 19: usage errors answer at once)
+    from fi_toolkit.compress.decoder import generate as run_generate
+    from fi_toolkit.compress.decoder import signal_config_for
+
     config = signal_config_for(chosen, pool_kernel=signals.pool_kernel, entropy_of=signals.entropy_of)
     lm = model.load()
 

@@ -90,6 +90,19 @@ def _cli_type(cls, f):
     return hint
 
 
+def named_policy(name: str, budget=None, window: int | None = None, **kwargs):
+    """:func:`fi_toolkit.integrations.kvpress.bridge.named_policy`, whose module imports torch, imported only
+    for a ``kvpress:`` name: the project's own policies are parsed and checked without torch (issue 19)."""
+    if name.strip().lower().startswith("kvpress:"):
+        from fi_toolkit.integrations.kvpress.bridge import named_policy as bridged
+
+        return bridged(name, budget, window, **kwargs)
+    from fi_toolkit.policies import parse_policy
+
+    where = kwargs.pop("where", "") or f"policy {name}"
+    return parse_policy(name, budget, window, where=where, **kwargs)
+
+
 def check_entropy_of(entropy_of: str) -> str:
     from fi_toolkit.signals.config import ENTROPY_OF
 

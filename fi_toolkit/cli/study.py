@@ -71,11 +71,8 @@ def correlate(
                                              "unit per document), so torchrun's ranks share documents; same tables."),
 ):
     """Per-token (leave-one-out) FI of candidate positions, correlated with H, A, D, E, S (and per layer)."""
-    from fi_toolkit.analysis import parse_candidates, run_correlate
-    from fi_toolkit.analysis.study import check_unit_candidates
-    from fi_toolkit.cli.console import print_warning
+    from fi_toolkit.analysis.study_options import check_unit_candidates, parse_candidates
     from fi_toolkit.probe.chunks import check_chunks, parse_chunk
-    from fi_toolkit.probe.noise_floor import noise_floor, noise_warning
 
     model.check()
     chunks = [parse_chunk(c) for c in chunk]
@@ -95,6 +92,11 @@ def correlate(
         raise FIError(f"--seed must be >= 0, got {seed}")
     texts = _read_documents(documents)
     run.check("correlate")
+    # every check above imports nothing heavy (issue 19: usage errors answer at once); the study does
+    from fi_toolkit.analysis import run_correlate
+    from fi_toolkit.cli.console import print_warning
+    from fi_toolkit.probe.noise_floor import noise_floor, noise_warning
+
     docs, tables = _run_study("correlate", model, texts, max(c.end for c in chunks),
                               lambda lm, docs, progress: run_correlate(
         lm, docs, run, p, chunks, candidates, sinks, seed, resamples, config, batch_size,
@@ -121,8 +123,8 @@ def correlate(
 
 def _estimator_options(estimator, candidates, samples, validate, batch_size, n_candidates: int):
     """Resolve ``--estimator`` and the options that go with it; refuse any option the estimator would ignore."""
-    from fi_toolkit.analysis.study import check_estimator
-    from fi_toolkit.probe.estimator import DEFAULT_SAMPLES
+    from fi_toolkit.analysis.study_options import check_estimator
+    from fi_toolkit.probe.estimator_options import DEFAULT_SAMPLES
 
     estimator = (estimator or "exact").strip().lower()
     if estimator == "fisher":
@@ -160,13 +162,10 @@ def nearfar(
                                        "so torchrun's ranks share documents when they are few; same tables."),
 ):
     """Equal-size sets by entropy/attention/distance/InfoKV/random: FI on chunks at increasing distance from p."""
-    from fi_toolkit.analysis import run_nearfar
-    from fi_toolkit.analysis.nearfar import nearfar_chunks, nearfar_selections, parse_distances
+    from fi_toolkit.analysis.nearfar_spec import nearfar_chunks, nearfar_selections, parse_distances
     from fi_toolkit.budget import Budget
-    from fi_toolkit.cli.console import print_warning
-    from fi_toolkit.probe.noise_floor import noise_warning
     from fi_toolkit.probe.selections import parse_selections
-    from fi_toolkit.runs.resumable import check_unit_size
+    from fi_toolkit.runs.units import check_unit_size
 
     model.check()
     dist = parse_distances(distances)
@@ -184,6 +183,11 @@ def nearfar(
     check_unit_size(unit_sets, "--unit-sets")
     texts = _read_documents(documents)
     run.check("nearfar")
+    # every check above imports nothing heavy (issue 19: usage errors answer at once); the study does
+    from fi_toolkit.analysis import run_nearfar
+    from fi_toolkit.cli.console import print_warning
+    from fi_toolkit.probe.noise_floor import noise_warning
+
     docs, tables = _run_study("nearfar", model, texts, max(c.end for c in chunks),
                               lambda lm, docs, progress: run_nearfar(
         lm, docs, run, prefix, dist, chunk_len, budget, seeds, sink_options, config, batch_size,

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from fi_toolkit.errors import FIError
+
+if TYPE_CHECKING:  # parsing a future needs no torch; generating one imports it
+    import torch
 
 _GENERATED = re.compile(r"^generated:(\d+)(?:@(\d+))?$")
 
@@ -55,17 +57,19 @@ def parse_future(spec: str | None) -> Future:
     return Future("generated", n, None if m.group(2) is None else int(m.group(2)))
 
 
-@torch.no_grad()
 def continue_ids(model, prompt_ids: torch.Tensor, future: Future, prefill_chunk: int = 2048) -> torch.Tensor:
     """``prompt_ids`` followed by ``future.tokens`` tokens the model generates with its full cache (CPU ids)."""
+    import torch
+
     from fi_toolkit.compress.decoder import generate
 
     if not future.generated:
         raise FIError("continue_ids needs a generated future")
     greedy = future.seed is None
-    result = generate(model, None, prompt_ids.flatten().long(), None, max_new_tokens=future.tokens,
-                      temperature=0.0 if greedy else 1.0, seed=0 if greedy else future.seed, eos_token_id=[],
-                      prefill_chunk=prefill_chunk)
+    with torch.no_grad():
+        result = generate(model, None, prompt_ids.flatten().long(), None, max_new_tokens=future.tokens,
+                          temperature=0.0 if greedy else 1.0, seed=0 if greedy else future.seed, eos_token_id=[],
+                          prefill_chunk=prefill_chunk)
     return torch.cat([prompt_ids.flatten().long().cpu(), torch.tensor(result.tokens, dtype=torch.long)])
 
 

@@ -41,7 +41,7 @@ class ModelSettings:
 
     def placement(self) -> str | dict | None:
         """The parsed ``device_map`` (:func:`fi_toolkit.model.loading.check_placement`)."""
-        from fi_toolkit.model.loading import check_placement
+        from fi_toolkit.model.placement import check_placement
 
         check_type("model", self.model, str)
         check_type("device", self.device, str, optional=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from fi_toolkit.budget import Budget
 from fi_toolkit.policies.adaptive import Adaptive
-from fi_toolkit.policies.base import Policy, Signals, allocate, select
+from fi_toolkit.policies.base import Policy, allocate, select
 from fi_toolkit.policies.fitted import Fitted
 from fi_toolkit.policies.h2o import H2O
 from fi_toolkit.policies.infokv import InfoKV
@@ -26,3 +26,12 @@ __all__ = [
     "RandomPolicy", "Signals", "SnapKV", "StreamingLLM", "allocate", "make_policy", "parse_policy", "parse_spec",
     "select", "split_policies",
 ]
+
+
+def __getattr__(name: str):
+    """``Signals`` (:mod:`fi_toolkit.signals.view`, which needs torch) on first use: naming a policy needs no torch."""
+    if name == "Signals":
+        from fi_toolkit.signals.view import Signals
+
+        return Signals
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

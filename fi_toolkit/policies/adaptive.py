@@ -22,13 +22,16 @@ label is ``NAME-adaptive@BUDGET`` (``infokv-adaptive@keep=0.25``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
-
-import torch
+from typing import TYPE_CHECKING, ClassVar
 
 from fi_toolkit.budget import Budget
 from fi_toolkit.errors import FIError
-from fi_toolkit.policies.base import Policy, Signals, allocate
+from fi_toolkit.policies.base import Policy, allocate
+
+if TYPE_CHECKING:  # torch is imported where it is used: naming the policy needs none of it
+    import torch
+
+    from fi_toolkit.signals.view import Signals
 
 
 @dataclass
@@ -75,6 +78,8 @@ class Adaptive(Policy):
 
     def layer_budgets(self, s: Signals, k: int) -> list[int]:
         """``min(L * k, held)`` entries split in proportion to the layer weights, each layer within its bounds."""
+        import torch
+
         weights = torch.stack([torch.as_tensor(self.policy.layer_weight(s, layer)) for layer in range(s.num_layers)])
         lo, hi = self.bounds(s)
         return allocate(weights, min(s.num_layers * k, sum(hi)), lo, hi)

@@ -13,17 +13,30 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar
-
-import torch
+from typing import TYPE_CHECKING, ClassVar
 
 from fi_toolkit.budget import Budget
 from fi_toolkit.errors import FIError
-from fi_toolkit.eviction import KeepMap
-from fi_toolkit.signals.view import Signals  # defined with the signals; policies import it from here
+
+if TYPE_CHECKING:  # torch (and what needs it) is imported where it is used: naming a policy needs none of it
+    import torch
+
+    from fi_toolkit.eviction import KeepMap
+    from fi_toolkit.signals.view import Signals
+
+
+def __getattr__(name: str):
+    """``Signals`` (defined with the signals; policies import it from here), imported on first use."""
+    if name == "Signals":
+        from fi_toolkit.signals.view import Signals
+
+        return Signals
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def as_signals(signals) -> Signals:
+    from fi_toolkit.signals.view import Signals
+
     return signals if isinstance(signals, Signals) else Signals.from_trace(signals)
 
 
@@ -33,6 +46,8 @@ def allocate(weights: torch.Tensor, total: int, lo: list[int], hi: list[int]) ->
     Shares are ``clamp(lambda * w_l, lo_l, hi_l)`` with ``lambda`` found by bisection so that they
     sum to ``total``; they are then rounded by largest remainder, so the total is exact.
     """
+    import torch
+
     n = len(lo)
     if total < sum(lo) or total > sum(hi):
         raise FIError(f"cannot split {total} entries over {n} layers within [{sum(lo)}, {sum(hi)}]")
@@ -63,6 +78,8 @@ def select(scores: torch.Tensor, keep: int, protected: int, window: int) -> torc
 
     ``scores [Hkv, n]`` (only slots ``[protected, n - window)`` are read); ties go to the earlier slot.
     """
+    import torch
+
     hkv, n = scores.shape
     device = scores.device
     candidates = scores[:, protected : n - window].float()
@@ -149,6 +166,8 @@ class Policy:
         """The weight :class:`~fi_toolkit.policies.adaptive.Adaptive` gives layer ``layer`` (a scalar tensor;
         budgets are shared in proportion to it): by default the mean of :meth:`scores` over the candidate
         slots ``[protected, n_l - w)`` and the heads (0 when the layer has none)."""
+        import torch
+
         lo, hi = s.protected[layer], s.slots(layer) - s.window
         if hi <= lo:
             return torch.zeros((), dtype=torch.float64)
@@ -166,6 +185,8 @@ class Policy:
 
     def keep_map(self, signals) -> KeepMap:
         """Signals (a :class:`~fi_toolkit.signals.trace.Trace` or :class:`Signals`) -> :class:`KeepMap`."""
+        from fi_toolkit.eviction import KeepMap
+
         s = as_signals(signals)
         if s.window != self.window:
             raise FIError(f"{self.name}: signals were traced with window {s.window}, the policy uses {self.window}")

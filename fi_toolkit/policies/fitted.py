@@ -22,19 +22,23 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
-
-import torch
+from typing import TYPE_CHECKING, ClassVar
 
 from fi_toolkit.errors import FIError
-from fi_toolkit.policies.base import Policy, Signals, as_signals
-from fi_toolkit.signals.formulas import layer_entropy_score
+from fi_toolkit.policies.base import Policy, as_signals
+
+if TYPE_CHECKING:  # torch is imported where it is used: naming the policy needs none of it
+    import torch
+
+    from fi_toolkit.signals.view import Signals
 
 FORMAT = "fi_toolkit.fitted/1"
 EPS = 1e-8  # inside the logs of attention masses (window attention is about 1/p per entry)
 
 
 def _log(x: torch.Tensor) -> torch.Tensor:
+    import torch
+
     return torch.log(x.double() + EPS)
 
 
@@ -46,6 +50,8 @@ def _entropy(s: Signals, layer: int, want: str, have: str) -> torch.Tensor:
     """H of each slot's token under convention ``want``, from the signals' ``have`` ``[Hkv, n]``. The other
     convention is the neighbour's value (``H_next(i) = H_produced(i + 1)``, ``H_produced(0) = 0``), known
     where slot ``j + 1`` holds position ``j + 1``: at a prefill, where slots are positions."""
+    import torch
+
     if s.entropy is None:
         raise FIError("the fitted policy needs token entropies; these signals were tracked without them")
     h = s.entropy[layer].double()
@@ -67,6 +73,13 @@ def _needs(s: Signals, name: str, what: str):
     return value
 
 
+def _layer_entropy(s: Signals, layer: int, tau: float) -> torch.Tensor:
+    from fi_toolkit.signals.formulas import layer_entropy_score
+
+    return layer_entropy_score(_needs(s, "distance", "D^(l)")[layer].double(),
+                               _needs(s, "entropy", "entropies")[layer].double(), tau).double()
+
+
 # name -> (what it is, function (signals, layer, entropy_of, tau) -> [Hkv, n] float64)
 FEATURES: dict[str, tuple[str, object]] = {
     "attention": ("window attention A^(l) (pooled)",
@@ -77,11 +90,10 @@ FEATURES: dict[str, tuple[str, object]] = {
     "entropy_produced": ("H of the distribution that produced the token", lambda s, l, e, t: _entropy(s, l, "produced", e)),
     "entropy_next": ("H of the distribution computed at the token", lambda s, l, e, t: _entropy(s, l, "next", e)),
     "distance": ("D^(l) = 1 - cos(h^(l), h^(L))", lambda s, l, e, t: _needs(s, "distance", "D^(l)")[l].double()),
-    "layer_entropy": ("E^(l) = (D^(l) + tau) H", lambda s, l, e, t: layer_entropy_score(
-        _needs(s, "distance", "D^(l)")[l].double(), _needs(s, "entropy", "entropies")[l].double(), t).double()),
+    "layer_entropy": ("E^(l) = (D^(l) + tau) H", lambda s, l, e, t: _layer_entropy(s, l, t)),
     "key_norm": ("L2 norm of the (rotated) key", lambda s, l, e, t: s.keys[l][0].double().norm(dim=-1)),
-    "log_recency": ("log(seen - position)", lambda s, l, e, t: torch.log(s.seen - _positions(s, l))),
-    "log_position": ("log(1 + position)", lambda s, l, e, t: torch.log1p(_positions(s, l))),
+    "log_recency": ("log(seen - position)", lambda s, l, e, t: (s.seen - _positions(s, l)).log()),
+    "log_position": ("log(1 + position)", lambda s, l, e, t: _positions(s, l).log1p()),
 }
 TOKEN_FEATURES = ("entropy_produced", "entropy_next", "distance", "layer_entropy")  # need H and D per token
 
@@ -90,6 +102,8 @@ def feature_matrix(s: Signals, layer: int, names, entropy_of: str, tau: float) -
     """The features ``names`` of every slot of one layer -> ``[F, Hkv, n_l]`` float64 (``entropy_of``: the
     convention of ``s.entropy``; ``tau``: the bias of ``E^(l)``). The one place features are computed:
     ``fi fit`` builds its training rows with it, the policy scores with it."""
+    import torch
+
     return torch.stack([FEATURES[name][1](s, layer, entropy_of, tau) for name in names])
 
 
@@ -171,6 +185,8 @@ class Fitted(Policy):
 
     def linear_score(self, s: Signals, layer: int) -> torch.Tensor:
         """``sum_f c_f (x_f - mu_f) / sigma_f`` of every slot -> ``[Hkv, n_l]`` float64."""
+        import torch
+
         fit = self.fit
         x = feature_matrix(s, layer, fit["features"], fit["signals"]["entropy_of"], float(fit["signals"]["tau"]))
         mean, scale, coef = (torch.tensor(fit[k], dtype=torch.float64, device=x.device)[:, None, None]
@@ -181,6 +197,8 @@ class Fitted(Policy):
         """Dense ranks of :meth:`linear_score` over the candidate slots ``[protected, n - w)`` (equal scores,
         equal ranks), 0 elsewhere -> ``[Hkv, n_l]`` float32. Ranks carry the float64 order exactly into
         :func:`~fi_toolkit.policies.base.select`, which ranks in float32."""
+        import torch
+
         lo, hi = s.protected[layer], s.slots(layer) - s.window
         z = self.linear_score(s, layer)
         out = torch.zeros(z.shape, dtype=torch.float32, device=z.device)

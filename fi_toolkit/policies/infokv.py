@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar
-
-import torch
+from typing import TYPE_CHECKING, ClassVar
 
 from fi_toolkit.errors import FIError
-from fi_toolkit.policies.base import Policy, Signals
-from fi_toolkit.signals.formulas import infokv_score, layer_entropy_score
+from fi_toolkit.policies.base import Policy
+
+if TYPE_CHECKING:  # torch is imported where it is used: naming the policy needs none of it
+    import torch
+
+    from fi_toolkit.signals.view import Signals
 
 
 @dataclass
@@ -44,11 +46,15 @@ class InfoKV(Policy):
 
     def layer_entropy(self, s: Signals, layer: int) -> torch.Tensor:
         """``E^(l)`` over the candidate slots ``[protected, n - w)`` -> ``[Hkv, m]``."""
+        from fi_toolkit.signals.formulas import layer_entropy_score
+
         lo, hi = s.protected[layer], s.slots(layer) - s.window
         return layer_entropy_score(s.distance[layer][:, lo:hi], s.entropy[layer][:, lo:hi], self.tau)
 
     def scores(self, s: Signals, layer: int) -> torch.Tensor:
         """``S`` on the candidate slots, the window attention ``A`` elsewhere -> ``[Hkv, n_l]``."""
+        from fi_toolkit.signals.formulas import infokv_score
+
         lo, hi = s.protected[layer], s.slots(layer) - s.window
         out = s.attention[layer].float().clone()
         out[:, lo:hi] = infokv_score(out[:, lo:hi], self.layer_entropy(s, layer), self.alpha)

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar
-
-import torch
+from typing import TYPE_CHECKING, ClassVar
 
 from fi_toolkit.errors import FIError
-from fi_toolkit.policies.base import Policy, Signals, allocate
+from fi_toolkit.policies.base import Policy, allocate
+
+if TYPE_CHECKING:  # torch is imported where it is used: naming the policy needs none of it
+
+    from fi_toolkit.signals.view import Signals
 
 
 @dataclass
@@ -33,6 +35,8 @@ class PyramidKV(Policy):
         return s.attention[layer]
 
     def layer_budgets(self, s: Signals, k: int) -> list[int]:
+        import torch
+
         n_layers, extra = s.num_layers, k - self.window
         low = extra / self.beta
         high = 2 * extra - low

@@ -6,12 +6,14 @@ drawn independently per layer and head from ``seed``. Defaults: ``seed=0, window
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
-
-import torch
+from typing import TYPE_CHECKING, ClassVar
 
 from fi_toolkit.errors import FIError
-from fi_toolkit.policies.base import Policy, Signals
+from fi_toolkit.policies.base import Policy
+
+if TYPE_CHECKING:  # torch is imported where it is used: naming the policy needs none of it
+
+    from fi_toolkit.signals.view import Signals
 
 
 @dataclass
@@ -28,6 +30,8 @@ class RandomPolicy(Policy):
             raise FIError(f"seed must be >= 0, got {self.seed}")
 
     def scores(self, s: Signals, layer: int):
+        import torch
+
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + layer * 7919 + s.seen)
         hkv = s.keys[layer].shape[1]
         return torch.rand(hkv, s.slots(layer), generator=gen).to(s.keys[layer].device)

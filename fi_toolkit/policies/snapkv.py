@@ -8,9 +8,12 @@ kernel is a signal option, ``SignalConfig.pool_kernel``). Equals InfoKV with ``a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-from fi_toolkit.policies.base import Policy, Signals
+from fi_toolkit.policies.base import Policy
+
+if TYPE_CHECKING:  # torch is imported where it is used: naming the policy needs none of it
+    from fi_toolkit.signals.view import Signals
 
 
 @dataclass

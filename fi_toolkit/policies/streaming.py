@@ -7,12 +7,14 @@ window). No signals needed. Defaults: ``sinks=4, window=32, budget=0.25``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
-
-import torch
+from typing import TYPE_CHECKING, ClassVar
 
 from fi_toolkit.errors import FIError
-from fi_toolkit.policies.base import Policy, Signals
+from fi_toolkit.policies.base import Policy
+
+if TYPE_CHECKING:  # torch is imported where it is used: naming the policy needs none of it
+
+    from fi_toolkit.signals.view import Signals
 
 
 @dataclass
@@ -29,5 +31,7 @@ class StreamingLLM(Policy):
             raise FIError(f"sinks must be >= 0, got {self.sinks}")
 
     def scores(self, s: Signals, layer: int):
+        import torch
+
         pos = s.positions[layer].float()
         return torch.where(pos < self.sinks, pos.max() + 1, pos)  # sinks above every recent position

@@ -48,11 +48,14 @@ from fi_toolkit.model.architectures import context_limit
 from fi_toolkit.model.attention import register_wrapped
 from fi_toolkit.model.checkpointing import checkpointed_layers
 from fi_toolkit.probe.chunks import Chunk, check_chunks
+from fi_toolkit.probe.estimator_options import (  # noqa: F401  (importable here too)
+    DEFAULT_SAMPLES,
+    ESTIMATORS,
+    MAX_SAMPLES,
+    check_samples,
+)
 from fi_toolkit.probe.forward_influence import _capture_positions, _continuation_hidden
 from fi_toolkit.signals.trace import Trace, decoder_parts
-
-ESTIMATORS = ("exact", "fisher")
-DEFAULT_SAMPLES = 16
 
 _BIAS: list = [None]  # the bias [L, H_kv, p] the biased attention functions add while attention_bias is active
 
@@ -110,17 +113,6 @@ class FisherEstimate:
     head_fi: torch.Tensor
     seconds: float = 0.0
     meta: dict = field(default_factory=dict)
-
-
-MAX_SAMPLES = 10_000  # label draws per chunk: the standard error falls as 1/sqrt(samples); more is a typo
-
-
-def check_samples(samples: int) -> int:
-    if samples < 1:
-        raise FIError(f"samples must be >= 1, got {samples}", parameter="samples")
-    if samples > MAX_SAMPLES:
-        raise FIError(f"samples must be at most {MAX_SAMPLES:,}, got {samples}", parameter="samples")
-    return samples
 
 
 CHECKPOINT_ABOVE = 2**31  # bytes of kept graph above which fisher_fi checkpoints (the Reference's keep_bytes too)

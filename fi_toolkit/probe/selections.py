@@ -18,15 +18,18 @@ are attention sinks and the window is always kept.
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from fi_toolkit.budget import Budget
 from fi_toolkit.errors import FIError
-from fi_toolkit.eviction import KeepMap, TokenSet
-from fi_toolkit.integrations.kvpress.bridge import PressSpec, make_press, parse_press_spec, run_press
 from fi_toolkit.policies import Policy, parse_policy
-from fi_toolkit.signals.trace import Trace
+
+if TYPE_CHECKING:  # parsing and checking a spec imports no torch; resolving one (and kvpress) does
+    import torch
+
+    from fi_toolkit.eviction import KeepMap, TokenSet
+    from fi_toolkit.integrations.kvpress.bridge import PressSpec
+    from fi_toolkit.signals.trace import Trace
 
 SCORE_SELECTORS = ("entropy", "attention", "distance", "infokv")
 SELECTORS = SCORE_SELECTORS + ("random", "positions", "policy", "kvpress")
@@ -37,6 +40,8 @@ TRACE_OPTIONS = ("window", "top_k")  # policy options the trace fixes for every 
 
 def token_scores(trace: Trace, kind: str, alpha: float | None = None) -> torch.Tensor:
     """One score per prefix position ``[p]`` for a score-based selector (NaN where undefined)."""
+    import torch
+
     if kind == "entropy":
         return trace.entropy
     if kind == "attention":  # layer-and-head mean of window attention
@@ -109,6 +114,10 @@ class Selection:
                 ids: torch.Tensor | None = None) -> TokenSet | KeepMap:
         """``model`` and the document's ``ids`` are needed by ``kvpress:`` selections (the press runs
         its own prefill of ``ids[:p]``)."""
+        import torch
+
+        from fi_toolkit.eviction import TokenSet
+
         p, scored = trace.prefix_len, trace.scored
         if self.kind == "policy":
             return self._policy_keep_map(trace, alpha)
@@ -160,6 +169,8 @@ class Selection:
         return keep_map
 
     def _press_keep_map(self, prefix_len: int, model, ids: torch.Tensor | None) -> KeepMap:
+        from fi_toolkit.integrations.kvpress.bridge import make_press, run_press
+
         if model is None or ids is None:
             raise FIError(f"{self.option}: a kvpress selection needs the model and the document's tokens")
         self.check(prefix_len, 0, 0)
@@ -185,7 +196,10 @@ def _parse_positions(text: str, where: str) -> tuple[int, ...]:
     last = max(hi for _, hi in ranges)
     if last >= MAX_POSITION:
         raise FIError(f"{where}: position {last:,} is past any model's context")
-    return tuple(torch.unique(torch.cat([torch.arange(lo, hi + 1) for lo, hi in ranges])).tolist())
+    merged: list[int] = []  # sorted, each position once
+    for lo, hi in sorted(ranges):
+        merged.extend(range(max(lo, merged[-1] + 1 if merged else 0), hi + 1))
+    return tuple(merged)
 
 
 def parse_selection(spec: str, option: str = "selection") -> list[Selection]:
@@ -201,7 +215,9 @@ def parse_selection(spec: str, option: str = "selection") -> list[Selection]:
         raise FIError(f"{where}: expected {kind}:BUDGET, e.g. {kind}:remove=0.1")
     if kind == "positions":
         return [Selection(spec, kind, source=source, positions=_parse_positions(rest, where))]
-    if kind == "kvpress":
+    if kind == "kvpress":  # the bridge (and kvpress) import torch: only a kvpress spec needs them
+        from fi_toolkit.integrations.kvpress.bridge import make_press, parse_press_spec
+
         press = parse_press_spec(rest, f"{where}")
         make_press(press, f"{where}")  # validate the press now (and that kvpress is installed)
         return [Selection(spec, kind, source=source, press=press)]

@@ -16,10 +16,12 @@ import sys
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from fi_toolkit.errors import FIError
+
+if TYPE_CHECKING:  # checking an output path needs no pandas; writing a table is handed one
+    import pandas as pd
 
 
 def _umask_mode(path: str) -> None:
@@ -187,6 +189,7 @@ def versions() -> dict:
     from importlib.metadata import version
 
     import numpy
+    import pandas as pd
     import scipy
     import torch
     import transformers

@@ -48,6 +48,7 @@ import pandas as pd
 
 from fi_toolkit.errors import FIError
 from fi_toolkit.runs import distributed, results
+from fi_toolkit.runs.units import MAX_UNIT_SIZE, check_unit_size  # noqa: F401  (importable here too)
 
 SETTINGS = "settings.json"
 PER_DOCUMENT = "per_document"
@@ -115,20 +116,6 @@ def last_document(make: Callable[[object], object], keep: bool = True) -> Callab
 def split_documents(documents: Sequence, parts: int) -> list[Part]:
     """Every document as ``parts`` consecutive :class:`Part` units."""
     return [Part(doc, i, parts) for doc in documents for i in range(parts)]
-
-
-MAX_UNIT_SIZE = 1_000_000  # items per work unit: past any document's sets, candidates or replays; more is a typo
-
-
-def check_unit_size(size: int, option: str) -> int:
-    """``unit_sets`` / ``unit_candidates`` / ``unit_policies`` (``option``, the parameter's name): 0 (one unit
-    per document) to ``MAX_UNIT_SIZE``."""
-    if size < 0:
-        raise FIError(f"{option} must be >= 0 (0: one unit per document), got {size}", parameter=option)
-    if size > MAX_UNIT_SIZE:
-        raise FIError(f"{option} must be at most {MAX_UNIT_SIZE:,} items per unit (0: one unit per document), got {size}",
-                      parameter=option)
-    return size
 
 
 def split_units(docs: Sequence, items: int, per_part: int, setup: float = 4) -> tuple[list, list | None]:
