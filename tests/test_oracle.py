@@ -1,0 +1,135 @@
+"""The FI oracle (issue 20): keep sets checked against brute force by physical deletion (no probe code),
+its spelling and refusals, rounds, and on SmolLM2 its FI against every heuristic at the same budget."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from fi_toolkit import Document, SignalConfig
+from fi_toolkit.errors import FIError
+from fi_toolkit.policies import FIOracle, parse_policy
+from fi_toolkit.probe.estimator import fisher_fi
+from fi_toolkit.probe.experiment import probe_document
+from fi_toolkit.probe.forward_influence import Chunk
+from fi_toolkit.probe.oracle import oracle_keep_map
+from fi_toolkit.probe.selections import parse_selection
+from fi_toolkit.signals.trace import trace_prefix
+
+P, W = 64, 8
+CHUNK = Chunk(64, 96)
+
+
+@pytest.fixture(scope="module")
+def trace(tiny, tiny_ids):
+    return trace_prefix(tiny.model, tiny_ids, P, SignalConfig(window=W))
+
+
+@torch.no_grad()
+def loo_by_deletion(model, ids, p, chunk) -> torch.Tensor:
+    """Exact FI on ``chunk`` of deleting each prefix position from the cache ``[p]`` float64: the prefix
+    cache from a plain forward, position ``j`` sliced out of every layer's keys and values, the
+    continuation re-run with its original position ids, KL in float64 (written here, no project code)."""
+    out = model(input_ids=ids[None, :p], use_cache=True)
+    layers = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+    cont = ids[p : chunk.end][None]
+    pos = torch.arange(p, chunk.end)[None]
+
+    def logp(kv, past):
+        cache = DynamicCache(ddp_cache_data=kv, config=model.config)
+        mask = torch.ones(1, past + cont.shape[1], dtype=torch.long)
+        logits = model(input_ids=cont, position_ids=pos, cache=cache, attention_mask=mask).logits[0]
+        return torch.log_softmax(logits.double(), -1)[chunk.start - p :]
+
+    full = logp([(k.clone(), v.clone()) for k, v in layers], p)
+    fi = torch.zeros(p, dtype=torch.float64)
+    for j in range(p):
+        keep = torch.tensor([i for i in range(p) if i != j])
+        pruned = logp([(k[:, :, keep].clone(), v[:, :, keep].clone()) for k, v in layers], p - 1)
+        fi[j] = (full.exp() * (full - pruned)).sum(-1).mean()
+    return fi
+
+
+def test_full_budget_removes_nothing(tiny, tiny_ids, trace):
+    for estimator in ("fisher", "exact"):
+        oracle = FIOracle(budget="keep=1.0", window=W, estimator=estimator, samples=2)
+        keep_map = oracle_keep_map(oracle, tiny.model, trace, tiny_ids, [CHUNK])
+        assert keep_map.visible(P).all()
+        assert keep_map.n_removed(P) == 0
+
+
+def test_exact_oracle_keeps_the_top_k_of_leave_one_out_by_deletion(tiny, tiny_ids, trace):
+    fi = loo_by_deletion(tiny.model, tiny_ids, P, CHUNK)
+    keep = 32  # of 64: 8 in the window, 24 picked from the 56 candidates [0, 56)
+    order = torch.sort(fi[: P - W], descending=True, stable=True).indices
+    gap = float(fi[order[keep - W - 1]] - fi[order[keep - W]])
+    assert gap > 1e-6 * float(fi.max()), "a near-tie at the boundary would make the test fragile"
+    expected = set(order[: keep - W].tolist()) | set(range(P - W, P))
+    oracle = FIOracle(budget=keep, window=W, estimator="exact")
+    keep_map = oracle_keep_map(oracle, tiny.model, trace, tiny_ids, [CHUNK])
+    for layer in keep_map.keep:
+        for head in layer:
+            assert set(head.tolist()) == expected
+    # its scores are the deletion values (masking equals deletion)
+    torch.testing.assert_close(oracle.estimates[0][0, : P - W].double(), fi[: P - W], rtol=1e-3, atol=1e-6)
+
+
+def test_fisher_oracle_keeps_the_top_k_per_layer_and_head(tiny, tiny_ids, trace):
+    est = fisher_fi(tiny.model, trace, tiny_ids, [CHUNK], samples=4, seed=0).head_fi[..., 0]
+    oracle = FIOracle(budget="keep=0.5", window=W, samples=4)
+    keep_map = oracle_keep_map(oracle, tiny.model, trace, tiny_ids, [CHUNK])
+    differ = False
+    for layer, kept in enumerate(keep_map.keep):
+        for h in range(kept.shape[0]):
+            top = torch.topk(est[layer, h, : P - W], 32 - W).indices
+            assert set(kept[h].tolist()) == set(top.tolist()) | set(range(P - W, P))
+        differ |= not torch.equal(kept[0], kept[1])
+    assert differ, "per-head scores should give different keep sets somewhere"
+    assert keep_map.meta["selector"] == "oracle:fi-oracle" and keep_map.meta["oracle"]
+
+
+def test_rounds_mask_earlier_removals_and_shrink_monotonically(tiny, tiny_ids, trace):
+    removed = torch.zeros(trace.num_layers, trace.num_kv_heads, P, dtype=torch.bool)
+    removed[:, 0, 10:20] = True
+    est = fisher_fi(tiny.model, trace, tiny_ids, [CHUNK], samples=2, removed=removed)
+    assert (est.head_fi[:, 0, 10:20] == 0).all()  # no attention weight, no gradient
+    assert (est.head_fi[:, 1, 10:20] > 0).all()
+    oracle = FIOracle(budget="keep=0.5", window=W, rounds=3, samples=2)
+    keep_map = oracle_keep_map(oracle, tiny.model, trace, tiny_ids, [CHUNK])
+    assert keep_map.meta["removed_per_round"] == [11, 21, 32]
+    assert keep_map.counts() == [32] * trace.num_layers
+
+
+def test_spelling_label_and_refusals(tiny, tiny_ids, trace):
+    (sel,) = parse_selection("policy:fi-oracle@0.5:chunk=64:96,rounds=2,estimator=exact")
+    assert sel.label == "policy:fi-oracle@keep=0.5:chunk=64:96,rounds=2,estimator=exact"
+    (again,) = parse_selection(sel.label)
+    assert again.make_policy(W).span == (64, 96) and again.make_policy(W).rounds == 2
+    for bad, message in [
+        ("rounds=0", "rounds must lie in [1, 64], got 0"), ("rounds=-3", "rounds must lie"),
+        ("rounds=nan", "rounds must be a whole number"), ("rounds=99999999999", "rounds must lie"),
+        ("estimator=taylor", "unknown estimator 'taylor'"), ("chunk=96", "chunk must be START:END"),
+    ]:
+        with pytest.raises(FIError, match=message.replace("[", r"\[").replace("]", r"\]")):
+            parse_selection(f"policy:fi-oracle@0.5:{bad}")
+    with pytest.raises(FIError, match="oracle that sees the future"):
+        parse_policy("fi-oracle", "keep=0.5")  # as fi generate / fi eval parse their policies
+    with pytest.raises(FIError, match="starts before the compression point"):
+        parse_selection("policy:fi-oracle@0.5:chunk=10:40")[0].check(P, W, 4)
+    doc = Document("d", "t", tiny_ids, "test")
+    with pytest.raises(FIError, match="ends past the document's end"):
+        probe_document(tiny, doc, [CHUNK], ["policy:fi-oracle@0.5:chunk=300:500"], prefix=P,
+                       config=SignalConfig(window=W))
+    with pytest.raises(FIError, match="only the probe computes"):
+        FIOracle(budget="keep=0.5", window=W).keep_map(trace)
+
+
+def test_probe_measures_the_oracle_beside_policies(tiny, tiny_ids):
+    doc = Document("d", "t", tiny_ids, "test")
+    table = probe_document(tiny, doc, [CHUNK, Chunk(128, 160)],
+                           ["policy:fi-oracle@0.5:samples=4", "policy:snapkv@0.5", "random:keep=0.5@0"],
+                           prefix=P, config=SignalConfig(window=W))
+    rows = table[table["selection"] == "policy:fi-oracle@keep=0.5:samples=4"]
+    assert list(rows["selector"].unique()) == ["oracle:fi-oracle"] and len(rows) == 2
+    assert (rows["n_removed"] == 32).all()
