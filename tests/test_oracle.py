@@ -3,6 +3,7 @@ its spelling and refusals, rounds, and on SmolLM2 its FI against every heuristic
 
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 import torch
 from transformers import DynamicCache
@@ -133,3 +134,32 @@ def test_probe_measures_the_oracle_beside_policies(tiny, tiny_ids):
     rows = table[table["selection"] == "policy:fi-oracle@keep=0.5:samples=4"]
     assert list(rows["selector"].unique()) == ["oracle:fi-oracle"] and len(rows) == 2
     assert (rows["n_removed"] == 32).all()
+
+
+def _row(doc, selection, selector, chunk, fi, n=384.0):
+    return {"document": doc, "selection": selection, "selector": selector, "n_removed": n, "chunk": chunk, "fi": fi}
+
+
+def test_headroom_is_the_share_of_the_gap_closed_with_a_bootstrap_ci():
+    from fi_toolkit.probe.headroom import headroom_table
+
+    rows = []
+    for d, (r0, r1, s, o, far) in enumerate([(1.0, 1.2, 0.6, 0.2, 0.9), (2.0, 2.0, 1.5, 1.0, 1.1), (0.5, 0.7, 0.5, 0.1, 0.3)]):
+        doc = f"d{d}"
+        rows += [_row(doc, "random:keep=0.25@0", "random", "near", r0), _row(doc, "random:keep=0.25@1", "random", "near", r1),
+                 _row(doc, "policy:snapkv@keep=0.25", "policy:snapkv", "near", s),
+                 _row(doc, "policy:fi-oracle@keep=0.25", "oracle:fi-oracle", "near", o),
+                 _row(doc, "policy:fi-oracle@keep=0.25:chunk=9:10", "oracle:fi-oracle", "near", far),
+                 _row(doc, "policy:snapkv@keep=0.1", "policy:snapkv", "near", 5.0, n=460.0)]  # no oracle at this budget
+    hr = headroom_table(pd.DataFrame(rows))
+    row = hr[(hr.oracle == "policy:fi-oracle@keep=0.25") & (hr.selection == "policy:snapkv@keep=0.25")].iloc[0]
+    r, s, o = (1.1 + 2.0 + 0.6) / 3, (0.6 + 1.5 + 0.5) / 3, (0.2 + 1.0 + 0.1) / 3  # by hand
+    assert row.headroom == pytest.approx((r - s) / (r - o))
+    assert row.fit_chunk == "near" and row.n_documents == 3
+    assert row.ci_low <= row.headroom <= row.ci_high
+    own = hr[(hr.oracle == hr.selection)]
+    assert (own.headroom == 1.0).all()
+    transfer = hr[(hr.oracle == "policy:fi-oracle@keep=0.25") & (hr.selection.str.contains("chunk=9:10"))].iloc[0]
+    assert transfer.headroom == pytest.approx((r - (0.9 + 1.1 + 0.3) / 3) / (r - o))
+    assert hr[hr.oracle.str.contains("chunk=9:10")].fit_chunk.unique().tolist() == ["9:10"]
+    assert not (hr.n_removed == 460.0).any()
