@@ -163,3 +163,39 @@ def test_headroom_is_the_share_of_the_gap_closed_with_a_bootstrap_ci():
     assert transfer.headroom == pytest.approx((r - (0.9 + 1.1 + 0.3) / 3) / (r - o))
     assert hr[hr.oracle.str.contains("chunk=9:10")].fit_chunk.unique().tolist() == ["9:10"]
     assert not (hr.n_removed == 460.0).any()
+
+
+def test_headroom_figure_draws_the_reference_rows():
+    from fi_toolkit.probe.headroom import headroom_table
+    from fi_toolkit.report.headroom import headroom_figure, reference_rows
+
+    rows = []
+    for d, scale in enumerate([1.0, 2.0, 0.5]):
+        for chunk in ("512:640", "768:896"):
+            rows += [_row(f"d{d}", "random:keep=0.25@0", "random", chunk, 1.0 * scale),
+                     _row(f"d{d}", "policy:snapkv@keep=0.25", "policy:snapkv", chunk, 0.6 * scale),
+                     _row(f"d{d}", "policy:fi-oracle@keep=0.25", "oracle:fi-oracle", chunk, 0.3 * scale),
+                     _row(f"d{d}", "policy:fi-oracle@keep=0.25:chunk=768:896", "oracle:fi-oracle", chunk,
+                          (0.5 if chunk == "512:640" else 0.2) * scale)]
+    hr = headroom_table(pd.DataFrame(rows))
+    ref = reference_rows(hr)
+    # on 512:640 the reference is the default oracle (fit on the first chunk); on 768:896 the far one
+    assert set(ref[ref.chunk == "512:640"].oracle) == {"policy:fi-oracle@keep=0.25"}
+    assert set(ref[ref.chunk == "768:896"].oracle) == {"policy:fi-oracle@keep=0.25:chunk=768:896"}
+    near_on_far = ref[(ref.chunk == "768:896") & (ref.selector == "oracle:fi-oracle")].iloc[0]
+    assert near_on_far.bar.startswith("ORACLE") and near_on_far.headroom == pytest.approx((1 - 0.3) / (1 - 0.2))
+    assert headroom_figure(hr, "test") is not None
+
+
+@pytest.mark.smollm
+def test_oracle_beats_every_heuristic_on_the_chunk_it_saw(smollm, alice):
+    p, chunk = 256, Chunk(256, 320)
+    specs = ["policy:fi-oracle@0.25", "policy:fi-oracle@0.25:rounds=2", "policy:snapkv@0.25", "policy:infokv@0.25",
+             "policy:h2o@0.25", "policy:pyramidkv@0.25", "policy:streaming@0.25", "policy:knorm@0.25"]
+    table = probe_document(smollm, alice, [chunk], specs, prefix=p)
+    fi = table.set_index("selection")["fi"]
+    oracle = fi["policy:fi-oracle@keep=0.25"]
+    for spec in specs[2:]:
+        name = spec.replace("@0.25", "@keep=0.25")
+        assert oracle <= fi[name], (name, oracle, fi[name])
+    print("smollm p=256 keep 0.25:", fi.to_dict())

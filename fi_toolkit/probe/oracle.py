@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import weakref
+
 import torch
 
 from fi_toolkit.errors import FIError
@@ -30,6 +32,21 @@ from fi_toolkit.probe.forward_influence import Chunk, check_chunks, forward_infl
 from fi_toolkit.signals.trace import Trace
 
 REMOVED_SCORE = -1.0  # below every FI estimate (all >= 0 up to ~1e-8 rounding)
+_FIRST_ROUNDS: dict[tuple, tuple[weakref.ref, torch.Tensor]] = {}  # estimates at the full cache, per trace
+_KEEP_FIRST_ROUNDS = 4
+
+
+def _first_round(key: tuple, trace: Trace, compute) -> torch.Tensor:
+    """The full-cache estimate (round 1) of one trace, chunk and estimator, shared by every budget and
+    rounds count probed on that trace (it does not depend on them); the last few are kept."""
+    hit = _FIRST_ROUNDS.get((id(trace), *key))
+    if hit is not None and hit[0]() is trace:
+        return hit[1].clone()
+    scores = compute()
+    while len(_FIRST_ROUNDS) >= _KEEP_FIRST_ROUNDS:
+        _FIRST_ROUNDS.pop(next(iter(_FIRST_ROUNDS)))
+    _FIRST_ROUNDS[(id(trace), *key)] = (weakref.ref(trace), scores.clone())
+    return scores
 
 
 def oracle_chunk(policy: FIOracle, chunks: Sequence[Chunk] | None, prefix_len: int, doc_len: int,
@@ -69,6 +86,14 @@ def oracle_scores(policy: FIOracle, model, trace: Trace, ids: torch.Tensor, chun
     """Per (layer, KV head, position) the estimated FI on ``chunk`` with ``removed`` (bool ``[L, H_kv, p]``)
     already evicted -> float64 ``[L, H_kv, p]``, ``REMOVED_SCORE`` at the removed entries."""
     shape = (trace.num_layers, trace.num_kv_heads, trace.prefix_len)
+    if not removed.any():
+        key = (chunk, str(policy.estimator), policy.samples, block, id(model), tuple(ids[trace.prefix_len : chunk.end].tolist()))
+        return _first_round(key, trace, lambda: _scores(policy, model, trace, ids, chunk, removed, block, shape))
+    return _scores(policy, model, trace, ids, chunk, removed, block, shape)
+
+
+def _scores(policy: FIOracle, model, trace: Trace, ids: torch.Tensor, chunk: Chunk, removed: torch.Tensor,
+            block: int, shape: tuple[int, int, int]) -> torch.Tensor:
     if policy.estimator == "exact":
         base = removed.all(dim=(0, 1))
         if not torch.equal(removed, base.expand(shape)):
