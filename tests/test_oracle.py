@@ -183,7 +183,7 @@ def test_headroom_figure_draws_the_reference_rows():
     assert set(ref[ref.chunk == "512:640"].oracle) == {"policy:fi-oracle@keep=0.25"}
     assert set(ref[ref.chunk == "768:896"].oracle) == {"policy:fi-oracle@keep=0.25:chunk=768:896"}
     near_on_far = ref[(ref.chunk == "768:896") & (ref.selector == "oracle:fi-oracle")].iloc[0]
-    assert near_on_far.bar.startswith("ORACLE") and near_on_far.headroom == pytest.approx((1 - 0.3) / (1 - 0.2))
+    assert near_on_far.bar == "ORACLE fit on 512:640" and near_on_far.headroom == pytest.approx((1 - 0.3) / (1 - 0.2))
     assert headroom_figure(hr, "test") is not None
 
 

@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from fi_toolkit.probe.headroom import ORACLE  # noqa: E402
+from fi_toolkit.probe.headroom import ORACLE, fit_chunk  # noqa: E402
 
 
 def reference_rows(hr: pd.DataFrame, rounds: bool = True) -> pd.DataFrame:
@@ -27,7 +27,11 @@ def reference_rows(hr: pd.DataFrame, rounds: bool = True) -> pd.DataFrame:
         own = own[~own["selection"].str.contains("rounds=")]
     is_oracle = own["selector"] == ORACLE
     own["bar"] = own["selection"].str.replace(r"^policy:", "", regex=True).str.replace(r"@[^:]*", "", regex=True)
-    own.loc[is_oracle, "bar"] = "ORACLE " + own.loc[is_oracle, "bar"].str.replace("fi-oracle:", "", regex=False)
+    default = hr.loc[~hr["oracle"].str.contains("chunk="), "fit_chunk"]
+    first = default.iloc[0] if len(default) else ""
+    fits = own.loc[is_oracle, "selection"].map(lambda s: fit_chunk(s, first))
+    extra = own.loc[is_oracle, "selection"].str.extract(r"((?:rounds|estimator|samples)=[^,]+)")[0].fillna("")
+    own.loc[is_oracle, "bar"] = ("ORACLE fit on " + fits + " " + extra).str.strip()
     return own
 
 
