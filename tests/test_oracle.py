@@ -199,3 +199,17 @@ def test_oracle_beats_every_heuristic_on_the_chunk_it_saw(smollm, alice):
         name = spec.replace("@0.25", "@keep=0.25")
         assert oracle <= fi[name], (name, oracle, fi[name])
     print("smollm p=256 keep 0.25:", fi.to_dict())
+
+
+def test_nearfar_headroom_column_beside_an_oracle():
+    from fi_toolkit.analysis.nearfar import add_relative_columns
+
+    base = {"document": "d", "sinks": 4, "chunk": "0:8", "distance_from_p": 0}
+    rows = [{**base, "selection": "random:a@0", "selector": "random", "fi": 1.0},
+            {**base, "selection": "random:a@1", "selector": "random", "fi": 3.0},
+            {**base, "selection": "entropy:a", "selector": "entropy", "fi": 1.5},
+            {**base, "selection": "policy:fi-oracle@a", "selector": "oracle:fi-oracle", "fi": 0.5}]
+    nf = add_relative_columns(pd.DataFrame(rows)).set_index("selection")
+    assert nf.loc["entropy:a", "headroom"] == pytest.approx((2.0 - 1.5) / (2.0 - 0.5))
+    assert nf.loc["policy:fi-oracle@a", "headroom"] == pytest.approx(1.0)
+    assert "headroom" not in add_relative_columns(pd.DataFrame(rows[:3])).columns
