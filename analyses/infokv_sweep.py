@@ -64,7 +64,7 @@ def sweep_document(lm, name: str, prefix: int, chunks, budgets) -> pd.DataFrame:
             selections += [f"random:keep={b}@0-2" for b in budgets]
         table = probe_document(lm, doc, chunks, selections, prefix=prefix, config=SignalConfig(top_k=k))
         table = table[table["selector"] != CONTROL].copy()
-        opts = table["selection"].str.extract(r"@keep=(?P<keep>[\d.]+)(?::alpha=(?P<alpha>[\d.]+),tau=(?P<tau>[\d.]+))?")
+        opts = table["selection"].str.extract(r"keep=(?P<keep>[\d.]+)(?::alpha=(?P<alpha>[\d.]+),tau=(?P<tau>[\d.]+))?")
         table["keep"] = opts["keep"].astype(float)
         table["alpha"] = opts["alpha"].astype(float)
         table["tau"] = opts["tau"].astype(float)
@@ -111,7 +111,13 @@ def main() -> None:
     ap.add_argument("--budgets", default="0.25,0.1")
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--results", type=Path, default=ROOT / "analyses" / "results" / "infokv-sweep")
+    ap.add_argument("--summarize", action="store_true", help="only re-summarise --results/sweep.csv")
     args = ap.parse_args()
+    if args.summarize:
+        summary = summarize(pd.read_csv(args.results / "sweep.csv"))
+        summary.to_csv(args.results / "summary.csv", index=False)
+        print(summary.to_string(), flush=True)
+        return
     chunks = [parse_chunk(c) for c in args.chunks.split(",")]
     budgets = args.budgets.split(",")
     lm = load_model(args.model, device="cpu", dtype="float32")
