@@ -488,6 +488,25 @@ CASES = [
     ("view-out-exists", lambda t: (t / "page.html").write_text("old"), ["view", "alice", "--out", "page.html"],
      "--out 'page.html' exists"),
     ("view-out-under-file", a_file, ["view", "alice", "--out", "f/page.html"], "lies under 'f'"),
+    # the FI oracle (issue 20): it sees the future, so only fi probe measures it; its options
+    ("generate-fi-oracle", None, ["generate", "hi", "--policy", "fi-oracle"],
+     "--policy fi-oracle: fi-oracle is an oracle that sees the future text"),
+    ("eval-fi-oracle", None, ["eval", "--task", "passkey", "--policy", "snapkv,fi-oracle:rounds=2"],
+     "fi-oracle is an oracle that sees the future text"),
+    ("select-oracle-chunk-before-p", None, ["probe", "--chunk", "128:160", "--select", "policy:fi-oracle@0.5:chunk=64:96"],
+     "the oracle's chunk 64:96 starts before the compression point p=128"),
+    ("select-oracle-chunk-malformed", None, ["probe", "--chunk", "128:160", "--select", "policy:fi-oracle@0.5:chunk=160"],
+     "chunk must be START:END with integers"),
+    ("select-oracle-rounds-0", None, ["probe", "--chunk", "128:160", "--select", "policy:fi-oracle@0.5:rounds=0"],
+     "rounds must lie in [1, 64], got 0"),
+    ("select-oracle-rounds-negative", None, ["probe", "--chunk", "128:160", "--select", "policy:fi-oracle@0.5:rounds=-2"],
+     "rounds must lie in [1, 64], got -2"),
+    ("select-oracle-rounds-nan", None, ["probe", "--chunk", "128:160", "--select", "policy:fi-oracle@0.5:rounds=nan"],
+     "rounds must be a whole number, got 'nan'"),
+    ("select-oracle-rounds-huge", None, ["probe", "--chunk", "128:160", "--select", "policy:fi-oracle@0.5:rounds=99999999999"],
+     "rounds must lie in [1, 64], got 99999999999"),
+    ("select-oracle-estimator", None, ["probe", "--chunk", "128:160", "--select", "policy:fi-oracle@0.5:estimator=taylor"],
+     "unknown estimator 'taylor' (choose fisher or exact)"),
 ]
 
 

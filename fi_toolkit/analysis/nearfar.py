@@ -35,6 +35,7 @@ from fi_toolkit.budget import Budget
 from fi_toolkit.probe.chunks import Chunk
 from fi_toolkit.probe.experiment import fi_table
 from fi_toolkit.probe.forward_influence import forward_influence
+from fi_toolkit.probe.headroom import ORACLE
 from fi_toolkit.probe.noise_floor import CONTROL
 from fi_toolkit.probe.selections import parse_selections
 from fi_toolkit.signals.trace import Trace
@@ -98,7 +99,10 @@ def nearfar_document(
 
 
 def add_relative_columns(nf: pd.DataFrame) -> pd.DataFrame:
-    """``fi_rel_random`` (vs the mean random set) and ``fi_share_near`` (vs the set's nearest chunk)."""
+    """``fi_rel_random`` (vs the mean random set) and ``fi_share_near`` (vs the set's nearest chunk); where
+    the table holds FI-oracle rows (selector ``oracle:fi-oracle``), ``headroom``: the share of the
+    random-to-oracle gap each set closes per document (the lowest oracle FI of that document, sinks and
+    chunk is the reference; :mod:`fi_toolkit.probe.headroom` gives the across-document version with CIs)."""
     nf = nf.copy()
     random_mean = (
         nf[nf.selector == "random"].groupby(["document", "sinks", "chunk"])["fi"].mean().rename("random_fi")
@@ -110,6 +114,12 @@ def add_relative_columns(nf: pd.DataFrame) -> pd.DataFrame:
     with np.errstate(divide="ignore", invalid="ignore"):
         nf["fi_rel_random"] = nf["fi"] / nf["random_fi"]
         nf["fi_share_near"] = nf["fi"] / near_fi
+    if (nf["selector"] == ORACLE).any():  # sets measured beside an FI oracle: the share of its gap closed
+        oracle = nf[nf["selector"] == ORACLE].groupby(["document", "sinks", "chunk"])["fi"].min().rename("oracle_fi")
+        nf = nf.join(oracle, on=["document", "sinks", "chunk"])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            nf["headroom"] = (nf["random_fi"] - nf["fi"]) / (nf["random_fi"] - nf["oracle_fi"])
+        nf = nf.drop(columns="oracle_fi")
     return nf.drop(columns="random_fi")
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from fi_toolkit.budget import Budget
 from fi_toolkit.policies.adaptive import Adaptive
 from fi_toolkit.policies.base import Policy, allocate, select
+from fi_toolkit.policies.fi_oracle import FIOracle
 from fi_toolkit.policies.fitted import Fitted
 from fi_toolkit.policies.h2o import H2O
 from fi_toolkit.policies.infokv import InfoKV
@@ -22,7 +23,7 @@ from fi_toolkit.policies.spec import POLICIES, PolicySpec, make_policy, parse_po
 from fi_toolkit.policies.streaming import StreamingLLM
 
 __all__ = [
-    "POLICIES", "Adaptive", "Budget", "Fitted", "H2O", "InfoKV", "KNorm", "Policy", "PolicySpec", "PyramidKV", "RPC",
+    "POLICIES", "Adaptive", "Budget", "FIOracle", "Fitted", "H2O", "InfoKV", "KNorm", "Policy", "PolicySpec", "PyramidKV", "RPC",
     "RandomPolicy", "Signals", "SnapKV", "StreamingLLM", "allocate", "make_policy", "parse_policy", "parse_spec",
     "select", "split_policies",
 ]

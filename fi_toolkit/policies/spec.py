@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from fi_toolkit.errors import FIError
 from fi_toolkit.policies.adaptive import Adaptive
 from fi_toolkit.policies.base import Policy
+from fi_toolkit.policies.fi_oracle import FIOracle
 from fi_toolkit.policies.fitted import Fitted
 from fi_toolkit.policies.h2o import H2O
 from fi_toolkit.policies.infokv import InfoKV
@@ -40,6 +41,7 @@ POLICIES: dict[str, type[Policy]] = {
     "knorm": KNorm,
     "random": RandomPolicy,
     "rpc": RPC,
+    "fi-oracle": FIOracle,  # an oracle (sees the future): fi probe --select only
 }
 # policies that read a file (fitted:path=FILE, a score learned by fi fit; issue 21): named like the others,
 # but not in POLICIES, which lists the policies that can be made from their name alone
@@ -129,7 +131,7 @@ def parse_spec(text: str, where: str = "") -> PolicySpec:
 
 
 def parse_policy(text: str, budget=None, window: int | None = None, *, where: str = "",
-                 shared: tuple[str, ...] = (), **defaults) -> Policy:
+                 shared: tuple[str, ...] = (), future: bool = False, **defaults) -> Policy:
     """A policy from its spelling: ``parse_policy("infokv:alpha=0.5", budget="keep=0.25", window=32)``.
 
     ``budget`` and ``window`` (None: the policy's default) and ``defaults`` (the command line's global
@@ -137,9 +139,14 @@ def parse_policy(text: str, budget=None, window: int | None = None, *, where: st
     are not its options and are not passed) are overridden by the options spelled in ``text``. ``shared``
     names options the caller fixes for every policy of a run (the signals' ``window`` and ``top_k``, which
     one trace serves to all): spelling them per policy is refused. ``where`` names the option in messages.
+    ``future``: the caller can give a policy that sees the future (the FI oracle) its scores; only the
+    probe can, so elsewhere such a policy is refused.
     """
     where = where or f"policy {text}"
     spec = parse_spec(text, where)
+    if getattr(spec.cls, "sees_future", False) and not future:
+        raise FIError(f"{where}: {spec.name} is an oracle that sees the future text; it is measured only by "
+                      f"a probe, as the selection policy:{spec.name}@BUDGET, not used to generate or evaluate")
     known = options_of(spec.cls)
     given = {**defaults, "window": window}
     kwargs = {k: v for k, v in given.items() if k in known and v is not None}

@@ -29,6 +29,12 @@ logits of the query heads of KV group ``h`` (a registered attention function aro
 :func:`attention_bias`: the bias enters through the mask, no model surgery). The all-layers bias is
 ``B[:, :, j]`` moved together, whose gradient is the sum over layers and heads, so one backward gives
 all three: every layer and head, one layer (``layer_fi``), one layer's KV head (``head_fi``).
+
+**At a base eviction** (``removed``, the FI oracle's later rounds, :mod:`fi_toolkit.probe.oracle`): the
+entries already removed get a constant bias of ``finfo.min`` (exactly zero attention weight, as the
+probe's masks), the labels are drawn from the evicted model's own distribution, and the estimate is
+the curvature there: how much the evicted model's predictions still depend on each remaining entry.
+Removed entries get an estimate of exactly 0 (no attention weight, no gradient).
 """
 
 from __future__ import annotations
@@ -193,6 +199,7 @@ def _label_terms(hidden: torch.Tensor, lm_head, samples: int, generator: torch.G
 def fisher_fi(
     model, trace: Trace, ids: torch.Tensor, chunks: Sequence[Chunk], samples: int = DEFAULT_SAMPLES, seed: int = 0,
     block: int = 512, on_progress: Callable[[int], None] | None = None, checkpoint: bool | None = None,
+    removed: torch.Tensor | None = None,
 ) -> FisherEstimate:
     """The sampled Fisher estimate of per-token FI for every prefix position (module docstring).
 
@@ -200,7 +207,8 @@ def fisher_fi(
     chunk through the same graph. Deterministic for a ``seed`` (labels come from a seeded generator).
     ``on_progress(1)`` after each sample. ``checkpoint``: recompute each decoder layer in every backward
     instead of keeping its activations (:mod:`fi_toolkit.model.checkpointing`; same estimates, bounded
-    memory, more time); ``None`` decides by :func:`needs_checkpoint`.
+    memory, more time); ``None`` decides by :func:`needs_checkpoint`. ``removed``: bool ``[L, H_kv, p]``,
+    a base eviction whose entries are masked in every forward and backward (module docstring).
     """
     check_samples(samples)
     t0 = time.perf_counter()
@@ -210,6 +218,7 @@ def fisher_fi(
     lm_head = decoder_parts(model)[2]
     n_layers, n_heads, n_chunks = trace.num_layers, trace.num_kv_heads, len(chunks)
     bias = torch.zeros(n_layers, n_heads, p, device=device, requires_grad=True)
+    applied = bias if removed is None else bias + base_bias(removed, (n_layers, n_heads, p), device)
     total = torch.zeros(p, n_chunks, dtype=torch.float64)
     total_sq = torch.zeros_like(total)
     layer = torch.zeros(n_layers, p, n_chunks, dtype=torch.float64)
@@ -217,7 +226,7 @@ def fisher_fi(
     generator = torch.Generator(device=device).manual_seed(seed)
     cache = shared_cache(trace.keys, trace.values, 1, model.config)
     bounded = checkpointed_layers(model, cache) if checkpoint else nullcontext()
-    with torch.enable_grad(), attention_bias(model, bias), bounded:
+    with torch.enable_grad(), attention_bias(model, applied), bounded:
         hidden = _hidden(model, trace, cont, capture, block, cache)
         labels, mean_w = _label_terms(hidden.detach(), lm_head, samples, generator, block)
         for s in range(samples):
@@ -238,7 +247,17 @@ def fisher_fi(
     se = ((total_sq / samples - mean.square()).clamp_min(0) / (samples - 1)).sqrt() if samples > 1 \
         else torch.full_like(mean, float("nan"))  # the standard error of the mean over samples
     return FisherEstimate(list(chunks), samples, mean, se, layer / samples, head / samples,
-                          time.perf_counter() - t0, {"seed": seed, "checkpoint": bool(checkpoint)})
+                          time.perf_counter() - t0, {"seed": seed, "checkpoint": bool(checkpoint),
+                                                     "removed": 0 if removed is None else int(removed.sum())})
+
+
+def base_bias(removed: torch.Tensor, shape: tuple[int, int, int], device) -> torch.Tensor:
+    """The constant bias of a base eviction: ``finfo(float32).min`` where ``removed`` (bool ``[L, H_kv, p]``)
+    is True, 0 elsewhere -> float32 ``[L, H_kv, p]`` (added to the masks, it gives exactly zero weight)."""
+    if tuple(removed.shape) != shape:
+        raise FIError(f"a base eviction must be [L, H_kv, p] = {list(shape)}, got {list(removed.shape)}")
+    out = torch.zeros(shape, device=device)
+    return out.masked_fill_(removed.to(device), torch.finfo(torch.float32).min)
 
 
 @torch.no_grad()  # forward-mode AD is not affected by no_grad

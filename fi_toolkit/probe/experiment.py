@@ -111,7 +111,8 @@ def probe_document(
     if sinks < 0:
         raise FIError(f"sinks must be >= 0, got {sinks}", parameter="sinks")
     trace = trace if trace is not None else trace_document(lm, doc, prefix, config)
-    evictions = [s.resolve(trace, sinks=sinks, alpha=config.alpha, model=lm.model, ids=doc.ids) for s in parsed]
+    evictions = [s.resolve(trace, sinks=sinks, alpha=config.alpha, model=lm.model, ids=doc.ids, chunks=chunks)
+                 for s in parsed]
     result = forward_influence(
         lm.model, trace, doc.ids, evictions, chunks, batch_size=batch_size, block=block, on_progress=on_progress,
         controls=True,

@@ -4,7 +4,9 @@
 ``infokv``), ``random:BUDGET@SEED`` (or ``@A-B`` for seeds A..B) removes a uniform sample,
 ``positions:A-B,C`` removes named positions (inclusive ranges), ``policy:NAME@BUDGET[:key=value,...]``
 evicts what a compression policy would (per layer and head; options as in :mod:`fi_toolkit.policies.spec`,
-``policy:infokv@keep=0.25:alpha=0.5,tau=2``, ``policy:adaptive(infokv)@0.25``; the signal options
+``policy:infokv@keep=0.25:alpha=0.5,tau=2``, ``policy:adaptive(infokv)@0.25``;
+``policy:fi-oracle@0.25[:chunk=A:B,rounds=R,estimator=fisher|exact]`` is the FI oracle, which sees the
+future chunk it scores (:mod:`fi_toolkit.probe.oracle`; default chunk: the first probed); the signal options
 ``window`` and ``top_k`` are the trace's, ``--window`` and ``--top-k``), ``kvpress:NAME@RATIO`` what a kvpress press keeps
 (:mod:`fi_toolkit.integrations.kvpress.bridge`; ``RATIO`` is kvpress's compression_ratio, the share removed).
 ``BUDGET`` has one meaning everywhere
@@ -29,7 +31,10 @@ if TYPE_CHECKING:  # parsing and checking a spec imports no torch; resolving one
 
     from fi_toolkit.eviction import KeepMap, TokenSet
     from fi_toolkit.integrations.kvpress.bridge import PressSpec
+    from fi_toolkit.probe.chunks import Chunk
     from fi_toolkit.signals.trace import Trace
+
+from fi_toolkit.policies.fi_oracle import FIOracle
 
 SCORE_SELECTORS = ("entropy", "attention", "distance", "infokv")
 SELECTORS = SCORE_SELECTORS + ("random", "positions", "policy", "kvpress")
@@ -89,6 +94,7 @@ class Selection:
         cannot be met. Needs no model, so the CLI calls it before loading one."""
         p = prefix_len
         if self.kind == "policy":
+            self._check_oracle_chunk(p)
             return p - self._checked_policy_budget(p, window)
         if self.kind == "kvpress":
             kept = self.press.n_kept(p)
@@ -111,16 +117,17 @@ class Selection:
         return n
 
     def resolve(self, trace: Trace, sinks: int = 4, alpha: float | None = None, model=None,
-                ids: torch.Tensor | None = None) -> TokenSet | KeepMap:
+                ids: torch.Tensor | None = None, chunks: list[Chunk] | None = None) -> TokenSet | KeepMap:
         """``model`` and the document's ``ids`` are needed by ``kvpress:`` selections (the press runs
-        its own prefill of ``ids[:p]``)."""
+        its own prefill of ``ids[:p]``) and the FI oracle (which estimates FI on a chunk of ``ids``;
+        ``chunks``: the probed chunks, the first of which it scores unless told another)."""
         import torch
 
         from fi_toolkit.eviction import TokenSet
 
         p, scored = trace.prefix_len, trace.scored
         if self.kind == "policy":
-            return self._policy_keep_map(trace, alpha)
+            return self._policy_keep_map(trace, alpha, model, ids, chunks)
         if self.kind == "kvpress":
             return self._press_keep_map(p, model, ids)
         meta = {"selection": self.label, "selector": self.kind, "seed": self.seed,
@@ -157,12 +164,31 @@ class Selection:
         """The policy of a ``policy:`` selection: its budget, the trace's ``window``, and the options
         spelled, which override ``defaults`` (the trace's alpha, tau, top_k)."""
         text = self.policy + (f":{self.options}" if self.options else "")
-        return parse_policy(text, self.budget, window, where=self.option, shared=TRACE_OPTIONS, **defaults)
+        return parse_policy(text, self.budget, window, where=self.option, shared=TRACE_OPTIONS, future=True,
+                            **defaults)
 
-    def _policy_keep_map(self, trace: Trace, alpha: float | None) -> KeepMap:
+    def _check_oracle_chunk(self, prefix_len: int) -> None:
+        """The FI oracle's chunk must start at or after p (its end is checked against the document later)."""
+        policy = self.make_policy()
+        span = policy.span if isinstance(policy, FIOracle) else None
+        if span is not None and span[0] < prefix_len:
+            raise FIError(f"{self.option}: the oracle's chunk {span[0]}:{span[1]} starts before the "
+                          f"compression point p={prefix_len}")
+
+    def _policy_keep_map(self, trace: Trace, alpha: float | None, model=None, ids: torch.Tensor | None = None,
+                         chunks: list[Chunk] | None = None) -> KeepMap:
         c = trace.config
         policy = self.make_policy(c.window, alpha=c.alpha if alpha is None else alpha, tau=c.tau, top_k=c.top_k)
         self._checked_policy_budget(trace.prefix_len, c.window, policy)
+        if isinstance(policy, FIOracle):
+            from fi_toolkit.probe.oracle import oracle_keep_map
+
+            if model is None or ids is None:
+                raise FIError(f"{self.option}: the FI oracle needs the model and the document's tokens")
+            keep_map = oracle_keep_map(policy, model, trace, ids, chunks)
+            keep_map.label = self.label
+            keep_map.meta.update(selection=self.label, seed=None)
+            return keep_map
         keep_map = policy.keep_map(trace)
         keep_map.label = self.label
         keep_map.meta.update(selection=self.label, seed=None)
@@ -230,7 +256,7 @@ def parse_selection(spec: str, option: str = "selection") -> list[Selection]:
         budget = Budget.parse(amount, f"{where}")
         # validate the name and options now, before any model work; the label spells them as parsed
         policy = parse_policy(f"{name}:{options}" if options else name, budget, where=f"{where}",
-                              shared=TRACE_OPTIONS)
+                              shared=TRACE_OPTIONS, future=True)
         base, _, spelled = policy.name.partition(":")
         return [Selection(spec, kind, budget, policy=base, options=spelled, source=source)]
     amount, at, seeds = rest.partition("@")

@@ -1,0 +1,64 @@
+"""The FI oracle's probe against a policy's probe (issue 20): how much dearer is the ceiling?
+
+On SmolLM2 (embedded), 'alice', p = 2048 (``--prefix``), chunk [p, p + 256), keep 25 %: the wall time
+of ``probe_document`` with ``policy:fi-oracle@0.25`` (Fisher estimate per layer and KV head with
+``--samples`` draws, the keep map, its FI) against ``policy:snapkv@0.25``, both on the same trace
+(tracing is shared and not timed), in one process, one after the other. Target ratio: <= 3x. Writes
+benchmarks/results/bench_oracle.txt.
+
+    .venv/bin/python benchmarks/bench_oracle.py [--prefix 2048] [--samples 16] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+
+from fi_toolkit.documents import load_document
+from fi_toolkit.model.loading import load_model
+from fi_toolkit.probe.chunks import Chunk
+from fi_toolkit.probe.experiment import probe_document
+from fi_toolkit.runs.results import atomic_write_text
+from fi_toolkit.signals.trace import trace_prefix
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prefix", type=int, default=2048)
+    ap.add_argument("--chunk-len", type=int, default=256)
+    ap.add_argument("--samples", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "bench_oracle.txt")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    lm = load_model("smollm2-135m")
+    p = args.prefix
+    chunk = Chunk(p, p + args.chunk_len)
+    doc = load_document("alice", lm.tokenizer, max_tokens=chunk.end)
+    trace = trace_prefix(lm.model, doc.ids, p)
+    times, fis = {}, {}
+    for name, spec in [("policy", "policy:snapkv@0.25"), ("oracle", f"policy:fi-oracle@0.25:samples={args.samples}")]:
+        t0 = time.perf_counter()
+        table = probe_document(lm, doc, [chunk], [spec], prefix=p, trace=trace)
+        times[name] = time.perf_counter() - t0
+        fis[name] = float(table[table["selection"].str.startswith("policy:")]["fi"].iloc[0])
+    ratio = times["oracle"] / times["policy"]
+    lines = [f"FI oracle vs policy probe: SmolLM2-135M, {lm.device}, torch threads {torch.get_num_threads()}, alice, "
+             f"p = {p}, chunk {chunk.label}, keep 0.25, Fisher samples {args.samples} (probe_document on a shared trace, "
+             "noise controls included in both)",
+             f"policy:snapkv  {times['policy']:8.1f} s  FI {fis['policy']:.4g}",
+             f"fi-oracle      {times['oracle']:8.1f} s  FI {fis['oracle']:.4g}",
+             f"ratio          {ratio:8.2f}x  (target <= 3x: {'met' if ratio <= 3 else 'NOT met'})"]
+    text = "\n".join(lines) + "\n"
+    print(text, end="")
+    atomic_write_text(args.out, text)
+
+
+if __name__ == "__main__":
+    main()

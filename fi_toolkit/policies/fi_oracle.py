@@ -1,0 +1,99 @@
+"""FI oracle (issue 20): keep, per layer and KV head, the entries whose removal the model's own future
+would feel most. An **oracle**, not a policy one could deploy: its scores are estimates of Forward
+Influence on a named future chunk of the text (docs/method.md, "Forward Influence"), so it sees tokens
+after the compression point. It bounds what any heuristic could reach at the same budget (the
+*headroom*, :mod:`fi_toolkit.probe.headroom`). "Oracle" as in H2O's heavy-hitter oracle (arXiv 2306.14048),
+but scored by the quantity the toolkit measures instead of attention.
+
+Scores come from outside: policies sit below the probe (tests/test_layers.py), so
+:func:`fi_toolkit.probe.oracle.oracle_keep_map` estimates them (the Fisher estimate per layer and KV head,
+``head_fi [L, H_kv, p, K]`` of :func:`fi_toolkit.probe.estimator.fisher_fi`, or exact leave-one-out FI
+per position, shared by every head) and sets :attr:`FIOracle.estimates`. Selection is every policy's
+(:meth:`Policy.keep_map`: same budget meaning and window rule; higher = keep). Options (spelled
+``fi-oracle:chunk=A:B,rounds=R,estimator=fisher|exact``): ``chunk`` the future chunk scored (default: the
+first probed chunk), ``rounds`` removes the budget in that many rounds, re-estimating after each with the
+earlier removals masked, ``estimator``, ``samples`` (label draws of the Fisher estimate).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar
+
+from fi_toolkit.errors import FIError
+from fi_toolkit.policies.base import Policy
+
+if TYPE_CHECKING:  # torch is imported where it is used: naming the policy needs none of it
+    import torch
+
+    from fi_toolkit.signals.view import Signals
+
+ORACLE_ESTIMATORS = ("fisher", "exact")
+MAX_ROUNDS = 64  # each round is one estimate (a backward pass per sample); more is a typo, not a study
+MAX_ORACLE_SAMPLES = 10_000
+
+
+class Spelled(str):
+    """A text option that labels show as spelled (``chunk=512:640``, not ``chunk='512:640'``), so a
+    label parses back to the same policy; quotes from an earlier label are dropped."""
+
+    def __new__(cls, text=""):
+        return super().__new__(cls, str(text).strip().strip("'\""))
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def parse_span(text: str) -> tuple[int, int] | None:
+    """``"512:640"`` -> ``(512, 640)``; ``""`` -> None (the first probed chunk)."""
+    if not text:
+        return None
+    a, sep, b = text.partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        start, end = int(a), int(b)
+    except ValueError:
+        raise FIError(f"chunk must be START:END with integers, like chunk=512:640, got '{text}'") from None
+    if start < 0 or end <= start:
+        raise FIError(f"chunk {text} must have 0 <= START < END")
+    return start, end
+
+
+@dataclass
+class FIOracle(Policy):
+    chunk: Spelled = Spelled("")
+    rounds: int = 1
+    estimator: Spelled = Spelled("fisher")
+    samples: int = 16
+    estimates: list | None = field(default=None, init=False, repr=False)  # per layer, tensors [H_kv, p]
+
+    name: ClassVar[str] = "fi-oracle"
+    sees_future: ClassVar[bool] = True  # only the probe can give it scores; fi generate / fi eval refuse it
+    no_layer_weight: ClassVar[str] = "fi-oracle's scores are estimates on a future chunk, not shared by layer"
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.chunk, self.estimator = Spelled(self.chunk), Spelled(self.estimator)
+        parse_span(self.chunk)
+        if self.estimator not in ORACLE_ESTIMATORS:
+            raise FIError(f"unknown estimator '{self.estimator}' (choose {' or '.join(ORACLE_ESTIMATORS)})")
+        if isinstance(self.rounds, float) and not math.isfinite(self.rounds):
+            raise FIError(f"rounds must be a whole number in [1, {MAX_ROUNDS}], got {self.rounds}")
+        if not 1 <= self.rounds <= MAX_ROUNDS:
+            raise FIError(f"rounds must lie in [1, {MAX_ROUNDS}], got {self.rounds}")
+        if not 1 <= self.samples <= MAX_ORACLE_SAMPLES:
+            raise FIError(f"samples must lie in [1, {MAX_ORACLE_SAMPLES:,}], got {self.samples}")
+
+    @property
+    def span(self) -> tuple[int, int] | None:
+        return parse_span(self.chunk)
+
+    def scores(self, s: Signals, layer: int) -> torch.Tensor:
+        """The estimated FI of each entry of ``layer`` on the oracle's chunk ``[H_kv, p]`` (set by
+        :func:`fi_toolkit.probe.oracle.oracle_keep_map`; entries already removed score -1)."""
+        if self.estimates is None:
+            raise FIError("fi-oracle sees the future: its scores are FI estimates that only the probe computes "
+                          "(a probe selection policy:fi-oracle@BUDGET); it cannot compress while generating")
+        return self.estimates[layer].to(s.keys[layer].device)

@@ -1,0 +1,141 @@
+"""The FI oracle's scores (issue 20): estimated Forward Influence of every (layer, KV head, position) on a
+future chunk, handed to :class:`~fi_toolkit.policies.fi_oracle.FIOracle`, which keeps per head by every
+policy's selection (:func:`~fi_toolkit.policies.base.select`). It sees the future: an upper reference for
+the heuristics (the headroom, :mod:`fi_toolkit.probe.headroom`), not a policy.
+
+- ``estimator=fisher``: the per-(layer, KV head) Fisher estimate ``head_fi`` of
+  :func:`~fi_toolkit.probe.estimator.fisher_fi` (one forward, ``samples`` backwards).
+- ``estimator=exact``: exact leave-one-out FI per position (one masked forward per candidate
+  position, :func:`~fi_toolkit.probe.forward_influence.forward_influence`), shared by every layer and head;
+  for small prefixes.
+- ``rounds=R``: the ``n - k`` evictions happen in ``R`` rounds of ``round((n - k) r / R)`` cumulative
+  removals; each round re-estimates with the earlier removals masked (the Fisher estimate's base
+  eviction; for ``exact``, each candidate is removed on top of them). Removed entries score -1, below
+  every estimate, so the rounds' keep sets shrink monotonically.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Sequence
+
+import torch
+
+from fi_toolkit.errors import FIError
+from fi_toolkit.eviction import KeepMap, TokenSet
+from fi_toolkit.model.architectures import context_limit
+from fi_toolkit.policies.base import Signals, select
+from fi_toolkit.policies.fi_oracle import FIOracle
+from fi_toolkit.probe.chunks import Chunk, check_chunks
+from fi_toolkit.probe.estimator import fisher_fi
+from fi_toolkit.probe.forward_influence import forward_influence
+from fi_toolkit.signals.trace import Trace
+
+REMOVED_SCORE = -1.0  # below every FI estimate (all >= 0 up to ~1e-8 rounding)
+_FIRST_ROUNDS: dict[tuple, tuple[weakref.ref, torch.Tensor]] = {}  # estimates at the full cache, per trace
+_KEEP_FIRST_ROUNDS = 4
+
+
+def _first_round(key: tuple, trace: Trace, compute) -> torch.Tensor:
+    """The full-cache estimate (round 1) of one trace, chunk and estimator, shared by every budget and
+    rounds count probed on that trace (it does not depend on them); the last few are kept."""
+    hit = _FIRST_ROUNDS.get((id(trace), *key))
+    if hit is not None and hit[0]() is trace:
+        return hit[1].clone()
+    scores = compute()
+    while len(_FIRST_ROUNDS) >= _KEEP_FIRST_ROUNDS:
+        _FIRST_ROUNDS.pop(next(iter(_FIRST_ROUNDS)))
+    _FIRST_ROUNDS[(id(trace), *key)] = (weakref.ref(trace), scores.clone())
+    return scores
+
+
+def oracle_chunk(policy: FIOracle, chunks: Sequence[Chunk] | None, prefix_len: int, doc_len: int,
+                 max_context: int | None = None) -> Chunk:
+    """The chunk the oracle scores: its ``chunk`` option, else the first probed chunk; checked against
+    the compression point, the document and the model's context."""
+    span = policy.span
+    if span is None:
+        if not chunks:
+            raise FIError("fi-oracle: no chunk to score; give chunk=START:END or probe at least one chunk")
+        chunk = chunks[0]
+    else:
+        chunk = Chunk(*span)
+    try:
+        check_chunks([chunk], prefix_len, doc_len, max_context)
+    except FIError as exc:
+        raise FIError(f"fi-oracle: {exc}") from None
+    return chunk
+
+
+def exact_scores(model, trace: Trace, ids: torch.Tensor, chunk: Chunk, base: torch.Tensor,
+                 batch_size: int | None = None, block: int = 512) -> torch.Tensor:
+    """Exact FI on ``chunk`` of removing each position not in ``base`` (bool ``[p]``, already removed) on
+    top of ``base`` -> ``[p]`` float64 (``REMOVED_SCORE`` at ``base``)."""
+    p = trace.prefix_len
+    out = torch.full((p,), REMOVED_SCORE, dtype=torch.float64)
+    gone = torch.nonzero(base).flatten()
+    candidates = torch.nonzero(~base).flatten().tolist()
+    sets = [TokenSet(f"loo:{j}", torch.cat([gone, torch.tensor([j])])) for j in candidates]
+    fi = forward_influence(model, trace, ids, sets, [chunk], batch_size=batch_size, block=block).fi()[:, 0]
+    out[candidates] = fi.double()
+    return out
+
+
+def oracle_scores(policy: FIOracle, model, trace: Trace, ids: torch.Tensor, chunk: Chunk,
+                  removed: torch.Tensor, block: int = 512) -> torch.Tensor:
+    """Per (layer, KV head, position) the estimated FI on ``chunk`` with ``removed`` (bool ``[L, H_kv, p]``)
+    already evicted -> float64 ``[L, H_kv, p]``, ``REMOVED_SCORE`` at the removed entries."""
+    shape = (trace.num_layers, trace.num_kv_heads, trace.prefix_len)
+    if not removed.any():
+        key = (chunk, str(policy.estimator), policy.samples, block, id(model), tuple(ids[trace.prefix_len : chunk.end].tolist()))
+        return _first_round(key, trace, lambda: _scores(policy, model, trace, ids, chunk, removed, block, shape))
+    return _scores(policy, model, trace, ids, chunk, removed, block, shape)
+
+
+def _scores(policy: FIOracle, model, trace: Trace, ids: torch.Tensor, chunk: Chunk, removed: torch.Tensor,
+            block: int, shape: tuple[int, int, int]) -> torch.Tensor:
+    if policy.estimator == "exact":
+        base = removed.all(dim=(0, 1))
+        if not torch.equal(removed, base.expand(shape)):
+            raise FIError("fi-oracle estimator=exact removes whole positions; its base must be the same for every head")
+        scores = exact_scores(model, trace, ids, chunk, base, block=block).expand(shape).clone()
+    else:
+        est = fisher_fi(model, trace, ids, [chunk], samples=policy.samples, seed=0, block=block,
+                        removed=removed if removed.any() else None)
+        scores = est.head_fi[..., 0].clone()
+    return scores.masked_fill_(removed, REMOVED_SCORE)
+
+
+def oracle_keep_map(policy: FIOracle, model, trace: Trace, ids: torch.Tensor,
+                    chunks: Sequence[Chunk] | None = None, block: int = 512) -> KeepMap:
+    """The oracle's keep map for ``trace`` (a prefill of ``ids[:p]``), per layer and KV head, at the
+    policy's budget; the policy's ``estimates`` are set to the last round's scores."""
+    p = trace.prefix_len
+    chunk = oracle_chunk(policy, chunks, p, ids.numel(), context_limit(model.config))
+    signals = Signals.from_trace(trace)
+    if signals.window != policy.window:
+        raise FIError(f"fi-oracle: signals were traced with window {signals.window}, the policy uses {policy.window}")
+    kept = policy.tokens(p)
+    shape = (trace.num_layers, trace.num_kv_heads, p)
+    removed = torch.zeros(shape, dtype=torch.bool)
+    history = []
+    for r in range(1, policy.rounds + 1):
+        scores = oracle_scores(policy, model, trace, ids, chunk, removed, block)
+        keep_r = p - round((p - kept) * r / policy.rounds)
+        visible = torch.zeros(shape, dtype=torch.bool)
+        for layer in range(trace.num_layers):
+            visible[layer].scatter_(1, select(scores[layer], keep_r, 0, policy.window).cpu(), True)
+        if (visible & removed).any():  # pragma: no cover - guarded by REMOVED_SCORE and the shrinking budget
+            raise FIError("fi-oracle: a round brought back an entry an earlier round removed")
+        removed = ~visible
+        history.append(int(removed[0, 0].sum()))
+    policy.estimates = [s.float() for s in scores]
+    keep_map = policy.keep_map(trace)
+    if not torch.equal(~keep_map.visible(p), removed):  # pragma: no cover - the last round is the policy's selection
+        raise FIError("fi-oracle: the keep map differs from the last round's selection")
+    label = f"policy:{policy.label}"
+    keep_map.label = label
+    keep_map.meta.update(selector="oracle:fi-oracle", oracle=True, oracle_chunk=chunk.label, rounds=policy.rounds,
+                         estimator=str(policy.estimator), removed_per_round=history)
+    return keep_map
+

@@ -1,0 +1,215 @@
+"""The FI oracle (issue 20): keep sets checked against brute force by physical deletion (no probe code),
+its spelling and refusals, rounds, and on SmolLM2 its FI against every heuristic at the same budget."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+from transformers import DynamicCache
+
+from fi_toolkit import Document, SignalConfig
+from fi_toolkit.errors import FIError
+from fi_toolkit.policies import FIOracle, parse_policy
+from fi_toolkit.probe.chunks import Chunk
+from fi_toolkit.probe.estimator import fisher_fi
+from fi_toolkit.probe.experiment import probe_document
+from fi_toolkit.probe.oracle import oracle_keep_map
+from fi_toolkit.probe.selections import parse_selection
+from fi_toolkit.signals.trace import trace_prefix
+
+P, W = 64, 8
+CHUNK = Chunk(64, 96)
+
+
+@pytest.fixture(scope="module")
+def trace(tiny, tiny_ids):
+    return trace_prefix(tiny.model, tiny_ids, P, SignalConfig(window=W))
+
+
+@torch.no_grad()
+def loo_by_deletion(model, ids, p, chunk) -> torch.Tensor:
+    """Exact FI on ``chunk`` of deleting each prefix position from the cache ``[p]`` float64: the prefix
+    cache from a plain forward, position ``j`` sliced out of every layer's keys and values, the
+    continuation re-run with its original position ids, KL in float64 (written here, no project code)."""
+    out = model(input_ids=ids[None, :p], use_cache=True)
+    layers = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+    cont = ids[p : chunk.end][None]
+    pos = torch.arange(p, chunk.end)[None]
+
+    def logp(kv, past):
+        cache = DynamicCache(ddp_cache_data=kv, config=model.config)
+        mask = torch.ones(1, past + cont.shape[1], dtype=torch.long)
+        logits = model(input_ids=cont, position_ids=pos, cache=cache, attention_mask=mask).logits[0]
+        return torch.log_softmax(logits.double(), -1)[chunk.start - p :]
+
+    full = logp([(k.clone(), v.clone()) for k, v in layers], p)
+    fi = torch.zeros(p, dtype=torch.float64)
+    for j in range(p):
+        keep = torch.tensor([i for i in range(p) if i != j])
+        pruned = logp([(k[:, :, keep].clone(), v[:, :, keep].clone()) for k, v in layers], p - 1)
+        fi[j] = (full.exp() * (full - pruned)).sum(-1).mean()
+    return fi
+
+
+def test_full_budget_removes_nothing(tiny, tiny_ids, trace):
+    for estimator in ("fisher", "exact"):
+        oracle = FIOracle(budget="keep=1.0", window=W, estimator=estimator, samples=2)
+        keep_map = oracle_keep_map(oracle, tiny.model, trace, tiny_ids, [CHUNK])
+        assert keep_map.visible(P).all()
+        assert keep_map.n_removed(P) == 0
+
+
+def test_exact_oracle_keeps_the_top_k_of_leave_one_out_by_deletion(tiny, tiny_ids, trace):
+    fi = loo_by_deletion(tiny.model, tiny_ids, P, CHUNK)
+    keep = 32  # of 64: 8 in the window, 24 picked from the 56 candidates [0, 56)
+    order = torch.sort(fi[: P - W], descending=True, stable=True).indices
+    gap = float(fi[order[keep - W - 1]] - fi[order[keep - W]])
+    assert gap > 1e-6 * float(fi.max()), "a near-tie at the boundary would make the test fragile"
+    expected = set(order[: keep - W].tolist()) | set(range(P - W, P))
+    oracle = FIOracle(budget=keep, window=W, estimator="exact")
+    keep_map = oracle_keep_map(oracle, tiny.model, trace, tiny_ids, [CHUNK])
+    for layer in keep_map.keep:
+        for head in layer:
+            assert set(head.tolist()) == expected
+    # its scores are the deletion values (masking equals deletion)
+    torch.testing.assert_close(oracle.estimates[0][0, : P - W].double(), fi[: P - W], rtol=1e-3, atol=1e-6)
+
+
+def test_fisher_oracle_keeps_the_top_k_per_layer_and_head(tiny, tiny_ids, trace):
+    est = fisher_fi(tiny.model, trace, tiny_ids, [CHUNK], samples=4, seed=0).head_fi[..., 0]
+    oracle = FIOracle(budget="keep=0.5", window=W, samples=4)
+    keep_map = oracle_keep_map(oracle, tiny.model, trace, tiny_ids, [CHUNK])
+    differ = False
+    for layer, kept in enumerate(keep_map.keep):
+        for h in range(kept.shape[0]):
+            top = torch.topk(est[layer, h, : P - W], 32 - W).indices
+            assert set(kept[h].tolist()) == set(top.tolist()) | set(range(P - W, P))
+        differ |= not torch.equal(kept[0], kept[1])
+    assert differ, "per-head scores should give different keep sets somewhere"
+    assert keep_map.meta["selector"] == "oracle:fi-oracle" and keep_map.meta["oracle"]
+
+
+def test_rounds_mask_earlier_removals_and_shrink_monotonically(tiny, tiny_ids, trace):
+    removed = torch.zeros(trace.num_layers, trace.num_kv_heads, P, dtype=torch.bool)
+    removed[:, 0, 10:20] = True
+    est = fisher_fi(tiny.model, trace, tiny_ids, [CHUNK], samples=2, removed=removed)
+    assert (est.head_fi[:, 0, 10:20] == 0).all()  # no attention weight, no gradient
+    assert (est.head_fi[:, 1, 10:20] > 0).all()
+    oracle = FIOracle(budget="keep=0.5", window=W, rounds=3, samples=2)
+    keep_map = oracle_keep_map(oracle, tiny.model, trace, tiny_ids, [CHUNK])
+    assert keep_map.meta["removed_per_round"] == [11, 21, 32]
+    assert keep_map.counts() == [32] * trace.num_layers
+
+
+def test_spelling_label_and_refusals(tiny, tiny_ids, trace):
+    (sel,) = parse_selection("policy:fi-oracle@0.5:chunk=64:96,rounds=2,estimator=exact")
+    assert sel.label == "policy:fi-oracle@keep=0.5:chunk=64:96,rounds=2,estimator=exact"
+    (again,) = parse_selection(sel.label)
+    assert again.make_policy(W).span == (64, 96) and again.make_policy(W).rounds == 2
+    for bad, message in [
+        ("rounds=0", "rounds must lie in [1, 64], got 0"), ("rounds=-3", "rounds must lie"),
+        ("rounds=nan", "rounds must be a whole number"), ("rounds=99999999999", "rounds must lie"),
+        ("estimator=taylor", "unknown estimator 'taylor'"), ("chunk=96", "chunk must be START:END"),
+    ]:
+        with pytest.raises(FIError, match=message.replace("[", r"\[").replace("]", r"\]")):
+            parse_selection(f"policy:fi-oracle@0.5:{bad}")
+    with pytest.raises(FIError, match="oracle that sees the future"):
+        parse_policy("fi-oracle", "keep=0.5")  # as fi generate / fi eval parse their policies
+    with pytest.raises(FIError, match="starts before the compression point"):
+        parse_selection("policy:fi-oracle@0.5:chunk=10:40")[0].check(P, W, 4)
+    doc = Document("d", "t", tiny_ids, "test")
+    with pytest.raises(FIError, match="ends past the document's end"):
+        probe_document(tiny, doc, [CHUNK], ["policy:fi-oracle@0.5:chunk=300:500"], prefix=P,
+                       config=SignalConfig(window=W))
+    with pytest.raises(FIError, match="only the probe computes"):
+        FIOracle(budget="keep=0.5", window=W).keep_map(trace)
+
+
+def test_probe_measures_the_oracle_beside_policies(tiny, tiny_ids):
+    doc = Document("d", "t", tiny_ids, "test")
+    table = probe_document(tiny, doc, [CHUNK, Chunk(128, 160)],
+                           ["policy:fi-oracle@0.5:samples=4", "policy:snapkv@0.5", "random:keep=0.5@0"],
+                           prefix=P, config=SignalConfig(window=W))
+    rows = table[table["selection"] == "policy:fi-oracle@keep=0.5:samples=4"]
+    assert list(rows["selector"].unique()) == ["oracle:fi-oracle"] and len(rows) == 2
+    assert (rows["n_removed"] == 32).all()
+
+
+def _row(doc, selection, selector, chunk, fi, n=384.0):
+    return {"document": doc, "selection": selection, "selector": selector, "n_removed": n, "chunk": chunk, "fi": fi}
+
+
+def test_headroom_is_the_share_of_the_gap_closed_with_a_bootstrap_ci():
+    from fi_toolkit.probe.headroom import headroom_table
+
+    rows = []
+    for d, (r0, r1, s, o, far) in enumerate([(1.0, 1.2, 0.6, 0.2, 0.9), (2.0, 2.0, 1.5, 1.0, 1.1), (0.5, 0.7, 0.5, 0.1, 0.3)]):
+        doc = f"d{d}"
+        rows += [_row(doc, "random:keep=0.25@0", "random", "near", r0), _row(doc, "random:keep=0.25@1", "random", "near", r1),
+                 _row(doc, "policy:snapkv@keep=0.25", "policy:snapkv", "near", s),
+                 _row(doc, "policy:fi-oracle@keep=0.25", "oracle:fi-oracle", "near", o),
+                 _row(doc, "policy:fi-oracle@keep=0.25:chunk=9:10", "oracle:fi-oracle", "near", far),
+                 _row(doc, "policy:snapkv@keep=0.1", "policy:snapkv", "near", 5.0, n=460.0)]  # no oracle at this budget
+    hr = headroom_table(pd.DataFrame(rows))
+    row = hr[(hr.oracle == "policy:fi-oracle@keep=0.25") & (hr.selection == "policy:snapkv@keep=0.25")].iloc[0]
+    r, s, o = (1.1 + 2.0 + 0.6) / 3, (0.6 + 1.5 + 0.5) / 3, (0.2 + 1.0 + 0.1) / 3  # by hand
+    assert row.headroom == pytest.approx((r - s) / (r - o))
+    assert row.fit_chunk == "near" and row.n_documents == 3
+    assert row.ci_low <= row.headroom <= row.ci_high
+    own = hr[(hr.oracle == hr.selection)]
+    assert (own.headroom == 1.0).all()
+    transfer = hr[(hr.oracle == "policy:fi-oracle@keep=0.25") & (hr.selection.str.contains("chunk=9:10"))].iloc[0]
+    assert transfer.headroom == pytest.approx((r - (0.9 + 1.1 + 0.3) / 3) / (r - o))
+    assert hr[hr.oracle.str.contains("chunk=9:10")].fit_chunk.unique().tolist() == ["9:10"]
+    assert not (hr.n_removed == 460.0).any()
+
+
+def test_headroom_figure_draws_the_reference_rows():
+    from fi_toolkit.probe.headroom import headroom_table
+    from fi_toolkit.report.headroom import headroom_figure, reference_rows
+
+    rows = []
+    for d, scale in enumerate([1.0, 2.0, 0.5]):
+        for chunk in ("512:640", "768:896"):
+            rows += [_row(f"d{d}", "random:keep=0.25@0", "random", chunk, 1.0 * scale),
+                     _row(f"d{d}", "policy:snapkv@keep=0.25", "policy:snapkv", chunk, 0.6 * scale),
+                     _row(f"d{d}", "policy:fi-oracle@keep=0.25", "oracle:fi-oracle", chunk, 0.3 * scale),
+                     _row(f"d{d}", "policy:fi-oracle@keep=0.25:chunk=768:896", "oracle:fi-oracle", chunk,
+                          (0.5 if chunk == "512:640" else 0.2) * scale)]
+    hr = headroom_table(pd.DataFrame(rows))
+    ref = reference_rows(hr)
+    # on 512:640 the reference is the default oracle (fit on the first chunk); on 768:896 the far one
+    assert set(ref[ref.chunk == "512:640"].oracle) == {"policy:fi-oracle@keep=0.25"}
+    assert set(ref[ref.chunk == "768:896"].oracle) == {"policy:fi-oracle@keep=0.25:chunk=768:896"}
+    near_on_far = ref[(ref.chunk == "768:896") & (ref.selector == "oracle:fi-oracle")].iloc[0]
+    assert near_on_far.bar == "ORACLE fit on 512:640" and near_on_far.headroom == pytest.approx((1 - 0.3) / (1 - 0.2))
+    assert headroom_figure(hr, "test") is not None
+
+
+@pytest.mark.smollm
+def test_oracle_beats_every_heuristic_on_the_chunk_it_saw(smollm, alice):
+    p, chunk = 256, Chunk(256, 320)
+    specs = ["policy:fi-oracle@0.25", "policy:fi-oracle@0.25:rounds=2", "policy:snapkv@0.25", "policy:infokv@0.25",
+             "policy:h2o@0.25", "policy:pyramidkv@0.25", "policy:streaming@0.25", "policy:knorm@0.25"]
+    table = probe_document(smollm, alice, [chunk], specs, prefix=p)
+    fi = table.set_index("selection")["fi"]
+    oracle = fi["policy:fi-oracle@keep=0.25"]
+    for spec in specs[2:]:
+        name = spec.replace("@0.25", "@keep=0.25")
+        assert oracle <= fi[name], (name, oracle, fi[name])
+    print("smollm p=256 keep 0.25:", fi.to_dict())
+
+
+def test_nearfar_headroom_column_beside_an_oracle():
+    from fi_toolkit.analysis.nearfar import add_relative_columns
+
+    base = {"document": "d", "sinks": 4, "chunk": "0:8", "distance_from_p": 0}
+    rows = [{**base, "selection": "random:a@0", "selector": "random", "fi": 1.0},
+            {**base, "selection": "random:a@1", "selector": "random", "fi": 3.0},
+            {**base, "selection": "entropy:a", "selector": "entropy", "fi": 1.5},
+            {**base, "selection": "policy:fi-oracle@a", "selector": "oracle:fi-oracle", "fi": 0.5}]
+    nf = add_relative_columns(pd.DataFrame(rows)).set_index("selection")
+    assert nf.loc["entropy:a", "headroom"] == pytest.approx((2.0 - 1.5) / (2.0 - 0.5))
+    assert nf.loc["policy:fi-oracle@a", "headroom"] == pytest.approx(1.0)
+    assert "headroom" not in add_relative_columns(pd.DataFrame(rows[:3])).columns
