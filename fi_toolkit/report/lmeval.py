@@ -252,7 +252,8 @@ def accuracy_vs_budget(acc: pd.DataFrame, text: str):
         compressed = part[part["policy"] != "full"]["retention"].dropna()
         shares = bool(len(compressed)) and compressed.max() <= 1
         ax.set_xlabel("budget (share of the cache kept)" if shares else "budget (cache entries kept)")
-        ax.set_title(f"{task} ({filt})" + (f", {model}" if acc["model"].nunique() > 1 else ""), fontsize=10)
+        band = {"bootstrap": "bootstrap band", "stderr": "±1.96·stderr band"}.get(part["band"].iloc[0], "no band")
+        ax.set_title(f"{task} ({filt})" + (f", {model}" if acc["model"].nunique() > 1 else "") + f"; {band}", fontsize=10)
     for j in range(len(groups), rows * cols):
         axes[j // cols][j % cols].axis("off")
     fig.suptitle("lm-eval accuracy against budget per policy (95% bands; dashed: full cache)", fontsize=11)
