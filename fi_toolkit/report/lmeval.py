@@ -265,12 +265,12 @@ def kl_vs_benchmark(replay_summary: pd.DataFrame, accuracy: pd.DataFrame, n_resa
     """Does a ``fi eval`` text run's mean replay KL predict the lm-eval value? One row per future x task
     x filter x metric: Spearman across the compressed (policy, budget) cells both hold, bootstrap CI
     (:func:`fi_toolkit.evaluation.summaries.kl_predicts_accuracy`, as for ``fi eval`` tasks). The full
-    cache (``full``, ``none``) is left out; lm-eval's policy is the name before ``:`` (``infokv:alpha=0.5``)."""
+    cache (``full``, ``none``) is left out. Cells match on the policy's name and budget label, which
+    ``fi_policy`` (``Policy.label``) and ``fi eval`` (``Policy.name``, ``Budget.label``) spell alike."""
     from fi_toolkit.evaluation.summaries import kl_predicts_accuracy
 
     replay = replay_summary[replay_summary["policy"] != "full"]
     bench = accuracy[accuracy["policy"] != NONE]
-    bench = bench.assign(policy=bench["policy"].str.split(":").str[0])
     rows = []
     for future, part in replay.groupby("future", sort=False):
         kl = part.groupby(["policy", "budget"])["mean_kl"].mean()
