@@ -200,3 +200,21 @@ def test_build_report_refuses_a_results_file_without_the_policy(lmeval_dir, tmp_
     with pytest.raises(FIError, match="lacks 'config.fi_policy'"):
         build_report([lmeval_dir], tmp_path / "r")
     assert not (tmp_path / "r").exists()
+
+
+def test_a_rerun_of_a_cell_replaces_the_earlier_one(lmeval_dir):
+    before = load_run(lmeval_dir)["tables"]["lmeval_accuracy"]
+    out = lmeval_dir / MODEL
+    old = sorted(out.glob("results_*.json"))[1]  # infokv keep=0.25
+    date = old.stem.removeprefix("results_")
+    new_date = "2026-02-01T00-00-00.000000"
+    (out / f"results_{new_date}.json").write_text(old.read_text())
+    for s in out.glob(f"samples_*_{date}.jsonl"):
+        lines = [json.loads(line) for line in s.read_text().splitlines()]
+        for row in lines:
+            row[row["metrics"][0]] = 1.0
+        (out / s.name.replace(date, new_date)).write_text("\n".join(json.dumps(r) for r in lines) + "\n")
+    after = load_run(lmeval_dir)["tables"]["lmeval_accuracy"]
+    assert len(after) == len(before)
+    cell = after[(after["policy"] == "infokv") & (after["budget"] == "keep=0.25") & (after["band"] == "bootstrap")]
+    assert list(cell["value"]) == [1.0, 1.0] and list(cell["samples"]) == [DOCS, DOCS]

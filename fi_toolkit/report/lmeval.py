@@ -94,8 +94,9 @@ def _samples(results_file: Path, task: str) -> list[dict]:
     return rows
 
 
-def _read_results(results_file: Path) -> tuple[list[dict], list[dict], list[dict]]:
-    """One results file -> rows of (reported metrics, per-sample metrics, per-request cache records)."""
+def _read_results(results_file: Path, seen: set) -> tuple[list[dict], list[dict], list[dict]]:
+    """One results file -> rows of (reported metrics, per-sample metrics, per-request cache records);
+    a (model, policy, budget, task) in ``seen`` (a later run of the same cell) is skipped."""
     data = _json(results_file)
     if not isinstance(data, dict) or not isinstance(data.get("results"), dict):
         raise FIError(f"'{results_file}' lacks 'results' (an object); is it lm-eval's results file?")
@@ -106,6 +107,9 @@ def _read_results(results_file: Path) -> tuple[list[dict], list[dict], list[dict
     for task, metrics in data["results"].items():
         if not isinstance(metrics, dict):
             raise FIError(f"'{results_file}': 'results.{task}' is not an object")
+        if (keys["model"], policy, budget, task) in seen:
+            continue
+        seen.add((keys["model"], policy, budget, task))
         rows = _samples(results_file, task)
         for key, value in metrics.items():
             metric, sep, filt = key.partition(",")
@@ -187,9 +191,9 @@ def load_lmeval_run(path: Path) -> dict:
         if any(path.rglob("samples_*.jsonl")):
             raise FIError(f"'{path}' holds lm-eval samples but no results_*.json; did lm-eval finish?")
         raise FIError(f"'{path}' is not a finished fi correlate/nearfar result directory (no manifest.json)")
-    reported, per_sample, cache = [], [], []
-    for f in files:
-        a, b, c = _read_results(f)
+    reported, per_sample, cache, seen = [], [], [], set()
+    for f in reversed(files):  # newest first (lm-eval's date names sort by time): a rerun replaces a cell
+        a, b, c = _read_results(f, seen)
         reported, per_sample, cache = reported + a, per_sample + b, cache + c
     if not reported:
         raise FIError(f"'{path}': its results files report no numeric metric")
