@@ -87,6 +87,21 @@ def a_report(tmp, run):
     (tmp / "report" / "report.html").write_text("<html>an earlier report</html>\n")
 
 
+def an_lmeval_dir(results=True, config=None, text=None, samples=None):
+    """lm-eval's output of one fi lm-eval run (results and samples file), spoiled as asked."""
+    def setup(tmp):
+        out = tmp / "lm" / "smollm2-135m"
+        out.mkdir(parents=True)
+        date = "2026-01-01T00-00-00.000000"
+        line = {"doc_id": 0, "filter": "none", "metrics": ["acc"], "acc": 1.0, "fi_toolkit": []}
+        (out / f"samples_fi_mc_{date}.jsonl").write_text((samples or json.dumps(line)) + "\n")
+        if results:
+            data = {"results": {"fi_mc": {"alias": "fi_mc", "acc,none": 1.0, "acc_stderr,none": 0.0}},
+                    "config": config or {"model": "fi", "fi_policy": "snapkv@keep=0.25"}}
+            (out / f"results_{date}.json").write_text(text or json.dumps(data))
+    return setup
+
+
 def a_probe_run(tmp):
     (tmp / "probe").mkdir()
     (tmp / "probe" / "manifest.json").write_text(json.dumps({"command": "probe", "prefix": 128}))
@@ -188,6 +203,13 @@ CASES = [
      "lacks the field 'command'"),
     ("report-manifest-lacks-settings", a_run_with("manifest.json", json.dumps({"command": "nearfar"})), ["report", "run"],
      "lacks the field 'settings'"),
+    # lm-eval output (fi lm-eval) given to fi report
+    ("report-lmeval-without-results", an_lmeval_dir(results=False), ["report", "lm"], "holds lm-eval samples but no results_*.json"),
+    ("report-lmeval-without-fi-policy", an_lmeval_dir(config={"model": "hf"}), ["report", "lm"], "lacks 'config.fi_policy'"),
+    ("report-lmeval-corrupt-results", an_lmeval_dir(text="{not json"), ["report", "lm"], "is not valid JSON"),
+    ("report-lmeval-corrupt-samples", an_lmeval_dir(samples="{not json"), ["report", "lm"], ":1: not valid JSON"),
+    ("report-lmeval-bad-policy", an_lmeval_dir(config={"fi_policy": "infokv@lots"}), ["report", "lm"],
+     "whose budget is not a budget"),
     ("jsonl-text-null", jsonl('{"text": null}'), ["probe", "docs.jsonl", "--chunk", "128:160"], "docs.jsonl:2: 'text' must be a string"),
     ("jsonl-text-number", jsonl('{"text": 42}'), ["probe", "docs.jsonl", "--chunk", "128:160"], "docs.jsonl:2: 'text' must be a string"),
     ("jsonl-text-list", jsonl('{"text": ["a", "b"]}'), ["nearfar", "docs.jsonl"], "docs.jsonl:2: 'text' must be a string"),

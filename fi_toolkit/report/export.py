@@ -27,7 +27,7 @@ from typing import Sequence
 import pandas as pd
 
 from fi_toolkit.errors import FIError
-from fi_toolkit.report import eval_figures, figures
+from fi_toolkit.report import eval_figures, figures, lmeval
 from fi_toolkit.report.display import display_table
 from fi_toolkit.report.view import read_view_meta
 from fi_toolkit.runs import results
@@ -86,6 +86,8 @@ def load_run(path: Path) -> dict:
     """A finished result directory -> {label, path, manifest, kind, tables (DataFrames), text (str cells)}."""
     path = Path(path)
     manifest_file = path / "manifest.json"
+    if lmeval.is_lmeval_dir(path):  # lm-eval's output (fi lm-eval): tables computed from its JSON files
+        return lmeval.load_lmeval_run(path)
     if not manifest_file.is_file():
         raise FIError(f"'{path}' is not a finished fi correlate/nearfar result directory (no manifest.json)")
     try:
@@ -120,6 +122,8 @@ def _figures(run: dict) -> list[tuple[str, object]]:
     if run["kind"] == "eval-text":
         made = [("replay_vs_retention", eval_figures.replay_vs_retention(t["replay_summary"], cap)),
                 ("kl_over_position", eval_figures.kl_over_position(t["positions"], t["segments"], cap))]
+    elif run["kind"] == lmeval.KIND:
+        made = [("accuracy_vs_budget", lmeval.accuracy_vs_budget(t["lmeval_accuracy"], cap))]
     elif run["kind"] == "eval-tasks":
         made = [("accuracy_vs_retention", eval_figures.accuracy_vs_retention(t["task_summary"], cap))]
     elif run["kind"] == "nearfar":
@@ -135,6 +139,8 @@ def _figures(run: dict) -> list[tuple[str, object]]:
 
 
 def _caption(run: dict) -> str:
+    if run["kind"] == lmeval.KIND:
+        return lmeval.caption(run)
     return eval_figures.eval_caption(run["manifest"]) if run["kind"].startswith("eval") else figures.caption(run["manifest"])
 
 
@@ -144,11 +150,17 @@ def cross_run_tables(runs: list[dict]) -> pd.DataFrame | None:
 
     text = [r for r in runs if r["kind"] == "eval-text"]
     tasks = [r for r in runs if r["kind"] == "eval-tasks"]
-    if not text or not tasks:
+    bench = [r for r in runs if r["kind"] == lmeval.KIND]
+    if not text or not (tasks or bench):
         return None
     replay = pd.concat([r["tables"]["replay_summary"] for r in text], ignore_index=True)
-    answers = pd.concat([r["tables"]["task_summary"] for r in tasks], ignore_index=True)
-    return kl_accuracy_table(answers, replay).iloc[1:].reset_index(drop=True)
+    parts = []
+    if tasks:
+        answers = pd.concat([r["tables"]["task_summary"] for r in tasks], ignore_index=True)
+        parts.append(kl_accuracy_table(answers, replay).iloc[1:])
+    if bench:
+        parts.append(lmeval.kl_vs_benchmark(replay, pd.concat([r["tables"]["lmeval_accuracy"] for r in bench])))
+    return pd.concat(parts, ignore_index=True)
 
 
 def _png(fig) -> bytes:
@@ -223,6 +235,8 @@ def _headline(run: dict) -> list[str]:
     """A few plain sentences of what the tables say (numbers from the tables, nothing new)."""
     t = run["tables"]
     lines = []
+    if run["kind"] == lmeval.KIND:
+        return lmeval.headline(run)
     if run["kind"] == "eval-text":
         s = t["replay_summary"]
         for future, part in s.groupby("future", sort=False):
@@ -314,7 +328,10 @@ def build_report(run_dirs: Sequence[Path], out_dir: Path, formats: Sequence[str]
         for run in runs:
             for name, _ in run["names"]:
                 target = out_dir / "tables" / f"{run['label']}__{name}.csv"
-                results.atomic_copy(run["path"] / f"{name}.csv", target)
+                if run.get("computed"):  # lm-eval runs: tables computed from its JSON files
+                    results.write_table(target, run["tables"][name])
+                else:
+                    results.atomic_copy(run["path"] / f"{name}.csv", target)
                 written.append(target)
     if {"html", "md"} & set(formats):  # fi view pages found in the run directories, copied beside the report
         for run in runs:
