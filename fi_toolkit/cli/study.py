@@ -213,7 +213,7 @@ def _print_nearfar(tables, n_docs: int) -> None:
 
 
 def report(
-    runs: List[Path] = typer.Argument(..., help="Result directories of fi correlate / fi nearfar."),
+    runs: List[Path] = typer.Argument(..., help="Result directories of fi correlate / fi nearfar / fi eval, or lm-eval output directories (fi lm-eval)."),
     formats: str = typer.Option("html,md,csv,json", "--format", "-f", help="Any of html,md,csv,json."),
     out_dir: Path = typer.Option(Path("report"), "--out", "-o", help="Report directory."),
     overwrite: bool = typer.Option(False, help="Replace a report (or other results) already in --out."),
