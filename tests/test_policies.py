@@ -96,7 +96,7 @@ def _h2o_scores(eager, ids) -> torch.Tensor:
     return torch.stack([a[0, :, P - W :, :].sum(dim=1).view(hkv, -1, P).mean(dim=1) for a in att]).double()
 
 
-@pytest.mark.parametrize("name", sorted(n for n, c in POLICIES.items() if not getattr(c, "sees_future", False))
+@pytest.mark.parametrize("name", sorted(POLICIES)
                          + ["infokv-adaptive"])  # the FI oracle: tests/test_oracle.py
 @pytest.mark.parametrize("budget", ["keep=0.3", "remove=0.7", 0.3, 60, "remove=140"])
 def test_every_policy_keeps_its_budget_and_the_window(trace, name, budget):

@@ -41,12 +41,13 @@ POLICIES: dict[str, type[Policy]] = {
     "knorm": KNorm,
     "random": RandomPolicy,
     "rpc": RPC,
-    "fi-oracle": FIOracle,  # an oracle (sees the future): fi probe --select only
 }
-# policies that read a file (fitted:path=FILE, a score learned by fi fit; issue 21): named like the others,
-# but not in POLICIES, which lists the policies that can be made from their name alone
+# Named like the others but not in POLICIES, which lists the policies that compress from their name alone:
+# the FI oracle sees the future (its scores come from the probe: `fi probe --select` only; issue 20), and a
+# fitted policy reads a file (fitted:path=FILE, a score learned by fi fit; issue 21).
+ORACLES: dict[str, type[Policy]] = {"fi-oracle": FIOracle}
 FILE_POLICIES: dict[str, type[Policy]] = {"fitted": Fitted}
-NAMED: dict[str, type[Policy]] = {**POLICIES, **FILE_POLICIES}
+NAMED: dict[str, type[Policy]] = {**POLICIES, **ORACLES, **FILE_POLICIES}
 SPELLING = "NAME[:key=value,...], adaptive(NAME)[:key=value,...] (alias NAME-adaptive) or kvpress:NAME"
 _ADAPTIVE = re.compile(r"adaptive\((?P<inner>[^()]*)\)")
 _OPTION = re.compile(r"[A-Za-z_][\w-]*=.*")  # a list item that continues the previous item's options
