@@ -3,6 +3,8 @@ its spelling and refusals, rounds, and on SmolLM2 its FI against every heuristic
 
 from __future__ import annotations
 
+import inspect
+
 import pandas as pd
 import pytest
 import torch
@@ -37,10 +39,14 @@ def loo_by_deletion(model, ids, p, chunk) -> torch.Tensor:
     cont = ids[p : chunk.end][None]
     pos = torch.arange(p, chunk.end)[None]
 
+    # transformers renamed past_key_values to cache within 5.x: pass it under the name this release takes
+    # (an unknown keyword would be swallowed by **kwargs and the continuation run without any cache)
+    keyword = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
     def logp(kv, past):
         cache = DynamicCache(ddp_cache_data=kv, config=model.config)
         mask = torch.ones(1, past + cont.shape[1], dtype=torch.long)
-        logits = model(input_ids=cont, position_ids=pos, cache=cache, attention_mask=mask).logits[0]
+        logits = model(input_ids=cont, position_ids=pos, attention_mask=mask, **{keyword: cache}).logits[0]
         return torch.log_softmax(logits.double(), -1)[chunk.start - p :]
 
     full = logp([(k.clone(), v.clone()) for k, v in layers], p)

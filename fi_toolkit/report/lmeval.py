@@ -47,7 +47,7 @@ def _policy_budget(config: dict, path: Path) -> tuple[str, str]:
     """``config.fi_policy`` (``infokv@keep=96``, ``none``) -> (policy, budget label); the full cache has budget ``keep=1``."""
     label = config.get("fi_policy") if isinstance(config, dict) else None
     if not isinstance(label, str) or not label.strip():
-        raise FIError(f"'{path}' lacks 'config.fi_policy'; was it written by fi lm-eval --model fi?")
+        raise FIError(f"'{path}' lacks 'config.fi_policy'; was it written by lm-eval with the toolkit's backend (model fi)?")
     if label.strip().lower() == NONE:
         return NONE, "keep=1"
     policy, sep, budget = label.rpartition("@")
