@@ -63,9 +63,13 @@ $(STAMP_KVP): pyproject.toml
 	touch $(STAMP_KVP)
 
 # The bridge to kvpress (fi_toolkit/integrations/kvpress/bridge.py, fi_toolkit/integrations/kvpress/press.py): its checks against kvpress's
-# own presses and pipeline, and the fast suite beside them (kvpress patches attention functions on import).
+# own presses and pipeline, and, in the same process (kvpress patches attention functions on import), the fast
+# tests of what those functions carry: masking = deletion, ragged heads, replay, generation, the estimator, and
+# the bad-input rows that name presses. The rest of the fast suite runs at these versions in test-min.
+KVPRESS_BESIDE := tests/test_kvpress.py tests/test_probe.py tests/test_uneven_heads.py tests/test_replay.py \
+	tests/test_generate.py tests/test_estimator.py tests/test_policies.py tests/test_bad_input.py
 test-kvpress: $(STAMP_KVP)
-	$(BIN_KVP)/python -m pytest -q -m "kvpress or not smollm"
+	$(BIN_KVP)/python -m pytest -q -m "kvpress or not smollm" $(KVPRESS_BESIDE)
 
 $(STAMP_LME): pyproject.toml
 	$(PY) -m venv $(VENV_LME)
