@@ -145,10 +145,43 @@ def probe(
         if overwrite:
             results.clear_results(out_path)
     results.write_table(out_path / "fi.csv", table)
+    written = [out_path / "fi.csv"]
+    headroom = _headroom(table)
+    if headroom is not None:
+        results.write_table(out_path / "headroom.csv", headroom)
+        written.append(out_path / "headroom.csv")
     results.write_json(out_path / "manifest.json", manifest)
     _print_fi_table(table, f"Forward Influence (nats), {model.model}, p={p}, {len(docs)} document(s)")
+    if headroom is not None:
+        _print_headroom(headroom)
     print_warning(noise_warning(table))
-    err.print(f"results: {out_path}/fi.csv, {out_path}/manifest.json", markup=False, highlight=False)
+    err.print(f"results: {', '.join(map(str, written))}, {out_path}/manifest.json", markup=False, highlight=False)
+
+
+def _headroom(table):
+    """The headroom table (:func:`fi_toolkit.probe.headroom.headroom_table`) where the probe measured an FI
+    oracle and random sets beside other selections at the same budget; else None."""
+    from fi_toolkit.probe.headroom import headroom_table
+
+    hr = headroom_table(table)
+    return hr if len(hr) else None
+
+
+def _print_headroom(hr) -> None:
+    """Each selection's share of the random-to-oracle gap, on the chunk each oracle saw (other rows: headroom.csv)."""
+    own = hr[(hr["fit_chunk"] == hr["chunk"]) & (hr["selection"] != hr["oracle"])]  # its own row: 1
+    oracles = list(dict.fromkeys(own["oracle"]))
+    t = Table(title="Headroom: (FI_random - FI) / (FI_random - FI_oracle); 0 = random, 1 = the FI ORACLE "
+                    f"{oracles[0] if len(oracles) == 1 else ''}, which saw the chunk [95 % CI over documents]")
+    names = (["oracle"] if len(oracles) > 1 else []) + ["chunk", "removed", "selection", "headroom"]
+    for name in names:
+        t.add_column(name, justify="right" if name in ("removed", "headroom") else "left",
+                     no_wrap=name == "headroom")
+    for r in own.itertuples():
+        ci = f" [{r.ci_low:.2f}, {r.ci_high:.2f}]" if r.ci_low == r.ci_low else ""
+        t.add_row(*([r.oracle] if len(oracles) > 1 else []), r.chunk, f"{r.n_removed:.0f}", r.selection,
+                  f"{r.headroom:.2f}{ci}")
+    out.print(t)
 
 
 def _my_documents(docs):

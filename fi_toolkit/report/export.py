@@ -29,6 +29,7 @@ import pandas as pd
 from fi_toolkit.errors import FIError
 from fi_toolkit.report import eval_figures, figures, lmeval
 from fi_toolkit.report.display import display_table
+from fi_toolkit.report.headroom import headroom_figure
 from fi_toolkit.report.view import read_view_meta
 from fi_toolkit.runs import results
 from fi_toolkit.runs.resumable import read_table
@@ -42,10 +43,12 @@ TABLES = {
     "eval-text": [("replay_summary", True), ("segment_summary", False), ("replays", False), ("segments", False),
                   ("positions", False)],
     "eval-tasks": [("task_summary", True), ("kl_accuracy", True), ("answers", False)],
+    "probe": [("fi", True)],
 }
 EVAL_KINDS = {"text": "eval-text", "tasks": "eval-tasks"}  # fi eval writes command 'eval' and settings.kind
 # Tables a run holds only with some settings (fi correlate --estimator fisher --validate N), read when present.
-OPTIONAL_TABLES = {"correlate": [("agreement", True), ("agreement_summary", True), ("validation", False)]}
+OPTIONAL_TABLES = {"correlate": [("agreement", True), ("agreement_summary", True), ("validation", False)],
+                   "probe": [("headroom", True)]}  # fi probe beside an FI oracle and random sets
 SHOWN_COLUMNS = {  # columns shown in HTML/Markdown (all columns stay in CSV/JSON); correlation_summary: its mean rows
     "correlation_summary": ["chunk", "signal", "method", "sampling", "weighted", "rho_mean",
                             "rho_std", "rho_min", "rho_max", "n_documents"],
@@ -65,13 +68,16 @@ def _check_manifest(manifest, manifest_file: Path) -> str:
     if not isinstance(manifest, dict):
         raise FIError(f"'{manifest_file}' is not a run manifest (expected a JSON object)")
     kind = manifest.get("command")
+    if kind == "probe" and "settings" not in manifest:  # fi probe's manifest keeps its settings at the top
+        manifest["settings"] = {k: manifest[k] for k in ("documents", "prefix", "chunks", "selections") if k in manifest}
     if kind is None:
         raise FIError(f"'{manifest_file}' lacks the field 'command'; is it a fi correlate/nearfar manifest?")
     settings = manifest.get("settings")
     if kind == "eval" and isinstance(settings, dict):
         kind = EVAL_KINDS.get(settings.get("kind"), kind)
     if kind not in TABLES:
-        raise FIError(f"'{manifest_file.parent}' holds a '{kind}' run; fi report reads correlate, nearfar and eval runs")
+        raise FIError(f"'{manifest_file.parent}' holds a '{kind}' run; fi report reads probe, correlate, nearfar and "
+                      "eval runs")
     if not isinstance(settings, dict):
         raise FIError(f"'{manifest_file}' lacks the field 'settings' (an object); was it written by fi {kind}?")
     docs = settings.get("documents", [])
@@ -126,6 +132,8 @@ def _figures(run: dict) -> list[tuple[str, object]]:
         made = [("accuracy_vs_budget", lmeval.accuracy_vs_budget(t["lmeval_accuracy"], cap))]
     elif run["kind"] == "eval-tasks":
         made = [("accuracy_vs_retention", eval_figures.accuracy_vs_retention(t["task_summary"], cap))]
+    elif run["kind"] == "probe":
+        made = [("headroom", headroom_figure(t["headroom"], cap))] if "headroom" in t else []
     elif run["kind"] == "nearfar":
         made = [("fi_vs_distance", figures.nearfar_distance(t["nearfar"], cap)),
                 ("token_classes", figures.token_classes(t["token_class_summary"], cap))]
@@ -253,6 +261,8 @@ def _headline(run: dict) -> list[str]:
             lines.append(f"full cache, {r.task} at {r.context} tokens ({r.protocol}): accuracy {r.accuracy:.2f} "
                          f"over {r.samples} samples")
         return lines
+    if run["kind"] == "probe":
+        return _probe_headline(t)
     if run["kind"] == "nearfar":
         tests = t["nearfar_tests"]
         far = tests[(tests["metric"].isin(["fi", "fi_share_near"])) & (tests["distance_from_p"] == tests["distance_from_p"].max())]
@@ -268,6 +278,23 @@ def _headline(run: dict) -> list[str]:
         for r in m.itertuples():
             lines.append(f"chunk {r.chunk}: Spearman rho(FI, {r.signal}) = {r.rho_mean:.3f} "
                          f"(range {r.rho_min:.3f} .. {r.rho_max:.3f} over {r.n_documents} document(s))")
+    return lines
+
+
+def _probe_headline(t: dict) -> list[str]:
+    """fi probe: the mean FI of each selection per chunk; beside an FI oracle, each selection's headroom."""
+    fi = t["fi"][t["fi"]["selector"] != "control"]
+    lines = [f"chunk {chunk}: mean FI over documents, lowest {r.selection} ({r.fi:.3g} nats), highest "
+             f"{h.selection} ({h.fi:.3g} nats)"
+             for chunk, g in fi.groupby("chunk", sort=False)
+             for means in [g.groupby("selection", sort=False)["fi"].mean().reset_index().sort_values("fi")]
+             for r, h in [(means.iloc[0], means.iloc[-1])]]
+    hr = t.get("headroom")
+    if hr is not None:
+        own = hr[(hr["fit_chunk"] == hr["chunk"]) & (hr["selection"] != hr["oracle"])]
+        for r in own.sort_values("headroom", ascending=False).itertuples():
+            lines.append(f"chunk {r.chunk}, {r.n_removed:.0f} removed: {r.selection} closes {r.headroom:.2f} of the gap "
+                         f"between random sets and the FI oracle (which saw the chunk)")
     return lines
 
 

@@ -29,7 +29,9 @@ def caption(manifest: dict) -> str:
     docs = [d["name"] for d in s.get("documents", [])]
     names = ", ".join(docs[:6]) + (f" (+{len(docs) - 6} more)" if len(docs) > 6 else "")
     chunks = s.get("chunks", [])
-    if "chunk_len" in s:
+    if "selections" in s:  # fi probe
+        chunk_text = f"chunks {', '.join(chunks)}, {len(s['selections'])} selection(s)"
+    elif "chunk_len" in s:
         chunk_text = f"chunks of {s['chunk_len']} tokens at distances {s.get('distances')} from p, sets of {s.get('budget')}"
     else:
         chunk_text = f"chunks {', '.join(chunks)}, candidates {s.get('candidates')}"

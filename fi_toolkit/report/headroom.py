@@ -44,7 +44,8 @@ def headroom_figure(hr: pd.DataFrame, text: str):
     budgets = sorted(rows["n_removed"].unique())
     chunks = list(dict.fromkeys(rows["chunk"]))
     order = rows.groupby("bar")["headroom"].mean().sort_values().index.tolist()
-    fig, axes = plt.subplots(len(budgets), len(chunks), figsize=(4.2 * len(chunks), 0.32 * len(order) * len(budgets) + 1.5),
+    height = 0.32 * len(order) * len(budgets) + 1.5
+    fig, axes = plt.subplots(len(budgets), len(chunks), figsize=(max(6.0, 4.2 * len(chunks)), height),
                              squeeze=False, sharey=True)
     for i, n in enumerate(budgets):
         for j, chunk in enumerate(chunks):
@@ -60,5 +61,5 @@ def headroom_figure(hr: pd.DataFrame, text: str):
             ax.set_title(f"chunk {chunk}, {n:g} removed per head", fontsize=9)
             ax.set_xlabel("share of the random-to-oracle FI gap closed")
     fig.text(0.5, 0.005, text, ha="center", va="bottom", fontsize=7, color="#444", wrap=True)
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    fig.tight_layout(rect=(0, min(0.3, 0.45 / height), 1, 1))  # room for a caption of up to three lines
     return fig
