@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from fi_toolkit.errors import FIError
+from fi_toolkit.integrations.kvpress.names import named_policy  # noqa: F401  (the commands' import)
 
 out = Console(emoji=False)
 err = Console(stderr=True, emoji=False, soft_wrap=True)  # messages stay one line at any terminal width
@@ -88,19 +89,6 @@ def _cli_type(cls, f):
         args = [a for a in typing.get_args(hint) if a is not type(None)]
         hint = typing.Optional[args[0]] if len(args) == 1 else hint
     return hint
-
-
-def named_policy(name: str, budget=None, window: int | None = None, **kwargs):
-    """:func:`fi_toolkit.integrations.kvpress.bridge.named_policy`, whose module imports torch, imported only
-    for a ``kvpress:`` name: the project's own policies are parsed and checked without torch (issue 19)."""
-    if name.strip().lower().startswith("kvpress:"):
-        from fi_toolkit.integrations.kvpress.bridge import named_policy as bridged
-
-        return bridged(name, budget, window, **kwargs)
-    from fi_toolkit.policies import parse_policy
-
-    where = kwargs.pop("where", "") or f"policy {name}"
-    return parse_policy(name, budget, window, where=where, **kwargs)
 
 
 def check_entropy_of(entropy_of: str) -> str:

@@ -24,7 +24,7 @@ def make_policies(names: str, budget: str, config: SignalConfig, prefix: int) ->
     """``--policy a,b`` with one ``--budget`` -> policies on the trace's window; each budget is checked
     against the prefix now (it must fit the compressible tokens and exceed the window)."""
     from fi_toolkit.budget import Budget
-    from fi_toolkit.integrations.kvpress.bridge import named_policy
+    from fi_toolkit.integrations.kvpress.names import named_policy
     from fi_toolkit.policies import split_policies
 
     parsed = Budget.parse(budget, "--budget")

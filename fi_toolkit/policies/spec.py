@@ -8,7 +8,7 @@ its options. The budget is no option: it has its own spelling (``--budget``, ``p
 (the options set the wrapped policy's fields); ``NAME-adaptive`` means the same and is how labels spell it
 (``infokv-adaptive``, the name result tables have always given adaptive InfoKV). Options spelled with the
 name appear in the policy's name and label (``infokv:alpha=0.5@keep=0.25``). kvpress presses
-(``kvpress:NAME``) are resolved above this package, by :func:`fi_toolkit.integrations.kvpress.bridge.named_policy`.
+(``kvpress:NAME``) are resolved above this package, by :func:`fi_toolkit.integrations.kvpress.names.named_policy`.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ lm-eval splits ``--model_args`` at commas and the first ``=`` of each pair, and 
 ``true``/``false`` into Python values (``nan`` becomes a float NaN), so every value here may arrive
 as a string, a number or a bool. Policy options are model arguments of their own (``alpha=0.5``) or
 written into the policy's name (``policy=infokv:alpha=0.5:tau=2``); ``kvpress:NAME`` is a kvpress
-press through :func:`fi_toolkit.integrations.kvpress.bridge.named_policy` (its options after a colon).
+press through :func:`fi_toolkit.integrations.kvpress.names.named_policy` (its options after a colon).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields
 
 from fi_toolkit.budget import Budget
 from fi_toolkit.errors import FIError
-from fi_toolkit.integrations.kvpress.bridge import named_policy
+from fi_toolkit.integrations.kvpress.names import named_policy
 from fi_toolkit.policies import Policy
 from fi_toolkit.policies.spec import options_of, parse_policy, parse_spec
 

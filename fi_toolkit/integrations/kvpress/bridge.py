@@ -35,7 +35,6 @@ from transformers import DynamicCache
 from fi_toolkit.errors import FIError
 from fi_toolkit.eviction import KeepMap
 from fi_toolkit.model.compat import cache_kwargs
-from fi_toolkit.policies import parse_policy
 from fi_toolkit.policies.base import Policy
 
 KVPRESS_INSTALL = "pip install 'fi_toolkit[kvpress]'"
@@ -253,17 +252,6 @@ def run_press(press, model, ids: torch.Tensor, prefix_len: int, label: str = "kv
     keep_map = KeepMap.from_heads(label, [heads for heads, _ in layers],
                                   {"selector": label.split("@")[0], "budget": None})
     return PressRun(keep_map, cache, [order for _, order in layers])
-
-
-def named_policy(name: str, budget=None, window: int | None = None, *, where: str = "",
-                 shared: tuple[str, ...] = (), **defaults) -> Policy:
-    """A policy as the command line names it: ``kvpress:NAME[:key=value,...]`` (a press, through this
-    bridge) or one of the project's, ``NAME[:key=value,...]`` or ``adaptive(NAME)[:...]``
-    (:func:`fi_toolkit.policies.parse_policy`: ``defaults``, the global ``--alpha``/``--tau``/``--top-k``,
-    go to the policies that have such fields, and the options spelled override them)."""
-    if name.strip().lower().startswith("kvpress:"):
-        return press_policy(name, budget, window, where)
-    return parse_policy(name, budget, window, where=where or f"policy {name}", shared=shared, **defaults)
 
 
 def press_policy(name: str, budget, window: int | None = None, where: str = ""):
