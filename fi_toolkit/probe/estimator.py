@@ -281,7 +281,8 @@ def _estimate(model, trace: Trace | CachePrefix, cont: torch.Tensor, capture: to
     lm_head = decoder_parts(model)[2]
     n_layers, n_heads, n_chunks = trace.num_layers, trace.num_kv_heads, len(chunks)
     bias = torch.zeros(n_layers, n_heads, p, device=device, requires_grad=True)
-    applied = bias if removed is None else bias + base_bias(removed, (n_layers, n_heads, p), device)
+    with torch.enable_grad():  # (a decoder compresses under no_grad)
+        applied = bias if removed is None else bias + base_bias(removed, (n_layers, n_heads, p), device)
     total = torch.zeros(p, n_chunks, dtype=torch.float64)
     total_sq = torch.zeros_like(total)
     layer = torch.zeros(n_layers, p, n_chunks, dtype=torch.float64)
