@@ -180,3 +180,26 @@ def test_eval_marks_the_oracle_and_skips_its_free_generation(tiny, ids):
                          "retention": 0.25, "mean_kl": [0.1, 0.3], "top1_agreement": 1.0, "delta_nll": 0.0,
                          "free_first_divergence": np.nan, "kept_share": 0.3, "document": "d"})
     assert summarise_replays(hand, 0)["oracle"].tolist() == [True, False]
+
+
+def test_replay_headroom_on_a_hand_made_table():
+    from fi_toolkit.evaluation import replay_headroom
+
+    rows = []
+    kl = {"random": [0.5, 0.6, 0.7], "random:seed=1": [0.3, 0.4, 0.5], "snapkv": [0.3, 0.35, 0.4],
+          "fi-oracle": [0.2, 0.2, 0.2], "full": [0.0, 0.0, 0.0]}
+    for policy, values in kl.items():
+        for doc, v in zip("abc", values):
+            rows.append({"document": doc, "future": "document", "policy": policy, "budget": "keep=0.25", "mean_kl": v})
+    table = replay_headroom(pd.DataFrame(rows), resamples=200).set_index("policy")
+    assert sorted(table.index) == ["fi-oracle", "random", "snapkv"]
+    # random per document: 0.4, 0.5, 0.6 (mean 0.5); snapkv 0.35; oracle 0.2: (0.5 - 0.35) / (0.5 - 0.2)
+    assert table.loc["snapkv", "kl_random"] == pytest.approx(0.5)
+    assert table.loc["snapkv", "headroom"] == pytest.approx(0.5)
+    assert table.loc["fi-oracle", "headroom"] == pytest.approx(1.0)
+    assert table.loc["random", "headroom"] == pytest.approx(0.0)
+    assert table.loc["snapkv", "ci_low"] <= 0.5 <= table.loc["snapkv", "ci_high"]
+    assert (table["n_documents"] == 3).all()
+    one_doc = replay_headroom(pd.DataFrame([r for r in rows if r["document"] == "a"]), resamples=200)
+    assert one_doc["ci_low"].isna().all()
+    assert replay_headroom(pd.DataFrame([r for r in rows if r["policy"] != "fi-oracle"])).empty
