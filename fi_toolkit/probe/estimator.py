@@ -35,6 +35,10 @@ entries already removed get a constant bias of ``finfo.min`` (exactly zero atten
 probe's masks), the labels are drawn from the evicted model's own distribution, and the estimate is
 the curvature there: how much the evicted model's predictions still depend on each remaining entry.
 Removed entries get an estimate of exactly 0 (no attention weight, no gradient).
+
+**On any cache** (:func:`fisher_cache_fi`, the decoding oracle, :mod:`fi_toolkit.compress.lookahead`): the
+same estimate per slot of a :class:`CachePrefix`, a compressed decoder's cache of ``n`` slots followed by
+tokens fed from absolute position ``start`` (rotary phases as decoding feeds them; ``n < start``).
 """
 
 from __future__ import annotations
