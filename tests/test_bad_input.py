@@ -529,6 +529,24 @@ CASES = [
      "rounds must lie in [1, 64], got 99999999999"),
     ("select-oracle-estimator", None, ["probe", "--chunk", "128:160", "--select", "policy:fi-oracle@0.5:estimator=taylor"],
      "unknown estimator 'taylor' (choose fisher or exact)"),
+    # the decoding oracle (issue 20 part 4): fi eval on documents looks ahead; no continuation, no oracle
+    ("generate-fi-oracle-options", None, ["generate", "hi", "--policy", "fi-oracle:samples=4", "--budget", "0.5"],
+     "--policy fi-oracle:samples=4: fi-oracle is an oracle that sees the future text"),
+    ("eval-task-fi-oracle", None, ["eval", "--task", "passkey", "--policy", "fi-oracle"],
+     "--policy fi-oracle: fi-oracle is an oracle that sees the future text; it is measured only where the "
+     "continuation is known"),
+    ("eval-fi-oracle-exact", None, ["eval", "alice", "--policy", "snapkv,fi-oracle:estimator=exact"],
+     "--policy fi-oracle:estimator=exact: fi-oracle in a replay scores every cache entry by the Fisher estimate"),
+    ("eval-fi-oracle-chunk", None, ["eval", "alice", "--policy", "fi-oracle:chunk=1024:1100"],
+     "chunk=1024:1100 is the prefill oracle's"),
+    ("eval-fi-oracle-samples-0", None, ["eval", "alice", "--policy", "fi-oracle:samples=0"],
+     "samples must lie in [1, 10,000], got 0"),
+    ("eval-fi-oracle-samples-nan", None, ["eval", "alice", "--policy", "fi-oracle:samples=nan"],
+     "samples must be a whole number, got 'nan'"),
+    ("eval-fi-oracle-rounds-huge", None, ["eval", "alice", "--policy", "fi-oracle:rounds=1000"],
+     "rounds must lie in [1, 64], got 1000"),
+    ("eval-fi-oracle-unknown-option", None, ["eval", "alice", "--policy", "fi-oracle:horizon=64"],
+     "fi-oracle has no option 'horizon'"),
 ]
 
 

@@ -57,7 +57,9 @@ def int_list(text: str, option: str, minimum: int = 1) -> list[int]:
     return values
 
 
-def make_policies(names: str, budgets: str, window: int, alpha: float, tau: float, top_k: int):
+def make_policies(names: str, budgets: str, window: int, alpha: float, tau: float, top_k: int, future: bool = False):
+    """The policy x budget list; ``future``: a replay of known text, where the FI oracle may look ahead
+    (refused otherwise, and with the prefill oracle's options)."""
     from fi_toolkit.budget import Budget
     from fi_toolkit.policies import split_policies
 
@@ -69,7 +71,12 @@ def make_policies(names: str, budgets: str, window: int, alpha: float, tau: floa
     # one prefill's signals serve every policy: window and top_k are the run's (--window, --top-k)
     names = split_policies(names, "--policy")
     policies = [[named_policy(name, b, window, where=f"--policy {name}", shared=("window", "top_k"), alpha=alpha,
-                              tau=tau, top_k=top_k) for b in parsed] for name in names]
+                              tau=tau, top_k=top_k, future=future) for b in parsed] for name in names]
+    if future:
+        from fi_toolkit.policies.fi_oracle import check_decoding_oracle
+
+        for name, row in zip(names, policies):
+            check_decoding_oracle(row[0], f"--policy {name}")
     pair = first_repeat(zip(names, policies), key=lambda np: _policy_key(np[1][0]))
     if pair:
         raise FIError(f"--policy gives one policy twice: '{pair[0][0]}' and '{pair[1][0]}' are the same policy "
@@ -85,7 +92,7 @@ def _policy_key(policy):
 @settings_options()
 def eval_(
     documents: List[str] = typer.Argument(None, help="Text/JSONL files or bundled names (default: alice); not with --task."),
-    policy: str = typer.Option(DEFAULT_POLICIES, "--policy", "-p", help="Comma-separated policies (the full cache is always measured beside them), each NAME[:key=value,...] (infokv:alpha=0.5,tau=2; --alpha/--tau set the defaults; --window and --top-k are shared by all); adaptive(NAME) gives a scored policy adaptive layer budgets (infokv-adaptive = adaptive(infokv)); kvpress:NAME is a kvpress press (the kvpress extra) with --budget as its compression_ratio, applied to the prompt only (kvpress's prefill presses never compress while decoding)."),
+    policy: str = typer.Option(DEFAULT_POLICIES, "--policy", "-p", help="Comma-separated policies (the full cache is always measured beside them), each NAME[:key=value,...] (infokv:alpha=0.5,tau=2; --alpha/--tau set the defaults; --window and --top-k are shared by all); adaptive(NAME) gives a scored policy adaptive layer budgets (infokv-adaptive = adaptive(infokv)); fi-oracle[:samples=N,rounds=R] is an ORACLE that sees the future text: at each compression it keeps the entries with the highest estimated FI on the next INTERVAL tokens of the document (documents only, not --task; no free generation; marked oracle in the tables); kvpress:NAME is a kvpress press (the kvpress extra) with --budget as its compression_ratio, applied to the prompt only (kvpress's prefill presses never compress while decoding)."),
     budget: str = typer.Option("0.1,0.25,0.5", "--budget", "-b", help="Comma-separated budgets: keep=X or remove=X (a bare X is keep=X), a share of what each compression may compress or a count."),
     interval: int = typer.Option(256, help="Compress back to the budget every INTERVAL fed (or generated) tokens."),
     prompt: int = typer.Option(1024, help="Text: prompt tokens (prefilled and compressed first)."),
@@ -108,7 +115,7 @@ def eval_(
     """Replay KL, top-1 agreement, ΔNLL and free-generation agreement on text, or task accuracy, per policy and budget."""
     model.check()
     config = signals.check()
-    policies = make_policies(policy, budget, config.window, config.alpha, config.tau, config.top_k)
+    policies = make_policies(policy, budget, config.window, config.alpha, config.tau, config.top_k, future=task is None)
     if interval < 1:
         raise FIError(f"--interval must be >= 1, got {interval}")
     check_resamples(resamples)
@@ -190,12 +197,13 @@ def _print_text(tables, n_docs: int, setting) -> None:
         t.add_column(c, justify="left" if c == "policy" else "right")
     for _, r in s.iterrows():
         first = r["free_first_divergence"]  # NaN with --free-tokens 0: nothing was generated
-        t.add_row(r["policy"], r["budget"].removeprefix("keep="), _mean_kl_cell(r, ci), f"{r['top1_agreement']:.3f}",
+        t.add_row(r["policy"] + (" (oracle)" if r.get("oracle", False) else ""), r["budget"].removeprefix("keep="), _mean_kl_cell(r, ci), f"{r['top1_agreement']:.3f}",
                   f"{r['delta_nll']:+.4f}", "" if first != first else f"{first:.1f}", f"{r['kept_share']:.3f}")
     out.print(t)
     out.print("1st diff: tokens of free greedy generation before the first that differs from the full cache's "
-              "(mean over documents; empty with --free-tokens 0); kept: mean share of the entries each position "
-              "attends to; ≤X (noise floor): a mean KL no larger than the full-cache replay's own, float rounding")
+              "(mean over documents; empty with --free-tokens 0 and for an oracle); kept: mean share of the entries each "
+              "position attends to; ≤X (noise floor): a mean KL no larger than the full-cache replay's own, float "
+              "rounding; (oracle): sees the future text, a bound for the policies, not one of them")
 
 
 def _mean_kl_cell(r, ci: bool) -> str:

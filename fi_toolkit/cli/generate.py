@@ -55,7 +55,7 @@ def stats_table(stats, policy_label: str) -> Table:
 def generate(
     prompt: Optional[str] = typer.Argument(None, help="The prompt (or use --file)."),
     file: Optional[Path] = typer.Option(None, "--file", "-f", help="Read the prompt from a text file."),
-    policy: str = typer.Option("infokv", "--policy", "-p", help="infokv, snapkv, pyramidkv, streaming, h2o, knorm, random, rpc, each NAME[:key=value,...] (infokv:alpha=0.5,top_k=64 overrides --alpha, --top-k, ...); adaptive(NAME) for adaptive layer budgets (infokv-adaptive = adaptive(infokv)); kvpress:NAME[:key=value,...]; or none (full cache)."),
+    policy: str = typer.Option("infokv", "--policy", "-p", help="infokv, snapkv, pyramidkv, streaming, h2o, knorm, random, rpc, each NAME[:key=value,...] (infokv:alpha=0.5,top_k=64 overrides --alpha, --top-k, ...); adaptive(NAME) for adaptive layer budgets (infokv-adaptive = adaptive(infokv)); kvpress:NAME[:key=value,...]; or none (full cache). Not fi-oracle: an oracle that sees the future text (fi eval on documents)."),
     budget: str = typer.Option("keep=0.25", "--budget", "-b", help="Entries kept per layer and head, window included: keep=X or remove=X (a bare X is keep=X), X a share of the tokens it may compress at each compression (0.25) or a count (512)."),
     interval: int = typer.Option(1024, help="Compress back to the budget every INTERVAL generated tokens."),
     max_new: int = typer.Option(256, "--max-new", help="Maximum number of new tokens."),

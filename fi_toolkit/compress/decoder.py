@@ -32,6 +32,7 @@ from typing import Callable
 import torch
 from transformers import DynamicCache
 
+from fi_toolkit.compress.lookahead import Lookahead, set_estimates
 from fi_toolkit.errors import FIError
 from fi_toolkit.eviction import KeepMap, gather_cache
 from fi_toolkit.model.architectures import check_model, context_limit, context_phrase, decoder_parts
@@ -152,6 +153,7 @@ class CompressedDecoder:
         self.protected: list[int] = []
         self.compression_seconds = 0.0
         self.sharing = False  # CompressedDecoder.shared: prefilled once, then forked per policy
+        self.lookahead: Lookahead | None = None  # the known future of a replay: what an oracle policy looks ahead to
         if tracker is None and policy is not None and policy.needs_signals:
             tracker = SignalTracker(self.config, capacity, policy.tracks_accumulated, policy.needs_token_signals)
         self.tracker = tracker
@@ -175,10 +177,12 @@ class CompressedDecoder:
         return decoder
 
     @torch.no_grad()
-    def fork(self, policy: Policy | None, compress_prompt: bool | None = None) -> tuple["CompressedDecoder", KeepMap | None]:
+    def fork(self, policy: Policy | None, compress_prompt: bool | None = None,
+             lookahead: Lookahead | None = None) -> tuple["CompressedDecoder", KeepMap | None]:
         """A decoder for ``policy`` in the state :meth:`prefill` would have left it in on the same prompt:
         the cache and the tracked signals copied from this prefilled :meth:`shared` decoder, then the
         prompt compressed by the policy's rule. Returns it with the prefill keep map (None: not compressed).
+        ``lookahead``: the known future of a replay, for an oracle policy (:mod:`fi_toolkit.compress.lookahead`).
 
         The shared decoder's hooks were removed at the end of its prefill (they would record other
         decoders' forwards), so it stays a source for further forks. The fork must be closed by the caller."""
@@ -199,6 +203,7 @@ class CompressedDecoder:
             child.cache.update(layer.keys.clone(), layer.values.clone(), i)
         p = child.seen = self.seen
         child.tokens[:p] = self.tokens[:p]
+        child.lookahead = lookahead
         return child, child._end_prompt()
 
     def _forward(self, ids: torch.Tensor, every_row: bool = False) -> torch.Tensor:
@@ -305,6 +310,8 @@ class CompressedDecoder:
             return None
         _sync(self.device)
         t0 = time.perf_counter()
+        if getattr(self.policy, "sees_future", False) and not set_estimates(self, k, protected):
+            return None  # an oracle with nothing left to look ahead to (fi_toolkit.compress.lookahead)
         keep_map = self.policy.keep_map(self.signals())
         kept = gather_cache([l.keys for l in self.cache.layers], [l.values for l in self.cache.layers],
                             keep_map, self.model.config)

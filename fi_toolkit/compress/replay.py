@@ -30,12 +30,14 @@ import torch
 from transformers import DynamicCache
 
 from fi_toolkit.compress.decoder import CompressedDecoder, check_budget
+from fi_toolkit.compress.lookahead import Lookahead
 from fi_toolkit.errors import FIError
 from fi_toolkit.eviction import KeepMap
 from fi_toolkit.model.architectures import check_model, context_limit, context_phrase, decoder_parts
 from fi_toolkit.model.attention import ragged_attention
 from fi_toolkit.model.compat import cache_kwargs
 from fi_toolkit.policies import Policy
+from fi_toolkit.policies.fi_oracle import check_decoding_oracle
 from fi_toolkit.probe.kl import kl_from_reference, log_sum_exp, reference_terms
 from fi_toolkit.signals.trace import SignalConfig
 
@@ -142,7 +144,8 @@ def replay(
     """Teacher-forced compressed decoding of ``ids`` after its first ``prompt_len`` tokens (module docstring).
 
     ``policy=None`` is the full cache. ``compress_prompt`` defaults to the policy's own (RPC: False).
-    ``max_block`` splits a block between two compression points into forwards of at most that many
+    An oracle policy (``fi-oracle``) looks ahead to the next ``interval`` tokens of ``ids`` at each
+    compression (:mod:`fi_toolkit.compress.lookahead`). ``max_block`` splits a block between two compression points into forwards of at most that many
     tokens (the same result, less memory); by default each block is one forward. ``shared``: a
     :class:`SharedPrompt` of the same ``ids`` and prompt, whose prefill and reference are reused
     (bitwise the same result as without it).
@@ -162,6 +165,7 @@ def replay(
     new = n - p  # what generate(max_new_tokens=new) would produce; it feeds new - 1 of them
     if policy is not None:
         check_budget(policy, p, new, policy.compress_prompt if compress_prompt is None else compress_prompt)
+        check_decoding_oracle(policy)
     device = next(model.parameters()).device
     ids = ids.to(device)
     targets = ids[p:]
@@ -170,12 +174,15 @@ def replay(
     if shared is not None and (shared.prompt_len != p or not torch.equal(shared.ids, ids)):
         raise FIError("the shared prompt was prefilled for other token ids or another prompt length")
     decoder = None if shared else CompressedDecoder(model, policy, n, config, compress_prompt, prefill_chunk)
+    lookahead = Lookahead(ids, interval, n - 1)  # what an oracle policy may read: the tokens this replay feeds
+    if decoder is not None:
+        decoder.lookahead = lookahead
     compressions: list[Compression] = []
     out: dict[str, list[torch.Tensor]] = {k: [] for k in ("kl", "top1", "nll_c", "nll_f", "entries", "lf", "lc")}
     try:
         if shared:
             reference = shared.reference
-            decoder, keep = shared.decoder.fork(policy, compress_prompt)
+            decoder, keep = shared.decoder.fork(policy, compress_prompt, lookahead)
         else:
             reference = _reference_hidden(model, ids[: n - 1], p - 1, prefill_chunk)
 

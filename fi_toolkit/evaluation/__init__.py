@@ -5,9 +5,11 @@
 - :mod:`.task_runs`: long-context task samples answered under each policy and protocol.
 - :mod:`.summaries`: means with bootstrap intervals; does replay KL predict accuracy.
 - :mod:`.run`: resumable runs writing the tables and the manifest.
+- :mod:`.headroom`: the share of the replay-KL gap between random and the decoding FI oracle a policy closes.
 """
 
 from fi_toolkit.compress.future import DOCUMENT, Future, continue_ids, generated_document, parse_future
+from fi_toolkit.evaluation.headroom import replay_headroom
 from fi_toolkit.evaluation.replays import FULL, TextSetting, divergence, evaluate_text, free_generation
 from fi_toolkit.evaluation.run import run_eval_tasks, run_eval_text
 from fi_toolkit.evaluation.summaries import (
@@ -22,6 +24,6 @@ from fi_toolkit.evaluation.task_runs import SampleUnit, evaluate_sample, make_un
 __all__ = [
     "DOCUMENT", "FULL", "Future", "SampleUnit", "TextSetting", "continue_ids", "divergence", "evaluate_sample",
     "evaluate_text", "free_generation", "generated_document", "kl_accuracy_table", "make_units", "mean_ci",
-    "parse_future", "run_eval_tasks", "run_eval_text", "summarise_answers", "summarise_replays",
+    "parse_future", "replay_headroom", "run_eval_tasks", "run_eval_text", "summarise_answers", "summarise_replays",
     "summarise_segments", "task_name",
 ]

@@ -10,6 +10,10 @@ Tables (one row per ...):
 - ``replays``: replay (means over positions, ΔNLL = mean NLL compressed - full, the realised kept
   share, the free generation's first divergence and agreement).
 
+An oracle (``fi-oracle``: at each compression it looks ahead to the next ``interval`` tokens of the
+replayed text, :mod:`fi_toolkit.compress.lookahead`) is replayed like a policy; it has no free generation
+(nothing to look ahead to), and the summaries mark it (``oracle``).
+
 The ``full`` rows (no policy) replay the full cache through the same block forwards: their KL is
 the arithmetic's noise floor (block vs chunked forwards, ~1e-10 nats in float32 on SmolLM2).
 """
@@ -182,7 +186,8 @@ def evaluate_text(
         result = replay(model, ids, p, policy, setting.interval, context.config, prefill_chunk=prefill_chunk,
                         shared=shared)
         free = None
-        if context.reference_free is not None:
+        if context.reference_free is not None and not getattr(policy, "sees_future", False):
+            # an oracle has nothing to look ahead to in free generation: its free columns stay empty
             tokens = context.reference_free if policy is None else \
                 free_generation(shared, policy, setting.free_tokens, setting.interval)
             free = divergence(tokens, context.reference_free)

@@ -55,20 +55,32 @@ REPLAY_METRICS = {"mean_kl": "mean_kl", "top1_agreement": "top1_agreement", "del
                   "free_first_divergence": "free_first_divergence", "kept_share": "kept_share"}
 
 
+def is_oracle(policy: str) -> bool:
+    """Whether a result row's ``policy`` names an oracle that sees the future (``fi-oracle[:...]``)."""
+    from fi_toolkit.policies.spec import ORACLES
+
+    return str(policy).split(":")[0] in ORACLES
+
+
 def summarise_replays(replays: pd.DataFrame, n_resamples: int = 1000, seed: int = 0) -> pd.DataFrame:
-    """Per (future, policy, budget): each metric's mean over documents with its interval, and the
-    future's ``noise_floor`` (the largest full-cache replay ``|mean KL|`` over documents)."""
+    """Per (future, policy, budget): each metric's mean over documents with its interval, the
+    future's ``noise_floor`` (the largest full-cache replay ``|mean KL|`` over documents), and ``oracle``
+    (True: the row is an oracle that saw the future text, a bound rather than a policy)."""
     out = _summarise(replays, ["future", "policy", "budget", "retention"], REPLAY_METRICS, n_resamples, seed, "documents")
     out["noise_floor"] = out["future"].map(text_future_floor(replays, FULL))
+    out["oracle"] = out["policy"].map(is_oracle)
     return out
 
 
 def summarise_segments(segments: pd.DataFrame) -> pd.DataFrame:
-    """Mean KL in the interval after each compression, averaged over documents."""
+    """Mean KL in the interval after each compression, averaged over documents (``oracle`` as in
+    :func:`summarise_replays`)."""
     keys = ["future", "policy", "budget", "retention", "segment"]
-    return (segments.groupby(keys, sort=False, dropna=False)
-            .agg(compressed_at_seen=("compressed_at_seen", "first"), mean_kl=("mean_kl", "mean"),
-                 top1_agreement=("top1_agreement", "mean"), documents=("document", "nunique")).reset_index())
+    out = (segments.groupby(keys, sort=False, dropna=False)
+           .agg(compressed_at_seen=("compressed_at_seen", "first"), mean_kl=("mean_kl", "mean"),
+                top1_agreement=("top1_agreement", "mean"), documents=("document", "nunique")).reset_index())
+    out["oracle"] = out["policy"].map(is_oracle)
+    return out
 
 
 def summarise_answers(answers: pd.DataFrame, n_resamples: int = 1000, seed: int = 0) -> pd.DataFrame:

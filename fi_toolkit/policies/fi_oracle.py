@@ -6,7 +6,8 @@ after the compression point. It bounds what any heuristic could reach at the sam
 but scored by the quantity the toolkit measures instead of attention.
 
 Scores come from outside: policies sit below the probe (tests/test_layers.py), so
-:func:`fi_toolkit.probe.oracle.oracle_keep_map` estimates them (the Fisher estimate per layer and KV head,
+:func:`fi_toolkit.probe.oracle.oracle_keep_map` (the probe) or, while a replay decodes known text,
+:mod:`fi_toolkit.compress.lookahead` (the next ``interval`` tokens, every cache slot) estimates them (the Fisher estimate per layer and KV head,
 ``head_fi [L, H_kv, p, K]`` of :func:`fi_toolkit.probe.estimator.fisher_fi`, or exact leave-one-out FI
 per position, shared by every head) and sets :attr:`FIOracle.estimates`. Selection is every policy's
 (:meth:`Policy.keep_map`: same budget meaning and window rule; higher = keep). Options (spelled
@@ -70,7 +71,8 @@ class FIOracle(Policy):
     estimates: list | None = field(default=None, init=False, repr=False)  # per layer, tensors [H_kv, p]
 
     name: ClassVar[str] = "fi-oracle"
-    sees_future: ClassVar[bool] = True  # only the probe can give it scores; fi generate / fi eval refuse it
+    sees_future: ClassVar[bool] = True  # scores from the probe or a replay's look-ahead; fi generate and tasks refuse it
+    needs_signals: ClassVar[bool] = False  # its scores are FI estimates, not tracked signals
     no_layer_weight: ClassVar[str] = "fi-oracle's scores are estimates on a future chunk, not shared by layer"
 
     def __post_init__(self):
@@ -95,5 +97,20 @@ class FIOracle(Policy):
         :func:`fi_toolkit.probe.oracle.oracle_keep_map`; entries already removed score -1)."""
         if self.estimates is None:
             raise FIError("fi-oracle sees the future: its scores are FI estimates that only the probe computes "
-                          "(a probe selection policy:fi-oracle@BUDGET); it cannot compress while generating")
+                          "(a probe selection policy:fi-oracle@BUDGET), or a replay of known text (fi eval on "
+                          "documents); it cannot compress while generating")
         return self.estimates[layer].to(s.keys[layer].device)
+
+
+def check_decoding_oracle(policy, where: str = "") -> None:
+    """Refuse the prefill oracle's options that have no meaning while decoding (one line each)."""
+    inner = getattr(policy, "policy", policy)
+    if not isinstance(inner, FIOracle):
+        return
+    where = f"{where}: " if where else ""
+    if inner.estimator != "fisher":
+        raise FIError(f"{where}fi-oracle in a replay scores every cache entry by the Fisher estimate; "
+                      f"estimator={inner.estimator} is the prefill oracle's (fi probe --select)")
+    if inner.span is not None:
+        raise FIError(f"{where}fi-oracle in a replay scores the next --interval tokens at each compression; "
+                      f"chunk={inner.chunk} is the prefill oracle's (fi probe --select)")

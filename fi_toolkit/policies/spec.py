@@ -43,7 +43,8 @@ POLICIES: dict[str, type[Policy]] = {
     "rpc": RPC,
 }
 # Named like the others but not in POLICIES, which lists the policies that compress from their name alone:
-# the FI oracle sees the future (its scores come from the probe: `fi probe --select` only; issue 20), and a
+# the FI oracle sees the future (its scores come from the probe, `fi probe --select`, or from a replay's
+# look-ahead, `fi eval` on documents; issue 20), and a
 # fitted policy reads a file (fitted:path=FILE, a score learned by fi fit; issue 21).
 ORACLES: dict[str, type[Policy]] = {"fi-oracle": FIOracle}
 FILE_POLICIES: dict[str, type[Policy]] = {"fitted": Fitted}
@@ -140,14 +141,16 @@ def parse_policy(text: str, budget=None, window: int | None = None, *, where: st
     are not its options and are not passed) are overridden by the options spelled in ``text``. ``shared``
     names options the caller fixes for every policy of a run (the signals' ``window`` and ``top_k``, which
     one trace serves to all): spelling them per policy is refused. ``where`` names the option in messages.
-    ``future``: the caller can give a policy that sees the future (the FI oracle) its scores; only the
-    probe can, so elsewhere such a policy is refused.
+    ``future``: the caller can give a policy that sees the future (the FI oracle) its scores: the probe
+    (a future chunk) and replays of known text (``fi eval`` on documents: the next interval); elsewhere
+    (generation, tasks: no continuation is known) such a policy is refused.
     """
     where = where or f"policy {text}"
     spec = parse_spec(text, where)
     if getattr(spec.cls, "sees_future", False) and not future:
-        raise FIError(f"{where}: {spec.name} is an oracle that sees the future text; it is measured only by "
-                      f"a probe, as the selection policy:{spec.name}@BUDGET, not used to generate or evaluate")
+        raise FIError(f"{where}: {spec.name} is an oracle that sees the future text; it is measured only where "
+                      f"the continuation is known: by a probe (the selection policy:{spec.name}@BUDGET) or in "
+                      "fi eval on documents, not to generate or on tasks")
     known = options_of(spec.cls)
     given = {**defaults, "window": window}
     kwargs = {k: v for k, v in given.items() if k in known and v is not None}

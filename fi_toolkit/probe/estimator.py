@@ -35,6 +35,10 @@ entries already removed get a constant bias of ``finfo.min`` (exactly zero atten
 probe's masks), the labels are drawn from the evicted model's own distribution, and the estimate is
 the curvature there: how much the evicted model's predictions still depend on each remaining entry.
 Removed entries get an estimate of exactly 0 (no attention weight, no gradient).
+
+**On any cache** (:func:`fisher_cache_fi`, the decoding oracle, :mod:`fi_toolkit.compress.lookahead`): the
+same estimate per slot of a :class:`CachePrefix`, a compressed decoder's cache of ``n`` slots followed by
+tokens fed from absolute position ``start`` (rotary phases as decoding feeds them; ``n < start``).
 """
 
 from __future__ import annotations
@@ -175,12 +179,14 @@ def _prepare(model, trace: Trace, ids: torch.Tensor, chunks: Sequence[Chunk]):
     return p, device, ids[p:end].to(device), (positions - p).to(device), rows
 
 
-def _hidden(model, trace: Trace, cont: torch.Tensor, capture: torch.Tensor, block: int, cache=None) -> torch.Tensor:
-    """Final-normed hidden states at the chunk positions of the full-cache continuation ``[n, d]``."""
+def _hidden(model, trace: Trace | CachePrefix, cont: torch.Tensor, capture: torch.Tensor, block: int, cache=None,
+            start: int | None = None) -> torch.Tensor:
+    """Final-normed hidden states at the chunk positions of the full-cache continuation ``[n, d]``, fed at
+    absolute positions ``start ..`` (default: the prefix length, a prefill cache of positions ``0 .. p-1``)."""
     p = trace.prefix_len
     cache = shared_cache(trace.keys, trace.values, 1, model.config) if cache is None else cache
     visible = torch.ones(1, p, dtype=torch.bool, device=cont.device)
-    return _continuation_hidden(model, cache, cont[None], p, visible, capture, block)[0]
+    return _continuation_hidden(model, cache, cont[None], p if start is None else start, visible, capture, block)[0]
 
 
 @torch.no_grad()
@@ -213,12 +219,74 @@ def fisher_fi(
     check_samples(samples)
     t0 = time.perf_counter()
     p, device, cont, capture, rows = _prepare(model, trace, ids, chunks)
+    return _estimate(model, trace, cont, capture, rows, [len(c) for c in chunks], chunks, samples, seed, block,
+                     on_progress, checkpoint, removed, None, t0)
+
+
+@dataclass
+class CachePrefix:
+    """A cache that is not a prefill's: ``keys[l]``/``values[l]`` ``[1, H_kv, n, head_dim]`` (``n`` slots, the
+    same in every layer, keys RoPE-rotated at the positions they were fed at), followed by tokens fed from
+    absolute position ``start`` (a compressed decoder's cache: ``n < start``)."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    start: int
+
+    def __post_init__(self):
+        if len({k.shape[2] for k in self.keys}) != 1:
+            raise FIError("the Fisher estimate on a cache needs the same number of slots in every layer")
+
+    @property
+    def prefix_len(self) -> int:
+        return self.keys[0].shape[2]
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.keys)
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.keys[0].shape[1]
+
+
+def fisher_cache_fi(model, prefix: CachePrefix, cont: torch.Tensor, samples: int = DEFAULT_SAMPLES, seed: int = 0,
+                    block: int = 512, checkpoint: bool | None = None, removed: torch.Tensor | None = None) -> FisherEstimate:
+    """:func:`fisher_fi` on any cache: the estimated FI of every slot of ``prefix`` (a
+    :class:`CachePrefix`) on the continuation ``cont [m]``, fed at absolute positions ``prefix.start ..``
+    (one chunk, every fed token). Slot ``j`` of the returned tensors is the cache's slot ``j``
+    (``head_fi [L, H_kv, n, 1]``); ``removed`` bool ``[L, H_kv, n]`` as in :func:`fisher_fi`."""
+    check_samples(samples)
+    t0 = time.perf_counter()
+    device = prefix.keys[0].device
+    limit = context_limit(model.config)
+    if cont.numel() < 1:
+        raise FIError("the Fisher estimate on a cache needs at least one continuation token")
+    if limit is not None and prefix.start + cont.numel() > limit:
+        raise FIError(f"the continuation ends at {prefix.start + cont.numel()}, past the model's context of {limit}")
+    m = cont.numel()
+    chunk = Chunk(prefix.start, prefix.start + m)
+    capture = torch.arange(m, device=device)
+    rows = [torch.ones(m, dtype=torch.bool, device=device)]
+    return _estimate(model, prefix, cont.to(device), capture, rows, [m], [chunk], samples, seed, block, None,
+                     checkpoint, removed, prefix.start, t0)
+
+
+def _estimate(model, trace: Trace | CachePrefix, cont: torch.Tensor, capture: torch.Tensor, rows: list[torch.Tensor],
+              sizes: list[int], chunks: Sequence[Chunk], samples: int, seed: int, block: int,
+              on_progress: Callable[[int], None] | None, checkpoint: bool | None, removed: torch.Tensor | None,
+              start: int | None, t0: float) -> FisherEstimate:
+    """The body of :func:`fisher_fi` and :func:`fisher_cache_fi`: ``cont [m]`` fed after the cache of
+    ``trace`` at ``start`` (None: its length), the chunks' rows ``rows[k]`` bool ``[len(capture)]`` of
+    ``sizes[k]`` tokens each."""
+    p, device = trace.prefix_len, trace.keys[0].device
     if checkpoint is None:
         checkpoint = needs_checkpoint(model.config, p, cont.numel(), block)
     lm_head = decoder_parts(model)[2]
     n_layers, n_heads, n_chunks = trace.num_layers, trace.num_kv_heads, len(chunks)
     bias = torch.zeros(n_layers, n_heads, p, device=device, requires_grad=True)
-    applied = bias if removed is None else bias + base_bias(removed, (n_layers, n_heads, p), device)
+    with torch.enable_grad():  # (a decoder compresses under no_grad)
+        applied = bias if removed is None else bias + base_bias(removed, (n_layers, n_heads, p), device)
     total = torch.zeros(p, n_chunks, dtype=torch.float64)
     total_sq = torch.zeros_like(total)
     layer = torch.zeros(n_layers, p, n_chunks, dtype=torch.float64)
@@ -227,15 +295,15 @@ def fisher_fi(
     cache = shared_cache(trace.keys, trace.values, 1, model.config)
     bounded = checkpointed_layers(model, cache) if checkpoint else nullcontext()
     with torch.enable_grad(), attention_bias(model, applied), bounded:
-        hidden = _hidden(model, trace, cont, capture, block, cache)
+        hidden = _hidden(model, trace, cont, capture, block, cache, start)
         labels, mean_w = _label_terms(hidden.detach(), lm_head, samples, generator, block)
         for s in range(samples):
             score = lm_head.weight[labels[:, s]] - mean_w  # d log P_t(y_t) / d h_t
-            for k, (c, in_chunk) in enumerate(zip(chunks, rows)):
+            for k, (size, in_chunk) in enumerate(zip(sizes, rows)):
                 (g,) = torch.autograd.grad(hidden, bias, grad_outputs=score * in_chunk[:, None].to(score.dtype),
                                            retain_graph=s < samples - 1 or k < n_chunks - 1)
                 g = g.detach().double().cpu()
-                half_sq = 0.5 / len(c)
+                half_sq = 0.5 / size
                 x = g.sum(dim=(0, 1)).square_().mul_(half_sq)
                 total[:, k] += x
                 total_sq[:, k] += x.square()

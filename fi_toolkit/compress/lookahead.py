@@ -1,0 +1,109 @@
+"""The FI oracle while decoding (issue 20, part 4): a look-ahead oracle for replays of known text.
+
+At each compression of a replay (:func:`fi_toolkit.compress.replay.replay`) that has seen ``t`` tokens,
+the :class:`~fi_toolkit.policies.fi_oracle.FIOracle` scores every (layer, KV head, cache slot) of the
+decoder's current, already compressed cache by the estimated Forward Influence of removing that entry
+on the next ``interval`` tokens the replay will feed, ``ids[t : t + interval]`` (fewer at the end; never
+a token after them): the sampled Fisher estimate of :func:`fi_toolkit.probe.estimator.fisher_cache_fi`,
+a per-slot bias gradient with the continuation fed at its true absolute positions ``t ..`` (the cached
+keys keep the rotary phase of the positions they were fed at). The policy then keeps per head by every
+policy's rule (:meth:`~fi_toolkit.policies.base.Policy.keep_map`: budget, protected slots, window).
+``rounds=R`` removes the budget in ``R`` rounds, re-estimating after each with the earlier removals
+masked, as the prefill oracle does (:mod:`fi_toolkit.probe.oracle`).
+
+It sees the future, so it exists only where the future is known: a replay sets
+:attr:`CompressedDecoder.lookahead <fi_toolkit.compress.decoder.CompressedDecoder.lookahead>`; free
+generation, tasks and ``fi generate`` have none and refuse it. A compression after the last fed token
+(nothing left to look ahead to; it would affect no replayed position) is skipped.
+``estimator=exact`` and ``chunk=`` are the prefill oracle's (a fixed chunk, positions shared by every
+head) and are refused here (:func:`check_decoding_oracle`).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+from fi_toolkit.errors import FIError
+from fi_toolkit.model.attention import RAGGED
+from fi_toolkit.policies.base import select
+from fi_toolkit.policies.fi_oracle import FIOracle, check_decoding_oracle
+
+REMOVED_SCORE = -1.0  # below every estimate (all >= 0): entries removed in an earlier round
+
+
+@dataclass(frozen=True)
+class Lookahead:
+    """The known token sequence of a replay, ``ids [N]``: at a compression that has seen ``t`` tokens the
+    oracle reads ``ids[t : min(t + interval, end)]`` (``end``: the tokens the replay feeds, ``N - 1``)."""
+
+    ids: torch.Tensor
+    interval: int
+    end: int
+
+    def continuation(self, seen: int) -> torch.Tensor:
+        """The tokens fed after a compression at ``seen`` until the next one ``[m]`` (``m = 0``: none left)."""
+        return self.ids[seen : min(seen + self.interval, self.end)]
+
+
+@contextmanager
+def plain_attention(model):
+    """The model's base attention (sdpa or eager) inside the block: the estimator's bias wraps those,
+    not the ragged alignment a replay runs under (the oracle's cache has one length in every layer)."""
+    current = model.config._attn_implementation
+    base = {v: k for k, v in RAGGED.items()}.get(current)
+    if base is None:
+        yield model
+        return
+    model.set_attn_implementation(base)
+    try:
+        yield model
+    finally:
+        model.set_attn_implementation(current)
+
+
+def lookahead_scores(policy: FIOracle, model, keys: list[torch.Tensor], values: list[torch.Tensor],
+                     cont: torch.Tensor, seen: int, kept: int, protected: int, window: int,
+                     block: int = 512) -> torch.Tensor:
+    """Per (layer, KV head, slot) the estimated FI of removing the entry on ``cont [m]`` fed at positions
+    ``seen ..`` after the cache ``keys[l]``/``values[l]`` ``[1, H_kv, n, d]`` -> float64 ``[L, H_kv, n]``;
+    with ``policy.rounds = R > 1``, the last of ``R`` rounds towards ``kept`` slots per head (earlier
+    rounds' removals masked and scored ``REMOVED_SCORE``)."""
+    from fi_toolkit.probe.estimator import CachePrefix, fisher_cache_fi
+
+    prefix = CachePrefix(keys, values, seen)
+    n = prefix.prefix_len
+    shape = (prefix.num_layers, prefix.num_kv_heads, n)
+    removed = torch.zeros(shape, dtype=torch.bool)
+    with plain_attention(model):
+        for r in range(1, policy.rounds + 1):
+            est = fisher_cache_fi(model, prefix, cont, samples=policy.samples, seed=0, block=block,
+                                  removed=removed if removed.any() else None)
+            scores = est.head_fi[..., 0].clone().masked_fill_(removed, REMOVED_SCORE)
+            if r == policy.rounds:
+                return scores
+            keep_r = n - round((n - kept) * r / policy.rounds)
+            visible = torch.zeros(shape, dtype=torch.bool)
+            for layer in range(shape[0]):
+                visible[layer].scatter_(1, select(scores[layer], keep_r, protected, window).cpu(), True)
+            removed = ~visible
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def set_estimates(decoder, kept: int, protected: int) -> bool:
+    """Give ``decoder.policy`` (an :class:`FIOracle`) its look-ahead scores for the decoder's current cache;
+    False when there is nothing left to look ahead to (the compression is skipped)."""
+    if decoder.lookahead is None:
+        raise FIError("fi-oracle is an oracle that sees the future text: only a replay of known text "
+                      "(fi eval on documents) gives it a continuation; it cannot compress while generating")
+    cont = decoder.lookahead.continuation(decoder.seen)
+    if cont.numel() == 0:
+        return False
+    check_decoding_oracle(decoder.policy)
+    layers = decoder.cache.layers
+    scores = lookahead_scores(decoder.policy, decoder.model, [l.keys for l in layers], [l.values for l in layers],
+                              cont, decoder.seen, kept, protected, decoder.config.window)
+    decoder.policy.estimates = [s.float() for s in scores]
+    return True

@@ -1,0 +1,59 @@
+"""Replay-KL headroom (issue 20, part 4): the share of the achievable gap in replay KL a policy closes,
+
+    headroom = (KL_random - KL_policy) / (KL_random - KL_oracle),
+
+per future and budget, where ``KL`` is a replay's mean KL (``fi eval``'s ``replays`` table), the oracle is
+the decoding FI oracle (``fi-oracle``, :mod:`fi_toolkit.compress.lookahead`) and random the mean over
+every ``random[:seed=S]`` row of a document. As the prefill headroom (:mod:`fi_toolkit.probe.headroom`):
+the three KLs are means over documents and the ratio of means is bootstrapped over documents
+(``scipy.stats.bootstrap``, paired, percentile interval); 1 is the oracle, above 1 better than it (the
+oracle is a first-order, per-interval estimate, not the optimum).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from fi_toolkit.evaluation.replays import FULL
+from fi_toolkit.evaluation.summaries import is_oracle
+
+RANDOM = "random"
+COLUMNS = ["future", "budget", "oracle", "policy", "n_documents", "kl_random", "kl_policy", "kl_oracle", "headroom",
+           "ci_low", "ci_high"]
+
+
+def _gap_closed(r, s, o, axis=-1):
+    return (np.mean(r, axis=axis) - np.mean(s, axis=axis)) / (np.mean(r, axis=axis) - np.mean(o, axis=axis))
+
+
+def replay_headroom(replays: pd.DataFrame, confidence: float = 0.95, resamples: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """``fi eval``'s ``replays`` table (document, future, policy, budget, mean_kl) -> one row per future x
+    budget x oracle x policy (random, the full cache and the oracle itself included) with ``kl_random``,
+    ``kl_policy``, ``kl_oracle`` (means over the documents all three have), ``headroom`` and its bootstrap
+    CI (NaN below two documents). Empty without an oracle or a random row."""
+    t = replays[replays["policy"] != FULL]
+    rows = []
+    for (future, budget), part in t.groupby(["future", "budget"], sort=False):
+        names = part["policy"].astype(str)
+        random = part[names.str.split(":").str[0] == RANDOM].groupby("document")["mean_kl"].mean()
+        per_policy = {p: g.groupby("document")["mean_kl"].mean() for p, g in part.groupby("policy", sort=False)}
+        random_names = [p for p in per_policy if str(p).split(":")[0] == RANDOM]
+        if random.empty:
+            continue
+        for oracle in [p for p in per_policy if is_oracle(p)]:
+            for policy, kl in [(RANDOM, random)] + [(p, v) for p, v in per_policy.items() if p not in random_names]:
+                docs = random.index.intersection(kl.index).intersection(per_policy[oracle].index)
+                r, s, o = (x[docs].to_numpy(float) for x in (random, kl, per_policy[oracle]))
+                low = high = float("nan")
+                if len(docs) >= 2 and not np.allclose(r, o):
+                    ci = stats.bootstrap((r, s, o), _gap_closed, paired=True, vectorized=True, n_resamples=resamples,
+                                         confidence_level=confidence, method="percentile",
+                                         random_state=np.random.default_rng(seed)).confidence_interval
+                    low, high = float(ci.low), float(ci.high)
+                rows.append({"future": future, "budget": budget, "oracle": oracle, "policy": policy,
+                             "n_documents": len(docs), "kl_random": r.mean(), "kl_policy": s.mean(),
+                             "kl_oracle": o.mean(), "headroom": float(_gap_closed(r, s, o)), "ci_low": low,
+                             "ci_high": high})
+    return pd.DataFrame(rows, columns=COLUMNS)
