@@ -110,7 +110,7 @@ def check_decoding_oracle(policy, where: str = "") -> None:
     where = f"{where}: " if where else ""
     if inner.estimator != "fisher":
         raise FIError(f"{where}fi-oracle in a replay scores every cache entry by the Fisher estimate; "
-                      f"estimator={inner.estimator} is the prefill oracle's (fi probe --select)")
+                      f"estimator={inner.estimator} is the prefill oracle's (a probe selection policy:fi-oracle@BUDGET)")
     if inner.span is not None:
-        raise FIError(f"{where}fi-oracle in a replay scores the next --interval tokens at each compression; "
-                      f"chunk={inner.chunk} is the prefill oracle's (fi probe --select)")
+        raise FIError(f"{where}fi-oracle in a replay scores the next interval of tokens at each compression; "
+                      f"chunk={inner.chunk} is the prefill oracle's (a probe selection policy:fi-oracle@BUDGET)")
