@@ -13,6 +13,7 @@ Compression points and chunks (a near and a far chunk each, 128 tokens):
 
     PYTHONPATH=$PWD OMP_NUM_THREADS=1 nice -n 5 .venv/bin/python analyses/correlation_all.py
     .venv/bin/python analyses/correlation_all.py --configs 1024:1024:1152,1536:1664 --documents alice
+    .venv/bin/python analyses/correlation_all.py --figure docs/images   # heat maps from the committed tables
 
 Wall time on the shared 2-core CPU (1 thread, niced): see analyses/results/correlation-all/p<prefix>/output.txt
 (``seconds per document``) and docs/results/correlation.md.
@@ -168,6 +169,47 @@ def summary_lines(prefix: int, chunks, tables: dict, args) -> list[str]:
     return lines
 
 
+def figures(results_dir: Path, images: Path) -> list[Path]:
+    """Heat maps of the mean Spearman rho over documents: per layer x signal (A, D, E, S) and per layer x
+    KV head (window attention), one panel per compression point x chunk (near, far)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    summaries = [(int(d.name[1:]), pd.read_csv(d / "correlation_summary.csv"))
+                 for d in sorted(results_dir.glob("p*"), key=lambda d: int(d.name[1:]))
+                 if (d / "correlation_summary.csv").exists()]
+    panels = [(p, chunk, part) for p, s in summaries for chunk, part in s.groupby("chunk", sort=False)]
+    written = []
+    for scope, columns, name, title in (
+            ("layer", "signal", "correlation_layers.png", "per-layer signal"),
+            ("head", "head", "correlation_heads.png", "window attention of each KV head")):
+        fig, axes = plt.subplots(1, len(panels), figsize=(2.2 * len(panels) + 1.5, 8), squeeze=False, sharey=True)
+        for i, (p, chunk, part) in enumerate(panels):
+            grid = part[part["scope"] == scope].pivot_table(index="layer", columns=columns, values="rho_mean")
+            grid.index = grid.index.astype(int)
+            if scope == "head":
+                grid.columns = [f"h{int(c)}" for c in grid.columns]
+            n = int(part["n_documents"].max())
+            start = int(chunk.split(":")[0])
+            sns.heatmap(grid, cmap="RdBu_r", vmin=-0.6, vmax=0.6, center=0, ax=axes[0][i], annot=True, fmt=".2f",
+                        annot_kws={"fontsize": 5.5}, cbar=i == len(panels) - 1)
+            axes[0][i].set_title(f"p={p}, {chunk}\n({'near' if start == p else 'far'}, {n} docs)", fontsize=9)
+            axes[0][i].set_xlabel("")
+            if i:
+                axes[0][i].set_ylabel("")
+        fig.suptitle(f"Spearman rho of per-token FI (Fisher estimate, every position)\nwith the {title}, "
+                     "mean over documents", fontsize=10)
+        fig.tight_layout()
+        images.mkdir(parents=True, exist_ok=True)
+        fig.savefig(images / name, dpi=110)
+        plt.close(fig)
+        written.append(images / name)
+    return written
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--documents", default=DOCUMENTS)
@@ -177,7 +219,13 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "analyses" / "correlation-all")
     ap.add_argument("--results", type=Path, default=ROOT / "analyses" / "results" / "correlation-all")
+    ap.add_argument("--figure", type=Path, metavar="DIR",
+                    help="only draw the heat maps from the tables in --results into DIR (docs/images)")
     args = ap.parse_args(argv)
+    if args.figure:
+        for path in figures(args.results, args.figure):
+            print(path)
+        return 0
 
     lm = load_model("smollm2-135m")
     for config in args.configs:
