@@ -14,6 +14,7 @@ Compression points and chunks (a near and a far chunk each, 128 tokens):
     PYTHONPATH=$PWD OMP_NUM_THREADS=1 nice -n 5 .venv/bin/python analyses/correlation_all.py
     .venv/bin/python analyses/correlation_all.py --configs 1024:1024:1152,1536:1664 --documents alice
     .venv/bin/python analyses/correlation_all.py --figure docs/images   # heat maps from the committed tables
+    .venv/bin/python analyses/correlation_all.py --tables               # the docs page's tables, from them too
 
 Wall time on the shared 2-core CPU (1 thread, niced): see analyses/results/correlation-all/p<prefix>/output.txt
 (``seconds per document``) and docs/results/correlation.md.
@@ -210,6 +211,67 @@ def figures(results_dir: Path, images: Path) -> list[Path]:
     return written
 
 
+def _cell(mean: float, low: float, high: float, sd: float) -> str:
+    ci = "" if np.isnan(low) else f" [{low:+.2f}, {high:+.2f}]"
+    return f"{mean:+.2f}{ci}" + ("" if np.isnan(sd) else f" (sd {sd:.2f})")
+
+
+def markdown_tables(results_dir: Path) -> str:
+    """The tables of docs/results/correlation.md from the committed summaries (every compression point found)."""
+    parts = []
+    for d in sorted(results_dir.glob("p*"), key=lambda d: int(d.name[1:])):
+        if not (d / "correlation_summary.csv").exists():
+            continue
+        s = pd.read_csv(d / "correlation_summary.csv")
+        docs = list(dict.fromkeys(pd.read_csv(d / "correlations.csv")["document"]))
+        chunks = list(dict.fromkeys(s["chunk"]))
+        parts.append(f"\n**p = {d.name[1:]}** ({len(docs)} documents: {', '.join(docs)}); mean Spearman rho over "
+                     "documents [bootstrap 95 % CI over documents] (sd over documents):\n")
+        parts.append("| signal | " + " | ".join(chunks) + " |")
+        parts.append("|---" * (len(chunks) + 1) + "|")
+        mean = s[(s["scope"] == "mean") & (s["method"] == "spearman")].set_index(["signal", "chunk"])
+        for sig in HEADLINE:
+            parts.append(f"| `{sig}` | " + " | ".join(_cell(*mean.loc[(sig, c), ["rho_mean", "doc_ci_low", "doc_ci_high",
+                                                                                   "rho_std"]]) for c in chunks) + " |")
+        layer = s[s["scope"] == "layer"]
+        parts.append("\nbest / worst layer per signal (mean rho over documents):\n")
+        parts.append("| signal | " + " | ".join(chunks) + " |")
+        parts.append("|---" * (len(chunks) + 1) + "|")
+        for sig in ("A", "D", "E", "S"):
+            cells = []
+            for c in chunks:
+                part = layer[(layer["signal"] == sig) & (layer["chunk"] == c)]
+                b, w = part.loc[part["rho_mean"].idxmax()], part.loc[part["rho_mean"].idxmin()]
+                cells.append(f"L{int(b.layer)} {b.rho_mean:+.2f} / L{int(w.layer)} {w.rho_mean:+.2f}")
+            parts.append(f"| `{sig}` | " + " | ".join(cells) + " |")
+        head = s[s["scope"] == "head"]
+        parts.append("\nwindow attention per (layer, KV head), mean rho over documents:\n")
+        parts.append("| chunk | best heads | worst heads | range over all heads | within-layer range (median, max) |")
+        parts.append("|---|---|---|---|---|")
+        for c in chunks:
+            part = head[head["chunk"] == c]
+            top, low = part.nlargest(3, "rho_mean"), part.nsmallest(3, "rho_mean")
+            spread = part.groupby("layer")["rho_mean"].agg(lambda v: v.max() - v.min())
+            name = lambda r: f"L{int(r.layer)}h{int(r.head)} {r.rho_mean:+.2f}"  # noqa: E731
+            parts.append(f"| {c} | {', '.join(map(name, top.itertuples()))} | {', '.join(map(name, low.itertuples()))} "
+                         f"| {part.rho_mean.min():+.2f} .. {part.rho_mean.max():+.2f} | {spread.median():.2f}, "
+                         f"{spread.max():.2f} |")
+        a = pd.read_csv(d / "agreement.csv")
+        parts.append("\nexact validation: the estimate against exact leave-one-out FI at the validated positions "
+                     "(mean over documents [bootstrap 95 % CI over documents]; per document: min .. max of the "
+                     "value, and the widest per-document CI over positions):\n")
+        parts.append("| chunk | metric | mean [CI] | per document | widest CI |")
+        parts.append("|---|---|---|---|---|")
+        for (c, metric), part in a.groupby(["chunk", "metric"], sort=False):
+            low, high = document_ci(part["value"])
+            ci = "" if np.isnan(low) else f" [{low:+.2f}, {high:+.2f}]"
+            width = (part["ci_high"] - part["ci_low"]).idxmax()
+            parts.append(f"| {c} | {metric} | {part.value.mean():+.2f}{ci} | {part.value.min():+.2f} .. "
+                         f"{part.value.max():+.2f} | {part.document[width]} [{part.ci_low[width]:+.2f}, "
+                         f"{part.ci_high[width]:+.2f}] |")
+    return "\n".join(parts) + "\n"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--documents", default=DOCUMENTS)
@@ -221,7 +283,11 @@ def main(argv=None) -> int:
     ap.add_argument("--results", type=Path, default=ROOT / "analyses" / "results" / "correlation-all")
     ap.add_argument("--figure", type=Path, metavar="DIR",
                     help="only draw the heat maps from the tables in --results into DIR (docs/images)")
+    ap.add_argument("--tables", action="store_true", help="only print the markdown tables of the docs page")
     args = ap.parse_args(argv)
+    if args.tables:
+        print(markdown_tables(args.results))
+        return 0
     if args.figure:
         for path in figures(args.results, args.figure):
             print(path)
