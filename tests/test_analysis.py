@@ -173,7 +173,67 @@ def test_correlate_signals_rows_match_direct_scipy(trace):
     expect = correlation(trace.distance[3, positions].numpy(), fi[:, 0], "spearman", 100, seed=2)
     assert d3["rho"] == pytest.approx(expect["rho"]) and d3["ci_low"] == pytest.approx(expect["ci_low"])
     assert set(table[table.scope == "layer"]["method"]) == {"spearman"}
-    assert len(table) == 2 * (5 * 3 + 4 * trace.num_layers)
+    # seven mean signals (H, A, D, E, S, H_produced, H_next) x 3 methods, 4 per-layer signals, A per (layer, KV head)
+    assert len(table) == 2 * (7 * 3 + 4 * trace.num_layers + trace.num_layers * trace.num_kv_heads)
+
+
+def test_per_head_attention_rows_equal_scipy_spearmanr(trace):
+    """Each (layer, KV head) row is scipy's Spearman of that head's window attention (read from the trace's
+    [L, Hkv, p] tensor here) with FI; a hand-built FI monotone in one head's attention gives rho = 1 there."""
+    positions = torch.arange(4, P - CFG.window)
+    signals = signal_columns(trace, positions)
+    att = trace.attention[:, :, positions].numpy()  # [L, Hkv, n]
+    fi = np.stack([np.exp(att[2, 1] * 50.0), np.linspace(0.0, 1.0, positions.numel())], axis=1)
+    chunks = [Chunk(P, P + 8), Chunk(P + 8, P + 16)]
+    table = correlate_signals(fi, signals, chunks, P, n_resamples=50, seed=1)
+    heads = table[table.scope == "head"]
+    assert set(heads.signal) == {"A"} and set(heads.method) == {"spearman"}
+    assert len(heads) == 2 * trace.num_layers * trace.num_kv_heads
+    assert heads["head"].notna().all() and table[table.scope != "head"]["head"].isna().all()
+    for r in heads.itertuples():
+        k = [c.label for c in chunks].index(r.chunk)
+        assert r.rho == pytest.approx(stats.spearmanr(att[r.layer, r.head], fi[:, k]).statistic, abs=1e-12)
+    best = heads[heads.chunk == chunks[0].label].sort_values("rho").iloc[-1]
+    assert (best["layer"], best["head"], best["rho"]) == (2, 1, pytest.approx(1.0))
+    assert trace.num_kv_heads == 2 and not np.allclose(att[2, 0], att[2, 1])  # the heads really differ
+
+
+def _entropy_oracle(model, ids, top_k: int) -> np.ndarray:
+    """Entropy (nats) of the softmax over the ``top_k`` largest logits at every position, from one plain
+    forward and scipy (no code of the toolkit's signals)."""
+    from scipy.special import softmax
+
+    with torch.no_grad():
+        logits = model(input_ids=ids[None]).logits[0].double().numpy()
+    top = np.sort(logits, axis=-1)[:, -top_k:]
+    return stats.entropy(softmax(top, axis=-1), axis=-1)
+
+
+@pytest.mark.parametrize("top_k", [256, 16])
+def test_both_entropy_conventions_in_one_table(tiny, doc, top_k):
+    """H_next[i] is the entropy of the logits at i, H_produced[i] the one at i - 1 (0 at i = 0), whichever
+    convention the trace was made with; ``entropy`` stays the trace's own (top_k = 256 = vocab: full entropy)."""
+    at = _entropy_oracle(tiny.model, doc.ids[:P], top_k)
+    for entropy_of in ("produced", "next"):
+        tr = trace_prefix(tiny.model, doc.ids, P, SignalConfig(window=8, top_k=top_k, entropy_of=entropy_of))
+        table = tr.token_table()
+        np.testing.assert_allclose(table["entropy_next"].to_numpy()[:P - 1], at[:P - 1], rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(table["entropy_produced"].to_numpy()[1:], at[:P - 1], rtol=1e-4, atol=1e-5)
+        assert table["entropy_produced"].iloc[0] == 0.0
+        own = "entropy_next" if entropy_of == "next" else "entropy_produced"
+        np.testing.assert_array_equal(table["entropy"].to_numpy(), table[own].to_numpy())
+        if entropy_of == "produced":
+            assert np.isnan(table["entropy_next"].iloc[-1])  # the logits at p - 1 are not part of the trace
+        else:
+            assert table["entropy_next"].iloc[-1] == pytest.approx(at[-1], rel=1e-4)
+        positions = torch.arange(4, P - 8)
+        fi = np.stack([at[positions.numpy()], -at[positions.numpy() - 1]], axis=1)  # FI monotone in H_next / H_produced
+        corr = correlate_signals(fi, signal_columns(tr, positions), [Chunk(P, P + 8), Chunk(P + 8, P + 16)], P,
+                                 n_resamples=0)
+        rho = corr[corr.method == "spearman"].set_index(["chunk", "signal"])["rho"]
+        assert rho[(f"{P}:{P + 8}", "H_next")] == pytest.approx(1.0)
+        assert rho[(f"{P + 8}:{P + 16}", "H_produced")] == pytest.approx(-1.0)
+        assert rho[(f"{P}:{P + 8}", "H")] == rho[(f"{P}:{P + 8}", "H_next" if entropy_of == "next" else "H_produced")]
 
 
 def test_nearfar_sets_and_relative_columns(tiny, doc, trace):

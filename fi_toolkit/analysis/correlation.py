@@ -2,8 +2,17 @@
 
 For candidate positions ``j`` of the prefix, ``FI_j = FI({j}; C)`` (leave-one-out) on every chunk,
 then Spearman (primary), Pearson and Kendall correlations with ``H``, ``A``, ``D``, ``E`` and ``S``
-(layer-and-head means), plus Spearman per layer for ``A^(l)``, ``D^(l)``, ``E^(l)`` and ``S^(l)``;
+(layer-and-head means), plus Spearman per layer for ``A^(l)``, ``D^(l)``, ``E^(l)`` and ``S^(l)``
+and per (layer, KV head) for the window attention ``A^(l)_h``;
 every coefficient carries a paired bootstrap 95% interval from :func:`scipy.stats.bootstrap`.
+
+Both entropy conventions (docs/method.md, "Which entropy") in one run: ``H`` is the run's
+``entropy_of``, and the mean signals ``H_produced`` and ``H_next`` are ``H`` under each convention,
+so one measurement of FI (the Fisher estimate, computed once) serves both.
+
+The tidy table: one row per chunk x signal x scope x method; ``scope`` is ``mean`` (``layer`` and
+``head`` NA), ``layer`` (``layer`` set) or ``head`` (signal ``A``, ``layer`` and ``head`` set: the KV
+head's window attention at that layer, Spearman only).
 
 Choices (each an argument):
 - Candidates (``[sinks, p - w)``): ``all``; ``sample:N``, a uniform sample without replacement
@@ -38,40 +47,62 @@ from fi_toolkit.probe.noise_floor import flag_below_noise_floor, noise_floor
 from fi_toolkit.signals.trace import Trace
 
 # Short signal names of docs/method.md, "Signals" -> columns of Trace.token_table (layer-and-head means).
-MEAN_SIGNALS = {"H": "entropy", "A": "attention", "D": "distance", "E": "layer_entropy", "S": "infokv"}
+MEAN_SIGNALS = {"H": "entropy", "A": "attention", "D": "distance", "E": "layer_entropy", "S": "infokv",
+                "H_produced": "entropy_produced", "H_next": "entropy_next"}
 LAYER_SIGNALS = ("A", "D", "E", "S")
+HEAD_SIGNALS = ("A",)  # per (layer, KV head): columns A_{layer}_h{head}
+
+
+def head_column(short: str, layer: int, head: int) -> str:
+    """The signal column of one (layer, KV head): ``A_3_h1``."""
+    return f"{short}_{layer}_h{head}"
 
 
 def signal_columns(trace: Trace, positions: torch.Tensor) -> pd.DataFrame:
-    """Every signal at ``positions``: H, A, D, E, S (means) and A_l, D_l, E_l, S_l per layer."""
+    """Every signal at ``positions [n]``: H, A, D, E, S, H_produced, H_next (means), A_l, D_l, E_l, S_l per
+    layer and A_l_h per (layer, KV head) (``trace.attention [L, Hkv, p]``) -> ``[n]`` rows."""
     table = trace.token_table().iloc[positions.numpy()].reset_index(drop=True)
     infokv = trace.infokv().mean(dim=1)  # [L, p - w]; candidates lie in the scored range
+    columns = {f"S_{layer}": infokv[layer, positions].numpy() for layer in range(trace.num_layers)}
     for layer in range(trace.num_layers):
-        table[f"S_{layer}"] = infokv[layer, positions].numpy()
-    return table
+        for head in range(trace.num_kv_heads):
+            columns[head_column("A", layer, head)] = trace.attention[layer, head, positions].numpy()
+    return pd.concat([table, pd.DataFrame(columns)], axis=1)
 
 
 def correlate_signals(
     fi: np.ndarray, signals: pd.DataFrame, chunks: Sequence[Chunk], prefix: int, n_resamples: int = 1000,
     seed: int = 0, methods: Sequence[str] = METHODS, weights: np.ndarray | None = None,
 ) -> pd.DataFrame:
-    """Tidy correlations: one row per chunk x signal x (mean or layer) x method (``weights``: per candidate)."""
+    """Tidy correlations: one row per chunk x signal x (mean, layer or head) x method (``weights``: per candidate).
+
+    ``fi [n, K]`` per candidate and chunk; ``signals``: :func:`signal_columns` (``n`` rows). Signals
+    whose columns are absent (tables saved before a signal existed) are skipped."""
     rows = []
     layers = sum(1 for c in signals.columns if re.fullmatch(r"D_\d+", c))
+    heads = [tuple(int(v) for v in m.groups()) for c in signals.columns if (m := re.fullmatch(r"A_(\d+)_h(\d+)", c))]
     for c_idx, chunk in enumerate(chunks):
         base = {"chunk": chunk.label, "chunk_start": chunk.start, "distance_from_p": chunk.start - prefix}
         y = fi[:, c_idx]
         for short, column in MEAN_SIGNALS.items():
+            if column not in signals.columns:
+                continue
             for method in methods:
                 r = correlation(signals[column].to_numpy(), y, method, n_resamples, seed=seed, weights=weights)
-                rows.append({**base, "signal": short, "scope": "mean", "layer": pd.NA, **r})
+                rows.append({**base, "signal": short, "scope": "mean", "layer": pd.NA, "head": pd.NA, **r})
         for short in LAYER_SIGNALS:
             for layer in range(layers):
                 r = correlation(signals[f"{short}_{layer}"].to_numpy(), y, "spearman", n_resamples, seed=seed,
                                 weights=weights)
-                rows.append({**base, "signal": short, "scope": "layer", "layer": layer, **r})
+                rows.append({**base, "signal": short, "scope": "layer", "layer": layer, "head": pd.NA, **r})
+        for short in HEAD_SIGNALS:
+            for layer, head in heads:
+                r = correlation(signals[head_column(short, layer, head)].to_numpy(), y, "spearman", n_resamples,
+                                seed=seed, weights=weights)
+                rows.append({**base, "signal": short, "scope": "head", "layer": layer, "head": head, **r})
     table = pd.DataFrame(rows)
     table["layer"] = table["layer"].astype("Int64")
+    table["head"] = table["head"].astype("Int64")
     return table
 
 
@@ -117,7 +148,7 @@ def correlate_document(
             "fi": fi[:, c_idx], "below_noise_floor": None if m.below is None else m.below[:, c_idx], "weight": weights,
         })
         for column in MEAN_SIGNALS.values():
-            rows[column] = signals[column].to_numpy()
+            rows[column] = signals[column].to_numpy()  # H under both conventions too (entropy_produced, _next)
         for name, values in m.columns.items():
             rows[name] = values[:, c_idx] if values.ndim == 2 else values
         token_rows.append(rows)
@@ -157,7 +188,9 @@ def assemble_parts(doc_name: str, parts: dict[str, pd.DataFrame], chunks: Sequen
 
 def summarize_correlations(corr: pd.DataFrame) -> pd.DataFrame:
     """Across documents: mean, spread (std, min, max) and sign agreement of each coefficient."""
-    keys = ["chunk", "chunk_start", "distance_from_p", "signal", "scope", "layer", "method", "sampling", "weighted"]
+    keys = ["chunk", "chunk_start", "distance_from_p", "signal", "scope", "layer", "head", "method", "sampling",
+            "weighted"]
+    keys = [k for k in keys if k in corr.columns]  # tables saved before the per-head rows have no head column
     grouped = corr.groupby(keys, dropna=False, sort=False)["rho"]
     out = grouped.agg(rho_mean="mean", rho_std="std", rho_min="min", rho_max="max", n_documents="count")
     out["share_positive"] = grouped.apply(lambda r: float((r > 0).mean()))

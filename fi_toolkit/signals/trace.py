@@ -69,14 +69,27 @@ class Trace:
         return signals.infokv_score(self.attention[..., :scored], self.layer_entropy(tau)[:, None, :scored], alpha)
 
     def token_table(self, tokens: list[str] | None = None) -> pd.DataFrame:
-        """One row per prefix position: H, mean A, mean D, mean E, mean S, and per-layer D, E, A."""
+        """One row per prefix position: H, mean A, mean D, mean E, mean S, and per-layer D, E, A.
+
+        ``entropy`` is ``H`` under the trace's ``entropy_of``; ``entropy_produced`` and ``entropy_next``
+        are ``H`` under each convention (:func:`~fi_toolkit.signals.formulas.entropy_of_tokens`), both
+        from the one set of entropies: ``next[i] = produced[i + 1]``, so a ``produced`` trace has no
+        ``next`` at ``p - 1`` (NaN: the logits at ``p - 1`` are never kept), and ``produced[0] = 0``.
+        """
         p, scored = self.prefix_len, self.scored
+        if self.config.entropy_of == "next":
+            entropy_next, entropy_produced = self.entropy, entropy_of_tokens(self.entropy, "produced")
+        else:
+            entropy_produced = self.entropy
+            entropy_next = torch.cat([self.entropy[1:], self.entropy.new_full((1,), float("nan"))])
         s_mean = torch.full((p,), float("nan"))
         s_mean[:scored] = self.infokv().mean(dim=(0, 1))
         layer_e = self.layer_entropy()
         columns = {
             "position": range(p),
             "entropy": self.entropy.numpy(),
+            "entropy_produced": entropy_produced.numpy(),
+            "entropy_next": entropy_next.numpy(),
             "attention": self.attention.mean(dim=(0, 1)).numpy(),
             "distance": self.distance.mean(dim=0).numpy(),
             "layer_entropy": layer_e.mean(dim=0).numpy(),
