@@ -16,8 +16,9 @@ Compression points and chunks (a near and a far chunk each, 128 tokens):
     .venv/bin/python analyses/correlation_all.py --figure docs/images   # heat maps from the committed tables
     .venv/bin/python analyses/correlation_all.py --tables               # the docs page's tables, from them too
 
-Wall time on the shared 2-core CPU (1 thread, niced): see analyses/results/correlation-all/p<prefix>/output.txt
-(``seconds per document``) and docs/results/correlation.md.
+Wall time on the shared 2-core CPU (1 thread, niced, SmolLM2-135M float32): p = 1,024, 365-718 s per
+document (166-370 s of it the Fisher estimate), 38 min for the five; p = 2,048 about twice that per
+document (per document in analyses/results/correlation-all/p<prefix>/seconds.csv and output.txt).
 
 Each document at each compression point is its own resumable run (``--out/p<prefix>/<document>``,
 continued where it stopped); after every document the tables of the finished ones are concatenated
