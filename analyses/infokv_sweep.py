@@ -14,11 +14,20 @@ the grid), ``heatmap.png`` (alpha x tau at top-k 256: mean FI relative to the pa
 
     .venv/bin/python analyses/infokv_sweep.py                    # see docs/results/infokv-sweep.md for the wall time
     .venv/bin/python analyses/infokv_sweep.py --documents alice  # one document
+    .venv/bin/python analyses/infokv_sweep.py --replay --documents alice,hamlet,botchan   # replay KL instead
+
+``--replay``: the same grid (alpha = 1 once per top-k: it is SnapKV) as ``fi eval`` policies, teacher-forced
+replay KL (prompt 512 compressed to keep 25 %, 256 more tokens of the document, back to the budget every
+128), one ``fi eval`` run per document and top-k (resumable, under ``runs/analyses/infokv-sweep-replay/``);
+``replay.csv`` and ``replay_summary.csv`` as ``sweep.csv`` and ``summary.csv`` (chunk: ``replay``).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import re
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -104,6 +113,48 @@ def heatmap(summary: pd.DataFrame, caption: str):
     return fig
 
 
+def replay_document(name: str, vocab: int, out: Path, budget: str = "0.25") -> pd.DataFrame:
+    """Replay KL of every grid setting on one document (``fi eval``, one run per top-k)."""
+    parts = []
+    for top_k in TOP_KS:
+        cells = [(a, t) for a, t in settings(top_k) if a < 1 or t == 1.0]  # alpha = 1: SnapKV, whatever tau
+        policies = ",".join(f"infokv:alpha={a},tau={t}" for a, t in cells)
+        run = out / f"{name}-k{top_k or 'full'}"
+        cmd = [sys.executable, "-m", "fi_toolkit", "eval", name, "--policy", policies, "--budget", budget,
+               "--prompt", "512", "--length", "768", "--interval", "128", "--free-tokens", "0", "--resamples", "0",
+               "--top-k", str(top_k or vocab), "--out", str(run), "--resume"]
+        print("$ fi " + " ".join(cmd[3:]), flush=True)
+        subprocess.run(cmd, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL)
+        table = pd.read_csv(run / "replays.csv")
+        table = table[table["policy"] != "full"].copy()
+        opts = table["policy"].map(lambda p: dict(re.findall(r"(alpha|tau)=([\d.]+)", p)))
+        table["alpha"] = opts.map(lambda o: float(o.get("alpha", 0.9)))
+        table["tau"] = opts.map(lambda o: float(o.get("tau", 1.0)))
+        table["keep"] = float(budget)
+        table["top_k"] = top_k or "full"
+        table["chunk"] = "replay"
+        table["selector"] = "policy:infokv"
+        table = table.rename(columns={"mean_kl": "fi", "policy": "selection"})
+        parts.append(table[["document", "selection", "selector", "keep", "alpha", "tau", "top_k", "chunk", "fi",
+                            "top1_agreement"]])
+    return pd.concat(parts, ignore_index=True)
+
+
+def replay_main(args, vocab: int) -> None:
+    t0, parts = time.perf_counter(), []
+    out = ROOT / "runs" / "analyses" / "infokv-sweep-replay"
+    for name in args.documents.split(","):
+        parts.append(replay_document(name, vocab, out))
+        print(f"{name}: {time.perf_counter() - t0:.0f} s", flush=True)
+    replay = pd.concat(parts, ignore_index=True)
+    summary = summarize(replay)
+    args.results.mkdir(parents=True, exist_ok=True)
+    replay.to_csv(args.results / "replay.csv", index=False)
+    summary.to_csv(args.results / "replay_summary.csv", index=False)
+    print(summary.to_string(), flush=True)
+    print(f"wall time {time.perf_counter() - t0:.0f} s", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--documents", default="alice,hamlet,lcet10,botchan,paradise_regained")
@@ -113,7 +164,10 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--results", type=Path, default=ROOT / "analyses" / "results" / "infokv-sweep")
     ap.add_argument("--summarize", action="store_true", help="only re-summarise --results/sweep.csv")
+    ap.add_argument("--replay", action="store_true", help="replay KL of the grid (fi eval) instead of probe FI")
     args = ap.parse_args()
+    if args.replay:
+        return replay_main(args, vocab=49152 if args.model == "smollm2-135m" else 1 << 30)
     if args.summarize:
         summary = summarize(pd.read_csv(args.results / "sweep.csv"))
         summary.to_csv(args.results / "summary.csv", index=False)
