@@ -42,26 +42,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
-from _common import ROOT  # noqa: E402
+from _common import ROOT, per_document  # noqa: E402
 from scipy import stats  # noqa: E402
 
 from fi_toolkit import load_model  # noqa: E402
 from fi_toolkit.analysis import run_correlate  # noqa: E402
 from fi_toolkit.analysis.agreement import summarize_agreement  # noqa: E402
 from fi_toolkit.analysis.correlation import summarize_correlations  # noqa: E402
-from fi_toolkit.documents import load_document  # noqa: E402
-from fi_toolkit.probe.chunks import parse_chunk  # noqa: E402
 from fi_toolkit.runs import results  # noqa: E402
 
 DOCUMENTS = "alice,botchan,hamlet,lcet10,paradise_regained"
 CONFIGS = ["1024:1024:1152,1536:1664", "2048:2048:2176,2560:2688"]
 TABLES = ("correlations", "agreement", "validation", "estimator_time", "controls")  # concatenated over documents
 HEADLINE = ("H_produced", "H_next", "A", "D", "E", "S")
-
-
-def parse_config(text: str):
-    prefix, chunks = text.split(":", 1)
-    return int(prefix), [parse_chunk(c) for c in chunks.split(",")]
 
 
 def document_ci(values: pd.Series, n_resamples: int = 10_000, seed: int = 0) -> tuple[float, float]:
@@ -295,16 +288,7 @@ def main(argv=None) -> int:
         return 0
 
     lm = load_model("smollm2-135m")
-    for config in args.configs:
-        prefix, chunks = parse_config(config)
-        done = {}
-        for name in args.documents.split(","):
-            doc = load_document(name.strip(), lm.tokenizer, max_tokens=max(c.end for c in chunks))
-            done[doc.name] = run_document(lm, doc, prefix, chunks, args)
-            merged = write_results(args.results / f"p{prefix}", args.out / f"p{prefix}", done, doc.name)
-            text = "\n".join(summary_lines(prefix, chunks, merged, args)) + "\n"
-            results.atomic_write_text(args.results / f"p{prefix}" / "output.txt", text)  # a cut-off run keeps what finished
-            print(text, flush=True)
+    per_document(lm, args, run_document, write_results, summary_lines)
     return 0
 
 

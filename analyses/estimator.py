@@ -31,22 +31,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
-from _common import ROOT  # noqa: E402
+from _common import ROOT, per_document  # noqa: E402
 
 from fi_toolkit import load_model
 from fi_toolkit.analysis import per_token_fi, read_table, run_correlate  # noqa: E402
 from fi_toolkit.analysis.agreement import summarize_agreement  # noqa: E402
-from fi_toolkit.documents import load_document  # noqa: E402
-from fi_toolkit.probe.chunks import parse_chunk  # noqa: E402
 from fi_toolkit.runs import results  # noqa: E402
 from fi_toolkit.signals.trace import trace_prefix  # noqa: E402
 
 TABLES = ("agreement", "validation", "estimator_time", "controls", "sink_estimates", "sinks")  # concatenated over documents
-
-
-def parse_config(text: str):
-    prefix, chunks = text.split(":", 1)
-    return int(prefix), [parse_chunk(c) for c in chunks.split(",")]
 
 
 def sink_rows(lm, doc, prefix, chunks, n_positions, tables) -> pd.DataFrame:
@@ -173,16 +166,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     lm = load_model("smollm2-135m")
-    for config in args.configs:
-        prefix, chunks = parse_config(config)
-        done = {}
-        for name in args.documents.split(","):
-            doc = load_document(name.strip(), lm.tokenizer, max_tokens=max(c.end for c in chunks))
-            done[doc.name] = run_document(lm, doc, prefix, chunks, args)
-            merged = write_results(args.results / f"p{prefix}", args.out / f"p{prefix}", done, doc.name)
-            text = "\n".join(summary_lines(prefix, chunks, merged, args)) + "\n"
-            results.atomic_write_text(args.results / f"p{prefix}" / "output.txt", text)  # a cut-off run keeps what finished
-            print(text, flush=True)
+    per_document(lm, args, run_document, write_results, summary_lines)
     return 0
 
 
