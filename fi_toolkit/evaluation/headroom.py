@@ -12,20 +12,15 @@ oracle is a first-order, per-interval estimate, not the optimum).
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
-from scipy import stats
 
 from fi_toolkit.evaluation.replays import FULL
 from fi_toolkit.evaluation.summaries import is_oracle
+from fi_toolkit.probe.headroom import gap_closed
 
 RANDOM = "random"
 COLUMNS = ["future", "budget", "oracle", "policy", "n_documents", "kl_random", "kl_policy", "kl_oracle", "headroom",
            "ci_low", "ci_high"]
-
-
-def _gap_closed(r, s, o, axis=-1):
-    return (np.mean(r, axis=axis) - np.mean(s, axis=axis)) / (np.mean(r, axis=axis) - np.mean(o, axis=axis))
 
 
 def replay_headroom(replays: pd.DataFrame, confidence: float = 0.95, resamples: int = 2000, seed: int = 0) -> pd.DataFrame:
@@ -46,14 +41,9 @@ def replay_headroom(replays: pd.DataFrame, confidence: float = 0.95, resamples: 
             for policy, kl in [(RANDOM, random)] + [(p, v) for p, v in per_policy.items() if p not in random_names]:
                 docs = random.index.intersection(kl.index).intersection(per_policy[oracle].index)
                 r, s, o = (x[docs].to_numpy(float) for x in (random, kl, per_policy[oracle]))
-                low = high = float("nan")
-                if len(docs) >= 2 and not np.allclose(r, o):
-                    ci = stats.bootstrap((r, s, o), _gap_closed, paired=True, vectorized=True, n_resamples=resamples,
-                                         confidence_level=confidence, method="percentile",
-                                         random_state=np.random.default_rng(seed)).confidence_interval
-                    low, high = float(ci.low), float(ci.high)
+                headroom, low, high = gap_closed(r, s, o, confidence, resamples, seed)
                 rows.append({"future": future, "budget": budget, "oracle": oracle, "policy": policy,
                              "n_documents": len(docs), "kl_random": r.mean(), "kl_policy": s.mean(),
-                             "kl_oracle": o.mean(), "headroom": float(_gap_closed(r, s, o)), "ci_low": low,
+                             "kl_oracle": o.mean(), "headroom": headroom, "ci_low": low,
                              "ci_high": high})
     return pd.DataFrame(rows, columns=COLUMNS)
