@@ -140,19 +140,27 @@ def replay_document(name: str, vocab: int, out: Path, budget: str = "0.25") -> p
     return pd.concat(parts, ignore_index=True)
 
 
-def replay_main(args, vocab: int) -> None:
+def every_document(args, measure, table_name: str, summary_name: str) -> tuple[pd.DataFrame, float]:
+    """``measure(name) -> table`` for each of ``--documents``, concatenated, summarised (:func:`summarize`) and
+    written to ``--results`` as ``table_name`` and ``summary_name``; -> (summary, seconds since the start)."""
     t0, parts = time.perf_counter(), []
-    out = ROOT / "runs" / "analyses" / "infokv-sweep-replay"
     for name in args.documents.split(","):
-        parts.append(replay_document(name, vocab, out))
+        parts.append(measure(name))
         print(f"{name}: {time.perf_counter() - t0:.0f} s", flush=True)
-    replay = pd.concat(parts, ignore_index=True)
-    summary = summarize(replay)
+    table = pd.concat(parts, ignore_index=True)
+    summary = summarize(table)
     args.results.mkdir(parents=True, exist_ok=True)
-    replay.to_csv(args.results / "replay.csv", index=False)
-    summary.to_csv(args.results / "replay_summary.csv", index=False)
+    table.to_csv(args.results / table_name, index=False)
+    summary.to_csv(args.results / summary_name, index=False)
     print(summary.to_string(), flush=True)
-    print(f"wall time {time.perf_counter() - t0:.0f} s", flush=True)
+    return summary, time.perf_counter() - t0
+
+
+def replay_main(args, vocab: int) -> None:
+    out = ROOT / "runs" / "analyses" / "infokv-sweep-replay"
+    _, seconds = every_document(args, lambda name: replay_document(name, vocab, out), "replay.csv",
+                                "replay_summary.csv")
+    print(f"wall time {seconds:.0f} s", flush=True)
 
 
 def main() -> None:
@@ -176,20 +184,12 @@ def main() -> None:
     chunks = [parse_chunk(c) for c in args.chunks.split(",")]
     budgets = args.budgets.split(",")
     lm = load_model(args.model, device="cpu", dtype="float32")
-    t0, parts = time.perf_counter(), []
-    for name in args.documents.split(","):
-        parts.append(sweep_document(lm, name, args.prefix, chunks, budgets))
-        print(f"{name}: {time.perf_counter() - t0:.0f} s", flush=True)
-    sweep = pd.concat(parts, ignore_index=True)
-    summary = summarize(sweep)
-    args.results.mkdir(parents=True, exist_ok=True)
-    sweep.to_csv(args.results / "sweep.csv", index=False)
-    summary.to_csv(args.results / "summary.csv", index=False)
-    caption = (f"SmolLM2-135M, {len(parts)} bundled documents, p = {args.prefix}, chunks {args.chunks}; "
-               f"wall time {time.perf_counter() - t0:.0f} s on one CPU thread")
+    summary, seconds = every_document(args, lambda name: sweep_document(lm, name, args.prefix, chunks, budgets),
+                                      "sweep.csv", "summary.csv")
+    caption = (f"SmolLM2-135M, {len(args.documents.split(','))} bundled documents, p = {args.prefix}, chunks "
+               f"{args.chunks}; wall time {seconds:.0f} s on one CPU thread")
     heatmap(summary, caption).savefig(args.results / "heatmap.png", dpi=120)
-    print(summary.to_string(), flush=True)
-    print(f"wall time {time.perf_counter() - t0:.0f} s", flush=True)
+    print(f"wall time {seconds:.0f} s", flush=True)
 
 
 if __name__ == "__main__":
