@@ -15,6 +15,9 @@ Compression points and chunks (a near and a far chunk each, 128 tokens):
     .venv/bin/python analyses/correlation_all.py --configs 1024:1024:1152,1536:1664 --documents alice
     .venv/bin/python analyses/correlation_all.py --figure docs/images   # heat maps from the committed tables
     .venv/bin/python analyses/correlation_all.py --tables               # the docs page's tables, from them too
+    .venv/bin/python analyses/correlation_all.py --configs 2048:2048:2176,2560:2688 --documents hamlet \
+        --results /tmp/r-hamlet &                                        # documents in parallel processes,
+    .venv/bin/python analyses/correlation_all.py --merge /tmp/r-hamlet  # then joined (same tables as one run)
 
 Wall time on the shared 2-core CPU (1 thread, niced, SmolLM2-135M float32): p = 1,024, 365-718 s per
 document (166-370 s of it the Fisher estimate), 38 min for the five; p = 2,048 about twice that per
@@ -42,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
-from _common import ROOT, per_document  # noqa: E402
+from _common import ROOT, parse_config, per_document  # noqa: E402
 from scipy import stats  # noqa: E402
 
 from fi_toolkit import load_model  # noqa: E402
@@ -112,6 +115,34 @@ def write_results(target: Path, out: Path, done: dict[str, dict], latest: str) -
                                     for d in merged["seconds"]["document"]]
     results.write_table(target / "seconds.csv", merged["seconds"])
     return merged
+
+
+def merge_results(args, sources: list[Path]) -> None:
+    """Documents computed by separate processes (each with its own ``--results``, the same ``--out``) joined
+    into ``--results``: their per-document tables are taken as written, the summaries over documents made
+    once (:func:`write_results`), in ``--documents`` order."""
+    order = [d.strip() for d in args.documents.split(",")]
+    for config in args.configs:
+        prefix, chunks = parse_config(config)
+        done: dict[str, dict] = {}
+        for source in [args.results, *sources]:
+            folder = source / f"p{prefix}"
+            if not (folder / "correlations.csv").exists():
+                continue
+            tables = {name: pd.read_csv(folder / f"{name}.csv") for name in (*TABLES, "seconds")
+                      if (folder / f"{name}.csv").exists()}
+            for doc in dict.fromkeys(tables["correlations"]["document"]):
+                done[doc] = {name: t[t["document"] == doc].reset_index(drop=True) for name, t in tables.items()}
+        done = {d: done[d] for d in order if d in done}
+        target = args.results / f"p{prefix}"
+        for doc in done:  # each document's manifest from the session that computed it
+            copy = target / "manifests" / f"{doc}.json"
+            if not copy.exists():
+                results.atomic_copy(args.out / f"p{prefix}" / doc / "manifest.json", copy)
+        merged = write_results(target, args.out / f"p{prefix}", done, next(reversed(done)))
+        text = "\n".join(summary_lines(prefix, chunks, merged, args)) + "\n"
+        results.atomic_write_text(target / "output.txt", text)
+        print(text, flush=True)
 
 
 def summary_lines(prefix: int, chunks, tables: dict, args) -> list[str]:
@@ -278,7 +309,12 @@ def main(argv=None) -> int:
     ap.add_argument("--figure", type=Path, metavar="DIR",
                     help="only draw the heat maps from the tables in --results into DIR (docs/images)")
     ap.add_argument("--tables", action="store_true", help="only print the markdown tables of the docs page")
+    ap.add_argument("--merge", type=Path, nargs="+", metavar="RESULTS",
+                    help="only join the --results of processes that computed other documents into --results")
     args = ap.parse_args(argv)
+    if args.merge:
+        merge_results(args, args.merge)
+        return 0
     if args.tables:
         print(markdown_tables(args.results))
         return 0
