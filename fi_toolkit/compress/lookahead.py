@@ -28,10 +28,7 @@ import torch
 
 from fi_toolkit.errors import FIError
 from fi_toolkit.model.attention import RAGGED
-from fi_toolkit.policies.base import select
-from fi_toolkit.policies.fi_oracle import FIOracle, check_decoding_oracle
-
-REMOVED_SCORE = -1.0  # below every estimate (all >= 0): entries removed in an earlier round
+from fi_toolkit.policies.fi_oracle import REMOVED_SCORE, FIOracle, check_decoding_oracle, remove_in_rounds
 
 
 @dataclass(frozen=True)
@@ -74,22 +71,15 @@ def lookahead_scores(policy: FIOracle, model, keys: list[torch.Tensor], values: 
     from fi_toolkit.probe.estimator import CachePrefix, fisher_cache_fi
 
     prefix = CachePrefix(keys, values, seen)
-    n = prefix.prefix_len
-    shape = (prefix.num_layers, prefix.num_kv_heads, n)
-    removed = torch.zeros(shape, dtype=torch.bool)
+    shape = (prefix.num_layers, prefix.num_kv_heads, prefix.prefix_len)
+
+    def score(removed: torch.Tensor) -> torch.Tensor:
+        est = fisher_cache_fi(model, prefix, cont, samples=policy.samples, seed=0, block=block,
+                              removed=removed if removed.any() else None)
+        return est.head_fi[..., 0].clone().masked_fill_(removed, REMOVED_SCORE)
+
     with plain_attention(model):
-        for r in range(1, policy.rounds + 1):
-            est = fisher_cache_fi(model, prefix, cont, samples=policy.samples, seed=0, block=block,
-                                  removed=removed if removed.any() else None)
-            scores = est.head_fi[..., 0].clone().masked_fill_(removed, REMOVED_SCORE)
-            if r == policy.rounds:
-                return scores
-            keep_r = n - round((n - kept) * r / policy.rounds)
-            visible = torch.zeros(shape, dtype=torch.bool)
-            for layer in range(shape[0]):
-                visible[layer].scatter_(1, select(scores[layer], keep_r, protected, window).cpu(), True)
-            removed = ~visible
-    raise AssertionError("unreachable")  # pragma: no cover
+        return remove_in_rounds(score, shape, kept, policy.rounds, protected, window)[0]
 
 
 def set_estimates(decoder, kept: int, protected: int) -> bool:

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Callable, ClassVar
 
 from fi_toolkit.errors import FIError
-from fi_toolkit.policies.base import Policy
+from fi_toolkit.policies.base import Policy, select
 
 if TYPE_CHECKING:  # torch is imported where it is used: naming the policy needs none of it
     import torch
@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # torch is imported where it is used: naming the policy needs
 ORACLE_ESTIMATORS = ("fisher", "exact")
 MAX_ROUNDS = 64  # each round is one estimate (a backward pass per sample); more is a typo, not a study
 MAX_ORACLE_SAMPLES = 10_000
+REMOVED_SCORE = -1.0  # below every FI estimate (all >= 0 up to ~1e-8 rounding): entries removed in an earlier round
 
 
 class Spelled(str):
@@ -114,3 +115,29 @@ def check_decoding_oracle(policy, where: str = "") -> None:
     if inner.span is not None:
         raise FIError(f"{where}fi-oracle in a replay scores the next interval of tokens at each compression; "
                       f"chunk={inner.chunk} is the prefill oracle's (a probe selection policy:fi-oracle@BUDGET)")
+
+
+def remove_in_rounds(score: Callable[["torch.Tensor"], "torch.Tensor"], shape: tuple[int, int, int], kept: int,
+                     rounds: int, protected: int, window: int) -> tuple["torch.Tensor", "torch.Tensor", list[int]]:
+    """The oracle's rounds, shared by the probe (:mod:`fi_toolkit.probe.oracle`) and the replay
+    (:mod:`fi_toolkit.compress.lookahead`): ``n - kept`` evictions per head in ``rounds`` rounds of
+    ``round((n - kept) r / rounds)`` cumulative removals; round ``r`` ranks ``score(removed)`` (``removed``:
+    bool ``[L, H_kv, n]``, the earlier rounds' evictions, which must score :data:`REMOVED_SCORE`; ->
+    ``[L, H_kv, n]``) with every policy's :func:`~fi_toolkit.policies.base.select`. Returns the last round's
+    scores, its evictions and the evictions per (layer 0, head 0) after each round."""
+    import torch
+
+    n = shape[2]
+    removed = torch.zeros(shape, dtype=torch.bool)
+    history = []
+    for r in range(1, rounds + 1):
+        scores = score(removed)
+        keep_r = n - round((n - kept) * r / rounds)
+        visible = torch.zeros(shape, dtype=torch.bool)
+        for layer in range(shape[0]):
+            visible[layer].scatter_(1, select(scores[layer], keep_r, protected, window).cpu(), True)
+        if (visible & removed).any():  # pragma: no cover - guarded by REMOVED_SCORE and the shrinking budget
+            raise FIError("fi-oracle: a round brought back an entry an earlier round removed")
+        removed = ~visible
+        history.append(int(removed[0, 0].sum()))
+    return scores, removed, history

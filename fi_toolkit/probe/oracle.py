@@ -24,14 +24,13 @@ import torch
 from fi_toolkit.errors import FIError
 from fi_toolkit.eviction import KeepMap, TokenSet
 from fi_toolkit.model.architectures import context_limit
-from fi_toolkit.policies.base import Signals, select
-from fi_toolkit.policies.fi_oracle import FIOracle
+from fi_toolkit.policies.base import Signals
+from fi_toolkit.policies.fi_oracle import REMOVED_SCORE, FIOracle, remove_in_rounds
 from fi_toolkit.probe.chunks import Chunk, check_chunks
 from fi_toolkit.probe.estimator import fisher_fi
 from fi_toolkit.probe.forward_influence import forward_influence
 from fi_toolkit.signals.trace import Trace
 
-REMOVED_SCORE = -1.0  # below every FI estimate (all >= 0 up to ~1e-8 rounding)
 _FIRST_ROUNDS: dict[tuple, tuple[weakref.ref, torch.Tensor]] = {}  # estimates at the full cache, per trace
 _KEEP_FIRST_ROUNDS = 4
 
@@ -115,20 +114,10 @@ def oracle_keep_map(policy: FIOracle, model, trace: Trace, ids: torch.Tensor,
     signals = Signals.from_trace(trace)
     if signals.window != policy.window:
         raise FIError(f"fi-oracle: signals were traced with window {signals.window}, the policy uses {policy.window}")
-    kept = policy.tokens(p)
     shape = (trace.num_layers, trace.num_kv_heads, p)
-    removed = torch.zeros(shape, dtype=torch.bool)
-    history = []
-    for r in range(1, policy.rounds + 1):
-        scores = oracle_scores(policy, model, trace, ids, chunk, removed, block)
-        keep_r = p - round((p - kept) * r / policy.rounds)
-        visible = torch.zeros(shape, dtype=torch.bool)
-        for layer in range(trace.num_layers):
-            visible[layer].scatter_(1, select(scores[layer], keep_r, 0, policy.window).cpu(), True)
-        if (visible & removed).any():  # pragma: no cover - guarded by REMOVED_SCORE and the shrinking budget
-            raise FIError("fi-oracle: a round brought back an entry an earlier round removed")
-        removed = ~visible
-        history.append(int(removed[0, 0].sum()))
+    scores, removed, history = remove_in_rounds(
+        lambda removed: oracle_scores(policy, model, trace, ids, chunk, removed, block), shape, policy.tokens(p),
+        policy.rounds, 0, policy.window)
     policy.estimates = [s.float() for s in scores]
     keep_map = policy.keep_map(trace)
     if not torch.equal(~keep_map.visible(p), removed):  # pragma: no cover - the last round is the policy's selection
