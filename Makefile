@@ -19,7 +19,7 @@ BIN_LME := $(VENV_LME)/bin
 STAMP_LME := $(VENV_LME)/.installed
 comma := ,
 
-.PHONY: setup probe test test-min test-kvpress test-lmeval bench gpu-check clean-cache docs browser
+.PHONY: setup probe test test-min test-kvpress test-lmeval lint bench gpu-check clean-cache docs browser
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -84,6 +84,12 @@ $(STAMP_LME): pyproject.toml
 # The lm-evaluation-harness backend (fi_toolkit/evaluation/lmeval/, fi lm-eval): tests/test_lmeval.py, offline.
 test-lmeval: $(STAMP_LME)
 	HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $(BIN_LME)/python -m pytest -q -m lmeval tests/test_lmeval.py
+
+# ruff (configured in pyproject.toml: line length 120): the formatter's check and the linter, no fixes.
+LINTED := fi_toolkit tests analyses benchmarks docs
+lint: $(STAMP)
+	$(BIN)/ruff format --check $(LINTED)
+	$(BIN)/ruff check $(LINTED)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_probe.py

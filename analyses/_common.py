@@ -17,8 +17,11 @@ def add_output_args(ap: argparse.ArgumentParser, name: str) -> None:
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "analyses" / name)
     ap.add_argument("--report", type=Path, default=ROOT / "runs" / "analyses" / f"{name}-report")
-    ap.add_argument("--results", default=str(ROOT / "analyses" / "results" / name),
-                    help="where the small summary tables are copied ('' to skip)")
+    ap.add_argument(
+        "--results",
+        default=str(ROOT / "analyses" / "results" / name),
+        help="where the small summary tables are copied ('' to skip)",
+    )
     ap.add_argument("--fresh", action="store_true", help="discard a previous run in --out instead of resuming it")
 
 

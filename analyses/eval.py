@@ -39,6 +39,7 @@ def _progress(label):
     def progress(unit, done, total):
         if done == total:
             print(f"  {label} {unit}: done", file=sys.stderr, flush=True)
+
     return progress
 
 
@@ -51,14 +52,21 @@ def readme_table(replay: pd.DataFrame, tasks: pd.DataFrame) -> str:
     full = tasks[tasks["policy"] == "full"].groupby("task")["accuracy"].max()
     solved = [t for t in dict.fromkeys(tasks["task"]) if full.get(t, 0) > 0]
     head = " / ".join(p.removeprefix("question-") for p in protocols)
-    lines = ["| policy | keep | kept | replay KL (nats) [95% CI] | top-1 | ΔNLL | free 1st diff | "
-             + " | ".join(f"{t} ({head})" for t in solved) + " |",
-             "|---|---|---|---|---|---|---|" + "---|" * len(solved)]
+    lines = [
+        "| policy | keep | kept | replay KL (nats) [95% CI] | top-1 | ΔNLL | free 1st diff | "
+        + " | ".join(f"{t} ({head})" for t in solved)
+        + " |",
+        "|---|---|---|---|---|---|---|" + "---|" * len(solved),
+    ]
     for r in replay[replay["future"] == "document"].itertuples():
-        cells = [" / ".join(f"{acc.get((t, p, r.policy, r.budget), float('nan')):.2f}" for p in protocols) for t in solved]
-        lines.append(f"| {r.policy} | {r.budget.removeprefix('keep=')} | {r.kept_share:.2f} | {r.mean_kl:.3g} "
-                     f"[{r.mean_kl_low:.3g}, {r.mean_kl_high:.3g}] | {r.top1_agreement:.3f} | {r.delta_nll:+.3f} | "
-                     f"{r.free_first_divergence:.1f} | " + " | ".join(cells) + " |")
+        cells = [
+            " / ".join(f"{acc.get((t, p, r.policy, r.budget), float('nan')):.2f}" for p in protocols) for t in solved
+        ]
+        lines.append(
+            f"| {r.policy} | {r.budget.removeprefix('keep=')} | {r.kept_share:.2f} | {r.mean_kl:.3g} "
+            f"[{r.mean_kl_low:.3g}, {r.mean_kl_high:.3g}] | {r.top1_agreement:.3f} | {r.delta_nll:+.3f} | "
+            f"{r.free_first_divergence:.1f} | " + " | ".join(cells) + " |"
+        )
     unsolved = [t for t in dict.fromkeys(tasks["task"]) if t not in solved]
     if unsolved:
         lines.append(f"\nNot shown: {', '.join(unsolved)}, which the full cache solves in none of the samples.")
@@ -82,9 +90,13 @@ def main(argv=None) -> int:
     ap.add_argument("--report", type=Path, default=ROOT / "runs" / "analyses" / "eval-report")
     ap.add_argument("--results", default=str(ROOT / "analyses" / "results" / "eval"))
     ap.add_argument("--fresh", action="store_true", help="discard a previous run in --out instead of resuming it")
-    ap.add_argument("--part", choices=["text", "tasks", "all"], default="all",
-                    help="run only the text or the task half (two processes on two cores); 'all' (the default) "
-                         "runs or resumes both, then writes the report and the tables")
+    ap.add_argument(
+        "--part",
+        choices=["text", "tasks", "all"],
+        default="all",
+        help="run only the text or the task half (two processes on two cores); 'all' (the default) "
+        "runs or resumes both, then writes the report and the tables",
+    )
     args = ap.parse_args(argv)
 
     t0 = time.perf_counter()
@@ -92,27 +104,52 @@ def main(argv=None) -> int:
     policies = make_policies(args.policies, args.budgets, 32, 0.9, 1.0, 256)
     config = signal_config_for(policies[0])
     text_dir, task_dir = args.out / "text", args.out / "tasks"
-    resume = {d: ((d / "settings.json").exists() or (d / "per_document").is_dir()) and not args.fresh
-              for d in (text_dir, task_dir)}
+    resume = {
+        d: ((d / "settings.json").exists() or (d / "per_document").is_dir()) and not args.fresh
+        for d in (text_dir, task_dir)
+    }
 
     docs = [load_document(name.strip(), lm.tokenizer, max_tokens=args.length) for name in args.documents.split(",")]
     setting = TextSetting(args.prompt, args.length, args.interval, free_tokens=args.free_tokens)
     if args.part in ("text", "all"):
-        text = run_eval_text(lm, docs, text_dir, policies, setting, config, resume=resume[text_dir],
-                             overwrite=args.fresh, progress=_progress("text"))
+        text = run_eval_text(
+            lm,
+            docs,
+            text_dir,
+            policies,
+            setting,
+            config,
+            resume=resume[text_dir],
+            overwrite=args.fresh,
+            progress=_progress("text"),
+        )
     if args.part in ("tasks", "all"):
         units = make_units(args.tasks.split(","), [args.context], args.samples, lm.tokenizer, lm.model.config)
-        tasks = run_eval_tasks(lm, units, task_dir, policies, args.protocols.split(","), config, interval=args.interval,
-                               resume=resume[task_dir], overwrite=args.fresh, progress=_progress("tasks"))
+        tasks = run_eval_tasks(
+            lm,
+            units,
+            task_dir,
+            policies,
+            args.protocols.split(","),
+            config,
+            interval=args.interval,
+            resume=resume[task_dir],
+            overwrite=args.fresh,
+            progress=_progress("tasks"),
+        )
     if args.part != "all":
         return 0
     build_report([text_dir, task_dir], args.report, overwrite=True)
 
     table = readme_table(text["replay_summary"], tasks["task_summary"])
     atomic_write_text(args.out / "readme_table.md", table)
-    for sub, names in ((text_dir, ["replay_summary.csv", "segment_summary.csv", "replays.csv", "manifest.json"]),
-                       (task_dir, ["task_summary.csv", "kl_accuracy.csv", "answers.csv", "manifest.json"])):
-        copy_results(argparse.Namespace(out=sub, results=str(Path(args.results) / sub.name) if args.results else ""), names)
+    for sub, names in (
+        (text_dir, ["replay_summary.csv", "segment_summary.csv", "replays.csv", "manifest.json"]),
+        (task_dir, ["task_summary.csv", "kl_accuracy.csv", "answers.csv", "manifest.json"]),
+    ):
+        copy_results(
+            argparse.Namespace(out=sub, results=str(Path(args.results) / sub.name) if args.results else ""), names
+        )
     copy_results(argparse.Namespace(out=args.out, results=args.results), ["readme_table.md"])
     cross = pd.read_csv(args.report / "tables" / "replay_kl_vs_task_accuracy.csv")
     if args.results:

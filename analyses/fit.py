@@ -79,10 +79,27 @@ def main() -> None:
         fi("fit", str(data), "--exclude", doc, "--out", str(policy), "--overwrite")
         run = out / f"probe-{doc}"
         if args.fresh or not (run / "fi.csv").exists():  # fi probe writes fi.csv last, atomically
-            fi("probe", doc, "--prefix", "512", "--chunk", "512:640", "--chunk", "768:896",
-               "--select", f"policy:fitted@keep=0.25:path={policy}", "--select", "policy:infokv@keep=0.25",
-               "--select", "policy:snapkv@keep=0.25", "--select", "policy:h2o@keep=0.25", "--out", str(run),
-               "--overwrite")
+            fi(
+                "probe",
+                doc,
+                "--prefix",
+                "512",
+                "--chunk",
+                "512:640",
+                "--chunk",
+                "768:896",
+                "--select",
+                f"policy:fitted@keep=0.25:path={policy}",
+                "--select",
+                "policy:infokv@keep=0.25",
+                "--select",
+                "policy:snapkv@keep=0.25",
+                "--select",
+                "policy:h2o@keep=0.25",
+                "--out",
+                str(run),
+                "--overwrite",
+            )
         table = pd.read_csv(run / "fi.csv")
         for column in ("selection", "selector"):
             table[column] = table[column].str.replace(*HIDE_PATH, regex=True)
@@ -92,8 +109,11 @@ def main() -> None:
         probe.to_csv(res / "probe.csv", index=False)
         summary = probe.pivot_table(index="selection", columns="chunk", values="fi", aggfunc="mean", sort=False)
         summary.to_csv(res / "probe_summary.csv")
-        (res / "output.txt").write_text(f"FI at keep 25 %, p = 512, mean over {len(probes)} held-out document(s)\n"
-                                        + summary.to_string(float_format=lambda v: f"{v:.5f}") + "\n")
+        (res / "output.txt").write_text(
+            f"FI at keep 25 %, p = 512, mean over {len(probes)} held-out document(s)\n"
+            + summary.to_string(float_format=lambda v: f"{v:.5f}")
+            + "\n"
+        )
         print((res / "output.txt").read_text())
         headroom = fitted_headroom(probe)
         headroom.to_csv(res / "fitted_headroom.csv", index=False)
@@ -103,25 +123,72 @@ def main() -> None:
         policy = out / f"policy-decoding-without-{doc}.json"
         fi("fit", str(data), "--exclude", doc, "--features", "decoding", "--out", str(policy), "--overwrite")
         run = out / f"eval-{doc}"
-        fi("eval", doc, "--policy", f"fitted:path={policy},infokv,snapkv,h2o", "--budget", "0.25", "--prompt", "512",
-           "--length", "768", "--interval", "128", "--free-tokens", "0", "--resamples", "0", "--out", str(run),
-           again)
+        fi(
+            "eval",
+            doc,
+            "--policy",
+            f"fitted:path={policy},infokv,snapkv,h2o",
+            "--budget",
+            "0.25",
+            "--prompt",
+            "512",
+            "--length",
+            "768",
+            "--interval",
+            "128",
+            "--free-tokens",
+            "0",
+            "--resamples",
+            "0",
+            "--out",
+            str(run),
+            again,
+        )
         evals.append(pd.read_csv(run / "replays.csv"))
     if evals:
         replays = pd.concat(evals, ignore_index=True)
         replays["policy"] = replays["policy"].str.replace(r"path=[^,@]*", "path=<without this document>", regex=True)
-        replays[["document", "future", "policy", "budget", "compressions", "mean_kl", "top1_agreement", "delta_nll",
-                 "seconds"]].to_csv(res / "eval_replays.csv", index=False)
+        replays[
+            [
+                "document",
+                "future",
+                "policy",
+                "budget",
+                "compressions",
+                "mean_kl",
+                "top1_agreement",
+                "delta_nll",
+                "seconds",
+            ]
+        ].to_csv(res / "eval_replays.csv", index=False)
         headroom = fitted_replay_headroom(replays)
         headroom.to_csv(res / "fitted_replay_headroom.csv", index=False)
-        print(replays.pivot_table(index="policy", columns="document", values="mean_kl", sort=False)
-              .assign(mean=lambda t: t.mean(axis=1)).to_string(float_format=lambda v: f"{v:.4g}"))
+        print(
+            replays.pivot_table(index="policy", columns="document", values="mean_kl", sort=False)
+            .assign(mean=lambda t: t.mean(axis=1))
+            .to_string(float_format=lambda v: f"{v:.4g}")
+        )
         print(headroom.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     if args.tasks:
         run = out / "tasks"
-        fi("eval", "--task", args.tasks, "--policy", f"fitted:path={res / 'policy-decoding.json'},infokv,snapkv,h2o",
-           "--budget", "0.5", "--samples", str(args.task_samples), "--protocol", "question-agnostic,question-aware",
-           "--resamples", "1000", "--out", str(run), again)
+        fi(
+            "eval",
+            "--task",
+            args.tasks,
+            "--policy",
+            f"fitted:path={res / 'policy-decoding.json'},infokv,snapkv,h2o",
+            "--budget",
+            "0.5",
+            "--samples",
+            str(args.task_samples),
+            "--protocol",
+            "question-agnostic,question-aware",
+            "--resamples",
+            "1000",
+            "--out",
+            str(run),
+            again,
+        )
         tasks = pd.read_csv(run / "task_summary.csv")
         tasks["policy"] = tasks["policy"].str.replace(r"path=[^,@]*", "path=policy-decoding.json", regex=True)
         tasks.to_csv(res / "task_summary.csv", index=False)
@@ -159,8 +226,11 @@ def fitted_headroom(probe: pd.DataFrame) -> pd.DataFrame:
     if both.empty or not np.allclose(both["fi"], both["fi_headroom_run"], rtol=1e-6, atol=1e-9):
         raise SystemExit(f"{HEADROOM_FI} was not measured at these settings: the policies both runs measured differ")
     docs, n = set(probe["document"]), set(probe["n_removed"].round(3))
-    extra = reference[reference["selector"].isin([ORACLE, RANDOM]) & reference["document"].isin(docs)
-                      & reference["n_removed"].round(3).isin(n)]
+    extra = reference[
+        reference["selector"].isin([ORACLE, RANDOM])
+        & reference["document"].isin(docs)
+        & reference["n_removed"].round(3).isin(n)
+    ]
     table = headroom_table(pd.concat([probe, extra], ignore_index=True))
     own = table[(table["fit_chunk"] == table["chunk"]) & ~table["oracle"].str.contains("rounds=")]
     return own.drop(columns=["oracle"]).reset_index(drop=True)

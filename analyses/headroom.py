@@ -3,7 +3,8 @@
 Runs (or reads) one ``fi probe`` of the five bundled documents at p = 512, chunks 512:640 (near) and
 768:896 (far), keep 25 % and 10 %, with the FI oracle fitted on the near chunk (the default: the first
 probed) and on the far chunk (``chunk=768:896``), at keep 25 % also in three rounds (``rounds=3``),
-six prefill policies and three random sets per budget (sized for a shared 2-core CPU); then writes to analyses/results/headroom/:
+six prefill policies and three random sets per budget (sized for a shared 2-core CPU); then writes to
+analyses/results/headroom/:
 
 - ``fi.csv``: the probe's table (controls included);
 - ``headroom.csv``: :func:`fi_toolkit.probe.headroom.headroom_table` (share of the random-to-oracle gap
@@ -46,7 +47,8 @@ def selects(budgets=("0.25", "0.1"), far="768:896") -> list[str]:
 
 
 def oracle_vs_policies(fi: pd.DataFrame) -> pd.DataFrame:
-    """Per document, removed count and chunk: the one-round oracle fitted on that chunk, its version in rounds, and each heuristic; ``oracle_wins`` says whether the oracle's FI is at most the heuristic's."""
+    """Per document, removed count and chunk: the one-round oracle fitted on that chunk, its version in rounds,
+    and each heuristic; ``oracle_wins`` says whether the oracle's FI is at most the heuristic's."""
     t = fi[fi["selector"] != CONTROL].assign(n=lambda d: d["n_removed"].round(3))
     first = t["chunk"].iloc[0]
     rows = []
@@ -58,10 +60,18 @@ def oracle_vs_policies(fi: pd.DataFrame) -> pd.DataFrame:
         if one.empty:
             continue
         for _, r in g[~g["selector"].isin([ORACLE, RANDOM])].iterrows():
-            rows.append({"document": doc, "n_removed": n, "chunk": chunk, "policy": r["selection"],
-                         "policy_fi": r["fi"], "oracle_fi": one["fi"].iloc[0],
-                         "oracle_rounds_fi": four["fi"].iloc[0] if len(four) else float("nan"),
-                         "oracle_wins": bool(one["fi"].iloc[0] <= r["fi"])})
+            rows.append(
+                {
+                    "document": doc,
+                    "n_removed": n,
+                    "chunk": chunk,
+                    "policy": r["selection"],
+                    "policy_fi": r["fi"],
+                    "oracle_fi": one["fi"].iloc[0],
+                    "oracle_rounds_fi": four["fi"].iloc[0] if len(four) else float("nan"),
+                    "oracle_wins": bool(one["fi"].iloc[0] <= r["fi"]),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -81,17 +91,25 @@ def main() -> None:
     hr.to_csv(args.results / "headroom.csv", index=False)
     vs = oracle_vs_policies(fi)
     vs.to_csv(args.results / "oracle_vs_policies.csv", index=False)
-    fig = headroom_figure(hr, f"SmolLM2-135M, {fi['document'].nunique()} bundled documents, p = {fi['prefix'].iloc[0]}; "
-                              "reference: the FI oracle fitted on the chunk measured (it sees that chunk)")
+    fig = headroom_figure(
+        hr,
+        f"SmolLM2-135M, {fi['document'].nunique()} bundled documents, p = {fi['prefix'].iloc[0]}; "
+        "reference: the FI oracle fitted on the chunk measured (it sees that chunk)",
+    )
     fig.savefig(args.results / "headroom.png", dpi=120)
     pd.set_option("display.width", 200)
     own = hr[(hr.fit_chunk == hr.chunk) & ~hr.oracle.str.contains("rounds=")]
-    print(own[["chunk", "n_removed", "selection", "fi_random", "fi_policy", "fi_oracle", "headroom", "ci_low", "ci_high"]]
-          .to_string(index=False, float_format="%.4g"))
+    print(
+        own[
+            ["chunk", "n_removed", "selection", "fi_random", "fi_policy", "fi_oracle", "headroom", "ci_low", "ci_high"]
+        ].to_string(index=False, float_format="%.4g")
+    )
     print(f"oracle <= heuristic in {int(vs.oracle_wins.sum())} of {len(vs)} document x budget x chunk x policy cells")
     print(vs[~vs.oracle_wins].to_string(index=False, float_format="%.4g"))
-    print("rounds=3 vs 1 (mean FI):", vs.groupby(["n_removed", "chunk"])[["oracle_fi", "oracle_rounds_fi"]].mean()
-          .to_string(float_format="%.4g"))
+    print(
+        "rounds=3 vs 1 (mean FI):",
+        vs.groupby(["n_removed", "chunk"])[["oracle_fi", "oracle_rounds_fi"]].mean().to_string(float_format="%.4g"),
+    )
 
 
 if __name__ == "__main__":

@@ -92,9 +92,16 @@ def summarize(sweep: pd.DataFrame) -> pd.DataFrame:
     grid["rel_paper"] = grid["fi"] / grid["fi_paper"]
     grid["best"] = grid.groupby(keys)["fi"].transform("min") == grid["fi"]
     rand = sweep[sweep["selector"] == "random"].groupby(["keep", "chunk"])["fi"].mean().rename("fi_random")
-    out = grid.groupby(["keep", "chunk", "alpha", "tau", "top_k"]).agg(
-        fi_mean=("fi", "mean"), rel_paper_mean=("rel_paper", "mean"), best_on=("best", "sum"),
-        n_documents=("document", "nunique")).reset_index()
+    out = (
+        grid.groupby(["keep", "chunk", "alpha", "tau", "top_k"])
+        .agg(
+            fi_mean=("fi", "mean"),
+            rel_paper_mean=("rel_paper", "mean"),
+            best_on=("best", "sum"),
+            n_documents=("document", "nunique"),
+        )
+        .reset_index()
+    )
     return out.join(rand, on=["keep", "chunk"])
 
 
@@ -104,8 +111,18 @@ def heatmap(summary: pd.DataFrame, caption: str):
     fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.6), squeeze=False)
     for ax, ((keep, chunk), g) in zip(axes[0], panels):
         grid = g.pivot(index="alpha", columns="tau", values="rel_paper_mean")
-        sns.heatmap(grid, ax=ax, annot=True, fmt=".2f", cmap="RdBu_r", center=1.0, vmin=0.5, vmax=1.5, cbar=False,
-                    annot_kws={"fontsize": 7})
+        sns.heatmap(
+            grid,
+            ax=ax,
+            annot=True,
+            fmt=".2f",
+            cmap="RdBu_r",
+            center=1.0,
+            vmin=0.5,
+            vmax=1.5,
+            cbar=False,
+            annot_kws={"fontsize": 7},
+        )
         ax.set_title(f"keep {keep:g}, chunk {chunk}", fontsize=9)
     fig.suptitle("InfoKV FI relative to the paper's setting (alpha 0.9, tau 1, top-k 256); < 1 is better", fontsize=9)
     fig.text(0.5, 0.005, caption, ha="center", va="bottom", fontsize=7, color="#444")
@@ -120,9 +137,32 @@ def replay_document(name: str, vocab: int, out: Path, budget: str = "0.25") -> p
         cells = [(a, t) for a, t in settings(top_k) if a < 1 or t == 1.0]  # alpha = 1: SnapKV, whatever tau
         policies = ",".join(f"infokv:alpha={a},tau={t}" for a, t in cells)
         run = out / f"{name}-k{top_k or 'full'}"
-        cmd = [sys.executable, "-m", "fi_toolkit", "eval", name, "--policy", policies, "--budget", budget,
-               "--prompt", "512", "--length", "768", "--interval", "128", "--free-tokens", "0", "--resamples", "0",
-               "--top-k", str(top_k or vocab), "--out", str(run), "--resume"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "fi_toolkit",
+            "eval",
+            name,
+            "--policy",
+            policies,
+            "--budget",
+            budget,
+            "--prompt",
+            "512",
+            "--length",
+            "768",
+            "--interval",
+            "128",
+            "--free-tokens",
+            "0",
+            "--resamples",
+            "0",
+            "--top-k",
+            str(top_k or vocab),
+            "--out",
+            str(run),
+            "--resume",
+        ]
         print("$ fi " + " ".join(cmd[3:]), flush=True)
         subprocess.run(cmd, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL)
         table = pd.read_csv(run / "replays.csv")
@@ -135,8 +175,11 @@ def replay_document(name: str, vocab: int, out: Path, budget: str = "0.25") -> p
         table["chunk"] = "replay"
         table["selector"] = "policy:infokv"
         table = table.rename(columns={"mean_kl": "fi", "policy": "selection"})
-        parts.append(table[["document", "selection", "selector", "keep", "alpha", "tau", "top_k", "chunk", "fi",
-                            "top1_agreement"]])
+        parts.append(
+            table[
+                ["document", "selection", "selector", "keep", "alpha", "tau", "top_k", "chunk", "fi", "top1_agreement"]
+            ]
+        )
     return pd.concat(parts, ignore_index=True)
 
 
@@ -158,8 +201,9 @@ def every_document(args, measure, table_name: str, summary_name: str) -> tuple[p
 
 def replay_main(args, vocab: int) -> None:
     out = ROOT / "runs" / "analyses" / "infokv-sweep-replay"
-    _, seconds = every_document(args, lambda name: replay_document(name, vocab, out), "replay.csv",
-                                "replay_summary.csv")
+    _, seconds = every_document(
+        args, lambda name: replay_document(name, vocab, out), "replay.csv", "replay_summary.csv"
+    )
     print(f"wall time {seconds:.0f} s", flush=True)
 
 
@@ -184,10 +228,13 @@ def main() -> None:
     chunks = [parse_chunk(c) for c in args.chunks.split(",")]
     budgets = args.budgets.split(",")
     lm = load_model(args.model, device="cpu", dtype="float32")
-    summary, seconds = every_document(args, lambda name: sweep_document(lm, name, args.prefix, chunks, budgets),
-                                      "sweep.csv", "summary.csv")
-    caption = (f"SmolLM2-135M, {len(args.documents.split(','))} bundled documents, p = {args.prefix}, chunks "
-               f"{args.chunks}; wall time {seconds:.0f} s on one CPU thread")
+    summary, seconds = every_document(
+        args, lambda name: sweep_document(lm, name, args.prefix, chunks, budgets), "sweep.csv", "summary.csv"
+    )
+    caption = (
+        f"SmolLM2-135M, {len(args.documents.split(','))} bundled documents, p = {args.prefix}, chunks "
+        f"{args.chunks}; wall time {seconds:.0f} s on one CPU thread"
+    )
     heatmap(summary, caption).savefig(args.results / "heatmap.png", dpi=120)
     print(f"wall time {seconds:.0f} s", flush=True)
 

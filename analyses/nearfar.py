@@ -29,10 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import add_output_args, copy_results  # noqa: E402
 
 from fi_toolkit import SignalConfig, load_model  # noqa: E402
-from fi_toolkit.analysis import run_nearfar  # noqa: E402
-from fi_toolkit.analysis.nearfar import parse_distances  # noqa: E402
 from fi_toolkit.documents import BUNDLED, load_document  # noqa: E402
 from fi_toolkit.report import build_report  # noqa: E402
+from fi_toolkit.studies import run_nearfar  # noqa: E402
+from fi_toolkit.studies.nearfar import parse_distances  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -56,20 +56,38 @@ def main(argv=None) -> int:
     def progress(doc, done, _total):
         print(f"  {doc}: {done} sets measured", file=sys.stderr, flush=True)
 
-    tables = run_nearfar(lm, docs, args.out, args.prefix, distances, args.chunk_len, args.budget, args.seeds,
-                         (4, 0), config=SignalConfig(entropy_of=args.entropy_of), batch_size=args.batch_size,
-                         resume=not args.fresh, overwrite=args.fresh, progress=progress)
+    tables = run_nearfar(
+        lm,
+        docs,
+        args.out,
+        args.prefix,
+        distances,
+        args.chunk_len,
+        args.budget,
+        args.seeds,
+        (4, 0),
+        config=SignalConfig(entropy_of=args.entropy_of),
+        batch_size=args.batch_size,
+        resume=not args.fresh,
+        overwrite=args.fresh,
+        progress=progress,
+    )
     build_report([args.out], args.report, overwrite=True)  # the script's own report, rebuilt every run
     wall = time.perf_counter() - t0
     copy_results(args, ["nearfar_summary.csv", "nearfar_tests.csv", "token_class_summary.csv", "manifest.json"])
 
     s, t = tables["nearfar_summary"], tables["nearfar_tests"]
-    print(f"near/far on {len(docs)} documents, p={args.prefix}, chunks of {args.chunk_len} at +{distances}, "
-          f"sets of {args.budget} of the prefix, H = entropy of the distribution {args.entropy_of} "
-          f"({'that produced the token' if args.entropy_of == 'produced' else 'predicting the next token'}); "
-          f"wall time {wall:.0f} s")
-    for metric, label in (("fi_mean", "FI (nats)"), ("fi_rel_random_mean", "FI / random FI"),
-                          ("fi_share_near_mean", "FI / FI on the nearest chunk")):
+    print(
+        f"near/far on {len(docs)} documents, p={args.prefix}, chunks of {args.chunk_len} at +{distances}, "
+        f"sets of {args.budget} of the prefix, H = entropy of the distribution {args.entropy_of} "
+        f"({'that produced the token' if args.entropy_of == 'produced' else 'predicting the next token'}); "
+        f"wall time {wall:.0f} s"
+    )
+    for metric, label in (
+        ("fi_mean", "FI (nats)"),
+        ("fi_rel_random_mean", "FI / random FI"),
+        ("fi_share_near_mean", "FI / FI on the nearest chunk"),
+    ):
         pivot = s.pivot_table(index=["sinks", "selector"], columns="distance_from_p", values=metric, sort=False)
         print(f"\n{label} (mean over documents); columns: chunk start - p")
         print(pivot.to_string(float_format=lambda v: f"{v:.4g}"))

@@ -32,8 +32,17 @@ def main() -> None:
     contexts = [int(c) for c in args.contexts.split(",")]
     units = make_units(list(TASKS), contexts, args.samples, lm.tokenizer, lm.model.config)
     resume = (args.out / "settings.json").exists()
-    tables = run_eval_tasks(lm, units, args.out, [], ["question-aware"], signal_config_for(None), max_new=16, resume=resume,
-                            progress=lambda name, done, total: print(f"{name} {done}/{total}", flush=True) if done == total else None)
+    tables = run_eval_tasks(
+        lm,
+        units,
+        args.out,
+        [],
+        ["question-aware"],
+        signal_config_for(None),
+        max_new=16,
+        resume=resume,
+        progress=lambda name, done, total: print(f"{name} {done}/{total}", flush=True) if done == total else None,
+    )
     summary = tables["task_summary"][["task", "context", "samples", "accuracy", "accuracy_low", "accuracy_high"]]
     print(summary.to_string(index=False))
     summary.to_csv(args.out / "task_lengths.csv", index=False)

@@ -42,8 +42,13 @@ def timed(args: list[str]) -> tuple[float, float, int]:
     """(wall s, CPU s of the child, exit status) of ``python ARGS``."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, *args], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.run(
+        [sys.executable, *args],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -65,17 +70,25 @@ def main() -> None:
             runs[name].append(timed(argv)[:2])
     wall = {n: statistics.median(w for w, _ in r) for n, r in runs.items()}
     cpu = {n: statistics.median(c for _, c in r) for n, r in runs.items()}
-    lines = [f"bench_cli_startup: median of {args.repeats} interleaved runs; {platform.python_version()} on "
-             f"{platform.machine()}, {os.cpu_count()} CPUs (load average {os.getloadavg()[0]:.1f})",
-             f"{'command':<14} {'wall s':>8} {'x python':>9} {'CPU s':>8} {'x python':>9}"]
+    lines = [
+        f"bench_cli_startup: median of {args.repeats} interleaved runs; {platform.python_version()} on "
+        f"{platform.machine()}, {os.cpu_count()} CPUs (load average {os.getloadavg()[0]:.1f})",
+        f"{'command':<14} {'wall s':>8} {'x python':>9} {'CPU s':>8} {'x python':>9}",
+    ]
     for name in COMMANDS:
-        lines.append(f"{name:<14} {wall[name]:>8.3f} {wall[name] / wall['python']:>9.1f} "
-                     f"{cpu[name]:>8.3f} {cpu[name] / cpu['python']:>9.1f}")
-    lines.append(f"fi --help above python: {wall['fi --help'] - wall['python']:.3f} s wall, "
-                 f"{cpu['fi --help'] - cpu['python']:.3f} s CPU; the heavy imports it no longer pays: "
-                 f"{wall['heavy imports'] - wall['python']:.3f} s wall, {cpu['heavy imports'] - cpu['python']:.3f} s CPU")
-    lines.append(f"fi probe --chunk 9:3 above python: {wall['value error'] - wall['python']:.3f} s wall, "
-                 f"{cpu['value error'] - cpu['python']:.3f} s CPU ({wall['value error'] / wall['python']:.1f} x python -c pass)")
+        lines.append(
+            f"{name:<14} {wall[name]:>8.3f} {wall[name] / wall['python']:>9.1f} "
+            f"{cpu[name]:>8.3f} {cpu[name] / cpu['python']:>9.1f}"
+        )
+    lines.append(
+        f"fi --help above python: {wall['fi --help'] - wall['python']:.3f} s wall, "
+        f"{cpu['fi --help'] - cpu['python']:.3f} s CPU; the heavy imports it no longer pays: "
+        f"{wall['heavy imports'] - wall['python']:.3f} s wall, {cpu['heavy imports'] - cpu['python']:.3f} s CPU"
+    )
+    lines.append(
+        f"fi probe --chunk 9:3 above python: {wall['value error'] - wall['python']:.3f} s wall, "
+        f"{cpu['value error'] - cpu['python']:.3f} s CPU ({wall['value error'] / wall['python']:.1f} x python -c pass)"
+    )
     text = "\n".join(lines) + "\n"
     print(text, end="")
     args.out.parent.mkdir(parents=True, exist_ok=True)

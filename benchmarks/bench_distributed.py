@@ -9,7 +9,8 @@ Small setting: SmolLM2, prefix 512, chunks at distances 0 and 256 of 128 tokens,
 sink-protected sets only. Per run: the wall time of the whole command (process start, model load,
 tokenisation, the study, the merge), the study's time (the manifest's ``seconds``: units, barrier,
 merge, summaries) and rank 0's merge (checks of every unit after the barrier + combined tables) and
-summaries. Throughput = documents / study seconds (and / wall seconds); ratios against the 1-rank runs. The load average of the
+summaries. Throughput = documents / study seconds (and / wall seconds); ratios against the 1-rank runs. The load
+average of the
 machine is printed before and after each run.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_distributed.py [--repeats 2]
@@ -28,8 +29,19 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ["alice", "hamlet", "lcet10", "botchan", "paradise_regained"]
-ARGS = ["nearfar", *DOCS, "--prefix", "512", "--distances", "0,256", "--chunk-len", "128", "--seeds", "1",
-        "--protected-only"]
+ARGS = [
+    "nearfar",
+    *DOCS,
+    "--prefix",
+    "512",
+    "--distances",
+    "0,256",
+    "--chunk-len",
+    "128",
+    "--seeds",
+    "1",
+    "--protected-only",
+]
 
 
 VARIANTS = {"1 rank": (1, []), "2 ranks, document units": (2, []), "2 ranks, --unit-sets 2": (2, ["--unit-sets", "2"])}
@@ -37,19 +49,34 @@ VARIANTS = {"1 rank": (1, []), "2 ranks, document units": (2, []), "2 ranks, --u
 
 def run(ranks: int, extra: list[str], out: Path) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks)] \
-        if ranks > 1 else [sys.executable]
+    launcher = (
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks)]
+        if ranks > 1
+        else [sys.executable]
+    )
     load = os.getloadavg()[0]
     t0 = time.perf_counter()
-    done = subprocess.run([*launcher, "-m", "fi_toolkit", *ARGS, *extra, "--out", str(out)], env=env, cwd=ROOT,
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [*launcher, "-m", "fi_toolkit", *ARGS, *extra, "--out", str(out)],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     wall = time.perf_counter() - t0
     if done.returncode != 0:
         raise SystemExit(done.stderr[-3000:])
     m = json.loads((out / "manifest.json").read_text())
-    return {"wall_s": wall, "study_s": m["seconds"], "merge_s": m["timing"]["merge_s"],
-            "summaries_s": m["timing"]["summaries_s"], "units": len(m["units"]),
-            "unit_s": sum(u["seconds"] for u in m["units"]), "load_before": load, "load_after": os.getloadavg()[0]}
+    return {
+        "wall_s": wall,
+        "study_s": m["seconds"],
+        "merge_s": m["timing"]["merge_s"],
+        "summaries_s": m["timing"]["summaries_s"],
+        "units": len(m["units"]),
+        "unit_s": sum(u["seconds"] for u in m["units"]),
+        "load_before": load,
+        "load_after": os.getloadavg()[0],
+    }
 
 
 def main() -> None:
@@ -72,9 +99,11 @@ def main() -> None:
             if first is not None and first != out:
                 for f in sorted(first.glob("*.csv")):
                     assert f.read_bytes() == (out / f.name).read_bytes(), (name, f.name)
-            line = (f"{name}: wall {row['wall_s']:.1f} s, study {row['study_s']:.1f} s ({row['units']} units, "
-                    f"{row['unit_s']:.1f} s summed over ranks; merge {row['merge_s'] * 1000:.0f} ms, summaries "
-                    f"{row['summaries_s'] * 1000:.0f} ms), load average {row['load_before']:.2f} -> {row['load_after']:.2f}")
+            line = (
+                f"{name}: wall {row['wall_s']:.1f} s, study {row['study_s']:.1f} s ({row['units']} units, "
+                f"{row['unit_s']:.1f} s summed over ranks; merge {row['merge_s'] * 1000:.0f} ms, summaries "
+                f"{row['summaries_s'] * 1000:.0f} ms), load average {row['load_before']:.2f} -> {row['load_after']:.2f}"
+            )
             print(line, flush=True)
             lines.append(line)
 
@@ -85,10 +114,12 @@ def main() -> None:
     n, base = len(DOCS), names[0]
     summary = []
     for name in names:
-        summary.append(f"{name}: study {mean(name, 'study_s'):.1f} s = {n / mean(name, 'study_s'):.4f} docs/s, "
-                       f"ratio {mean(base, 'study_s') / mean(name, 'study_s'):.2f}x; whole command "
-                       f"{mean(name, 'wall_s'):.1f} s, ratio {mean(base, 'wall_s') / mean(name, 'wall_s'):.2f}x; "
-                       f"merge {mean(name, 'merge_s') * 1000:.0f} ms")
+        summary.append(
+            f"{name}: study {mean(name, 'study_s'):.1f} s = {n / mean(name, 'study_s'):.4f} docs/s, "
+            f"ratio {mean(base, 'study_s') / mean(name, 'study_s'):.2f}x; whole command "
+            f"{mean(name, 'wall_s'):.1f} s, ratio {mean(base, 'wall_s') / mean(name, 'wall_s'):.2f}x; "
+            f"merge {mean(name, 'merge_s') * 1000:.0f} ms"
+        )
     summary.append(f"cores: {os.cpu_count()}; tables of every run equal the first 1-rank run's byte for byte")
     for line in summary:
         print(line)

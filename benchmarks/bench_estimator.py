@@ -18,13 +18,13 @@ from pathlib import Path
 import torch
 from scipy import stats
 
-from fi_toolkit.analysis import candidate_positions, per_token_fi
 from fi_toolkit.documents import load_document
 from fi_toolkit.model.loading import load_model
 from fi_toolkit.probe.chunks import Chunk
 from fi_toolkit.probe.estimator import fisher_fi
 from fi_toolkit.runs.results import atomic_write_text
 from fi_toolkit.signals.trace import trace_prefix
+from fi_toolkit.studies import candidate_positions, per_token_fi
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,11 +41,13 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     lm = load_model("smollm2-135m")
-    lines = [f"Fisher estimator vs exact leave-one-out FI: SmolLM2-135M, {lm.device}, torch threads "
-             f"{torch.get_num_threads()}, alice, chunk [p, p + {args.chunk_len}), {args.samples} samples; exact FI "
-             f"for all positions extrapolated from {args.candidates} uniformly sampled candidates",
-             f"{'p':>6} {'positions':>9} {'fisher s':>9} {'exact s/cand':>12} {'exact all s (extrap.)':>21} "
-             f"{'speed-up':>9} {'spearman (sample)':>17}"]
+    lines = [
+        f"Fisher estimator vs exact leave-one-out FI: SmolLM2-135M, {lm.device}, torch threads "
+        f"{torch.get_num_threads()}, alice, chunk [p, p + {args.chunk_len}), {args.samples} samples; exact FI "
+        f"for all positions extrapolated from {args.candidates} uniformly sampled candidates",
+        f"{'p':>6} {'positions':>9} {'fisher s':>9} {'exact s/cand':>12} {'exact all s (extrap.)':>21} "
+        f"{'speed-up':>9} {'spearman (sample)':>17}",
+    ]
     for p in (int(x) for x in args.prefixes.split(",")):
         chunk = Chunk(p, p + args.chunk_len)
         doc = load_document("alice", lm.tokenizer, max_tokens=chunk.end)
@@ -59,8 +61,10 @@ def main() -> None:
         exact = per_token_fi(lm.model, trace, doc.ids, positions, [chunk], batch_size=1).fi()[2:, 0]
         per_candidate = (time.perf_counter() - t0) / (positions.numel() + 2)  # the two noise controls ran too
         rho = stats.spearmanr(exact.numpy(), est.fi[positions, 0].numpy()).statistic
-        lines.append(f"{p:>6} {n_all:>9} {fisher_s:>9.1f} {per_candidate:>12.2f} {per_candidate * n_all:>21.0f} "
-                     f"{per_candidate * n_all / fisher_s:>8.1f}x {rho:>17.3f}")
+        lines.append(
+            f"{p:>6} {n_all:>9} {fisher_s:>9.1f} {per_candidate:>12.2f} {per_candidate * n_all:>21.0f} "
+            f"{per_candidate * n_all / fisher_s:>8.1f}x {rho:>17.3f}"
+        )
         print(lines[-1], flush=True)
     text = "\n".join(lines) + "\n"
     atomic_write_text(args.out, text)

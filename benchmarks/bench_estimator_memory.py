@@ -12,7 +12,8 @@ backward passes (``kept_graph_bytes``, measured after the timed run), beside ``g
 estimate of the unchecked graph. Both paths use the same seed; the table gives the largest relative
 difference of their estimates. Writes benchmarks/results/bench_estimator_memory.txt.
 
-    .venv/bin/python benchmarks/bench_estimator_memory.py [--prefix 1024] [--chunks 256,1024] [--samples 8] [--threads 1]
+    .venv/bin/python benchmarks/bench_estimator_memory.py [--prefix 1024] [--chunks 256,1024] [--samples 8] [--threads
+    1]
 """
 
 from __future__ import annotations
@@ -59,15 +60,28 @@ def child(prefix: int, chunk_len: int, samples: int, checkpoint: bool, threads: 
     torch.save(est.fi, out.with_suffix(".pt"))
     graph = kept_graph_bytes(lm.model, trace, doc.ids, [chunk], checkpoint) / 2**20
     estimate = graph_bytes(lm.model.config, prefix, chunk_len, 512) / 2**20
-    out.write_text(json.dumps({"seconds": seconds, "base_mib": base, "peak_mib": peak, "graph_mib": graph,
-                               "estimate_mib": estimate}))
+    out.write_text(
+        json.dumps(
+            {"seconds": seconds, "base_mib": base, "peak_mib": peak, "graph_mib": graph, "estimate_mib": estimate}
+        )
+    )
 
 
 def run(prefix, chunk_len, samples, checkpoint, threads, tmp: Path) -> dict:
     out = tmp / f"{prefix}-{chunk_len}-{int(checkpoint)}.json"
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}  # large blocks mmapped: RSS follows live memory
-    subprocess.run([sys.executable, __file__, "--child", f"{prefix},{chunk_len},{samples},{int(checkpoint)},{threads}",
-                    "--child-out", str(out)], check=True, env=env)
+    subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            "--child",
+            f"{prefix},{chunk_len},{samples},{int(checkpoint)},{threads}",
+            "--child-out",
+            str(out),
+        ],
+        check=True,
+        env=env,
+    )
     return {**json.loads(out.read_text()), "fi": torch.load(out.with_suffix(".pt"))}
 
 
@@ -84,23 +98,33 @@ def main() -> None:
     if args.child:
         p, n, s, c, t = (int(x) for x in args.child.split(","))
         return child(p, n, s, bool(c), t, args.child_out)
-    lines = [f"Fisher estimator, kept graph vs per-layer checkpointing: SmolLM2-135M, cpu, torch threads {args.threads}, "
-             f"alice, p = {args.prefix}, chunk [p, p + L), {args.samples} samples, seed 0; peak = process VmHWM "
-             f"during fisher_fi (model and trace included), increase = peak - RSS before it; kept graph = tensors saved "
-             f"for the backward passes (estimate of the unchecked graph in brackets)",
-             f"{'L':>5} {'path':>12} {'peak MiB':>9} {'increase MiB':>12} {'kept graph MiB':>20} {'seconds':>8} "
-             f"{'max rel diff':>12}"]
+    lines = [
+        f"Fisher estimator, kept graph vs per-layer checkpointing: SmolLM2-135M, cpu, torch threads {args.threads}, "
+        f"alice, p = {args.prefix}, chunk [p, p + L), {args.samples} samples, seed 0; peak = process VmHWM "
+        f"during fisher_fi (model and trace included), increase = peak - RSS before it; kept graph = tensors saved "
+        f"for the backward passes (estimate of the unchecked graph in brackets)",
+        f"{'L':>5} {'path':>12} {'peak MiB':>9} {'increase MiB':>12} {'kept graph MiB':>20} {'seconds':>8} "
+        f"{'max rel diff':>12}",
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         for n in (int(x) for x in args.chunks.split(",")):
             kept, ckpt = (run(args.prefix, n, args.samples, c, args.threads, Path(tmp)) for c in (False, True))
             diff = float(((kept["fi"] - ckpt["fi"]).abs() / kept["fi"].abs().clamp_min(1e-30)).max())
             for name, r in (("kept graph", kept), ("checkpointed", ckpt)):
-                graph = f"{r['graph_mib']:.0f} ({r['estimate_mib']:.0f})" if name == "kept graph" else f"{r['graph_mib']:.0f}"
-                lines.append(f"{n:>5} {name:>12} {r['peak_mib']:>9.0f} {r['peak_mib'] - r['base_mib']:>12.0f} "
-                             f"{graph:>20} {r['seconds']:>8.1f} {diff:>12.1e}")
+                graph = (
+                    f"{r['graph_mib']:.0f} ({r['estimate_mib']:.0f})"
+                    if name == "kept graph"
+                    else f"{r['graph_mib']:.0f}"
+                )
+                lines.append(
+                    f"{n:>5} {name:>12} {r['peak_mib']:>9.0f} {r['peak_mib'] - r['base_mib']:>12.0f} "
+                    f"{graph:>20} {r['seconds']:>8.1f} {diff:>12.1e}"
+                )
             inc = [r["peak_mib"] - r["base_mib"] for r in (kept, ckpt)]
-            lines.append(f"{n:>5} {'ratio':>12} {ckpt['peak_mib'] / kept['peak_mib']:>9.2f} {inc[1] / inc[0]:>12.2f} "
-                         f"{ckpt['graph_mib'] / kept['graph_mib']:>20.3f} {ckpt['seconds'] / kept['seconds']:>8.2f}")
+            lines.append(
+                f"{n:>5} {'ratio':>12} {ckpt['peak_mib'] / kept['peak_mib']:>9.2f} {inc[1] / inc[0]:>12.2f} "
+                f"{ckpt['graph_mib'] / kept['graph_mib']:>20.3f} {ckpt['seconds'] / kept['seconds']:>8.2f}"
+            )
             print("\n".join(lines[-3:]), flush=True)
     text = "\n".join(lines) + "\n"
     args.out.write_text(text)

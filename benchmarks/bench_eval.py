@@ -55,9 +55,11 @@ def main() -> None:
     separate = timed(alone)
     shared_all = timed(lambda u: evaluate_sample(lm, u, every, protocol))
     lines = [
-        f"SmolLM2-135M, passkey at {args.context} tokens, {args.samples} samples, torch threads {torch.get_num_threads()}",
+        f"SmolLM2-135M, passkey at {args.context} tokens, {args.samples} samples, torch threads "
+        f"{torch.get_num_threads()}",
         f"full only (shared prefill + answer + teacher-forced)  {full:7.2f} s/sample  {60 / full:6.1f} samples/min",
-        f"full + infokv@keep=0.25                               {with_infokv:7.2f} s/sample  {60 / with_infokv:6.1f} samples/min"
+        f"full + infokv@keep=0.25                               {with_infokv:7.2f} s/sample  {60 / with_infokv:6.1f} "
+        f"samples/min"
         f"  ({with_infokv / full:.2f}x full only)",
         f"infokv alone via generate() (own prefill, answer)     {separate:7.2f} s/sample",
         f"full + 8 policies on one shared prefill               {shared_all:7.2f} s/sample",

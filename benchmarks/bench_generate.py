@@ -53,7 +53,9 @@ def plain_prefill(model, ids, chunk=2048):
     for a in range(0, ids.numel(), chunk):
         part = ids[a : a + chunk].to(device)[None]
         pos = torch.arange(a, a + part.shape[1], device=device)[None]
-        hidden = model.base_model(input_ids=part, position_ids=pos, use_cache=True, **cache_kwargs(model.base_model, cache)).last_hidden_state
+        hidden = model.base_model(
+            input_ids=part, position_ids=pos, use_cache=True, **cache_kwargs(model.base_model, cache)
+        ).last_hidden_state
     return decoder_parts(model)[2](hidden[:, -1]).float()
 
 
@@ -87,19 +89,28 @@ def timed(fns, repeats, device):
 def bench_prefill(lm, lengths, repeats, budget):
     from fi_toolkit.policies import InfoKV, SnapKV
 
-    print(f"## Prefill ({lm.name}, {lm.device}, {str(lm.dtype).replace('torch.', '')}, median of {repeats}; "
-          f"budget {budget})")
+    print(
+        f"## Prefill ({lm.name}, {lm.device}, {str(lm.dtype).replace('torch.', '')}, median of {repeats}; "
+        f"budget {budget})"
+    )
     print("| tokens | plain (s) | SnapKV (s) | InfoKV (s) | InfoKV / plain | InfoKV / SnapKV | SnapKV / plain |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for n in lengths:
         ids = document_ids(lm.tokenizer, n)
-        plain, snap, info = timed([
-            lambda: plain_prefill(lm.model, ids),
-            lambda: compressed_prefill(lm.model, ids, SnapKV(budget=budget)),
-            lambda: compressed_prefill(lm.model, ids, InfoKV(budget=budget)),
-        ], repeats, lm.device)
-        print(f"| {n:,} | {plain:.3f} | {snap:.3f} | {info:.3f} | {info / plain:.2f}x | {info / snap:.2f}x | "
-              f"{snap / plain:.2f}x |", flush=True)
+        plain, snap, info = timed(
+            [
+                lambda ids=ids: plain_prefill(lm.model, ids),
+                lambda ids=ids: compressed_prefill(lm.model, ids, SnapKV(budget=budget)),
+                lambda ids=ids: compressed_prefill(lm.model, ids, InfoKV(budget=budget)),
+            ],
+            repeats,
+            lm.device,
+        )
+        print(
+            f"| {n:,} | {plain:.3f} | {snap:.3f} | {info:.3f} | {info / plain:.2f}x | {info / snap:.2f}x | "
+            f"{snap / plain:.2f}x |",
+            flush=True,
+        )
 
 
 def decode_one(args) -> dict:
@@ -111,14 +122,17 @@ def decode_one(args) -> dict:
     lm = load_model("smollm2-135m", args.device, args.dtype)
     ids = document_ids(lm.tokenizer, args.decode_prompt)
     policy = InfoKV(budget=args.budget) if args.only == "infokv" else None
-    result = generate(lm.model, lm.tokenizer, ids, policy, max_new_tokens=args.decode_new, interval=args.interval,
-                      eos_token_id=[])  # no early stop: the same length for both
+    result = generate(
+        lm.model, lm.tokenizer, ids, policy, max_new_tokens=args.decode_new, interval=args.interval, eos_token_id=[]
+    )  # no early stop: the same length for both
     return result.stats.as_dict()
 
 
 def bench_decode(args):
-    print(f"\n## Decoding (greedy, {args.decode_prompt:,}-token prompt + {args.decode_new:,} new tokens, "
-          f"{args.device}, {args.dtype}; InfoKV budget {args.budget}, interval {args.interval})")
+    print(
+        f"\n## Decoding (greedy, {args.decode_prompt:,}-token prompt + {args.decode_new:,} new tokens, "
+        f"{args.device}, {args.dtype}; InfoKV budget {args.budget}, interval {args.interval})"
+    )
     rows = {}
     for name in ("full", "infokv"):
         cmd = [sys.executable, __file__, "--only", name, *sys.argv[1:]]
@@ -127,13 +141,18 @@ def bench_decode(args):
     print("| cache | tokens/s | compressions | peak KV cache | final KV cache | peak memory |")
     print("|---|---:|---:|---:|---:|---:|")
     for name, s in rows.items():
-        print(f"| {name} | {s['tokens_per_second']:.1f} | {s['compressions']} | {s['peak_cache_bytes'] / 2**20:.1f} MiB | "
-              f"{s['cache_bytes_kept'] / 2**20:.1f} MiB | {s['peak_memory_bytes'] / 2**20:.0f} MiB "
-              f"({s['peak_memory_kind']}) |")
+        print(
+            f"| {name} | {s['tokens_per_second']:.1f} | {s['compressions']} | {s['peak_cache_bytes'] / 2**20:.1f} MiB "
+            f"| "
+            f"{s['cache_bytes_kept'] / 2**20:.1f} MiB | {s['peak_memory_bytes'] / 2**20:.0f} MiB "
+            f"({s['peak_memory_kind']}) |"
+        )
     f, i = rows["full"], rows["infokv"]
-    print(f"\nInfoKV / full: tokens/s {i['tokens_per_second'] / f['tokens_per_second']:.2f}x, "
-          f"peak KV cache {i['peak_cache_bytes'] / f['peak_cache_bytes']:.2f}x, "
-          f"peak memory {i['peak_memory_bytes'] / f['peak_memory_bytes']:.2f}x")
+    print(
+        f"\nInfoKV / full: tokens/s {i['tokens_per_second'] / f['tokens_per_second']:.2f}x, "
+        f"peak KV cache {i['peak_cache_bytes'] / f['peak_cache_bytes']:.2f}x, "
+        f"peak memory {i['peak_memory_bytes'] / f['peak_memory_bytes']:.2f}x"
+    )
 
 
 def main():

@@ -43,11 +43,16 @@ def main() -> None:
     a = ap.parse_args()
     lm = load_model(a.model, device=a.device, dtype=a.dtype)
     gen = {"until": [], "max_gen_toks": a.new, "do_sample": False}
-    prompts = [make_sample("passkey", lm.tokenizer, a.context, seed, lm.config, chat=False) for seed in range(a.requests)]
+    prompts = [
+        make_sample("passkey", lm.tokenizer, a.context, seed, lm.config, chat=False) for seed in range(a.requests)
+    ]
     requests = [Instance("generate_until", {}, (s.context + s.asked, dict(gen)), i) for i, s in enumerate(prompts)]
     hf = HFLM(pretrained=lm.model, tokenizer=lm.tokenizer, batch_size=1)
-    backends = {"hf (lm-eval)": hf, "fi, policy=none": CompressedLM(lm=lm, policy="none"),
-                "fi, infokv keep=0.25, interval=16": CompressedLM(lm=lm, policy="infokv", budget="keep=0.25", interval=16)}
+    backends = {
+        "hf (lm-eval)": hf,
+        "fi, policy=none": CompressedLM(lm=lm, policy="none"),
+        "fi, infokv keep=0.25, interval=16": CompressedLM(lm=lm, policy="infokv", budget="keep=0.25", interval=16),
+    }
     timed(backends["fi, policy=none"], requests[:1], lm.device)  # warm-up
     timed(hf, requests[:1], lm.device)
     tokens = a.requests * a.new
@@ -57,10 +62,12 @@ def main() -> None:
         rates[name] = tokens / seconds
     fi_none = backends["fi, policy=none"]
     new = [r["new_tokens"] for recs in fi_none.records.values() for r in recs]
-    lines = [f"bench_lmeval: {a.model} on {lm.device} ({a.dtype}), {a.requests} generate_until requests of "
-             f"{a.context} prompt tokens, greedy, {a.new} new tokens each (fi generated {min(new)}..{max(new)}), "
-             "batch size 1, best of 2 runs after a warm-up",
-             f"torch threads: {torch.get_num_threads()}"]
+    lines = [
+        f"bench_lmeval: {a.model} on {lm.device} ({a.dtype}), {a.requests} generate_until requests of "
+        f"{a.context} prompt tokens, greedy, {a.new} new tokens each (fi generated {min(new)}..{max(new)}), "
+        "batch size 1, best of 2 runs after a warm-up",
+        f"torch threads: {torch.get_num_threads()}",
+    ]
     base = rates["hf (lm-eval)"]
     for name, rate in rates.items():
         lines.append(f"{name:38s} {rate:8.1f} tokens/s   ratio to hf {rate / base:.2f}")

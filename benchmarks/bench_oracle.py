@@ -49,8 +49,9 @@ def main() -> None:
     doc = load_document("alice", lm.tokenizer, max_tokens=chunk.end)
     trace = trace_prefix(lm.model, doc.ids, p)
     samples = [int(x) for x in args.samples.split(",")]
-    specs = [("policy:snapkv", "policy:snapkv@0.25")] + [(f"fi-oracle, {n} draws", f"policy:fi-oracle@0.25:samples={n}")
-                                                          for n in samples]
+    specs = [("policy:snapkv", "policy:snapkv@0.25")] + [
+        (f"fi-oracle, {n} draws", f"policy:fi-oracle@0.25:samples={n}") for n in samples
+    ]
     times, fis = {name: float("inf") for name, _ in specs}, {}
     for _ in range(args.repeats):
         for name, spec in specs:
@@ -60,9 +61,11 @@ def main() -> None:
             times[name] = min(times[name], time.perf_counter() - t0)
             fis[name] = float(table[table["selection"].str.startswith("policy:")]["fi"].iloc[0])
     base = times["policy:snapkv"]
-    lines = [f"FI oracle vs policy probe: SmolLM2-135M, {lm.device}, torch threads {torch.get_num_threads()}, alice, "
-             f"p = {p}, chunk {chunk.label}, keep 0.25 (probe_document on a shared trace, noise controls in all; "
-             f"the fastest of {args.repeats} rounds)"]
+    lines = [
+        f"FI oracle vs policy probe: SmolLM2-135M, {lm.device}, torch threads {torch.get_num_threads()}, alice, "
+        f"p = {p}, chunk {chunk.label}, keep 0.25 (probe_document on a shared trace, noise controls in all; "
+        f"the fastest of {args.repeats} rounds)"
+    ]
     for name, _ in specs:
         ratio = times[name] / base
         verdict = "" if name == "policy:snapkv" else f"  (target <= 3x: {'met' if ratio <= 3 else 'NOT met'})"

@@ -46,7 +46,10 @@ def main() -> None:
     ap.add_argument("--skip-first-load", action="store_true")
     args = ap.parse_args()
     p, end = args.prefix, args.end
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, SmolLM2-135M float32 CPU, p={p}, chunk {p}:{end}")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, SmolLM2-135M float32 CPU, p={p}, chunk "
+        f"{p}:{end}"
+    )
 
     if not args.skip_first_load:
         with tempfile.TemporaryDirectory() as tmp:
@@ -69,9 +72,13 @@ def main() -> None:
     def plain():
         from transformers import DynamicCache
 
-        cache = DynamicCache(ddp_cache_data=[(k.clone(), v.clone()) for k, v in zip(trace.keys, trace.values)], config=model.config)
+        cache = DynamicCache(
+            ddp_cache_data=[(k.clone(), v.clone()) for k, v in zip(trace.keys, trace.values)], config=model.config
+        )
         with torch.no_grad():
-            return model(input_ids=cont[None], position_ids=torch.arange(p, end)[None], **cache_kwargs(model, cache)).logits
+            return model(
+                input_ids=cont[None], position_ids=torch.arange(p, end)[None], **cache_kwargs(model, cache)
+            ).logits
 
     def naive(ref_logp, removed):
         from transformers import DynamicCache
@@ -84,7 +91,12 @@ def main() -> None:
             layer.keys, layer.values = layer.keys[:, :, keep], layer.values[:, :, keep]
         mask = _continuation_mask(torch.ones(1, int(keep.sum()), dtype=torch.bool), 0, end - p, torch.float32)
         with torch.no_grad():
-            logits = model(input_ids=cont[None], position_ids=torch.arange(p, end)[None], attention_mask=mask, **cache_kwargs(model, cache)).logits[0]
+            logits = model(
+                input_ids=cont[None],
+                position_ids=torch.arange(p, end)[None],
+                attention_mask=mask,
+                **cache_kwargs(model, cache),
+            ).logits[0]
         logp = torch.log_softmax(logits.float(), -1)
         return (ref_logp.exp() * (ref_logp - logp)).sum(-1).mean()
 
@@ -102,12 +114,20 @@ def main() -> None:
     per = {
         "plain forward over [p, r_c) (the floor)": floor,
         f"masked probe, batch {args.batch_size}, {e} evictions, reference pass amortised": [t / e for t in t_batched],
-        f"masked probe, batch {args.batch_size}, steady state (reference pass excluded)": [(t - r) / e for t, r in zip(t_batched, t_ref)],
+        f"masked probe, batch {args.batch_size}, steady state (reference pass excluded)": [
+            (t - r) / e for t, r in zip(t_batched, t_ref)
+        ],
         "masked probe, batch 4, steady state": [(t - r) / 4 for t, r in zip(t_batched4, t_ref)],
         f"naive: deep-copy the cache, delete, forward, KL ({args.naive} evictions)": [t / args.naive for t in t_naive],
     }
-    print(f"\nmodel load: first (GGUF -> converted copy) {first if not args.skip_first_load else float('nan'):.1f} s, cached {cached:.2f} s")
-    print(f"trace of the {p}-token prefix (cache + all signals): {t_trace[0]:.1f} s wall ({t_trace[1] / floor[1]:.2f}x a plain forward in CPU time)")
+    print(
+        f"\nmodel load: first (GGUF -> converted copy) {first if not args.skip_first_load else float('nan'):.1f} s, "
+        f"cached {cached:.2f} s"
+    )
+    print(
+        f"trace of the {p}-token prefix (cache + all signals): {t_trace[0]:.1f} s wall ({t_trace[1] / floor[1]:.2f}x a "
+        f"plain forward in CPU time)"
+    )
     print(f"\n{'per eviction':<80} {'wall s':>7} {'x plain':>8} {'CPU s':>7} {'x plain':>8}")
     for name, (wall, cpu) in per.items():
         print(f"{name:<80} {wall:7.2f} {wall / floor[0]:8.2f} {cpu:7.2f} {cpu / floor[1]:8.2f}")

@@ -53,12 +53,17 @@ def main() -> None:
     total = time.perf_counter() - t0
     replay_module.CompressedDecoder = original
     compressed, scoring = total - plain, clock["scoring"]
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, SmolLM2-135M float32 CPU, {args.tokens} tokens, "
-          f"prompt {args.prompt}, interval {args.interval}, {policy.label}, {len(result.compressions)} compressions")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, SmolLM2-135M float32 CPU, {args.tokens} "
+        f"tokens, "
+        f"prompt {args.prompt}, interval {args.interval}, {policy.label}, {len(result.compressions)} compressions"
+    )
     print(f"plain forward over the sequence          {plain:7.1f} s")
     print(f"replay (reference + compressed + scores) {total:7.1f} s")
-    print(f"compressed pass + per-position scores    {compressed:7.1f} s  = {compressed / (plain + scoring):.2f}x "
-          f"(plain forward + the compressions' scoring, {scoring:.1f} s)")
+    print(
+        f"compressed pass + per-position scores    {compressed:7.1f} s  = {compressed / (plain + scoring):.2f}x "
+        f"(plain forward + the compressions' scoring, {scoring:.1f} s)"
+    )
     print(f"mean KL {float(result.kl.mean()):.4f} nats, top-1 agreement {float(result.top1_agree.float().mean()):.3f}")
 
 

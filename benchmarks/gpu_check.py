@@ -67,14 +67,39 @@ from fi_toolkit.probe.selections import parse_selection  # noqa: E402
 from fi_toolkit.signals.trace import trace_prefix  # noqa: E402
 
 SIZES = {  # p: compression point; chunk: precision's; end: probe cost's r_c; prefill, prompt + new: tokens
-    "full": dict(p=2048, chunk=(2048, 2560), singles=24, end=4096, evictions=8, repeats=3,
-                 prefill=8192, prompt=7680, new=256, budget=512, interval=128),
-    "reduced": dict(p=192, chunk=(192, 256), singles=12, end=320, evictions=8, repeats=1,
-                    prefill=256, prompt=192, new=32, budget=64, interval=16),
+    "full": dict(
+        p=2048,
+        chunk=(2048, 2560),
+        singles=24,
+        end=4096,
+        evictions=8,
+        repeats=3,
+        prefill=8192,
+        prompt=7680,
+        new=256,
+        budget=512,
+        interval=128,
+    ),
+    "reduced": dict(
+        p=192,
+        chunk=(192, 256),
+        singles=12,
+        end=320,
+        evictions=8,
+        repeats=1,
+        prefill=256,
+        prompt=192,
+        new=32,
+        budget=64,
+        interval=16,
+    ),
 }
 SPEARMAN_MIN, SET_TOLERANCE = 0.9, 0.05  # issue 8: upcast bf16 ranks like float32, a set's FI within 5 %
-PRECISIONS = {"float32": ("float32", True), "bfloat16_upcast": ("bfloat16", True),
-              "bfloat16_no_upcast": ("bfloat16", False)}
+PRECISIONS = {
+    "float32": ("float32", True),
+    "bfloat16_upcast": ("bfloat16", True),
+    "bfloat16_no_upcast": ("bfloat16", False),
+}
 
 
 def sync(device: torch.device) -> None:
@@ -105,18 +130,27 @@ def environment(args, s) -> dict:
     import transformers
 
     try:  # the device machine gets a copy of the working tree, perhaps without .git
-        commit = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=12"], cwd=ROOT,
-                                capture_output=True, text=True).stdout.strip()
+        commit = subprocess.run(
+            ["git", "describe", "--always", "--dirty", "--abbrev=12"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
     except OSError:
         commit = ""
     return {
-        "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-        "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version() if cuda else None,
-        "device": args.device, "device_name": device_name(args.device),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if cuda else None,
+        "device": args.device,
+        "device_name": device_name(args.device),
         "device_memory_bytes": torch.cuda.get_device_properties(args.device).total_memory
-        if torch.device(args.device).type == "cuda" else None,
-        "cpu_threads": torch.get_num_threads(), "float32_matmul_precision": torch.get_float32_matmul_precision(),
-        "model": args.model, "generation_dtype": args.dtype, "commit": commit or None,
+        if torch.device(args.device).type == "cuda"
+        else None,
+        "cpu_threads": torch.get_num_threads(),
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "model": args.model,
+        "generation_dtype": args.dtype,
+        "commit": commit or None,
     }
 
 
@@ -135,10 +169,18 @@ def precision_run(args, s, dtype: str, upcast: bool) -> dict:
     sync(lm.device)
     seconds = time.perf_counter() - t0
     fi = result.fi()[:, 0].double()  # rows: control:null, control:reorder, the singles, the set
-    return {"dtype": dtype, "upcast": upcast, "single_fi": fi[2:-1].tolist(), "set_fi": float(fi[-1]),
-            "set_size": tenth.size, "control_null": float(fi[0]), "control_reorder": float(fi[1]),
-            "noise_floor": float(result.noise_floor()[0]), "seconds": seconds,
-            "seconds_per_eviction": seconds / len(result.evictions)}
+    return {
+        "dtype": dtype,
+        "upcast": upcast,
+        "single_fi": fi[2:-1].tolist(),
+        "set_fi": float(fi[-1]),
+        "set_size": tenth.size,
+        "control_null": float(fi[0]),
+        "control_reorder": float(fi[1]),
+        "noise_floor": float(result.noise_floor()[0]),
+        "seconds": seconds,
+        "seconds_per_eviction": seconds / len(result.evictions),
+    }
 
 
 def precision(args, s) -> dict:
@@ -152,9 +194,15 @@ def precision(args, s) -> dict:
         run["spearman_vs_float32"] = float(scipy.stats.spearmanr(ref["single_fi"], run["single_fi"]).statistic)
         run["set_ratio_vs_float32"] = run["set_fi"] / ref["set_fi"]
     up = runs["bfloat16_upcast"]
-    return {"p": s["p"], "chunk": "{}:{}".format(*s["chunk"]), "runs": runs, "checks": {
-        f"upcast_spearman_ge_{SPEARMAN_MIN}": up["spearman_vs_float32"] >= SPEARMAN_MIN,
-        f"upcast_set_within_{SET_TOLERANCE:.0%}": abs(up["set_ratio_vs_float32"] - 1) <= SET_TOLERANCE}}
+    return {
+        "p": s["p"],
+        "chunk": "{}:{}".format(*s["chunk"]),
+        "runs": runs,
+        "checks": {
+            f"upcast_spearman_ge_{SPEARMAN_MIN}": up["spearman_vs_float32"] >= SPEARMAN_MIN,
+            f"upcast_set_within_{SET_TOLERANCE:.0%}": abs(up["set_ratio_vs_float32"] - 1) <= SET_TOLERANCE,
+        },
+    }
 
 
 def probe_cost_run(args, s, dtype: str, upcast: bool) -> dict:
@@ -171,15 +219,25 @@ def probe_cost_run(args, s, dtype: str, upcast: bool) -> dict:
         cache = shared_cache(trace.keys, trace.values, 1, lm.config)
         return lm.model(input_ids=cont, position_ids=positions, **cache_kwargs(lm.model, cache)).logits
 
-    plain_s, ref_s, b8, b1 = timed([
-        plain,
-        lambda: forward_influence(lm.model, trace, ids, [], chunks),  # the reference pass alone
-        lambda: forward_influence(lm.model, trace, ids, sets, chunks, batch_size=8),
-        lambda: forward_influence(lm.model, trace, ids, sets, chunks, batch_size=1),
-    ], s["repeats"], lm.device)
+    plain_s, ref_s, b8, b1 = timed(
+        [
+            plain,
+            lambda: forward_influence(lm.model, trace, ids, [], chunks),  # the reference pass alone
+            lambda: forward_influence(lm.model, trace, ids, sets, chunks, batch_size=8),
+            lambda: forward_influence(lm.model, trace, ids, sets, chunks, batch_size=1),
+        ],
+        s["repeats"],
+        lm.device,
+    )
     per8, per1 = (b8 - ref_s) / n, (b1 - ref_s) / n
-    return {"plain_forward_s": plain_s, "reference_s": ref_s, "per_eviction_batch8_s": per8,
-            "per_eviction_batch1_s": per1, "batch8_over_plain": per8 / plain_s, "batch1_over_plain": per1 / plain_s}
+    return {
+        "plain_forward_s": plain_s,
+        "reference_s": ref_s,
+        "per_eviction_batch8_s": per8,
+        "per_eviction_batch1_s": per1,
+        "batch8_over_plain": per8 / plain_s,
+        "batch1_over_plain": per1 / plain_s,
+    }
 
 
 def probe_cost(args, s) -> dict:
@@ -194,32 +252,59 @@ def prefill(args, s) -> dict:
     lm = load(args, args.dtype, upcast=False)
     ids = doc_ids(lm, s["prefill"])
     policy = InfoKV(budget=s["budget"])
-    plain_s, infokv_s = timed([lambda: plain_prefill(lm.model, ids), lambda: compressed_prefill(lm.model, ids, policy)],
-                              s["repeats"], lm.device)
+    plain_s, infokv_s = timed(
+        [lambda: plain_prefill(lm.model, ids), lambda: compressed_prefill(lm.model, ids, policy)],
+        s["repeats"],
+        lm.device,
+    )
     kept = compressed_prefill(lm.model, ids, policy)[1].counts()
-    return {"tokens": ids.numel(), "budget": policy.budget.label, "dtype": args.dtype, "plain_s": plain_s,
-            "infokv_s": infokv_s, "infokv_over_plain": infokv_s / plain_s, "kept_per_layer": max(kept)}
+    return {
+        "tokens": ids.numel(),
+        "budget": policy.budget.label,
+        "dtype": args.dtype,
+        "plain_s": plain_s,
+        "infokv_s": infokv_s,
+        "infokv_over_plain": infokv_s / plain_s,
+        "kept_per_layer": max(kept),
+    }
 
 
 def decoding(args, s) -> dict:
     lm = load(args, args.dtype, upcast=False)
     ids = doc_ids(lm, s["prompt"])
-    out = {"prompt": ids.numel(), "new": s["new"], "budget": s["budget"], "interval": s["interval"], "dtype": args.dtype}
+    out = {
+        "prompt": ids.numel(),
+        "new": s["new"],
+        "budget": s["budget"],
+        "interval": s["interval"],
+        "dtype": args.dtype,
+    }
     for name, policy in (("full", None), ("infokv", InfoKV(budget=s["budget"]))):
-        def run(new):
-            return generate(lm.model, lm.tokenizer, ids, policy, max_new_tokens=new, interval=s["interval"],
-                            eos_token_id=[]).stats  # no early stop: the same length for both
+
+        def run(new, policy=policy):
+            return generate(
+                lm.model, lm.tokenizer, ids, policy, max_new_tokens=new, interval=s["interval"], eos_token_id=[]
+            ).stats  # no early stop: the same length for both
 
         run(2)  # warm-up
         st = run(s["new"])
-        out[name] = {"tokens_per_second": st.tokens_per_second, "prefill_s": st.prefill_seconds,
-                     "decode_s": st.decode_seconds, "compressions": st.compressions,
-                     "max_cache_length": max(st.cache_lengths), "peak_cache_bytes": st.peak_cache_bytes,
-                     "peak_memory_bytes": st.peak_memory_bytes if lm.device.type == "cuda" else None}
+        out[name] = {
+            "tokens_per_second": st.tokens_per_second,
+            "prefill_s": st.prefill_seconds,
+            "decode_s": st.decode_seconds,
+            "compressions": st.compressions,
+            "max_cache_length": max(st.cache_lengths),
+            "peak_cache_bytes": st.peak_cache_bytes,
+            "peak_memory_bytes": st.peak_memory_bytes if lm.device.type == "cuda" else None,
+        }
     full, info = out["full"], out["infokv"]
-    out["infokv_over_full"] = {k: info[k] / full[k] if full[k] else None
-                               for k in ("tokens_per_second", "peak_cache_bytes", "peak_memory_bytes")}
-    out["checks"] = {"infokv_cache_within_budget_plus_interval": info["max_cache_length"] <= s["budget"] + s["interval"]}
+    out["infokv_over_full"] = {
+        k: info[k] / full[k] if full[k] else None
+        for k in ("tokens_per_second", "peak_cache_bytes", "peak_memory_bytes")
+    }
+    out["checks"] = {
+        "infokv_cache_within_budget_plus_interval": info["max_cache_length"] <= s["budget"] + s["interval"]
+    }
     return out
 
 
@@ -227,19 +312,44 @@ def cuda_tests(args, s) -> dict:
     """The CUDA-only tests, through pytest; on the CPU they all skip, which is a pass."""
     with tempfile.TemporaryDirectory() as tmp:
         xml = Path(tmp) / "junit.xml"
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda",
-                               "tests/test_cuda.py", f"--junitxml={xml}"], cwd=ROOT, capture_output=True, text=True)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "-m",
+                "cuda",
+                "tests/test_cuda.py",
+                f"--junitxml={xml}",
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
         root = ElementTree.parse(xml).getroot()
     suite = root if root.tag == "testsuite" else root.find("testsuite")
     counts = {k: int(suite.get(k)) for k in ("tests", "failures", "errors", "skipped")}
     on_cuda = torch.device(args.device).type == "cuda"
     ok = proc.returncode == 0 and not (on_cuda and counts["skipped"])
-    return {**counts, "exit_code": proc.returncode, "output": proc.stdout[-3000:] if not ok else "",
-            "checks": {"cuda_tests_passed" + ("" if on_cuda else "_or_skipped"): ok}}
+    return {
+        **counts,
+        "exit_code": proc.returncode,
+        "output": proc.stdout[-3000:] if not ok else "",
+        "checks": {"cuda_tests_passed" + ("" if on_cuda else "_or_skipped"): ok},
+    }
 
 
-SECTIONS = {"environment": environment, "precision": precision, "probe_cost": probe_cost, "prefill": prefill,
-            "decoding": decoding, "cuda_tests": cuda_tests}
+SECTIONS = {
+    "environment": environment,
+    "precision": precision,
+    "probe_cost": probe_cost,
+    "prefill": prefill,
+    "decoding": decoding,
+    "cuda_tests": cuda_tests,
+}
 
 
 def free() -> None:
@@ -265,21 +375,39 @@ def finite(obj):
 
 def _lines(name: str, sec: dict) -> list[str]:
     if name == "precision":
-        return [f"precision {k}: Spearman {r['spearman_vs_float32']:.3f}, set x{r['set_ratio_vs_float32']:.4f}, "
-                f"floor {r['noise_floor']:.2g}, {r['seconds_per_eviction'] * 1e3:.1f} ms/eviction" for k, r in sec["runs"].items()]
+        return [
+            f"precision {k}: Spearman {r['spearman_vs_float32']:.3f}, set x{r['set_ratio_vs_float32']:.4f}, "
+            f"floor {r['noise_floor']:.2g}, {r['seconds_per_eviction'] * 1e3:.1f} ms/eviction"
+            for k, r in sec["runs"].items()
+        ]
     if name == "probe_cost":
-        return [f"probe_cost {k}: plain forward {sec[k]['plain_forward_s'] * 1e3:.1f} ms; per eviction batch 8 "
-                f"x{sec[k]['batch8_over_plain']:.2f}, batch 1 x{sec[k]['batch1_over_plain']:.2f}" for k in ("float32", "bfloat16_upcast")]
+        return [
+            f"probe_cost {k}: plain forward {sec[k]['plain_forward_s'] * 1e3:.1f} ms; per eviction batch 8 "
+            f"x{sec[k]['batch8_over_plain']:.2f}, batch 1 x{sec[k]['batch1_over_plain']:.2f}"
+            for k in ("float32", "bfloat16_upcast")
+        ]
     if name == "prefill":
-        return [f"prefill {sec['tokens']:,} tokens: plain {sec['plain_s']:.3f} s, InfoKV {sec['infokv_s']:.3f} s "
-                f"(x{sec['infokv_over_plain']:.2f})"]
+        return [
+            f"prefill {sec['tokens']:,} tokens: plain {sec['plain_s']:.3f} s, InfoKV {sec['infokv_s']:.3f} s "
+            f"(x{sec['infokv_over_plain']:.2f})"
+        ]
     if name == "decoding":
         mem = {k: sec[k]["peak_memory_bytes"] for k in ("full", "infokv")}
-        return [f"decoding {k}: {sec[k]['tokens_per_second']:.1f} tokens/s, cache <= {sec[k]['max_cache_length']}, peak memory "
-                f"{'n/a' if mem[k] is None else f'{mem[k] / 2**20:.0f} MiB'}" for k in mem]
+        return [
+            f"decoding {k}: {sec[k]['tokens_per_second']:.1f} tokens/s, cache <= {sec[k]['max_cache_length']}, peak "
+            f"memory "
+            f"{'n/a' if mem[k] is None else f'{mem[k] / 2**20:.0f} MiB'}"
+            for k in mem
+        ]
     if name == "cuda_tests":
-        return [f"cuda_tests: {sec['tests']} tests, {sec['failures']} failed, {sec['errors']} errors, {sec['skipped']} skipped"]
-    return [f"environment: {sec['device_name']}, torch {sec['torch']}, transformers {sec['transformers']}, CUDA {sec['cuda']}"]
+        return [
+            f"cuda_tests: {sec['tests']} tests, {sec['failures']} failed, {sec['errors']} errors, {sec['skipped']} "
+            f"skipped"
+        ]
+    return [
+        f"environment: {sec['device_name']}, torch {sec['torch']}, transformers {sec['transformers']}, CUDA "
+        f"{sec['cuda']}"
+    ]
 
 
 def summary(results: dict) -> list[str]:
@@ -297,8 +425,13 @@ def summary(results: dict) -> list[str]:
 @torch.no_grad()
 def run_sections(args, s: dict, out: Path) -> dict:
     """Every section in turn, each failure recorded; the file is rewritten after each, so a timeout keeps the rest."""
-    results = {"check": "benchmarks/gpu_check.py", "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-               "argv": sys.argv[1:], "sizes": s, "failures": []}
+    results = {
+        "check": "benchmarks/gpu_check.py",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "argv": sys.argv[1:],
+        "sizes": s,
+        "failures": [],
+    }
     start = time.perf_counter()
     for name, section in SECTIONS.items():
         if args.only and name not in args.only and name != "environment":
@@ -324,7 +457,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--model", default="smollm2-135m", help="a load_model name, or 'tiny' (the random test Llama)")
-    ap.add_argument("--dtype", default="bfloat16", help="weights of the prefill and decoding runs (no upcast, as fi generate)")
+    ap.add_argument(
+        "--dtype", default="bfloat16", help="weights of the prefill and decoding runs (no upcast, as fi generate)"
+    )
     ap.add_argument("--reduced", action="store_true", help="tiny sizes: a check that the script runs, on any device")
     ap.add_argument("--only", nargs="+", choices=list(SECTIONS), help="run only these sections")
     ap.add_argument("--out", type=Path, help="default: benchmarks/results/gpu_check-<device name>[-reduced].json")
@@ -335,7 +470,8 @@ def main() -> int:
         ap.error(str(exc))
     s = SIZES["reduced" if args.reduced else "full"]
     out = args.out or ROOT / "benchmarks" / "results" / "gpu_check-{}{}.json".format(
-        re.sub(r"[^a-z0-9]+", "-", device_name(args.device).lower()).strip("-"), "-reduced" if args.reduced else "")
+        re.sub(r"[^a-z0-9]+", "-", device_name(args.device).lower()).strip("-"), "-reduced" if args.reduced else ""
+    )
     results = run_sections(args, s, out)
     print("\n".join(summary(results)))
     print(f"wrote {os.path.relpath(out)}")

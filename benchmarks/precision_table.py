@@ -44,14 +44,21 @@ def main() -> None:
         fi = result.fi()[2:, 0].double()
         rows[dtype, upcast] = (fi, float(result.noise_floor()[0]), time.perf_counter() - t0)
     base = rows["float32", True][0]
-    print(f"SmolLM2, {args.document}, p={p}, chunk {p}:{args.end}, {len(picks)} single-token evictions + a 60-token set")
-    print(f"{'weights':<9} {'arithmetic':<10} {'floor':>9} {'single-token FI':>21} {'Spearman':>8} {'set/f32':>8} {'seconds':>8}")
+    print(
+        f"SmolLM2, {args.document}, p={p}, chunk {p}:{args.end}, {len(picks)} single-token evictions + a 60-token set"
+    )
+    print(
+        f"{'weights':<9} {'arithmetic':<10} {'floor':>9} {'single-token FI':>21} {'Spearman':>8} {'set/f32':>8} "
+        f"{'seconds':>8}"
+    )
     for (dtype, upcast), (fi, floor, seconds) in rows.items():
         single = fi[:12]
         rho = scipy.stats.spearmanr(base[:12].numpy(), single.numpy()).statistic
         arithmetic = "float32" if upcast or dtype == "float32" else dtype
-        print(f"{dtype:<9} {arithmetic:<10} {floor:9.2g} {float(single.min()):9.2g} to {float(single.max()):9.2g} "
-              f"{rho:8.2f} {float(fi[12] / base[12]):8.4f} {seconds:8.1f}")
+        print(
+            f"{dtype:<9} {arithmetic:<10} {floor:9.2g} {float(single.min()):9.2g} to {float(single.max()):9.2g} "
+            f"{rho:8.2f} {float(fi[12] / base[12]):8.4f} {seconds:8.1f}"
+        )
 
 
 if __name__ == "__main__":

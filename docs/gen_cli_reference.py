@@ -35,19 +35,32 @@ def command_tree():
 
 def render() -> str:
     root, root_ctx = command_tree()
-    lines = ["# CLI reference", "",
-             "Generated from the typer app by `python docs/gen_cli_reference.py` (`make docs` runs it); do not edit.",
-             "Every command prints one `error: …` line and exits 2 on bad input.", "",
-             f"`fi`: {_text(root.help)}", "",
-             "| command | what it does |", "|---|---|"]
+    lines = [
+        "# CLI reference",
+        "",
+        "Generated from the typer app by `python docs/gen_cli_reference.py` (`make docs` runs it); do not edit.",
+        "Every command prints one `error: …` line and exits 2 on bad input.",
+        "",
+        f"`fi`: {_text(root.help)}",
+        "",
+        "| command | what it does |",
+        "|---|---|",
+    ]
     commands = [(name, cmd) for name, cmd in root.commands.items() if not cmd.hidden]
     for name, cmd in commands:
         first = (cmd.help or "").strip().split("\n\n")[0]
         lines.append(f"| [`fi {name}`](#fi-{name}) | {_text(first)} |")
     for name, cmd in commands:
         ctx = cmd.context_class(cmd, info_name=name, parent=root_ctx)
-        lines += ["", f"## `fi {name}`", "", "```text", " ".join(cmd.collect_usage_pieces(ctx)).join(
-            [f"fi {name} ", ""]), "```", ""]
+        lines += [
+            "",
+            f"## `fi {name}`",
+            "",
+            "```text",
+            " ".join(cmd.collect_usage_pieces(ctx)).join([f"fi {name} ", ""]),
+            "```",
+            "",
+        ]
         for para in (cmd.help or "").strip().split("\n\n"):
             lines += [_text(para), ""]
         rows = []

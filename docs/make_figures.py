@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from fi_toolkit.analysis.nearfar import METRICS
 from fi_toolkit.report import eval_figures, figures
 from fi_toolkit.report.export import load_run
+from fi_toolkit.studies.nearfar import METRICS
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGES = ROOT / "docs" / "images"
@@ -37,7 +37,9 @@ def nearfar_figure(run: Path, out: Path) -> None:
 
 def accuracy_figure(run: Path, out: Path) -> None:
     loaded = load_run(run)
-    fig = eval_figures.accuracy_vs_retention(loaded["tables"]["task_summary"], eval_figures.eval_caption(loaded["manifest"]))
+    fig = eval_figures.accuracy_vs_retention(
+        loaded["tables"]["task_summary"], eval_figures.eval_caption(loaded["manifest"])
+    )
     fig.savefig(out, dpi=90)
 
 

@@ -39,7 +39,7 @@ class Budget:
     amount: float | int
 
     @classmethod
-    def parse(cls, spec: "str | float | int | Budget", where: str = "") -> "Budget":
+    def parse(cls, spec: str | float | int | Budget, where: str = "") -> Budget:
         """``"keep=0.25"``, ``"remove=100"``, ``"0.25"`` (= keep), a float (share kept) or an int (count kept).
 
         ``where`` names the option in error messages (``"--budget"``, ``"--select entropy:x"``)."""
@@ -61,12 +61,13 @@ class Budget:
         try:
             amount: float | int = float(value) if any(c in value for c in ".eE") else int(value)
         except ValueError:
-            raise FIError(f"invalid {what}: '{value}' is not a number "
-                          "(a share like 0.25 or a count like 512)") from None
+            raise FIError(
+                f"invalid {what}: '{value}' is not a number (a share like 0.25 or a count like 512)"
+            ) from None
         return cls._checked(side, amount, what, text)
 
     @classmethod
-    def _checked(cls, side: str, amount: float | int, what: str, text: str) -> "Budget":
+    def _checked(cls, side: str, amount: float | int, what: str, text: str) -> Budget:
         if isinstance(amount, float):
             if not (math.isfinite(amount) and 0.0 <= amount <= 1.0):
                 raise FIError(f"invalid {what}: '{text}'; a share must lie in [0, 1]")

@@ -52,9 +52,7 @@ class Document:
     def require(self, n_tokens: int, what: str) -> None:
         """Fail with one clear line when the document is shorter than ``what`` needs."""
         if n_tokens > len(self):
-            raise FIError(
-                f"document '{self.name}' has {len(self):,} tokens but {what} needs {n_tokens:,}"
-            )
+            raise FIError(f"document '{self.name}' has {len(self):,} tokens but {what} needs {n_tokens:,}")
 
 
 def bundled_path(name: str) -> Path:
@@ -62,9 +60,13 @@ def bundled_path(name: str) -> Path:
 
 
 def _file_kind(mode: int) -> str:
-    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISSOCK, "a socket")):
+    for test, kind in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
         if test(mode):
             return kind
     return "not a regular file"
@@ -82,8 +84,10 @@ def check_document_file(path: Path) -> os.stat_result:
     if not stat.S_ISREG(info.st_mode):
         raise FIError(f"'{path}' is {_file_kind(info.st_mode)}, not a document: give a text or JSONL file")
     if info.st_size > MAX_DOCUMENT_BYTES:
-        raise FIError(f"'{path}' is {info.st_size / 2**20:,.0f} MiB; a document file holds at most "
-                      f"{MAX_DOCUMENT_BYTES // 2**20} MiB (split it into several files)")
+        raise FIError(
+            f"'{path}' is {info.st_size / 2**20:,.0f} MiB; a document file holds at most "
+            f"{MAX_DOCUMENT_BYTES // 2**20} MiB (split it into several files)"
+        )
     return info
 
 
@@ -97,8 +101,10 @@ def _read_text(path: Path) -> str:
     except OSError as exc:
         raise FIError(f"cannot read '{path}': {exc.strerror}") from None
     if len(data) > MAX_DOCUMENT_BYTES:
-        raise FIError(f"'{path}' grew past {MAX_DOCUMENT_BYTES // 2**20} MiB while it was read; a document file "
-                      f"holds at most {MAX_DOCUMENT_BYTES // 2**20} MiB")
+        raise FIError(
+            f"'{path}' grew past {MAX_DOCUMENT_BYTES // 2**20} MiB while it was read; a document file "
+            f"holds at most {MAX_DOCUMENT_BYTES // 2**20} MiB"
+        )
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError:
@@ -150,7 +156,7 @@ def _read_texts(spec: str | None) -> list[tuple[str, str, str]]:
     return [(path.stem, _read_text(path), str(path))]
 
 
-def tokenize(tokenizer, text: str, max_tokens: int | None = None) -> "torch.Tensor":
+def tokenize(tokenizer, text: str, max_tokens: int | None = None) -> torch.Tensor:
     if max_tokens is not None:
         text = text[: max_tokens * _CHARS_PER_TOKEN_BOUND]
     ids = tokenizer(text, return_tensors="pt")["input_ids"][0]

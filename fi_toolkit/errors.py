@@ -45,6 +45,7 @@ class FIError(Exception):
         return message
 
     def about(self, parameter: str | Mapping[str, str]) -> FIError:
-        """This error, also naming ``parameter`` (an error from a helper that spelled it): for ``raise exc.about(...)``."""
+        """This error, also naming ``parameter`` (an error from a helper that spelled it): for ``raise
+        exc.about(...)``."""
         self.parameters.update({parameter: parameter} if isinstance(parameter, str) else parameter)
         return self

@@ -57,7 +57,7 @@ class TokenSet(Eviction):
         keep[self.removed] = False
         return keep
 
-    def keep_map(self, prefix_len: int, num_layers: int, num_kv_heads: int) -> "KeepMap":
+    def keep_map(self, prefix_len: int, num_layers: int, num_kv_heads: int) -> KeepMap:
         kept = torch.nonzero(self.visible(prefix_len)).flatten()
         per_layer = [kept.unsqueeze(0).expand(num_kv_heads, -1).clone() for _ in range(num_layers)]
         return KeepMap(self.label, per_layer, dict(self.meta))
@@ -91,7 +91,7 @@ class KeepMap(Eviction):
     head_counts: list[torch.Tensor] | None = None  # per layer [Hkv]; None: every head keeps k_l
 
     @classmethod
-    def from_heads(cls, label: str, heads: list[list[torch.Tensor]], meta: dict | None = None) -> "KeepMap":
+    def from_heads(cls, label: str, heads: list[list[torch.Tensor]], meta: dict | None = None) -> KeepMap:
         """Per layer, one sorted 1-D tensor of kept positions per KV head (counts may differ per head)."""
         keep, counts = [], []
         for rows in heads:
@@ -139,9 +139,11 @@ def gather_cache(keys: list[torch.Tensor], values: list[torch.Tensor], keep_map:
     positions; later tokens must be fed with explicit original ``position_ids``.
     """
     if keep_map.uneven:
-        raise FIError(f"keep map '{keep_map.label}' keeps different counts per KV head within a layer "
-                      "(AdaKV-style): a dense cache cannot hold it, so it can be measured by `fi probe` "
-                      "(masked per head) but not run by compressed decoding")
+        raise FIError(
+            f"keep map '{keep_map.label}' keeps different counts per KV head within a layer "
+            "(AdaKV-style): a dense cache cannot hold it, so it can be measured by `fi probe` "
+            "(masked per head) but not run by compressed decoding"
+        )
     data = [gather_layer(k, v, idx) for k, v, idx in zip(keys, values, keep_map.keep)]
     return DynamicCache(ddp_cache_data=data, config=config)
 

@@ -3,7 +3,8 @@ alone as the single-process reference): ``python dist_worker.py OUT STUDIES [--k
 
 STUDIES is a comma-separated subset of nearfar, parts (nearfar with documents split into parts),
 correlate, cparts (correlate in blocks of candidates), eval, eparts (eval of three policies, whole
-documents in eval3 and parts of 2 replays in eparts), single (a nearfar run of one document: idle ranks); each writes OUT/<study>. ``--kill RANK:N``: rank RANK kills itself (SIGKILL, no clean-up)
+documents in eval3 and parts of 2 replays in eparts), single (a nearfar run of one document: idle ranks); each writes
+OUT/<study>. ``--kill RANK:N``: rank RANK kills itself (SIGKILL, no clean-up)
 when it starts its N-th nearfar unit, in the first launch only (not after a torchrun restart).
 """
 
@@ -17,12 +18,12 @@ from pathlib import Path
 import torch
 
 from fi_toolkit import Document, SignalConfig
-from fi_toolkit.analysis import run_correlate, run_nearfar, study
 from fi_toolkit.compress.decoder import signal_config_for
 from fi_toolkit.evaluation import TextSetting, run_eval_text
 from fi_toolkit.model.loading import tiny_model
 from fi_toolkit.policies import make_policy
 from fi_toolkit.probe.chunks import Chunk
+from fi_toolkit.studies import run_correlate, run_nearfar, study
 
 P, CFG = 96, SignalConfig(window=8)
 LENGTHS = [400, 150, 160, 170, 180]  # one long document: cost balancing gives it a rank to itself
@@ -30,37 +31,74 @@ LENGTHS = [400, 150, 160, 170, 180]  # one long document: cost balancing gives i
 
 def documents():
     gen = torch.Generator().manual_seed(11)
-    return [Document(f"doc {i}", f"text {i}", torch.randint(0, 256, (n,), generator=gen), "test")
-            for i, n in enumerate(LENGTHS)]
+    return [
+        Document(f"doc {i}", f"text {i}", torch.randint(0, 256, (n,), generator=gen), "test")
+        for i, n in enumerate(LENGTHS)
+    ]
 
 
 def run(out: Path, studies: list[str], resume: bool = False) -> None:
     tiny, docs = tiny_model(seed=0), documents()
     if "nearfar" in studies:
-        run_nearfar(tiny, docs, out / "nearfar", P, [0, 32], 16, budget="remove=0.1", seeds=2, config=CFG, resume=resume)
+        run_nearfar(
+            tiny, docs, out / "nearfar", P, [0, 32], 16, budget="remove=0.1", seeds=2, config=CFG, resume=resume
+        )
     if "parts" in studies:  # nearfar with every document split into units of 3 sets
-        run_nearfar(tiny, docs, out / "parts", P, [0, 32], 16, budget="remove=0.1", seeds=2, config=CFG, resume=resume,
-                    unit_sets=3)
+        run_nearfar(
+            tiny,
+            docs,
+            out / "parts",
+            P,
+            [0, 32],
+            16,
+            budget="remove=0.1",
+            seeds=2,
+            config=CFG,
+            resume=resume,
+            unit_sets=3,
+        )
     if "single" in studies:
-        run_nearfar(tiny, docs[1:2], out / "single", P, [0, 32], 16, budget="remove=0.1", seeds=1, config=CFG,
-                    resume=resume)
+        run_nearfar(
+            tiny, docs[1:2], out / "single", P, [0, 32], 16, budget="remove=0.1", seeds=1, config=CFG, resume=resume
+        )
     if "correlate" in studies:
-        run_correlate(tiny, docs, out / "correlate", P, [Chunk(P, P + 16)], "sample:6", n_resamples=20, config=CFG,
-                      resume=resume)
+        run_correlate(
+            tiny, docs, out / "correlate", P, [Chunk(P, P + 16)], "sample:6", n_resamples=20, config=CFG, resume=resume
+        )
     if "cparts" in studies:  # correlate with every document split into blocks of 4 candidates
-        run_correlate(tiny, docs, out / "cparts", P, [Chunk(P, P + 16)], "sample:6", n_resamples=20, config=CFG,
-                      resume=resume, unit_candidates=4)
+        run_correlate(
+            tiny,
+            docs,
+            out / "cparts",
+            P,
+            [Chunk(P, P + 16)],
+            "sample:6",
+            n_resamples=20,
+            config=CFG,
+            resume=resume,
+            unit_candidates=4,
+        )
     if "eval" in studies:
         policies = [make_policy("snapkv", budget=0.4, window=16)]
         setting = TextSetting(prompt=P, length=144, interval=32, free_tokens=4)
-        run_eval_text(tiny, docs, out / "eval", policies, setting, signal_config_for(policies[0]), resume=resume,
-                      n_resamples=20)
+        run_eval_text(
+            tiny, docs, out / "eval", policies, setting, signal_config_for(policies[0]), resume=resume, n_resamples=20
+        )
     if "eparts" in studies:  # eval with every document split into parts of 2 replays (full cache, 3 policies)
         policies = [make_policy(n, budget=0.4, window=16) for n in ("snapkv", "streaming", "infokv")]
         setting = TextSetting(prompt=P, length=144, interval=32, free_tokens=4)
         for name, split in (("eval3", 0), ("eparts", 2)):
-            run_eval_text(tiny, docs, out / name, policies, setting, signal_config_for(policies[0]), resume=resume,
-                          n_resamples=20, unit_policies=split)
+            run_eval_text(
+                tiny,
+                docs,
+                out / name,
+                policies,
+                setting,
+                signal_config_for(policies[0]),
+                resume=resume,
+                n_resamples=20,
+                unit_policies=split,
+            )
 
 
 def main(argv: list[str]) -> None:

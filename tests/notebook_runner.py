@@ -19,7 +19,9 @@ def execute(name: str, tmp_path: Path, monkeypatch=None, env: dict | None = None
         monkeypatch.setenv(key, value)
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
     t0 = time.perf_counter()
-    NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    NotebookClient(
+        nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
     print(f"{name} executed in {time.perf_counter() - t0:.0f} s")
     outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs]
     assert not [o for o in outputs if o.output_type == "error"]

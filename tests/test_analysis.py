@@ -9,7 +9,11 @@ import torch
 from scipy import stats
 
 from fi_toolkit import Document, SignalConfig
-from fi_toolkit.analysis import (
+from fi_toolkit.errors import FIError
+from fi_toolkit.probe.chunks import Chunk
+from fi_toolkit.probe.experiment import probe_document
+from fi_toolkit.signals.trace import trace_prefix
+from fi_toolkit.studies import (
     add_relative_columns,
     candidate_positions,
     correlation,
@@ -19,11 +23,7 @@ from fi_toolkit.analysis import (
     summarize_nearfar,
     token_class,
 )
-from fi_toolkit.analysis.correlation import correlate_signals, signal_columns
-from fi_toolkit.errors import FIError
-from fi_toolkit.probe.chunks import Chunk
-from fi_toolkit.probe.experiment import probe_document
-from fi_toolkit.signals.trace import trace_prefix
+from fi_toolkit.studies.correlation import correlate_signals, signal_columns
 
 CFG = SignalConfig(window=8)
 P = 128
@@ -53,8 +53,15 @@ def test_correlation_equals_scipy_on_same_arrays(method):
     y = 0.4 * x + rng.normal(size=80)
     ours = correlation(x, y, method, n_resamples=400, seed=5)
     point = {"spearman": stats.spearmanr, "pearson": stats.pearsonr, "kendall": stats.kendalltau}[method](x, y)
-    boot = stats.bootstrap((x, y), SCIPY[method], paired=True, vectorized=False, n_resamples=400,
-                           method="percentile", rng=np.random.default_rng(5))
+    boot = stats.bootstrap(
+        (x, y),
+        SCIPY[method],
+        paired=True,
+        vectorized=False,
+        n_resamples=400,
+        method="percentile",
+        rng=np.random.default_rng(5),
+    )
     assert ours["rho"] == pytest.approx(point.statistic, abs=1e-12)
     assert ours["p_value"] == pytest.approx(point.pvalue, rel=1e-9)
     assert ours["ci_low"] == pytest.approx(boot.confidence_interval.low, abs=1e-12)
@@ -166,8 +173,12 @@ def test_correlate_signals_rows_match_direct_scipy(trace):
     table = correlate_signals(fi, signals, [Chunk(P, P + 8), Chunk(P + 8, P + 16)], P, n_resamples=100, seed=2)
     h = table[(table.signal == "H") & (table.method == "spearman") & (table.chunk == f"{P}:{P + 8}")].iloc[0]
     assert h["rho"] == pytest.approx(1.0)  # FI = H^2 is monotone in H
-    a = table[(table.signal == "A") & (table.method == "spearman") & (table.scope == "mean")
-              & (table.chunk == f"{P + 8}:{P + 16}")].iloc[0]
+    a = table[
+        (table.signal == "A")
+        & (table.method == "spearman")
+        & (table.scope == "mean")
+        & (table.chunk == f"{P + 8}:{P + 16}")
+    ].iloc[0]
     assert a["rho"] == pytest.approx(-1.0)
     d3 = table[(table.signal == "D") & (table.scope == "layer") & (table.layer == 3)].iloc[0]
     expect = correlation(trace.distance[3, positions].numpy(), fi[:, 0], "spearman", 100, seed=2)
@@ -217,8 +228,8 @@ def test_both_entropy_conventions_in_one_table(tiny, doc, top_k):
     for entropy_of in ("produced", "next"):
         tr = trace_prefix(tiny.model, doc.ids, P, SignalConfig(window=8, top_k=top_k, entropy_of=entropy_of))
         table = tr.token_table()
-        np.testing.assert_allclose(table["entropy_next"].to_numpy()[:P - 1], at[:P - 1], rtol=1e-4, atol=1e-5)
-        np.testing.assert_allclose(table["entropy_produced"].to_numpy()[1:], at[:P - 1], rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(table["entropy_next"].to_numpy()[: P - 1], at[: P - 1], rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(table["entropy_produced"].to_numpy()[1:], at[: P - 1], rtol=1e-4, atol=1e-5)
         assert table["entropy_produced"].iloc[0] == 0.0
         own = "entropy_next" if entropy_of == "next" else "entropy_produced"
         np.testing.assert_array_equal(table["entropy"].to_numpy(), table[own].to_numpy())
@@ -228,8 +239,9 @@ def test_both_entropy_conventions_in_one_table(tiny, doc, top_k):
             assert table["entropy_next"].iloc[-1] == pytest.approx(at[-1], rel=1e-4)
         positions = torch.arange(4, P - 8)
         fi = np.stack([at[positions.numpy()], -at[positions.numpy() - 1]], axis=1)  # FI monotone in H_next / H_produced
-        corr = correlate_signals(fi, signal_columns(tr, positions), [Chunk(P, P + 8), Chunk(P + 8, P + 16)], P,
-                                 n_resamples=0)
+        corr = correlate_signals(
+            fi, signal_columns(tr, positions), [Chunk(P, P + 8), Chunk(P + 8, P + 16)], P, n_resamples=0
+        )
         mean = corr[(corr.method == "spearman") & (corr.scope == "mean")]
         rho = {(r.chunk, r.signal): r.rho for r in mean.itertuples()}  # plain dict: one value per key on any pandas
         assert len(rho) == len(mean)
@@ -240,10 +252,11 @@ def test_both_entropy_conventions_in_one_table(tiny, doc, top_k):
 
 def test_nearfar_sets_and_relative_columns(tiny, doc, trace):
     chunks = [Chunk(P, P + 16), Chunk(P + 32, P + 48), Chunk(P + 64, P + 80)]
-    tables = nearfar_document(tiny.model, doc, trace, chunks, budget="remove=0.1", seeds=2, sink_options=(4, 0),
-                              batch_size=8)
+    tables = nearfar_document(
+        tiny.model, doc, trace, chunks, budget="remove=0.1", seeds=2, sink_options=(4, 0), batch_size=8
+    )
     nf = tables["nearfar"]
-    assert list(nf.selection[:2 * len(chunks):len(chunks)]) == ["control:null", "control:reorder"]
+    assert list(nf.selection[: 2 * len(chunks) : len(chunks)]) == ["control:null", "control:reorder"]
     assert (nf[nf.selection == "control:null"]["fi"] == 0).all()  # float32 on the CPU: exactly 0
     assert (nf[nf.selection == "control:reorder"]["fi"].abs() < 1e-8).all()
     summary = summarize_nearfar(add_relative_columns(nf))
@@ -265,7 +278,7 @@ def test_nearfar_sets_and_relative_columns(tiny, doc, trace):
 
 def test_protected_nearfar_sets_never_contain_a_sink(tiny, doc, trace, monkeypatch):
     """Capture the sets the study really measures, and check them position by position."""
-    import fi_toolkit.analysis.nearfar as nearfar
+    import fi_toolkit.studies.nearfar as nearfar
 
     seen = []
     real = nearfar.forward_influence
@@ -275,8 +288,9 @@ def test_protected_nearfar_sets_never_contain_a_sink(tiny, doc, trace, monkeypat
         return real(model, trace, ids, evictions, chunks, **kwargs)
 
     monkeypatch.setattr(nearfar, "forward_influence", spy)
-    tables = nearfar_document(tiny.model, doc, trace, [Chunk(P, P + 8)], budget="remove=0.2", seeds=3,
-                              sink_options=(4, 0), batch_size=8)
+    tables = nearfar_document(
+        tiny.model, doc, trace, [Chunk(P, P + 8)], budget="remove=0.2", seeds=3, sink_options=(4, 0), batch_size=8
+    )
     protected = [e for e in seen if e.meta["sinks"] == 4]
     assert len(protected) == 7  # four score-based sets and three random ones
     for e in protected:
@@ -294,8 +308,17 @@ def test_paired_test_is_one_sided_wilcoxon():
     rows = []
     for d, e, a in zip(docs, ent, att):
         for sel, v in (("entropy", e), ("attention", a), ("random", 1.0)):
-            rows.append({"document": d, "sinks": 4, "selection": sel, "selector": sel, "chunk": "1:2",
-                         "distance_from_p": 0, "fi": v})
+            rows.append(
+                {
+                    "document": d,
+                    "sinks": 4,
+                    "selection": sel,
+                    "selector": sel,
+                    "chunk": "1:2",
+                    "distance_from_p": 0,
+                    "fi": v,
+                }
+            )
     tests = paired_tests(add_relative_columns(pd.DataFrame(rows)))
     row = tests[tests.metric == "fi"].iloc[0]
     expect = stats.wilcoxon(ent, att, alternative="greater")

@@ -78,8 +78,9 @@ def test_full_budget_greedy_is_token_identical_to_plain_generate(arch, tiny_ids)
     assert_full_budget_greedy_equals_plain_generate(arch.model, tiny_ids, 1.0)
 
 
-@pytest.mark.parametrize("policy", [InfoKV(budget=48, window=W), PyramidKV(budget=48, window=W)],
-                         ids=["infokv", "pyramidkv"])
+@pytest.mark.parametrize(
+    "policy", [InfoKV(budget=48, window=W), PyramidKV(budget=48, window=W)], ids=["infokv", "pyramidkv"]
+)
 def test_prefill_compression_equals_the_masked_full_model(arch, tiny_ids, policy):
     assert_prefill_compression_equals_masked_model(arch.model, tiny_ids, policy)
 
@@ -100,32 +101,53 @@ def test_runs_past_a_sliding_window_or_longrope_original_context_are_refused(arc
         forward_influence(lm.model, trace, ids, probe_sets()[:1], [Chunk(400, 513)])
 
 
-SMALL = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2)
+SMALL = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+)
 REFUSED = {
     "gpt2": (
-        "GPT2Config", dict(vocab_size=256, n_embd=64, n_layer=2, n_head=4, n_positions=512),
+        "GPT2Config",
+        dict(vocab_size=256, n_embd=64, n_layer=2, n_head=4, n_positions=512),
         "GPT2LMHeadModel is not supported by fi_toolkit: no decoder layers at base_model.layers "
         "(a Llama-style decoder: layers, final norm, LM head)",
     ),
     "deepseek-v3-mla": (
         "DeepseekV3Config",
-        dict(SMALL, q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
-             n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, n_group=1, topk_group=1),
+        dict(
+            SMALL,
+            q_lora_rank=16,
+            kv_lora_rank=16,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=16,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            n_group=1,
+            topk_group=1,
+        ),
         "DeepseekV3ForCausalLM is not supported by fi_toolkit: its attention has no query projection "
         "(q_proj or qkv_proj)",
     ),
     "stablelm-qk-layernorm": (
-        "StableLmConfig", dict(SMALL, qk_layernorm=True),
+        "StableLmConfig",
+        dict(SMALL, qk_layernorm=True),
         "StableLmForCausalLM is not supported by fi_toolkit: its attention has parts the window queries do "
         "not reproduce (k_layernorm, q_layernorm)",
     ),
     "olmo2": (
-        "Olmo2Config", SMALL,
+        "Olmo2Config",
+        SMALL,
         "Olmo2ForCausalLM is not supported by fi_toolkit: its q_norm normalises 64 features, not one head's 16",
     ),
     "gemma2": (
-        "Gemma2Config", dict(SMALL, head_dim=16),
+        "Gemma2Config",
+        dict(SMALL, head_dim=16),
         "Gemma2ForCausalLM is not supported by fi_toolkit: attention logit soft-capping, which window "
         "attention does not reproduce",
     ),
@@ -138,8 +160,11 @@ def test_an_architecture_it_cannot_serve_is_refused_in_one_line_before_any_forwa
     model = transformers.AutoModelForCausalLM.from_config(getattr(transformers, config_class)(**kwargs)).eval()
     forwards = []
     model.register_forward_pre_hook(lambda *_: forwards.append(1))
-    for entry in (lambda: check_model(model), lambda: trace_prefix(model, tiny_ids, 100, SignalConfig(window=W)),
-                  lambda: generate(model, None, tiny_ids[:50], None, max_new_tokens=5)):
+    for entry in (
+        lambda: check_model(model),
+        lambda: trace_prefix(model, tiny_ids, 100, SignalConfig(window=W)),
+        lambda: generate(model, None, tiny_ids[:50], None, max_new_tokens=5),
+    ):
         with pytest.raises(FIError) as info:
             entry()
         assert str(info.value) == message

@@ -23,11 +23,11 @@ import torch
 from cli_runner import run_cli
 
 from fi_toolkit import Document, SignalConfig
-from fi_toolkit.analysis import run_nearfar
 from fi_toolkit.cli import INTERRUPTED_LINE
 from fi_toolkit.documents import MAX_DOCUMENT_BYTES
 from fi_toolkit.runs import results
 from fi_toolkit.runs.resumable import Part, ResumableRun
+from fi_toolkit.studies import run_nearfar
 
 NO_SUCH_HUB_ID = "no-such-owner/no-such-model"
 
@@ -55,6 +55,7 @@ KVPRESS_MISSING = "install it with: pip install 'fi_toolkit[kvpress]'"
 def without_kvpress(tmp, run, monkeypatch):
     monkeypatch.setitem(sys.modules, "kvpress", None)  # `import kvpress` fails as where it is not installed
 
+
 def a_file(tmp):
     (tmp / "f").write_text("a regular file\n")
 
@@ -67,17 +68,20 @@ def a_run_with(name, content):
     def setup(tmp, run):
         a_run(tmp, run)
         (tmp / "run" / name).write_text(content)
+
     return setup
 
 
 def a_run_of_world(size):
     """The finished run, as if its units had been computed by ``size`` ranks under torchrun."""
+
     def setup(tmp, run):
         a_run(tmp, run)
         for done in (tmp / "run" / "per_document").glob("*/done.json"):
             record = json.loads(done.read_text())
             record["computed_by"]["world_size"] = size
             done.write_text(json.dumps(record))
+
     return setup
 
 
@@ -89,6 +93,7 @@ def a_report(tmp, run):
 
 def an_lmeval_dir(results=True, config=None, text=None, samples=None):
     """lm-eval's output of one fi lm-eval run (results and samples file), spoiled as asked."""
+
     def setup(tmp):
         out = tmp / "lm" / "smollm2-135m"
         out.mkdir(parents=True)
@@ -96,9 +101,12 @@ def an_lmeval_dir(results=True, config=None, text=None, samples=None):
         line = {"doc_id": 0, "filter": "none", "metrics": ["acc"], "acc": 1.0, "fi_toolkit": []}
         (out / f"samples_fi_mc_{date}.jsonl").write_text((samples or json.dumps(line)) + "\n")
         if results:
-            data = {"results": {"fi_mc": {"alias": "fi_mc", "acc,none": 1.0, "acc_stderr,none": 0.0}},
-                    "config": config or {"model": "fi", "fi_policy": "snapkv@keep=0.25"}}
+            data = {
+                "results": {"fi_mc": {"alias": "fi_mc", "acc,none": 1.0, "acc_stderr,none": 0.0}},
+                "config": config or {"model": "fi", "fi_policy": "snapkv@keep=0.25"},
+            }
             (out / f"results_{date}.json").write_text(text or json.dumps(data))
+
     return setup
 
 
@@ -111,12 +119,14 @@ def a_probe_run(tmp):
 def jsonl(second_line):
     def setup(tmp):
         (tmp / "docs.jsonl").write_text(json.dumps({"text": "a fine document"}) + "\n" + second_line + "\n")
+
     return setup
 
 
 def a_directory(name):
     def setup(tmp):
         (tmp / name).mkdir()
+
     return setup
 
 
@@ -124,6 +134,8 @@ def a_big_sparse_file(tmp):
     """257 MiB that take no disk (a hole): past the 256 MiB a document file may hold."""
     with open(tmp / "big.txt", "wb") as fh:
         fh.truncate(MAX_DOCUMENT_BYTES + 2**20)
+
+
 def short_text(tmp):
     (tmp / "short.txt").write_text("A short document of a few words. " * 4)
 
@@ -139,31 +151,61 @@ def unknown_architecture(tmp):
 
 def fitted_file(text):
     """A fitted-policy file ``p.json`` holding ``text`` (issue 21)."""
+
     def setup(tmp):
         (tmp / "p.json").write_text(text)
+
     return setup
 
 
 def fitted_record(**change):
-    record = {"format": "fi_toolkit.fitted/1", "features": ["attention"], "mean": [0.0], "scale": [1.0],
-              "coefficients": [1.0], "model": {"name": "smollm2-135m", "layers": 30, "kv_heads": 3, "head_dim": 64},
-              "signals": {"window": 32, "entropy_of": "produced", "tau": 1.0}}
+    record = {
+        "format": "fi_toolkit.fitted/1",
+        "features": ["attention"],
+        "mean": [0.0],
+        "scale": [1.0],
+        "coefficients": [1.0],
+        "model": {"name": "smollm2-135m", "layers": 30, "kv_heads": 3, "head_dim": 64},
+        "signals": {"window": 32, "entropy_of": "produced", "tau": 1.0},
+    }
     return json.dumps({**record, **change})  # NaN is written as NaN, as a careless writer would
 
 
 def fit_data_run(documents):
     """A ``fi fit-data`` run directory ``fd`` with rows of ``documents`` (issue 21)."""
+
     def setup(tmp):
         (tmp / "fd").mkdir()
-        rows = pd.DataFrame({"document": [d for d in documents for _ in range(4)], "layer": 0, "head": 0,
-                             "position": list(range(4)) * len(documents), "fi": 1.0, "attention": 0.5})
+        rows = pd.DataFrame(
+            {
+                "document": [d for d in documents for _ in range(4)],
+                "layer": 0,
+                "head": 0,
+                "position": list(range(4)) * len(documents),
+                "fi": 1.0,
+                "attention": 0.5,
+            }
+        )
         rows.to_parquet(tmp / "fd" / "fit_rows.parquet")
-        manifest = {"command": "fit-data", "model": {"name": "tiny", "layers": 1, "kv_heads": 1, "head_dim": 4},
-                    "signals": {"window": 2, "top_k": 8, "pool_kernel": 1, "tau": 1.0, "entropy_of": "produced",
-                                "final_norm": False},
-                    "prefix": 8, "chunks": ["8:10"], "sinks": 0, "samples": 1,
-                    "documents": [{"name": d, "source": "test", "sha256": "-"} for d in documents]}
+        manifest = {
+            "command": "fit-data",
+            "model": {"name": "tiny", "layers": 1, "kv_heads": 1, "head_dim": 4},
+            "signals": {
+                "window": 2,
+                "top_k": 8,
+                "pool_kernel": 1,
+                "tau": 1.0,
+                "entropy_of": "produced",
+                "final_norm": False,
+            },
+            "prefix": 8,
+            "chunks": ["8:10"],
+            "sinks": 0,
+            "samples": 1,
+            "documents": [{"name": d, "source": "test", "sha256": "-"} for d in documents],
+        }
         (tmp / "fd" / "manifest.json").write_text(json.dumps(manifest))
+
     return setup
 
 
@@ -171,382 +213,1089 @@ SINKS = "error: --sinks 99999 leaves no candidates: the scored prefix [0, 96) ha
 
 CASES = [
     # --out under a regular file, or a file where a directory is wanted (and the reverse)
-    ("probe-out-under-file", a_file, ["probe", "--chunk", "128:160", "--out", "f/run"], "lies under 'f', which is a file"),
+    (
+        "probe-out-under-file",
+        a_file,
+        ["probe", "--chunk", "128:160", "--out", "f/run"],
+        "lies under 'f', which is a file",
+    ),
     ("correlate-out-under-file", a_file, ["correlate", "--chunk", "128:160", "--out", "f/run"], "lies under 'f'"),
     ("nearfar-out-under-file", a_file, ["nearfar", "--out", "f/run"], "lies under 'f'"),
-    ("report-out-under-file", lambda t, r: (a_file(t), a_run(t, r)), ["report", "run", "--out", "f/r"], "lies under 'f'"),
-    ("report-out-is-file", lambda t, r: (a_file(t), a_run(t, r)), ["report", "run", "--out", "f"],
-     "--out 'f' is a file, not a directory"),
+    (
+        "report-out-under-file",
+        lambda t, r: (a_file(t), a_run(t, r)),
+        ["report", "run", "--out", "f/r"],
+        "lies under 'f'",
+    ),
+    (
+        "report-out-is-file",
+        lambda t, r: (a_file(t), a_run(t, r)),
+        ["report", "run", "--out", "f"],
+        "--out 'f' is a file, not a directory",
+    ),
     ("scores-out-is-directory", a_directory("d.csv"), ["scores", "--out", "d.csv"], "--out 'd.csv' is a directory"),
     ("scores-out-under-file", a_file, ["scores", "--out", "f/s.csv"], "lies under 'f'"),
     # results already there are never replaced without --overwrite, nor mixed with another command's
-    ("scores-out-exists", existing_scores, ["scores", "--out", "s.csv"], "--out 's.csv' exists; choose another file or pass --overwrite"),
+    (
+        "scores-out-exists",
+        existing_scores,
+        ["scores", "--out", "s.csv"],
+        "--out 's.csv' exists; choose another file or pass --overwrite",
+    ),
     ("report-into-a-report", a_report, ["report", "run", "--out", "report"], "already holds results (report.html)"),
     ("report-into-its-run", a_run, ["report", "run", "--out", "run", "--overwrite"], "is the result directory"),
     ("nearfar-into-a-probe-run", a_probe_run, ["nearfar", "--out", "probe"], "already holds results (a 'probe' run)"),
-    ("nearfar-resumes-a-probe-run", a_probe_run, ["nearfar", "--out", "probe", "--resume"],
-     "holds a 'probe' run, not 'nearfar' (--resume only continues the same command)"),
-    ("probe-into-a-nearfar-run", a_run, ["probe", "--chunk", "128:160", "--out", "run"], "already holds results (a 'nearfar' run)"),
-    ("correlate-resumes-a-nearfar-run", a_run, ["correlate", "--chunk", "128:160", "--out", "run", "--resume"],
-     "holds a 'nearfar' run, not 'correlate'"),
-    ("resume-and-overwrite", a_run, ["nearfar", "--out", "run", "--resume", "--overwrite"],
-     "--resume and --overwrite contradict each other"),
-    ("resume-and-overwrite-correlate", None, ["correlate", "--chunk", "128:160", "--resume", "--overwrite"],
-     "--resume and --overwrite contradict each other"),
+    (
+        "nearfar-resumes-a-probe-run",
+        a_probe_run,
+        ["nearfar", "--out", "probe", "--resume"],
+        "holds a 'probe' run, not 'nearfar' (--resume only continues the same command)",
+    ),
+    (
+        "probe-into-a-nearfar-run",
+        a_run,
+        ["probe", "--chunk", "128:160", "--out", "run"],
+        "already holds results (a 'nearfar' run)",
+    ),
+    (
+        "correlate-resumes-a-nearfar-run",
+        a_run,
+        ["correlate", "--chunk", "128:160", "--out", "run", "--resume"],
+        "holds a 'nearfar' run, not 'correlate'",
+    ),
+    (
+        "resume-and-overwrite",
+        a_run,
+        ["nearfar", "--out", "run", "--resume", "--overwrite"],
+        "--resume and --overwrite contradict each other",
+    ),
+    (
+        "resume-and-overwrite-correlate",
+        None,
+        ["correlate", "--chunk", "128:160", "--resume", "--overwrite"],
+        "--resume and --overwrite contradict each other",
+    ),
     # files a run or a report reads
-    ("settings-is-a-list", a_run_with("settings.json", "[]"), ["nearfar", "--out", "run", "--resume"],
-     "settings.json' is not a run's settings"),
-    ("settings-is-garbage", a_run_with("settings.json", "{garbage"), ["nearfar", "--out", "run", "--resume"],
-     "settings.json' is not a run's settings"),
+    (
+        "settings-is-a-list",
+        a_run_with("settings.json", "[]"),
+        ["nearfar", "--out", "run", "--resume"],
+        "settings.json' is not a run's settings",
+    ),
+    (
+        "settings-is-garbage",
+        a_run_with("settings.json", "{garbage"),
+        ["nearfar", "--out", "run", "--resume"],
+        "settings.json' is not a run's settings",
+    ),
     ("report-manifest-is-a-list", a_run_with("manifest.json", "[]"), ["report", "run"], "is not a run manifest"),
-    ("report-manifest-lacks-command", a_run_with("manifest.json", json.dumps({"settings": {}})), ["report", "run"],
-     "lacks the field 'command'"),
-    ("report-manifest-lacks-settings", a_run_with("manifest.json", json.dumps({"command": "nearfar"})), ["report", "run"],
-     "lacks the field 'settings'"),
+    (
+        "report-manifest-lacks-command",
+        a_run_with("manifest.json", json.dumps({"settings": {}})),
+        ["report", "run"],
+        "lacks the field 'command'",
+    ),
+    (
+        "report-manifest-lacks-settings",
+        a_run_with("manifest.json", json.dumps({"command": "nearfar"})),
+        ["report", "run"],
+        "lacks the field 'settings'",
+    ),
     # lm-eval output (fi lm-eval) given to fi report
-    ("report-lmeval-without-results", an_lmeval_dir(results=False), ["report", "lm"], "holds lm-eval samples but no results_*.json"),
-    ("report-lmeval-without-fi-policy", an_lmeval_dir(config={"model": "hf"}), ["report", "lm"], "lacks 'config.fi_policy'"),
+    (
+        "report-lmeval-without-results",
+        an_lmeval_dir(results=False),
+        ["report", "lm"],
+        "holds lm-eval samples but no results_*.json",
+    ),
+    (
+        "report-lmeval-without-fi-policy",
+        an_lmeval_dir(config={"model": "hf"}),
+        ["report", "lm"],
+        "lacks 'config.fi_policy'",
+    ),
     ("report-lmeval-corrupt-results", an_lmeval_dir(text="{not json"), ["report", "lm"], "is not valid JSON"),
     ("report-lmeval-corrupt-samples", an_lmeval_dir(samples="{not json"), ["report", "lm"], ":1: not valid JSON"),
-    ("report-lmeval-bad-policy", an_lmeval_dir(config={"fi_policy": "infokv@lots"}), ["report", "lm"],
-     "whose budget is not a budget"),
-    ("jsonl-text-null", jsonl('{"text": null}'), ["probe", "docs.jsonl", "--chunk", "128:160"], "docs.jsonl:2: 'text' must be a string"),
-    ("jsonl-text-number", jsonl('{"text": 42}'), ["probe", "docs.jsonl", "--chunk", "128:160"], "docs.jsonl:2: 'text' must be a string"),
-    ("jsonl-text-list", jsonl('{"text": ["a", "b"]}'), ["nearfar", "docs.jsonl"], "docs.jsonl:2: 'text' must be a string"),
-    ("jsonl-not-an-object", jsonl('"just text"'), ["probe", "docs.jsonl", "--chunk", "128:160"], "docs.jsonl:2: expected a JSON object"),
+    (
+        "report-lmeval-bad-policy",
+        an_lmeval_dir(config={"fi_policy": "infokv@lots"}),
+        ["report", "lm"],
+        "whose budget is not a budget",
+    ),
+    (
+        "jsonl-text-null",
+        jsonl('{"text": null}'),
+        ["probe", "docs.jsonl", "--chunk", "128:160"],
+        "docs.jsonl:2: 'text' must be a string",
+    ),
+    (
+        "jsonl-text-number",
+        jsonl('{"text": 42}'),
+        ["probe", "docs.jsonl", "--chunk", "128:160"],
+        "docs.jsonl:2: 'text' must be a string",
+    ),
+    (
+        "jsonl-text-list",
+        jsonl('{"text": ["a", "b"]}'),
+        ["nearfar", "docs.jsonl"],
+        "docs.jsonl:2: 'text' must be a string",
+    ),
+    (
+        "jsonl-not-an-object",
+        jsonl('"just text"'),
+        ["probe", "docs.jsonl", "--chunk", "128:160"],
+        "docs.jsonl:2: expected a JSON object",
+    ),
     ("empty-document", lambda t: (t / "e.txt").write_text(" \n"), ["probe", "e.txt", "--chunk", "128:160"], "is empty"),
     # a document must be a regular file of bounded size: refused before it is opened (a FIFO: test_fifo_document)
-    ("document-dev-zero", None, ["probe", "/dev/zero", "--chunk", "128:160"],
-     "error: '/dev/zero' is a character device, not a document: give a text or JSONL file"),
+    (
+        "document-dev-zero",
+        None,
+        ["probe", "/dev/zero", "--chunk", "128:160"],
+        "error: '/dev/zero' is a character device, not a document: give a text or JSONL file",
+    ),
     ("document-dev-zero-nearfar", None, ["nearfar", "alice", "/dev/zero"], "'/dev/zero' is a character device"),
-    ("document-is-directory", a_directory("d"), ["probe", "d", "--chunk", "128:160"], "error: 'd' is a directory, not a document"),
-    ("eval-document-is-directory", a_directory("d.txt"), ["eval", "d.txt"], "error: 'd.txt' is a directory, not a document"),
-    ("document-too-large", a_big_sparse_file, ["scores", "big.txt"],
-     "error: 'big.txt' is 257 MiB; a document file holds at most 256 MiB (split it into several files)"),
+    (
+        "document-is-directory",
+        a_directory("d"),
+        ["probe", "d", "--chunk", "128:160"],
+        "error: 'd' is a directory, not a document",
+    ),
+    (
+        "eval-document-is-directory",
+        a_directory("d.txt"),
+        ["eval", "d.txt"],
+        "error: 'd.txt' is a directory, not a document",
+    ),
+    (
+        "document-too-large",
+        a_big_sparse_file,
+        ["scores", "big.txt"],
+        "error: 'big.txt' is 257 MiB; a document file holds at most 256 MiB (split it into several files)",
+    ),
     # values
-    ("generate-temperature-nan", None, ["generate", "hi", "--temperature", "nan"], "--temperature must be a finite number, got nan"),
-    ("generate-temperature-inf", None, ["generate", "hi", "--temperature", "inf"], "--temperature must be a finite number, got inf"),
+    (
+        "generate-temperature-nan",
+        None,
+        ["generate", "hi", "--temperature", "nan"],
+        "--temperature must be a finite number, got nan",
+    ),
+    (
+        "generate-temperature-inf",
+        None,
+        ["generate", "hi", "--temperature", "inf"],
+        "--temperature must be a finite number, got inf",
+    ),
     ("generate-top-p-nan", None, ["generate", "hi", "--top-p", "nan"], "--top-p must be a finite number"),
-    ("generate-file-is-directory", a_directory("d"), ["generate", "--file", "d"], "--file 'd' is a directory, not a prompt file"),
-    ("generate-entropy-of", None, ["generate", "hi", "--entropy-of", "current"], "--entropy-of must be one of produced, next"),
-    ("probe-entropy-of", None, ["probe", "--chunk", "128:160", "--entropy-of", "x"], "--entropy-of must be one of produced, next"),
-    ("scores-prefix-0", None, ["scores", "--prefix", "0"], "--prefix 0 leaves nothing to score: it must be larger than the window (32)"),
+    (
+        "generate-file-is-directory",
+        a_directory("d"),
+        ["generate", "--file", "d"],
+        "--file 'd' is a directory, not a prompt file",
+    ),
+    (
+        "generate-entropy-of",
+        None,
+        ["generate", "hi", "--entropy-of", "current"],
+        "--entropy-of must be one of produced, next",
+    ),
+    (
+        "probe-entropy-of",
+        None,
+        ["probe", "--chunk", "128:160", "--entropy-of", "x"],
+        "--entropy-of must be one of produced, next",
+    ),
+    (
+        "scores-prefix-0",
+        None,
+        ["scores", "--prefix", "0"],
+        "--prefix 0 leaves nothing to score: it must be larger than the window (32)",
+    ),
     ("probe-sinks", None, ["probe", "--chunk", "128:160", "--sinks", "99999"], SINKS),
     ("correlate-sinks", None, ["correlate", "--chunk", "128:160", "--sinks", "99999"], SINKS),
     ("nearfar-sinks", None, ["nearfar", "--prefix", "128", "--sinks", "99999"], SINKS),
-    ("correlate-prefix-after-chunk", None, ["correlate", "--chunk", "100:200", "--prefix", "150"], "starts before the compression point"),
+    (
+        "correlate-prefix-after-chunk",
+        None,
+        ["correlate", "--chunk", "100:200", "--prefix", "150"],
+        "starts before the compression point",
+    ),
     # budgets, set sizes and unbounded work: refused up front, before any model work
-    ("select-seed-range-huge", None, ["probe", "--chunk", "128:160", "--select", "random:remove=0.1@0-99999999999"],
-     "seeds; at most 1000 per spec"),
-    ("select-positions-huge", None, ["probe", "--chunk", "128:160", "--select", "positions:0-99999999"],
-     "position 99,999,999 is past any model's context"),
-    ("select-budget-side", None, ["probe", "--chunk", "128:160", "--select", "entropy:hold=0.1"],
-     "write keep=X or remove=X"),
-    ("select-budget-nan", None, ["probe", "--chunk", "128:160", "--select", "attention:remove=nan"],
-     "invalid budget in --select attention:remove=nan: 'nan' is not a number"),
-    ("select-budget-inf-share", None, ["probe", "--chunk", "128:160", "--select", "attention:remove=1e999"],
-     "a share must lie in [0, 1]"),
-    ("select-policy-budget", None, ["probe", "--chunk", "128:160", "--select", "policy:snapkv@keep=1.5"],
-     "a share must lie in [0, 1]"),
-    ("select-removes-nothing", None, ["probe", "--chunk", "128:160", "--select", "entropy:remove=0.001"],
-     "removes 0 of the 128 prefix positions"),
-    ("select-more-than-candidates", None, ["probe", "--chunk", "128:160", "--select", "entropy:remove=0.9"],
-     "needs more than the 92 candidate positions [4, 96)"),
-    ("select-policy-keeps-all", None, ["probe", "--chunk", "128:160", "--select", "policy:snapkv@keep=1.0"],
-     "keeps all 128 prefix positions: nothing to measure"),
-    ("select-policy-window-only", None, ["probe", "--chunk", "128:160", "--select", "policy:infokv@keep=0.2"],
-     "budget keep=0.2 keeps 26 of 128 tokens, not above the window of 32"),
+    (
+        "select-seed-range-huge",
+        None,
+        ["probe", "--chunk", "128:160", "--select", "random:remove=0.1@0-99999999999"],
+        "seeds; at most 1000 per spec",
+    ),
+    (
+        "select-positions-huge",
+        None,
+        ["probe", "--chunk", "128:160", "--select", "positions:0-99999999"],
+        "position 99,999,999 is past any model's context",
+    ),
+    (
+        "select-budget-side",
+        None,
+        ["probe", "--chunk", "128:160", "--select", "entropy:hold=0.1"],
+        "write keep=X or remove=X",
+    ),
+    (
+        "select-budget-nan",
+        None,
+        ["probe", "--chunk", "128:160", "--select", "attention:remove=nan"],
+        "invalid budget in --select attention:remove=nan: 'nan' is not a number",
+    ),
+    (
+        "select-budget-inf-share",
+        None,
+        ["probe", "--chunk", "128:160", "--select", "attention:remove=1e999"],
+        "a share must lie in [0, 1]",
+    ),
+    (
+        "select-policy-budget",
+        None,
+        ["probe", "--chunk", "128:160", "--select", "policy:snapkv@keep=1.5"],
+        "a share must lie in [0, 1]",
+    ),
+    (
+        "select-removes-nothing",
+        None,
+        ["probe", "--chunk", "128:160", "--select", "entropy:remove=0.001"],
+        "removes 0 of the 128 prefix positions",
+    ),
+    (
+        "select-more-than-candidates",
+        None,
+        ["probe", "--chunk", "128:160", "--select", "entropy:remove=0.9"],
+        "needs more than the 92 candidate positions [4, 96)",
+    ),
+    (
+        "select-policy-keeps-all",
+        None,
+        ["probe", "--chunk", "128:160", "--select", "policy:snapkv@keep=1.0"],
+        "keeps all 128 prefix positions: nothing to measure",
+    ),
+    (
+        "select-policy-window-only",
+        None,
+        ["probe", "--chunk", "128:160", "--select", "policy:infokv@keep=0.2"],
+        "budget keep=0.2 keeps 26 of 128 tokens, not above the window of 32",
+    ),
     ("chunk-twice", None, ["probe", "--chunk", "128:160", "--chunk", "128:160"], "chunk 128:160 is given twice"),
     ("nearfar-seeds-huge", None, ["nearfar", "--seeds", "99999999999"], "--seeds must lie in [1, 1000]"),
-    ("nearfar-budget-tiny", None, ["nearfar", "--prefix", "128", "--budget", "remove=0.001"],
-     "removes 0 of the 128 prefix positions"),
+    (
+        "nearfar-budget-tiny",
+        None,
+        ["nearfar", "--prefix", "128", "--budget", "remove=0.001"],
+        "removes 0 of the 128 prefix positions",
+    ),
     ("nearfar-budget-all", None, ["nearfar", "--budget", "remove=1.0"], "removes nothing or everything"),
     ("correlate-seed-negative", None, ["correlate", "--chunk", "128:160", "--seed=-1"], "--seed"),
     # the gradient estimator (issue 10): its options, and options it would ignore
-    ("estimator-unknown", None, ["correlate", "--chunk", "128:160", "--estimator", "taylor"],
-     "unknown --estimator 'taylor' (choose exact or fisher)"),
-    ("estimator-samples-0", None, ["correlate", "--chunk", "128:160", "--estimator", "fisher", "--samples", "0"],
-     "--samples must be >= 1, got 0"),
-    ("estimator-validate-too-many", None, ["correlate", "--chunk", "128:160", "--estimator", "fisher", "--validate", "93"],
-     "--validate 93 must lie in [0, 92], the number of candidate positions"),
-    ("estimator-fisher-candidates", None, ["correlate", "--chunk", "128:160", "--estimator", "fisher", "--candidates", "all"],
-     "--candidates goes with --estimator exact"),
-    ("estimator-fisher-batch-size", None, ["correlate", "--chunk", "128:160", "--estimator", "fisher", "--batch-size", "4"],
-     "--batch-size sets the batches of exact FI: with --estimator fisher it needs --validate N"),
-    ("estimator-exact-samples", None, ["correlate", "--chunk", "128:160", "--samples", "8"],
-     "--samples and --validate go with --estimator fisher"),
-    ("estimator-exact-validate", None, ["correlate", "--chunk", "128:160", "--estimator", "exact", "--validate", "8"],
-     "--samples and --validate go with --estimator fisher"),
+    (
+        "estimator-unknown",
+        None,
+        ["correlate", "--chunk", "128:160", "--estimator", "taylor"],
+        "unknown --estimator 'taylor' (choose exact or fisher)",
+    ),
+    (
+        "estimator-samples-0",
+        None,
+        ["correlate", "--chunk", "128:160", "--estimator", "fisher", "--samples", "0"],
+        "--samples must be >= 1, got 0",
+    ),
+    (
+        "estimator-validate-too-many",
+        None,
+        ["correlate", "--chunk", "128:160", "--estimator", "fisher", "--validate", "93"],
+        "--validate 93 must lie in [0, 92], the number of candidate positions",
+    ),
+    (
+        "estimator-fisher-candidates",
+        None,
+        ["correlate", "--chunk", "128:160", "--estimator", "fisher", "--candidates", "all"],
+        "--candidates goes with --estimator exact",
+    ),
+    (
+        "estimator-fisher-batch-size",
+        None,
+        ["correlate", "--chunk", "128:160", "--estimator", "fisher", "--batch-size", "4"],
+        "--batch-size sets the batches of exact FI: with --estimator fisher it needs --validate N",
+    ),
+    (
+        "estimator-exact-samples",
+        None,
+        ["correlate", "--chunk", "128:160", "--samples", "8"],
+        "--samples and --validate go with --estimator fisher",
+    ),
+    (
+        "estimator-exact-validate",
+        None,
+        ["correlate", "--chunk", "128:160", "--estimator", "exact", "--validate", "8"],
+        "--samples and --validate go with --estimator fisher",
+    ),
     ("scores-estimator-without-chunk", None, ["scores", "--estimator", "fisher"], "go with --fi-chunk START:END"),
-    ("scores-estimator-unknown", None, ["scores", "--prefix", "128", "--fi-chunk", "128:160", "--estimator", "x"],
-     "unknown --estimator 'x'"),
-    ("scores-samples-0", None, ["scores", "--prefix", "128", "--fi-chunk", "128:160", "--samples", "0"],
-     "--samples must be >= 1, got 0"),
-    ("scores-exact-samples", None, ["scores", "--prefix", "128", "--fi-chunk", "128:160", "--estimator", "exact",
-                                    "--samples", "4"], "--samples and --seed go with --estimator fisher"),
-    ("scores-fi-chunk-before-prefix", None, ["scores", "--prefix", "128", "--fi-chunk", "100:160"],
-     "starts before the compression point"),
+    (
+        "scores-estimator-unknown",
+        None,
+        ["scores", "--prefix", "128", "--fi-chunk", "128:160", "--estimator", "x"],
+        "unknown --estimator 'x'",
+    ),
+    (
+        "scores-samples-0",
+        None,
+        ["scores", "--prefix", "128", "--fi-chunk", "128:160", "--samples", "0"],
+        "--samples must be >= 1, got 0",
+    ),
+    (
+        "scores-exact-samples",
+        None,
+        ["scores", "--prefix", "128", "--fi-chunk", "128:160", "--estimator", "exact", "--samples", "4"],
+        "--samples and --seed go with --estimator fisher",
+    ),
+    (
+        "scores-fi-chunk-before-prefix",
+        None,
+        ["scores", "--prefix", "128", "--fi-chunk", "100:160"],
+        "starts before the compression point",
+    ),
     ("generate-budget-side", None, ["generate", "hi", "--budget", "hold=0.2"], "write keep=X or remove=X"),
     # fi eval (issue 9): lists, tasks, policies and budgets are checked before the model is loaded
     ("eval-unknown-task", None, ["eval", "--task", "sudoku"], "unknown task 'sudoku'"),
     ("eval-unknown-policy", None, ["eval", "--policy", "infokv,lru"], "unknown policy 'lru'"),
-    ("eval-malformed-policy-list", None, ["eval", "--policy", "infokv,,snapkv"], "--policy must be a comma-separated list without empty items"),
-    ("eval-malformed-budget-list", None, ["eval", "--budget", "0.1,abc"], "invalid budget in --budget: 'abc' is not a number"),
+    (
+        "eval-malformed-policy-list",
+        None,
+        ["eval", "--policy", "infokv,,snapkv"],
+        "--policy must be a comma-separated list without empty items",
+    ),
+    (
+        "eval-malformed-budget-list",
+        None,
+        ["eval", "--budget", "0.1,abc"],
+        "invalid budget in --budget: 'abc' is not a number",
+    ),
     ("eval-budget-trailing-comma", None, ["eval", "--budget", "0.1,"], "--budget must be a comma-separated list"),
-    ("eval-malformed-context", None, ["eval", "--task", "passkey", "--context", "1024,2k"], "--context must list whole numbers, got '2k'"),
+    (
+        "eval-malformed-context",
+        None,
+        ["eval", "--task", "passkey", "--context", "1024,2k"],
+        "--context must list whole numbers, got '2k'",
+    ),
     ("eval-repeated-task", None, ["eval", "--task", "passkey,passkey"], "--task lists an item twice"),
-    ("eval-unknown-protocol", None, ["eval", "--task", "passkey", "--protocol", "question-first"], "unknown protocol 'question-first'"),
+    (
+        "eval-unknown-protocol",
+        None,
+        ["eval", "--task", "passkey", "--protocol", "question-first"],
+        "unknown protocol 'question-first'",
+    ),
     ("eval-interval-0", None, ["eval", "--interval", "0"], "--interval must be >= 1, got 0"),
-    ("eval-budget-below-window", None, ["eval", "--budget", "0.01", "--prompt", "512", "--length", "1024"],
-     "budget keep=0.01 keeps at most 10 of the 1024 tokens it may compress, not above the window of 32"),
-    ("eval-task-budget-below-window", None, ["eval", "--task", "passkey", "--context", "512", "--budget", "0.05"],
-     "budget keep=0.05 keeps 26 of a 512-token context, not above the window of 32"),
+    (
+        "eval-budget-below-window",
+        None,
+        ["eval", "--budget", "0.01", "--prompt", "512", "--length", "1024"],
+        "budget keep=0.01 keeps at most 10 of the 1024 tokens it may compress, not above the window of 32",
+    ),
+    (
+        "eval-task-budget-below-window",
+        None,
+        ["eval", "--task", "passkey", "--context", "512", "--budget", "0.05"],
+        "budget keep=0.05 keeps 26 of a 512-token context, not above the window of 32",
+    ),
     ("eval-generated-0", None, ["eval", "--future", "generated:0"], "--future generated:0 generates nothing"),
-    ("eval-future-and-length", None, ["eval", "--future", "generated:64", "--length", "900"], "--length and --future generated:64 both set the length"),
+    (
+        "eval-future-and-length",
+        None,
+        ["eval", "--future", "generated:64", "--length", "900"],
+        "--length and --future generated:64 both set the length",
+    ),
     ("eval-docs-and-task", None, ["eval", "alice", "--task", "passkey"], "give documents or --task, not both"),
-    ("eval-length-not-after-prompt", None, ["eval", "--prompt", "1024", "--length", "1024"], "leaves nothing after the 1024-token prompt"),
+    (
+        "eval-length-not-after-prompt",
+        None,
+        ["eval", "--prompt", "1024", "--length", "1024"],
+        "leaves nothing after the 1024-token prompt",
+    ),
     ("eval-into-a-nearfar-run", a_run, ["eval", "--out", "run"], "already holds results (a 'nearfar' run)"),
-    ("correlate-fisher-samples-huge", None, ["correlate", "--chunk", "128:160", "--estimator", "fisher", "--samples",
-                                             "99999999999"], "--samples must be at most 10,000"),
-    ("scores-fisher-samples-huge", None, ["scores", "--prefix", "128", "--fi-chunk", "128:160", "--estimator", "fisher",
-                                          "--samples", "99999999999"], "--samples must be at most 10,000"),
-    ("eval-samples-huge", None, ["eval", "--task", "passkey", "--samples", "99999999999"], "--samples must lie in [1, 1,000]"),
-    ("eval-samples-0", None, ["eval", "--task", "passkey", "--samples", "0"], "--samples must lie in [1, 1,000], got 0"),
+    (
+        "correlate-fisher-samples-huge",
+        None,
+        ["correlate", "--chunk", "128:160", "--estimator", "fisher", "--samples", "99999999999"],
+        "--samples must be at most 10,000",
+    ),
+    (
+        "scores-fisher-samples-huge",
+        None,
+        ["scores", "--prefix", "128", "--fi-chunk", "128:160", "--estimator", "fisher", "--samples", "99999999999"],
+        "--samples must be at most 10,000",
+    ),
+    (
+        "eval-samples-huge",
+        None,
+        ["eval", "--task", "passkey", "--samples", "99999999999"],
+        "--samples must lie in [1, 1,000]",
+    ),
+    (
+        "eval-samples-0",
+        None,
+        ["eval", "--task", "passkey", "--samples", "0"],
+        "--samples must lie in [1, 1,000], got 0",
+    ),
     ("eval-resamples-huge", None, ["eval", "--resamples", "99999999999"], "--resamples must lie in [0, 100,000]"),
     ("eval-resamples-negative", None, ["eval", "--resamples=-1"], "--resamples must lie in [0, 100,000], got -1"),
-    ("correlate-resamples-huge", None, ["correlate", "--chunk", "128:160", "--resamples", "99999999999"],
-     "--resamples must lie in [0, 100,000]"),
+    (
+        "correlate-resamples-huge",
+        None,
+        ["correlate", "--chunk", "128:160", "--resamples", "99999999999"],
+        "--resamples must lie in [0, 100,000]",
+    ),
     ("eval-free-tokens-negative", None, ["eval", "--free-tokens=-1"], "--free-tokens must be >= 0, got -1"),
     ("eval-interval-nan", None, ["eval", "--interval", "nan"], "Invalid value for '--interval'"),
     ("eval-budget-nan", None, ["eval", "--budget", "0.25,nan"], "invalid budget in --budget: 'nan' is not a number"),
-    ("eval-future-nan", None, ["eval", "--future", "generated:nan"], "--future must be 'document' or 'generated:N[@SEED]'"),
+    (
+        "eval-future-nan",
+        None,
+        ["eval", "--future", "generated:nan"],
+        "--future must be 'document' or 'generated:N[@SEED]'",
+    ),
     ("probe-generated-0", None, ["probe", "--chunk", "128:160", "--future", "generated:0"], "generates nothing"),
-    ("probe-chunk-past-generated", None, ["probe", "--chunk", "128:260", "--future", "generated:64"],
-     "chunk 128:260 ends past p + N = 192"),
+    (
+        "probe-chunk-past-generated",
+        None,
+        ["probe", "--chunk", "128:260", "--future", "generated:64"],
+        "chunk 128:260 ends past p + N = 192",
+    ),
     # sharded runs and placement (issue 11)
-    ("nearfar-into-a-run-of-another-world-size", a_run_of_world(2), ["nearfar", "--out", "run"],
-     "already holds results (a 'nearfar' run computed with world size 2, this run has 1); pass --resume to continue "
-     "it with any world size or --overwrite to replace it"),
-    ("device-map-and-device", None, ["probe", "--chunk", "128:160", "--device", "cpu", "--device-map", "auto"],
-     "--device-map places the model's layers across devices; it does not go with --device (give one)"),
-    ("device-map-and-device-nearfar", None, ["nearfar", "--device", "cuda", "--device-map", "auto"],
-     "it does not go with --device"),
-    ("unit-sets-negative", None, ["nearfar", "--unit-sets", "-2"],
-     "--unit-sets must be >= 0 (0: one unit per document), got -2"),
-    ("unit-sets-huge", None, ["nearfar", "--unit-sets", "99999999999999999999999"],
-     "--unit-sets must be at most 1,000,000 items per unit (0: one unit per document), got 99999999999999999999999"),
-    ("unit-candidates-huge", None, ["correlate", "--chunk", "128:160", "--unit-candidates", "1000001"],
-     "--unit-candidates must be at most 1,000,000 items per unit (0: one unit per document), got 1000001"),
-    ("unit-policies-huge", None, ["eval", "--unit-policies", "10000000"],
-     "--unit-policies must be at most 1,000,000 items per unit (0: one unit per document), got 10000000"),
-    ("unit-sets-nan", None, ["nearfar", "--unit-sets", "nan"],
-     "Invalid value for '--unit-sets'"),
-    ("unit-candidates-inf", None, ["correlate", "--chunk", "128:160", "--unit-candidates", "inf"],
-     "Invalid value for '--unit-candidates'"),
+    (
+        "nearfar-into-a-run-of-another-world-size",
+        a_run_of_world(2),
+        ["nearfar", "--out", "run"],
+        "already holds results (a 'nearfar' run computed with world size 2, this run has 1); pass --resume to continue "
+        "it with any world size or --overwrite to replace it",
+    ),
+    (
+        "device-map-and-device",
+        None,
+        ["probe", "--chunk", "128:160", "--device", "cpu", "--device-map", "auto"],
+        "--device-map places the model's layers across devices; it does not go with --device (give one)",
+    ),
+    (
+        "device-map-and-device-nearfar",
+        None,
+        ["nearfar", "--device", "cuda", "--device-map", "auto"],
+        "it does not go with --device",
+    ),
+    (
+        "unit-sets-negative",
+        None,
+        ["nearfar", "--unit-sets", "-2"],
+        "--unit-sets must be >= 0 (0: one unit per document), got -2",
+    ),
+    (
+        "unit-sets-huge",
+        None,
+        ["nearfar", "--unit-sets", "99999999999999999999999"],
+        "--unit-sets must be at most 1,000,000 items per unit (0: one unit per document), got 99999999999999999999999",
+    ),
+    (
+        "unit-candidates-huge",
+        None,
+        ["correlate", "--chunk", "128:160", "--unit-candidates", "1000001"],
+        "--unit-candidates must be at most 1,000,000 items per unit (0: one unit per document), got 1000001",
+    ),
+    (
+        "unit-policies-huge",
+        None,
+        ["eval", "--unit-policies", "10000000"],
+        "--unit-policies must be at most 1,000,000 items per unit (0: one unit per document), got 10000000",
+    ),
+    ("unit-sets-nan", None, ["nearfar", "--unit-sets", "nan"], "Invalid value for '--unit-sets'"),
+    (
+        "unit-candidates-inf",
+        None,
+        ["correlate", "--chunk", "128:160", "--unit-candidates", "inf"],
+        "Invalid value for '--unit-candidates'",
+    ),
     ("unit-policies-float", None, ["eval", "--unit-policies", "1.5"], "Invalid value for '--unit-policies'"),
-    ("unit-candidates-negative", None, ["correlate", "--chunk", "128:160", "--unit-candidates", "-1"],
-     "--unit-candidates must be >= 0 (0: one unit per document), got -1"),
-    ("unit-candidates-fisher", None, ["correlate", "--chunk", "128:160", "--estimator", "fisher", "--unit-candidates", "8"],
-     "--unit-candidates splits exact per-token FI; the fisher estimate is one unit per document"),
-    ("unit-policies-negative", None, ["eval", "--unit-policies", "-3"],
-     "--unit-policies must be >= 0 (0: one unit per document), got -3"),
-    ("unit-policies-tasks", None, ["eval", "--task", "passkey", "--unit-policies", "2"],
-     "--unit-policies splits text documents; a task run's unit is already one sample"),
-    ("device-map-bad-json", None, ["correlate", "--chunk", "128:160", "--device-map", "{layers: 0}"],
-     "--device-map '{layers: 0}' is not valid JSON"),
+    (
+        "unit-candidates-negative",
+        None,
+        ["correlate", "--chunk", "128:160", "--unit-candidates", "-1"],
+        "--unit-candidates must be >= 0 (0: one unit per document), got -1",
+    ),
+    (
+        "unit-candidates-fisher",
+        None,
+        ["correlate", "--chunk", "128:160", "--estimator", "fisher", "--unit-candidates", "8"],
+        "--unit-candidates splits exact per-token FI; the fisher estimate is one unit per document",
+    ),
+    (
+        "unit-policies-negative",
+        None,
+        ["eval", "--unit-policies", "-3"],
+        "--unit-policies must be >= 0 (0: one unit per document), got -3",
+    ),
+    (
+        "unit-policies-tasks",
+        None,
+        ["eval", "--task", "passkey", "--unit-policies", "2"],
+        "--unit-policies splits text documents; a task run's unit is already one sample",
+    ),
+    (
+        "device-map-bad-json",
+        None,
+        ["correlate", "--chunk", "128:160", "--device-map", "{layers: 0}"],
+        "--device-map '{layers: 0}' is not valid JSON",
+    ),
     ("device-map-not-a-map", None, ["eval", "--device-map", "[0, 1]"], "must map module names to devices"),
-    ("device-map-no-file", None, ["scores", "--device-map", "nomap.json"],
-     "--device-map 'nomap.json' is neither auto, balanced, balanced_low_0, sequential, a JSON object nor a readable JSON file"),
+    (
+        "device-map-no-file",
+        None,
+        ["scores", "--device-map", "nomap.json"],
+        "--device-map 'nomap.json' is neither auto, balanced, balanced_low_0, sequential, a JSON object nor a readable "
+        "JSON file",
+    ),
     # models: say what really failed
-    ("model-unknown-architecture", unknown_architecture, ["probe", "--chunk", "128:160", "--model", "bad-model"],
-     "cannot load model from 'bad-model': The checkpoint you are trying to load has model type `no-such-architecture`"),
-    ("model-not-in-cache", None, ["probe", "--chunk", "128:160", "--model", NO_SUCH_HUB_ID],
-     f"unknown model '{NO_SUCH_HUB_ID}': not 'smollm2-135m', not a local model directory, and not in the local Hugging Face cache"),
-    ("generate-model-unknown-architecture", unknown_architecture, ["generate", "hi", "--model", "bad-model"],
-     "model type `no-such-architecture`"),
+    (
+        "model-unknown-architecture",
+        unknown_architecture,
+        ["probe", "--chunk", "128:160", "--model", "bad-model"],
+        "cannot load model from 'bad-model': The checkpoint you are trying to load has model type "
+        "`no-such-architecture`",
+    ),
+    (
+        "model-not-in-cache",
+        None,
+        ["probe", "--chunk", "128:160", "--model", NO_SUCH_HUB_ID],
+        f"unknown model '{NO_SUCH_HUB_ID}': not 'smollm2-135m', not a local model directory, and not in the local "
+        f"Hugging Face cache",
+    ),
+    (
+        "generate-model-unknown-architecture",
+        unknown_architecture,
+        ["generate", "hi", "--model", "bad-model"],
+        "model type `no-such-architecture`",
+    ),
     # kvpress presses (issue 12): the ratio is checked before kvpress is imported; the name needs kvpress
-    ("kvpress-no-ratio", None, ["probe", "--chunk", "128:160", "--select", "kvpress:SnapKVPress"],
-     "expected kvpress:NAME@RATIO, e.g. kvpress:SnapKVPress@0.75"),
-    ("kvpress-ratio-text", None, ["probe", "--chunk", "128:160", "--select", "kvpress:SnapKVPress@most"],
-     "the ratio 'most' is not a number"),
-    ("kvpress-ratio-1", None, ["probe", "--chunk", "128:160", "--select", "kvpress:SnapKVPress@1.0"],
-     "the ratio 1.0 must lie in (0, 1) (kvpress's compression_ratio: the share removed"),
-    ("kvpress-ratio-nan", None, ["probe", "--chunk", "128:160", "--select", "kvpress:TOVAPress@nan"],
-     "must lie in (0, 1)"),
-    ("kvpress-bad-option", None, ["probe", "--chunk", "128:160", "--select", "kvpress:SnapKVPress@0.5:7"],
-     "expected options like window_size=32"),
-    ("kvpress-unknown-press", None, ["probe", "--chunk", "128:160", "--select", "kvpress:NoSuchPress@0.5"],
-     "unknown kvpress press 'NoSuchPress'" if HAS_KVPRESS else KVPRESS_MISSING),
-    ("eval-kvpress-ratio", None, ["eval", "--policy", "kvpress:TOVAPress@0.75"],
-     "give the budget with --budget (kvpress:NAME, without @RATIO)"),
+    (
+        "kvpress-no-ratio",
+        None,
+        ["probe", "--chunk", "128:160", "--select", "kvpress:SnapKVPress"],
+        "expected kvpress:NAME@RATIO, e.g. kvpress:SnapKVPress@0.75",
+    ),
+    (
+        "kvpress-ratio-text",
+        None,
+        ["probe", "--chunk", "128:160", "--select", "kvpress:SnapKVPress@most"],
+        "the ratio 'most' is not a number",
+    ),
+    (
+        "kvpress-ratio-1",
+        None,
+        ["probe", "--chunk", "128:160", "--select", "kvpress:SnapKVPress@1.0"],
+        "the ratio 1.0 must lie in (0, 1) (kvpress's compression_ratio: the share removed",
+    ),
+    (
+        "kvpress-ratio-nan",
+        None,
+        ["probe", "--chunk", "128:160", "--select", "kvpress:TOVAPress@nan"],
+        "must lie in (0, 1)",
+    ),
+    (
+        "kvpress-bad-option",
+        None,
+        ["probe", "--chunk", "128:160", "--select", "kvpress:SnapKVPress@0.5:7"],
+        "expected options like window_size=32",
+    ),
+    (
+        "kvpress-unknown-press",
+        None,
+        ["probe", "--chunk", "128:160", "--select", "kvpress:NoSuchPress@0.5"],
+        "unknown kvpress press 'NoSuchPress'" if HAS_KVPRESS else KVPRESS_MISSING,
+    ),
+    (
+        "eval-kvpress-ratio",
+        None,
+        ["eval", "--policy", "kvpress:TOVAPress@0.75"],
+        "give the budget with --budget (kvpress:NAME, without @RATIO)",
+    ),
     ("eval-kvpress-not-installed", without_kvpress, ["eval", "--policy", "kvpress:TOVAPress"], KVPRESS_MISSING),
-    ("kvpress-not-installed", without_kvpress, ["probe", "--chunk", "128:160", "--select", "kvpress:TOVAPress@0.5"],
-     KVPRESS_MISSING),
+    (
+        "kvpress-not-installed",
+        without_kvpress,
+        ["probe", "--chunk", "128:160", "--select", "kvpress:TOVAPress@0.5"],
+        KVPRESS_MISSING,
+    ),
     # policy options, spelled NAME[:key=value,...] (issue 18): refused by name or by the policy's own validation
-    ("select-policy-option-unknown", None, ["probe", "--chunk", "128:160", "--select", "policy:snapkv@0.25:alpha=0.5"],
-     "--select policy:snapkv@0.25:alpha=0.5: snapkv has no option 'alpha' (its options: window)"),
-    ("select-policy-option-nan", None, ["probe", "--chunk", "128:160", "--select", "policy:infokv@0.5:alpha=nan"],
-     "alpha must lie in [0, 1], got nan"),
-    ("select-policy-option-trace", None, ["probe", "--chunk", "128:160", "--select", "policy:infokv@0.5:top_k=8"],
-     "top_k is a signal option every policy of this run shares; give it with --top-k"),
-    ("select-policy-adaptive-streaming", None, ["probe", "--chunk", "128:160", "--select", "policy:adaptive(streaming)@0.5"],
-     "adaptive(streaming): streaming keeps tokens by position, with no scores to weigh layers by"),
-    ("eval-policy-alpha-nan", None, ["eval", "--policy", "infokv:alpha=nan"],
-     "--policy infokv:alpha=nan: alpha must lie in [0, 1], got nan"),
-    ("eval-policy-alpha-2", None, ["eval", "--policy", "infokv:alpha=2"], "--policy infokv:alpha=2: alpha must lie in [0, 1], got 2.0"),
-    ("eval-policy-top-k-0", None, ["eval", "--policy", "infokv:top_k=0"], "--policy infokv:top_k=0: top_k must be >= 1, got 0"),
-    ("eval-policy-top-k-shared", None, ["eval", "--policy", "snapkv,infokv:top_k=8"],
-     "--policy infokv:top_k=8: top_k is a signal option every policy of this run shares; give it with --top-k"),
-    ("eval-policy-option-unknown", None, ["eval", "--policy", "infokv:nonsense=1,snapkv"],
-     "--policy infokv:nonsense=1: infokv has no option 'nonsense' (its options: window, alpha, tau, top_k)"),
-    ("eval-policy-option-not-a-number", None, ["eval", "--policy", "infokv:tau=high"], "tau must be a number, got 'high'"),
-    ("eval-policy-adaptive-streaming", None, ["eval", "--policy", "adaptive(streaming)"],
-     "--policy adaptive(streaming): adaptive(streaming): streaming keeps tokens by position"),
-    ("generate-policy-alpha-nan", None, ["generate", "hi", "--policy", "infokv:alpha=nan"],
-     "--policy infokv:alpha=nan: alpha must lie in [0, 1], got nan"),
-    ("generate-policy-alpha-2", None, ["generate", "hi", "--policy", "infokv:alpha=2"], "alpha must lie in [0, 1], got 2.0"),
-    ("generate-policy-top-k-0", None, ["generate", "hi", "--policy", "infokv:top_k=0"],
-     "--policy infokv:top_k=0: top_k must be >= 1, got 0"),
-    ("generate-policy-option-unknown", None, ["generate", "hi", "--policy", "infokv:nonsense=1"],
-     "infokv has no option 'nonsense' (its options: window, alpha, tau, top_k)"),
-    ("generate-policy-option-of-another", None, ["generate", "hi", "--policy", "snapkv:tau=2"], "snapkv has no option 'tau'"),
-    ("generate-policy-adaptive-streaming", None, ["generate", "hi", "--policy", "adaptive(streaming)"],
-     "adaptive(streaming): streaming keeps tokens by position"),
-    ("generate-policy-adaptive-random", None, ["generate", "hi", "--policy", "random-adaptive"],
-     "adaptive(random): random draws its scores at random"),
+    (
+        "select-policy-option-unknown",
+        None,
+        ["probe", "--chunk", "128:160", "--select", "policy:snapkv@0.25:alpha=0.5"],
+        "--select policy:snapkv@0.25:alpha=0.5: snapkv has no option 'alpha' (its options: window)",
+    ),
+    (
+        "select-policy-option-nan",
+        None,
+        ["probe", "--chunk", "128:160", "--select", "policy:infokv@0.5:alpha=nan"],
+        "alpha must lie in [0, 1], got nan",
+    ),
+    (
+        "select-policy-option-trace",
+        None,
+        ["probe", "--chunk", "128:160", "--select", "policy:infokv@0.5:top_k=8"],
+        "top_k is a signal option every policy of this run shares; give it with --top-k",
+    ),
+    (
+        "select-policy-adaptive-streaming",
+        None,
+        ["probe", "--chunk", "128:160", "--select", "policy:adaptive(streaming)@0.5"],
+        "adaptive(streaming): streaming keeps tokens by position, with no scores to weigh layers by",
+    ),
+    (
+        "eval-policy-alpha-nan",
+        None,
+        ["eval", "--policy", "infokv:alpha=nan"],
+        "--policy infokv:alpha=nan: alpha must lie in [0, 1], got nan",
+    ),
+    (
+        "eval-policy-alpha-2",
+        None,
+        ["eval", "--policy", "infokv:alpha=2"],
+        "--policy infokv:alpha=2: alpha must lie in [0, 1], got 2.0",
+    ),
+    (
+        "eval-policy-top-k-0",
+        None,
+        ["eval", "--policy", "infokv:top_k=0"],
+        "--policy infokv:top_k=0: top_k must be >= 1, got 0",
+    ),
+    (
+        "eval-policy-top-k-shared",
+        None,
+        ["eval", "--policy", "snapkv,infokv:top_k=8"],
+        "--policy infokv:top_k=8: top_k is a signal option every policy of this run shares; give it with --top-k",
+    ),
+    (
+        "eval-policy-option-unknown",
+        None,
+        ["eval", "--policy", "infokv:nonsense=1,snapkv"],
+        "--policy infokv:nonsense=1: infokv has no option 'nonsense' (its options: window, alpha, tau, top_k)",
+    ),
+    (
+        "eval-policy-option-not-a-number",
+        None,
+        ["eval", "--policy", "infokv:tau=high"],
+        "tau must be a number, got 'high'",
+    ),
+    (
+        "eval-policy-adaptive-streaming",
+        None,
+        ["eval", "--policy", "adaptive(streaming)"],
+        "--policy adaptive(streaming): adaptive(streaming): streaming keeps tokens by position",
+    ),
+    (
+        "generate-policy-alpha-nan",
+        None,
+        ["generate", "hi", "--policy", "infokv:alpha=nan"],
+        "--policy infokv:alpha=nan: alpha must lie in [0, 1], got nan",
+    ),
+    (
+        "generate-policy-alpha-2",
+        None,
+        ["generate", "hi", "--policy", "infokv:alpha=2"],
+        "alpha must lie in [0, 1], got 2.0",
+    ),
+    (
+        "generate-policy-top-k-0",
+        None,
+        ["generate", "hi", "--policy", "infokv:top_k=0"],
+        "--policy infokv:top_k=0: top_k must be >= 1, got 0",
+    ),
+    (
+        "generate-policy-option-unknown",
+        None,
+        ["generate", "hi", "--policy", "infokv:nonsense=1"],
+        "infokv has no option 'nonsense' (its options: window, alpha, tau, top_k)",
+    ),
+    (
+        "generate-policy-option-of-another",
+        None,
+        ["generate", "hi", "--policy", "snapkv:tau=2"],
+        "snapkv has no option 'tau'",
+    ),
+    (
+        "generate-policy-adaptive-streaming",
+        None,
+        ["generate", "hi", "--policy", "adaptive(streaming)"],
+        "adaptive(streaming): streaming keeps tokens by position",
+    ),
+    (
+        "generate-policy-adaptive-random",
+        None,
+        ["generate", "hi", "--policy", "random-adaptive"],
+        "adaptive(random): random draws its scores at random",
+    ),
     ("generate-policy-unknown", None, ["generate", "hi", "--policy", "lru:alpha=1"], "unknown policy 'lru'"),
     # the install hint names what the user wrote: a policy is a policy, a selection a selection
-    ("eval-kvpress-hint-names-the-policy", without_kvpress, ["eval", "--policy", "kvpress:TOVAPress"],
-     "error: --policy kvpress:TOVAPress needs the kvpress extra ("),
-    ("probe-kvpress-hint-names-the-selection", without_kvpress,
-     ["probe", "--chunk", "128:160", "--select", "kvpress:TOVAPress@0.5"],
-     "error: --select kvpress:TOVAPress@0.5 needs the kvpress extra ("),
+    (
+        "eval-kvpress-hint-names-the-policy",
+        without_kvpress,
+        ["eval", "--policy", "kvpress:TOVAPress"],
+        "error: --policy kvpress:TOVAPress needs the kvpress extra (",
+    ),
+    (
+        "probe-kvpress-hint-names-the-selection",
+        without_kvpress,
+        ["probe", "--chunk", "128:160", "--select", "kvpress:TOVAPress@0.5"],
+        "error: --select kvpress:TOVAPress@0.5 needs the kvpress extra (",
+    ),
     # fi lm-eval (issue 22): --model fi's model arguments are checked before lm-eval or a model loads
-    ("lmeval-unknown-policy", None, ["lm-eval", "--model", "fi", "--model_args", "policy=bogus", "--tasks", "x"],
-     "unknown policy 'bogus'"),
-    ("lmeval-budget-below-window", None, ["lm-eval", "--model", "fi", "--model_args", "policy=infokv,budget=keep=16",
-                                          "--tasks", "x"], "budget=keep=16 cannot hold the observation window of 32"),
-    ("lmeval-interval-zero", None, ["lm-eval", "--model", "fi", "--model_args", "policy=infokv,interval=0", "--tasks", "x"],
-     "interval=0: need an integer >= 1"),
-    ("lmeval-nan-option", None, ["lm-eval", "--model", "fi", "--model_args", "policy=infokv,alpha=nan", "--tasks", "x"],
-     "alpha=nan: not a finite number"),
-    ("lmeval-unknown-option", None, ["lm-eval", "--model", "fi", "--model_args", "policy=snapkv,alpha=0.5", "--tasks", "x"],
-     "policy snapkv has no option alpha"),
-    ("lmeval-bad-pair", None, ["lm-eval", "--model=fi", "--model_args=policy", "--tasks", "x"],
-     "write KEY=VALUE pairs separated by commas"),
+    (
+        "lmeval-unknown-policy",
+        None,
+        ["lm-eval", "--model", "fi", "--model_args", "policy=bogus", "--tasks", "x"],
+        "unknown policy 'bogus'",
+    ),
+    (
+        "lmeval-budget-below-window",
+        None,
+        ["lm-eval", "--model", "fi", "--model_args", "policy=infokv,budget=keep=16", "--tasks", "x"],
+        "budget=keep=16 cannot hold the observation window of 32",
+    ),
+    (
+        "lmeval-interval-zero",
+        None,
+        ["lm-eval", "--model", "fi", "--model_args", "policy=infokv,interval=0", "--tasks", "x"],
+        "interval=0: need an integer >= 1",
+    ),
+    (
+        "lmeval-nan-option",
+        None,
+        ["lm-eval", "--model", "fi", "--model_args", "policy=infokv,alpha=nan", "--tasks", "x"],
+        "alpha=nan: not a finite number",
+    ),
+    (
+        "lmeval-unknown-option",
+        None,
+        ["lm-eval", "--model", "fi", "--model_args", "policy=snapkv,alpha=0.5", "--tasks", "x"],
+        "policy snapkv has no option alpha",
+    ),
+    (
+        "lmeval-bad-pair",
+        None,
+        ["lm-eval", "--model=fi", "--model_args=policy", "--tasks", "x"],
+        "write KEY=VALUE pairs separated by commas",
+    ),
     # equal specifications, compared after parsing (issue 19): refused in one line naming both spellings
-    ("eval-budget-equal", None, ["eval", "--budget", "0.75,keep=0.75"],
-     "--budget gives one budget twice: '0.75' and 'keep=0.75' are both keep=0.75"),
-    ("eval-task-alias", None, ["eval", "--task", "multikey_needle,niah"],
-     "--task names one task twice: 'multikey_needle' and 'niah' are both multikey_needle"),
-    ("eval-context-equal", None, ["eval", "--task", "passkey", "--context", "1024,01024"],
-     "--context lists an item twice: 1024, 1024"),
-    ("eval-policy-default-option", None, ["eval", "--policy", "infokv,infokv:alpha=0.9"],
-     "--policy gives one policy twice: 'infokv' and 'infokv:alpha=0.9' are the same policy with the same options"),
-    ("eval-policy-adaptive-spellings", None, ["eval", "--policy", "adaptive(infokv),snapkv,infokv-adaptive"],
-     "--policy gives one policy twice: 'adaptive(infokv)' and 'infokv-adaptive' are the same policy"),
-    ("eval-documents-twice", None, ["eval", "alice", "alice"], "documents 'alice' (bundled:alice) and 'alice' (bundled:alice) hold the same text; give each document once"),
+    (
+        "eval-budget-equal",
+        None,
+        ["eval", "--budget", "0.75,keep=0.75"],
+        "--budget gives one budget twice: '0.75' and 'keep=0.75' are both keep=0.75",
+    ),
+    (
+        "eval-task-alias",
+        None,
+        ["eval", "--task", "multikey_needle,niah"],
+        "--task names one task twice: 'multikey_needle' and 'niah' are both multikey_needle",
+    ),
+    (
+        "eval-context-equal",
+        None,
+        ["eval", "--task", "passkey", "--context", "1024,01024"],
+        "--context lists an item twice: 1024, 1024",
+    ),
+    (
+        "eval-policy-default-option",
+        None,
+        ["eval", "--policy", "infokv,infokv:alpha=0.9"],
+        "--policy gives one policy twice: 'infokv' and 'infokv:alpha=0.9' are the same policy with the same options",
+    ),
+    (
+        "eval-policy-adaptive-spellings",
+        None,
+        ["eval", "--policy", "adaptive(infokv),snapkv,infokv-adaptive"],
+        "--policy gives one policy twice: 'adaptive(infokv)' and 'infokv-adaptive' are the same policy",
+    ),
+    (
+        "eval-documents-twice",
+        None,
+        ["eval", "alice", "alice"],
+        "documents 'alice' (bundled:alice) and 'alice' (bundled:alice) hold the same text; give each document once",
+    ),
     ("probe-documents-twice", None, ["probe", "alice", "alice", "--chunk", "128:160"], "hold the same text"),
     ("nearfar-documents-twice", None, ["nearfar", "alice", "alice"], "hold the same text"),
-    ("select-equal-budgets", None, ["probe", "--chunk", "128:160", "--select", "entropy:0.1", "--select", "entropy:keep=0.1"],
-     "--select entropy:0.1 and --select entropy:keep=0.1 select the same set (entropy:keep=0.1); give it once"),
-    ("select-random-seed-twice", None, ["probe", "--chunk", "128:160", "--select", "random:remove=0.1@0-2",
-                                       "--select", "random:remove=0.1@1"], "select the same set (random:remove=0.1@1)"),
-    ("select-policy-default-option", None, ["probe", "--chunk", "128:160", "--select", "policy:snapkv@0.5",
-                                            "--select", "policy:snapkv@keep=0.5"], "select the same set (policy:snapkv@keep=0.5)"),
+    (
+        "select-equal-budgets",
+        None,
+        ["probe", "--chunk", "128:160", "--select", "entropy:0.1", "--select", "entropy:keep=0.1"],
+        "--select entropy:0.1 and --select entropy:keep=0.1 select the same set (entropy:keep=0.1); give it once",
+    ),
+    (
+        "select-random-seed-twice",
+        None,
+        ["probe", "--chunk", "128:160", "--select", "random:remove=0.1@0-2", "--select", "random:remove=0.1@1"],
+        "select the same set (random:remove=0.1@1)",
+    ),
+    (
+        "select-policy-default-option",
+        None,
+        ["probe", "--chunk", "128:160", "--select", "policy:snapkv@0.5", "--select", "policy:snapkv@keep=0.5"],
+        "select the same set (policy:snapkv@keep=0.5)",
+    ),
     # fitted policies and fi fit (issue 21); a file fitted on another architecture: tests/test_fit.py (needs a model)
-    ("select-fitted-missing", None, ["probe", "--chunk", "128:160", "--select", "policy:fitted@0.25:path=no.json"],
-     "--select policy:fitted@0.25:path=no.json: fitted policy 'no.json': no such file (make one with fi fit)"),
-    ("select-fitted-no-path", None, ["probe", "--chunk", "128:160", "--select", "policy:fitted@0.25"],
-     "fitted needs the fitted JSON: fitted:path=FILE"),
-    ("select-fitted-corrupt", fitted_file("{not json"), ["probe", "--chunk", "128:160", "--select",
-                                                           "policy:fitted@0.25:path=p.json"], "not a fitted-policy JSON"),
-    ("select-fitted-nan", fitted_file(fitted_record(coefficients=[float("nan")])),
-     ["probe", "--chunk", "128:160", "--select", "policy:fitted@0.25:path=p.json"], "'coefficients' holds a non-finite value"),
-    ("eval-fitted-inf", fitted_file(fitted_record(scale=[float("inf")])), ["eval", "--policy", "fitted:path=p.json"],
-     "'scale' holds a non-finite value"),
-    ("eval-fitted-missing-features", fitted_file(fitted_record(features=["attention", "gaze"])),
-     ["eval", "--policy", "fitted:path=p.json"], "unknown feature 'gaze'"),
-    ("eval-fitted-no-features", fitted_file(fitted_record(features=None)), ["eval", "--policy", "fitted:path=p.json"],
-     "no features listed"),
+    (
+        "select-fitted-missing",
+        None,
+        ["probe", "--chunk", "128:160", "--select", "policy:fitted@0.25:path=no.json"],
+        "--select policy:fitted@0.25:path=no.json: fitted policy 'no.json': no such file (make one with fi fit)",
+    ),
+    (
+        "select-fitted-no-path",
+        None,
+        ["probe", "--chunk", "128:160", "--select", "policy:fitted@0.25"],
+        "fitted needs the fitted JSON: fitted:path=FILE",
+    ),
+    (
+        "select-fitted-corrupt",
+        fitted_file("{not json"),
+        ["probe", "--chunk", "128:160", "--select", "policy:fitted@0.25:path=p.json"],
+        "not a fitted-policy JSON",
+    ),
+    (
+        "select-fitted-nan",
+        fitted_file(fitted_record(coefficients=[float("nan")])),
+        ["probe", "--chunk", "128:160", "--select", "policy:fitted@0.25:path=p.json"],
+        "'coefficients' holds a non-finite value",
+    ),
+    (
+        "eval-fitted-inf",
+        fitted_file(fitted_record(scale=[float("inf")])),
+        ["eval", "--policy", "fitted:path=p.json"],
+        "'scale' holds a non-finite value",
+    ),
+    (
+        "eval-fitted-missing-features",
+        fitted_file(fitted_record(features=["attention", "gaze"])),
+        ["eval", "--policy", "fitted:path=p.json"],
+        "unknown feature 'gaze'",
+    ),
+    (
+        "eval-fitted-no-features",
+        fitted_file(fitted_record(features=None)),
+        ["eval", "--policy", "fitted:path=p.json"],
+        "no features listed",
+    ),
     ("generate-fitted-missing", None, ["generate", "hi", "--policy", "fitted:path=no.json"], "'no.json': no such file"),
-    ("generate-fitted-no-architecture", fitted_file(fitted_record(model={"name": "x"})),
-     ["generate", "hi", "--policy", "fitted:path=p.json"], "the model's architecture (layers, kv_heads, head_dim) is missing"),
-    ("fit-run-without-fi", a_run, ["fit", "run", "--out", "p.json"],
-     "'run' holds no per-token FI per layer and KV head (fit_rows.parquet): make it with fi fit-data"),
-    ("fit-manifest-incomplete", lambda t: (fit_data_run(["a", "b"])(t), (t / "fd" / "manifest.json").write_text(
-        json.dumps({"command": "fit-data"}))), ["fit", "fd", "--out", "p.json"], "its manifest.json lacks 'model'"),
+    (
+        "generate-fitted-no-architecture",
+        fitted_file(fitted_record(model={"name": "x"})),
+        ["generate", "hi", "--policy", "fitted:path=p.json"],
+        "the model's architecture (layers, kv_heads, head_dim) is missing",
+    ),
+    (
+        "fit-run-without-fi",
+        a_run,
+        ["fit", "run", "--out", "p.json"],
+        "'run' holds no per-token FI per layer and KV head (fit_rows.parquet): make it with fi fit-data",
+    ),
+    (
+        "fit-manifest-incomplete",
+        lambda t: (
+            fit_data_run(["a", "b"])(t),
+            (t / "fd" / "manifest.json").write_text(json.dumps({"command": "fit-data"})),
+        ),
+        ["fit", "fd", "--out", "p.json"],
+        "its manifest.json lacks 'model'",
+    ),
     ("fit-no-such-run", None, ["fit", "nowhere", "--out", "p.json"], "'nowhere' is not a run directory"),
-    ("fit-one-document", fit_data_run(["a"]), ["fit", "fd", "--out", "p.json"],
-     "fi fit needs rows of at least two documents to cross-validate (leaving one out), got 1"),
-    ("fit-unknown-feature", fit_data_run(["a", "b"]), ["fit", "fd", "--out", "p.json", "--features", "attention,gaze"],
-     "--features names an unknown feature 'gaze'"),
-    ("fit-ridge-nan", fit_data_run(["a", "b"]), ["fit", "fd", "--out", "p.json", "--ridge", "nan"],
-     "--ridge must be a finite number >= 0, got nan"),
-    ("fit-ridge-negative", fit_data_run(["a", "b"]), ["fit", "fd", "--out", "p.json", "--ridge", "-1"],
-     "--ridge must be a finite number >= 0, got -1.0"),
-    ("fit-target-unknown", fit_data_run(["a", "b"]), ["fit", "fd", "--out", "p.json", "--target", "top"],
-     "--target must be one of rank, log, got 'top'"),
-    ("fit-exclude-unknown", fit_data_run(["a", "b"]), ["fit", "fd", "--out", "p.json", "--exclude", "c"],
-     "--exclude 'c': no such document in the runs (a, b)"),
-    ("fit-exclude-to-one", fit_data_run(["a", "b"]), ["fit", "fd", "--out", "p.json", "--exclude", "a"],
-     "needs rows of at least two documents"),
+    (
+        "fit-one-document",
+        fit_data_run(["a"]),
+        ["fit", "fd", "--out", "p.json"],
+        "fi fit needs rows of at least two documents to cross-validate (leaving one out), got 1",
+    ),
+    (
+        "fit-unknown-feature",
+        fit_data_run(["a", "b"]),
+        ["fit", "fd", "--out", "p.json", "--features", "attention,gaze"],
+        "--features names an unknown feature 'gaze'",
+    ),
+    (
+        "fit-ridge-nan",
+        fit_data_run(["a", "b"]),
+        ["fit", "fd", "--out", "p.json", "--ridge", "nan"],
+        "--ridge must be a finite number >= 0, got nan",
+    ),
+    (
+        "fit-ridge-negative",
+        fit_data_run(["a", "b"]),
+        ["fit", "fd", "--out", "p.json", "--ridge", "-1"],
+        "--ridge must be a finite number >= 0, got -1.0",
+    ),
+    (
+        "fit-target-unknown",
+        fit_data_run(["a", "b"]),
+        ["fit", "fd", "--out", "p.json", "--target", "top"],
+        "--target must be one of rank, log, got 'top'",
+    ),
+    (
+        "fit-exclude-unknown",
+        fit_data_run(["a", "b"]),
+        ["fit", "fd", "--out", "p.json", "--exclude", "c"],
+        "--exclude 'c': no such document in the runs (a, b)",
+    ),
+    (
+        "fit-exclude-to-one",
+        fit_data_run(["a", "b"]),
+        ["fit", "fd", "--out", "p.json", "--exclude", "a"],
+        "needs rows of at least two documents",
+    ),
     ("fit-out-not-json", fit_data_run(["a", "b"]), ["fit", "fd", "--out", "p.txt"], "--out must end in .json"),
-    ("fit-data-samples-0", None, ["fit-data", "--chunk", "128:160", "--out", "fd", "--samples", "0"],
-     "--samples must be >= 1, got 0"),
-    ("fit-data-sinks-negative", None, ["fit-data", "--chunk", "128:160", "--out", "fd", "--sinks", "-1"],
-     "--sinks must lie in [0, 96), got -1"),
+    (
+        "fit-data-samples-0",
+        None,
+        ["fit-data", "--chunk", "128:160", "--out", "fd", "--samples", "0"],
+        "--samples must be >= 1, got 0",
+    ),
+    (
+        "fit-data-sinks-negative",
+        None,
+        ["fit-data", "--chunk", "128:160", "--out", "fd", "--sinks", "-1"],
+        "--sinks must lie in [0, 96), got -1",
+    ),
     # fi view (issue 21): every option checked before the model loads
     ("view-missing-document", None, ["view", "no-such-file.txt"], "no-such-file.txt"),
     ("view-policy-unknown", None, ["view", "alice", "--policy", "infokv,lru"], "unknown policy 'lru'"),
     ("view-budget-nan", None, ["view", "alice", "--budget", "keep=nan"], "--budget"),
     ("view-budget-keeps-all", None, ["view", "alice", "--budget", "keep=1.0"], "keeps all 1,024 prefix tokens"),
-    ("view-chunk-before-p", None, ["view", "alice", "--chunk", "512:768"], "starts before the compression point p=1024"),
-    ("view-chunk-past-document", short_text, ["view", "short.txt", "--prefix", "160", "--chunk", "160:400"],
-     "chunk 160:400 ends past the end of document 'short"),
+    (
+        "view-chunk-before-p",
+        None,
+        ["view", "alice", "--chunk", "512:768"],
+        "starts before the compression point p=1024",
+    ),
+    (
+        "view-chunk-past-document",
+        short_text,
+        ["view", "short.txt", "--prefix", "160", "--chunk", "160:400"],
+        "chunk 160:400 ends past the end of document 'short",
+    ),
     ("view-chunk-malformed", None, ["view", "alice", "--chunk", "a:b"], "invalid chunk 'a:b'"),
     ("view-samples-0", None, ["view", "alice", "--samples", "0"], "--samples must be >= 1"),
     ("view-out-not-html", None, ["view", "alice", "--out", "page.txt"], "--out must end in .html"),
-    ("view-out-exists", lambda t: (t / "page.html").write_text("old"), ["view", "alice", "--out", "page.html"],
-     "--out 'page.html' exists"),
+    (
+        "view-out-exists",
+        lambda t: (t / "page.html").write_text("old"),
+        ["view", "alice", "--out", "page.html"],
+        "--out 'page.html' exists",
+    ),
     ("view-out-under-file", a_file, ["view", "alice", "--out", "f/page.html"], "lies under 'f'"),
     # the FI oracle (issue 20): it sees the future, so only fi probe measures it; its options
-    ("generate-fi-oracle", None, ["generate", "hi", "--policy", "fi-oracle"],
-     "--policy fi-oracle: fi-oracle is an oracle that sees the future text"),
-    ("eval-fi-oracle", None, ["eval", "--task", "passkey", "--policy", "snapkv,fi-oracle:rounds=2"],
-     "fi-oracle is an oracle that sees the future text"),
-    ("select-oracle-chunk-before-p", None, ["probe", "--chunk", "128:160", "--select", "policy:fi-oracle@0.5:chunk=64:96"],
-     "the oracle's chunk 64:96 starts before the compression point p=128"),
-    ("select-oracle-chunk-malformed", None, ["probe", "--chunk", "128:160", "--select", "policy:fi-oracle@0.5:chunk=160"],
-     "chunk must be START:END with integers"),
-    ("select-oracle-rounds-0", None, ["probe", "--chunk", "128:160", "--select", "policy:fi-oracle@0.5:rounds=0"],
-     "rounds must lie in [1, 64], got 0"),
-    ("select-oracle-rounds-negative", None, ["probe", "--chunk", "128:160", "--select", "policy:fi-oracle@0.5:rounds=-2"],
-     "rounds must lie in [1, 64], got -2"),
-    ("select-oracle-rounds-nan", None, ["probe", "--chunk", "128:160", "--select", "policy:fi-oracle@0.5:rounds=nan"],
-     "rounds must be a whole number, got 'nan'"),
-    ("select-oracle-rounds-huge", None, ["probe", "--chunk", "128:160", "--select", "policy:fi-oracle@0.5:rounds=99999999999"],
-     "rounds must lie in [1, 64], got 99999999999"),
-    ("select-oracle-estimator", None, ["probe", "--chunk", "128:160", "--select", "policy:fi-oracle@0.5:estimator=taylor"],
-     "unknown estimator 'taylor' (choose fisher or exact)"),
+    (
+        "generate-fi-oracle",
+        None,
+        ["generate", "hi", "--policy", "fi-oracle"],
+        "--policy fi-oracle: fi-oracle is an oracle that sees the future text",
+    ),
+    (
+        "eval-fi-oracle",
+        None,
+        ["eval", "--task", "passkey", "--policy", "snapkv,fi-oracle:rounds=2"],
+        "fi-oracle is an oracle that sees the future text",
+    ),
+    (
+        "select-oracle-chunk-before-p",
+        None,
+        ["probe", "--chunk", "128:160", "--select", "policy:fi-oracle@0.5:chunk=64:96"],
+        "the oracle's chunk 64:96 starts before the compression point p=128",
+    ),
+    (
+        "select-oracle-chunk-malformed",
+        None,
+        ["probe", "--chunk", "128:160", "--select", "policy:fi-oracle@0.5:chunk=160"],
+        "chunk must be START:END with integers",
+    ),
+    (
+        "select-oracle-rounds-0",
+        None,
+        ["probe", "--chunk", "128:160", "--select", "policy:fi-oracle@0.5:rounds=0"],
+        "rounds must lie in [1, 64], got 0",
+    ),
+    (
+        "select-oracle-rounds-negative",
+        None,
+        ["probe", "--chunk", "128:160", "--select", "policy:fi-oracle@0.5:rounds=-2"],
+        "rounds must lie in [1, 64], got -2",
+    ),
+    (
+        "select-oracle-rounds-nan",
+        None,
+        ["probe", "--chunk", "128:160", "--select", "policy:fi-oracle@0.5:rounds=nan"],
+        "rounds must be a whole number, got 'nan'",
+    ),
+    (
+        "select-oracle-rounds-huge",
+        None,
+        ["probe", "--chunk", "128:160", "--select", "policy:fi-oracle@0.5:rounds=99999999999"],
+        "rounds must lie in [1, 64], got 99999999999",
+    ),
+    (
+        "select-oracle-estimator",
+        None,
+        ["probe", "--chunk", "128:160", "--select", "policy:fi-oracle@0.5:estimator=taylor"],
+        "unknown estimator 'taylor' (choose fisher or exact)",
+    ),
     # the decoding oracle (issue 20 part 4): fi eval on documents looks ahead; no continuation, no oracle
-    ("generate-fi-oracle-options", None, ["generate", "hi", "--policy", "fi-oracle:samples=4", "--budget", "0.5"],
-     "--policy fi-oracle:samples=4: fi-oracle is an oracle that sees the future text"),
-    ("eval-task-fi-oracle", None, ["eval", "--task", "passkey", "--policy", "fi-oracle"],
-     "--policy fi-oracle: fi-oracle is an oracle that sees the future text; it is measured only where the "
-     "continuation is known"),
-    ("eval-fi-oracle-exact", None, ["eval", "alice", "--policy", "snapkv,fi-oracle:estimator=exact"],
-     "--policy fi-oracle:estimator=exact: fi-oracle in a replay scores every cache entry by the Fisher estimate"),
-    ("eval-fi-oracle-chunk", None, ["eval", "alice", "--policy", "fi-oracle:chunk=1024:1100"],
-     "chunk=1024:1100 is the prefill oracle's"),
-    ("eval-fi-oracle-samples-0", None, ["eval", "alice", "--policy", "fi-oracle:samples=0"],
-     "samples must lie in [1, 10,000], got 0"),
-    ("eval-fi-oracle-samples-nan", None, ["eval", "alice", "--policy", "fi-oracle:samples=nan"],
-     "samples must be a whole number, got 'nan'"),
-    ("eval-fi-oracle-rounds-huge", None, ["eval", "alice", "--policy", "fi-oracle:rounds=1000"],
-     "rounds must lie in [1, 64], got 1000"),
-    ("eval-fi-oracle-unknown-option", None, ["eval", "alice", "--policy", "fi-oracle:horizon=64"],
-     "fi-oracle has no option 'horizon'"),
+    (
+        "generate-fi-oracle-options",
+        None,
+        ["generate", "hi", "--policy", "fi-oracle:samples=4", "--budget", "0.5"],
+        "--policy fi-oracle:samples=4: fi-oracle is an oracle that sees the future text",
+    ),
+    (
+        "eval-task-fi-oracle",
+        None,
+        ["eval", "--task", "passkey", "--policy", "fi-oracle"],
+        "--policy fi-oracle: fi-oracle is an oracle that sees the future text; it is measured only where the "
+        "continuation is known",
+    ),
+    (
+        "eval-fi-oracle-exact",
+        None,
+        ["eval", "alice", "--policy", "snapkv,fi-oracle:estimator=exact"],
+        "--policy fi-oracle:estimator=exact: fi-oracle in a replay scores every cache entry by the Fisher estimate",
+    ),
+    (
+        "eval-fi-oracle-chunk",
+        None,
+        ["eval", "alice", "--policy", "fi-oracle:chunk=1024:1100"],
+        "chunk=1024:1100 is the prefill oracle's",
+    ),
+    (
+        "eval-fi-oracle-samples-0",
+        None,
+        ["eval", "alice", "--policy", "fi-oracle:samples=0"],
+        "samples must lie in [1, 10,000], got 0",
+    ),
+    (
+        "eval-fi-oracle-samples-nan",
+        None,
+        ["eval", "alice", "--policy", "fi-oracle:samples=nan"],
+        "samples must be a whole number, got 'nan'",
+    ),
+    (
+        "eval-fi-oracle-rounds-huge",
+        None,
+        ["eval", "alice", "--policy", "fi-oracle:rounds=1000"],
+        "rounds must lie in [1, 64], got 1000",
+    ),
+    (
+        "eval-fi-oracle-unknown-option",
+        None,
+        ["eval", "alice", "--policy", "fi-oracle:horizon=64"],
+        "fi-oracle has no option 'horizon'",
+    ),
 ]
 
 
@@ -594,8 +1343,9 @@ def test_sigint_to_a_running_command(tmp_path):
         sys.argv = ["fi", "probe", "--chunk", "128:160"]
         cli.main()
     """)
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=tmp_path)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path
+    )
     try:
         assert proc.stdout.readline().strip() == "ready"
         proc.send_signal(signal.SIGINT)
@@ -615,20 +1365,28 @@ def _sigint_default():
 IMPORTED = "fi_toolkit.cli.entry"  # the console script's guard: from here on Ctrl-C is the one line
 
 
-@pytest.mark.parametrize("moment, marker, delay", [
-    ("0.2 s after start", IMPORTED, 0.2),     # the app's modules (typer, rich, the commands) are importing
-    ("the app importing", "typer.", 0.0),      # typer's own submodules, under the app's import
-    ("the command importing", "torch.", 0.0),  # the command body's imports: torch and the model code
-])
+@pytest.mark.parametrize(
+    "moment, marker, delay",
+    [
+        ("0.2 s after start", IMPORTED, 0.2),  # the app's modules (typer, rich, the commands) are importing
+        ("the app importing", "typer.", 0.0),  # typer's own submodules, under the app's import
+        ("the command importing", "torch.", 0.0),  # the command body's imports: torch and the model code
+    ],
+)
 def test_sigint_while_the_modules_import(tmp_path, moment, marker, delay):
     """Ctrl-C while ``python -m fi_toolkit probe`` imports its modules: one line and exit 130, no traceback.
 
     ``-X importtime`` reports each import as it finishes, so the signal goes at a known moment: ``delay``
     s after start, once ``marker`` was imported (a loaded machine can take longer than 0.2 s to get
     through Python's own start-up, before any of the package runs)."""
-    proc = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "fi_toolkit", "probe", "--chunk", "128:160"],
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=_sigint_default)
+    proc = subprocess.Popen(
+        [sys.executable, "-X", "importtime", "-m", "fi_toolkit", "probe", "--chunk", "128:160"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_sigint_default,
+    )
     started, lines = time.monotonic(), []
     try:
         for line in proc.stderr:
@@ -650,8 +1408,13 @@ def test_sigint_while_the_modules_import(tmp_path, moment, marker, delay):
 def test_fifo_document_is_refused_without_waiting_for_a_writer(tmp_path):
     """A FIFO nobody writes to would block ``open()`` forever: refused from its stat, never opened."""
     os.mkfifo(tmp_path / "pipe")
-    proc = subprocess.run([sys.executable, "-m", "fi_toolkit", "probe", "pipe", "--chunk", "128:160"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "fi_toolkit", "probe", "pipe", "--chunk", "128:160"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert proc.stderr == "error: 'pipe' is a FIFO (named pipe), not a document: give a text or JSONL file\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]
@@ -668,8 +1431,9 @@ def test_a_document_named_007_keeps_its_name_in_every_merged_table(tiny, tmp_pat
         assert set(text["document"]) == {"007", "1e3"}, name
         assert set(tables[name]["document"]) == {"007", "1e3"}, name
     before = (tmp_path / "nf" / "nearfar.csv").read_bytes()
-    again = run_nearfar(tiny, docs, tmp_path / "nf", 96, [0, 32], 16, budget="remove=0.1", seeds=1, config=config,
-                        resume=True)
+    again = run_nearfar(
+        tiny, docs, tmp_path / "nf", 96, [0, 32], 16, budget="remove=0.1", seeds=1, config=config, resume=True
+    )
     assert (tmp_path / "nf" / "nearfar.csv").read_bytes() == before
     assert list(again["nearfar"]["document"].unique()) == ["007", "1e3"]
 
@@ -688,8 +1452,15 @@ class Unit:
 def _answers(doc, rows=slice(None)):
     """A task run's answers table for a fake sample: answers exactly as a model wrote them."""
     answers = ANSWERS[doc.name][rows]
-    return pd.DataFrame({"document": doc.name, "answer": answers, "output": answers,
-                         "correct": [a.strip() == "100" for a in answers], "answer_kl": [0.1, 1e-05, 2.5][rows]})
+    return pd.DataFrame(
+        {
+            "document": doc.name,
+            "answer": answers,
+            "output": answers,
+            "correct": [a.strip() == "100" for a in answers],
+            "answer_kl": [0.1, 1e-05, 2.5][rows],
+        }
+    )
 
 
 @pytest.mark.parametrize("split", [False, True])
@@ -700,8 +1471,11 @@ def test_answers_that_look_numeric_stay_text_through_the_merge(tmp_path, split):
     run = ResumableRun(tmp_path / "run", "eval", {"kind": "tasks"})
     if split:  # each sample in parts of one answer, joined per document by the merge's assemble step
         units = [Part(d, i, 3) for d in docs for i in range(3)]
-        tables = run.run(units, lambda u: {"answers": _answers(u.doc, slice(u.index, u.index + 1))},
-                         assemble=lambda doc, parts: parts)
+        tables = run.run(
+            units,
+            lambda u: {"answers": _answers(u.doc, slice(u.index, u.index + 1))},
+            assemble=lambda doc, parts: parts,
+        )
     else:
         tables = run.run(docs, lambda d: {"answers": _answers(d)})
     merged = pd.read_csv(tmp_path / "run" / "answers.csv", dtype=str, keep_default_na=False)
@@ -723,17 +1497,28 @@ def test_free_tokens_0_leaves_1st_diff_empty_and_floor_kl_is_not_negative(capsys
     from fi_toolkit.evaluation.summaries import summarise_replays
 
     nan = float("nan")
-    replays = pd.DataFrame({
-        "document": ["d0", "d1", "d0", "d1"], "future": "document", "policy": ["full", "full", "snapkv", "snapkv"],
-        "budget": ["keep=1", "keep=1", "keep=0.25", "keep=0.25"], "retention": [1.0, 1.0, 0.25, 0.25],
-        "mean_kl": [-4.2e-10, 1e-10, 0.25, 0.35], "top1_agreement": [1.0, 1.0, 0.8, 0.9],
-        "delta_nll": [0.0, 0.0, 0.1, 0.2], "free_first_divergence": [nan] * 4, "kept_share": [1.0, 1.0, 0.3, 0.3],
-    })
+    replays = pd.DataFrame(
+        {
+            "document": ["d0", "d1", "d0", "d1"],
+            "future": "document",
+            "policy": ["full", "full", "snapkv", "snapkv"],
+            "budget": ["keep=1", "keep=1", "keep=0.25", "keep=0.25"],
+            "retention": [1.0, 1.0, 0.25, 0.25],
+            "mean_kl": [-4.2e-10, 1e-10, 0.25, 0.35],
+            "top1_agreement": [1.0, 1.0, 0.8, 0.9],
+            "delta_nll": [0.0, 0.0, 0.1, 0.2],
+            "free_first_divergence": [nan] * 4,
+            "kept_share": [1.0, 1.0, 0.3, 0.3],
+        }
+    )
     summary = summarise_replays(replays, n_resamples=0)
     _print_text({"replay_summary": summary}, 2, TextSetting(64, 128, 32, parse_future("document"), 0))
     out = capsys.readouterr().out
-    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]] for line in out.splitlines()
-            if line.count("│") > 3 and line.split("│")[1].strip() in ("full", "snapkv")}
+    rows = {
+        line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]]
+        for line in out.splitlines()
+        if line.count("│") > 3 and line.split("│")[1].strip() in ("full", "snapkv")
+    }
     assert rows["full"][1] == "≤4.2e-10 (noise floor)" and not rows["full"][1].startswith("-")
     assert rows["snapkv"][1] == "0.3"  # (0.25 + 0.35) / 2
     assert rows["full"][4] == rows["snapkv"][4] == ""  # 1st diff: nothing generated

@@ -23,14 +23,29 @@ import torch
 from fi_toolkit import Document, LoadedModel, SignalConfig
 from fi_toolkit.policies import parse_policy
 from fi_toolkit.probe.chunks import Chunk
-from fi_toolkit.report.view import view_data, write_view
+from fi_toolkit.report.token_page import view_data, write_view
 from fi_toolkit.signals.trace import trace_prefix
 
-BINARY = next((b for b in (os.environ.get("FI_CHROMIUM"), shutil.which("chromium"), shutil.which("chromium-browser"),
-                           shutil.which("google-chrome")) if b), None)
-pytestmark = [pytest.mark.browser,
-              pytest.mark.skipif(BINARY is None, reason="no chromium binary on PATH: run `make browser` "
-                                                        "(apt-get install chromium) or set FI_CHROMIUM")]
+BINARY = next(
+    (
+        b
+        for b in (
+            os.environ.get("FI_CHROMIUM"),
+            shutil.which("chromium"),
+            shutil.which("chromium-browser"),
+            shutil.which("google-chrome"),
+        )
+        if b
+    ),
+    None,
+)
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(
+        BINARY is None,
+        reason="no chromium binary on PATH: run `make browser` (apt-get install chromium) or set FI_CHROMIUM",
+    ),
+]
 WORDS = "the of and a to in is you that it he was for on are as with his they I at be this have from".split()
 
 
@@ -47,17 +62,35 @@ class Chromium:
             os.dup2(b, 4)
 
         self.proc = subprocess.Popen(
-            [BINARY, "--headless", "--remote-debugging-pipe", "--no-sandbox", "--disable-gpu", "--no-first-run",
-             "--disable-extensions", "--disable-background-networking", "--disable-dev-shm-usage",
-             f"--user-data-dir={profile}", f"--window-size={width},{height}", "about:blank"],
-            preexec_fn=fds, close_fds=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fds: 3, 4 stay
+            [
+                BINARY,
+                "--headless",
+                "--remote-debugging-pipe",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+                "--disable-extensions",
+                "--disable-background-networking",
+                "--disable-dev-shm-usage",
+                f"--user-data-dir={profile}",
+                f"--window-size={width},{height}",
+                "about:blank",
+            ],
+            preexec_fn=fds,
+            close_fds=False,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fds: 3, 4 stay
         os.close(cmd_r)
         os.close(out_w)
         self._buf, self._id, self.events = b"", 0, []
         target = self.call("Target.createTarget", {"url": "about:blank"})["targetId"]
         self.session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
-        self.call("Emulation.setDeviceMetricsOverride", {"width": width, "height": height, "deviceScaleFactor": 1,
-                                                         "mobile": False}, self.session)
+        self.call(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
+            self.session,
+        )
         for domain in ("Page", "Runtime", "Log"):
             self.call(f"{domain}.enable", {}, self.session)
 
@@ -122,8 +155,10 @@ class Chromium:
 
     def center(self, selector: str) -> tuple[float, float]:
         self.js(f"document.querySelector({json.dumps(selector)}).scrollIntoView({{block: 'center'}})")
-        r = self.js(f"(() => {{const r = document.querySelector({json.dumps(selector)}).getBoundingClientRect();"
-                    "return [r.x + r.width / 2, r.y + r.height / 2];})()")
+        r = self.js(
+            f"(() => {{const r = document.querySelector({json.dumps(selector)}).getBoundingClientRect();"
+            "return [r.x + r.width / 2, r.y + r.height / 2];})()"
+        )
         return r[0], r[1]
 
     def mouse(self, kind: str, x: float, y: float) -> None:
@@ -240,21 +275,40 @@ def test_view_page_of_8192_tokens_stays_responsive(browser, tmp_path):
     ready = browser.js("window.fiReadyMs") / 1000
     assert seconds < 10 and toggle < 2
     if _shots():
-        (_shots() / "view_8192.json").write_text(json.dumps(
-            {"tokens": 8192, "bytes": size, "load_seconds": round(seconds, 3), "script_ready_seconds": round(ready, 3),
-             "toggle_seconds": round(toggle, 3), "chromium": browser.call("Browser.getVersion")["product"]}, indent=1))
+        (_shots() / "view_8192.json").write_text(
+            json.dumps(
+                {
+                    "tokens": 8192,
+                    "bytes": size,
+                    "load_seconds": round(seconds, 3),
+                    "script_ready_seconds": round(ready, 3),
+                    "toggle_seconds": round(toggle, 3),
+                    "chromium": browser.call("Browser.getVersion")["product"],
+                },
+                indent=1,
+            )
+        )
 
 
 @pytest.fixture(scope="module")
 def report(tiny, tmp_path_factory):
-    from fi_toolkit.analysis import run_correlate, run_nearfar
     from fi_toolkit.report import build_report
+    from fi_toolkit.studies import run_correlate, run_nearfar
 
     root = tmp_path_factory.mktemp("browser-report")
     cfg = SignalConfig(window=8)
-    docs = [Document(f"document number {i} with a long name", "text",
-                     torch.randint(0, 256, (200,), generator=torch.Generator().manual_seed(i)), "test") for i in range(2)]
-    run_correlate(tiny, docs, root / "corr", 96, [Chunk(96, 112), Chunk(128, 144)], "sample:10", n_resamples=50, config=cfg)
+    docs = [
+        Document(
+            f"document number {i} with a long name",
+            "text",
+            torch.randint(0, 256, (200,), generator=torch.Generator().manual_seed(i)),
+            "test",
+        )
+        for i in range(2)
+    ]
+    run_correlate(
+        tiny, docs, root / "corr", 96, [Chunk(96, 112), Chunk(128, 144)], "sample:10", n_resamples=50, config=cfg
+    )
     run_nearfar(tiny, docs, root / "nf", 96, [0, 32], 16, budget="remove=0.1", seeds=2, config=cfg)
     build_report([root / "corr", root / "nf"], root / "report", ["html"])
     return root / "report" / "report.html"
@@ -263,8 +317,9 @@ def report(tiny, tmp_path_factory):
 @pytest.mark.parametrize("width", [1280, 700])
 def test_report_tables_fit_their_container(browser, report, width):
     """(e) No table makes the page wider than the window: each sits in a container that scrolls."""
-    browser.page("Emulation.setDeviceMetricsOverride", {"width": width, "height": 900, "deviceScaleFactor": 1,
-                                                       "mobile": False})
+    browser.page(
+        "Emulation.setDeviceMetricsOverride", {"width": width, "height": 900, "deviceScaleFactor": 1, "mobile": False}
+    )
     browser.events.clear()
     browser.page("Page.navigate", {"url": report.resolve().as_uri()})
     t0 = time.perf_counter()
@@ -289,5 +344,6 @@ def test_report_tables_fit_their_container(browser, report, width):
     assert found["pageWidth"] <= found["window"]  # no sideways scrolling of the page itself
     if _shots() and width == 1280:
         browser.screenshot(_shots() / "report.png")
-    browser.page("Emulation.setDeviceMetricsOverride", {"width": 1280, "height": 900, "deviceScaleFactor": 1,
-                                                       "mobile": False})
+    browser.page(
+        "Emulation.setDeviceMetricsOverride", {"width": 1280, "height": 900, "deviceScaleFactor": 1, "mobile": False}
+    )

@@ -29,7 +29,7 @@ def test_checkpointed_estimate_equals_the_kept_graph(tiny, tiny_ids, trace, bloc
     assert kept.meta["checkpoint"] is False and ckpt.meta["checkpoint"] is True
     for name in ("fi", "se", "layer_fi", "head_fi"):
         np.testing.assert_allclose(getattr(ckpt, name).numpy(), getattr(kept, name).numpy(), rtol=1e-6, atol=0)
-    assert kept.fi[:P - 16].min() > 0  # not a comparison of zeros
+    assert kept.fi[: P - 16].min() > 0  # not a comparison of zeros
     layers = tiny.model.model.layers
     assert all("forward" not in layer.__dict__ for layer in layers)  # the wrappers are gone
 
@@ -43,8 +43,14 @@ def test_checkpointing_keeps_a_smaller_graph_and_the_estimate_of_its_size_holds(
 
 
 def test_checkpoint_is_chosen_above_the_graph_budget():
-    smollm = SimpleNamespace(num_attention_heads=9, num_key_value_heads=3, hidden_size=576, head_dim=64,
-                             intermediate_size=1536, num_hidden_layers=30)  # SmolLM2-135M's shape
+    smollm = SimpleNamespace(
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        hidden_size=576,
+        head_dim=64,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+    )  # SmolLM2-135M's shape
     assert not needs_checkpoint(smollm, 1024, 256, 512)  # ~0.7 GiB: keep the graph (faster)
     assert needs_checkpoint(smollm, 1024, 1024, 512)  # ~3.0 GiB
     assert graph_bytes(smollm, 1024, 1024, 512) > 4 * graph_bytes(smollm, 1024, 256, 512)

@@ -67,9 +67,26 @@ def test_empty_document(empty_file, capsys):
 @pytest.mark.smollm
 def test_probe_writes_table_and_manifest_and_refuses_to_overwrite(tmp_path, capsys):
     out = tmp_path / "run"
-    args = ["probe", "hamlet", "--chunk", "256:320", "--chunk", "448:512", "--select", "positions:0",
-            "--select", "positions:10-30", "--select", "positions:100-140,150", "--select", "positions:200",
-            "--entropy-of", "next", "--out", str(out)]
+    args = [
+        "probe",
+        "hamlet",
+        "--chunk",
+        "256:320",
+        "--chunk",
+        "448:512",
+        "--select",
+        "positions:0",
+        "--select",
+        "positions:10-30",
+        "--select",
+        "positions:100-140,150",
+        "--select",
+        "positions:200",
+        "--entropy-of",
+        "next",
+        "--out",
+        str(out),
+    ]
     code, stdout, _ = run_cli(args, capsys)
     assert code == 0
     table = pd.read_csv(out / "fi.csv")
@@ -129,7 +146,9 @@ def test_scores_writes_per_token_signals(tmp_path, capsys):
     code, _, _ = run_cli(["scores", "alice", "--prefix", "128", "--out", str(path), "--overwrite"], capsys)
     assert code == 0
     table = pd.read_csv(path, keep_default_na=False)
-    assert len(table) == 128 and {"token", "entropy", "attention", "distance", "infokv", "D_0", "E_29", "A_29"} <= set(table)
+    assert len(table) == 128 and {"token", "entropy", "attention", "distance", "infokv", "D_0", "E_29", "A_29"} <= set(
+        table
+    )
     assert table["in_window"].astype(str).eq("True").sum() == 32
 
 
@@ -137,10 +156,14 @@ def test_scores_writes_per_token_signals(tmp_path, capsys):
 def test_real_process_prints_no_traceback():
     proc = subprocess.run(
         [sys.executable, "-m", "fi_toolkit.cli.app", "probe", "--chunk", "100:200", "--select", "positions:150"],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == ["error: --select positions:150: position 150 is outside the prefix [0, 100)"]
+    assert proc.stderr.strip().splitlines() == [
+        "error: --select positions:150: position 150 is outside the prefix [0, 100)"
+    ]
 
 
 def test_generate_passes_a_full_signal_config(monkeypatch, capsys):
@@ -153,8 +176,23 @@ def test_generate_passes_a_full_signal_config(monkeypatch, capsys):
 
     monkeypatch.setattr("fi_toolkit.model.loading.load_model", lambda *a, **k: tiny_model())
     monkeypatch.setattr("fi_toolkit.compress.decoder.generate", fake_generate)
-    code, _, err = run_cli(["generate", "hi", "--policy", "snapkv", "--window", "16", "--pool", "3",
-                            "--entropy-of", "next", "--top-k", "64"], capsys)
+    code, _, err = run_cli(
+        [
+            "generate",
+            "hi",
+            "--policy",
+            "snapkv",
+            "--window",
+            "16",
+            "--pool",
+            "3",
+            "--entropy-of",
+            "next",
+            "--top-k",
+            "64",
+        ],
+        capsys,
+    )
     assert code == 2 and err == "error: stop here\n"
     config = seen["config"]
     assert (config.window, config.pool_kernel, config.entropy_of) == (16, 3, "next")
@@ -172,8 +210,8 @@ def test_studies_pass_entropy_of(command, monkeypatch, capsys):
         raise FIError("stop here")
 
     monkeypatch.setattr(cli_study, "_run_study", fake_run_study)
-    monkeypatch.setattr("fi_toolkit.analysis.run_correlate", lambda *a, **k: seen.append(a))
-    monkeypatch.setattr("fi_toolkit.analysis.run_nearfar", lambda *a, **k: seen.append(a))
+    monkeypatch.setattr("fi_toolkit.studies.run_correlate", lambda *a, **k: seen.append(a))
+    monkeypatch.setattr("fi_toolkit.studies.run_nearfar", lambda *a, **k: seen.append(a))
     code, _, _ = run_cli([*command, "--entropy-of", "next", "--pool", "5"], capsys)
     assert code == 2
     seen[0](None, [], None)  # the study as the CLI built it

@@ -1,4 +1,5 @@
-"""What differs between transformers releases: the cache keyword (a wrong guess would vanish into **kwargs), GGUF tokenizers."""
+"""What differs between transformers releases: the cache keyword (a wrong guess would vanish into **kwargs), GGUF
+tokenizers."""
 
 import pytest
 import torch
@@ -61,8 +62,14 @@ def test_gguf_metadata_reads_the_embedded_file(embedded):
     assert meta["llama.rope.freq_base"] == 100000.0 and meta["general.languages"] == ["en"]
     assert meta["tokenizer.ggml.model"] == "gpt2" and meta["tokenizer.ggml.add_bos_token"] is False
     tokens = meta["tokenizer.ggml.tokens"]
-    assert len(tokens) == len(meta["tokenizer.ggml.token_type"]) == 49152 and len(meta["tokenizer.ggml.merges"]) == 48900
-    assert [tokens[meta[f"tokenizer.ggml.{k}_token_id"]] for k in ("bos", "eos", "padding")] == ["<|im_start|>", "<|im_end|>", "<|im_end|>"]
+    assert (
+        len(tokens) == len(meta["tokenizer.ggml.token_type"]) == 49152 and len(meta["tokenizer.ggml.merges"]) == 48900
+    )
+    assert [tokens[meta[f"tokenizer.ggml.{k}_token_id"]] for k in ("bos", "eos", "padding")] == [
+        "<|im_start|>",
+        "<|im_end|>",
+        "<|im_end|>",
+    ]
     assert set(gguf_metadata(embedded, "tokenizer.ggml.b")) == {"tokenizer.ggml.bos_token_id"}
 
 
@@ -77,7 +84,12 @@ def test_gguf_tokenizer_follows_the_file(embedded):
     """transformers 5.2's own build prepends BOS and names <|im_start|> as EOS; this one follows the file."""
     tokenizer = gguf_tokenizer(embedded)
     assert len(tokenizer) == 49152
-    assert (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id, tokenizer.unk_token_id) == (1, 2, 2, 0)
+    assert (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id, tokenizer.unk_token_id) == (
+        1,
+        2,
+        2,
+        0,
+    )
     text = "Alice was beginning to get very tired\n\n  of sitting -- “so VERY” 123 ✓<|im_end|>"
     ids = tokenizer(text).input_ids
     assert ids[:3] == [7356, 436, 3616]  # no BOS in front
@@ -92,7 +104,10 @@ def test_gguf_tokenizer_is_what_later_releases_build(embedded):
 
     theirs = AutoTokenizer.from_pretrained(embedded.parent, gguf_file=embedded.name)
     if theirs.eos_token != "<|im_end|>":
-        pytest.skip(f"transformers {transformers.__version__} misbuilds byte-level GGUF tokenizers (see fi_toolkit.model.compat)")
+        pytest.skip(
+            f"transformers {transformers.__version__} misbuilds byte-level GGUF tokenizers (see "
+            f"fi_toolkit.model.compat)"
+        )
     assert gguf_tokenizer(embedded).backend_tokenizer.to_str() == theirs.backend_tokenizer.to_str()
 
 

@@ -56,8 +56,15 @@ def test_upcast_lowers_the_noise_floor_on_cuda(tiny_ids):
 
 def test_compressed_decoding_on_cuda_keeps_its_budget_and_measures_memory(tiny_ids):
     budget, interval = 48, 10
-    stats = generate(_model(), None, tiny_ids[:P], InfoKV(budget=budget, window=16), max_new_tokens=40,
-                     interval=interval, eos_token_id=[]).stats
+    stats = generate(
+        _model(),
+        None,
+        tiny_ids[:P],
+        InfoKV(budget=budget, window=16),
+        max_new_tokens=40,
+        interval=interval,
+        eos_token_id=[],
+    ).stats
     assert stats.prefill_compressed and stats.compression_steps == [10, 20, 30]
     assert max(stats.cache_lengths) == budget + interval
     assert stats.peak_memory_kind == "cuda max allocated" and stats.peak_memory_bytes > stats.peak_cache_bytes > 0

@@ -27,8 +27,12 @@ CONFIG = SignalConfig(window=W)
 
 
 def oracle(budget="keep=0.5", **options) -> FIOracle:
-    return parse_policy("fi-oracle" + (":" + ",".join(f"{k}={v}" for k, v in options.items()) if options else ""),
-                        budget, W, future=True)
+    return parse_policy(
+        "fi-oracle" + (":" + ",".join(f"{k}={v}" for k, v in options.items()) if options else ""),
+        budget,
+        W,
+        future=True,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +46,16 @@ def record_lookahead(monkeypatch) -> list[dict]:
 
     def spy(policy, model, keys, values, cont, seen, kept, protected, window, block=512):
         scores = original(policy, model, keys, values, cont, seen, kept, protected, window, block)
-        calls.append({"keys": [k.clone() for k in keys], "values": [v.clone() for v in values], "cont": cont.clone(),
-                      "seen": seen, "scores": scores.clone(), "samples": policy.samples})
+        calls.append(
+            {
+                "keys": [k.clone() for k in keys],
+                "values": [v.clone() for v in values],
+                "cont": cont.clone(),
+                "seen": seen,
+                "scores": scores.clone(),
+                "samples": policy.samples,
+            }
+        )
         return scores
 
     monkeypatch.setattr(lookahead, "lookahead_scores", spy)
@@ -73,21 +85,28 @@ def independent_fisher(model, keys, values, cont, start, samples, seed=0) -> tor
     base = torch.cat([torch.zeros(m, n), causal], dim=1)[None, None]  # [1, 1, m, n + m]
     hooks = []
     for layer, block in enumerate(model.model.layers):
+
         def pre(module, args, kwargs, layer=layer):
             extra = torch.nn.functional.pad(bias[layer].repeat_interleave(groups, dim=0), (0, m))  # [H_q, n + m]
             kwargs["attention_mask"] = kwargs["attention_mask"] + extra[None, :, None, :]
             return args, kwargs
+
         hooks.append(block.self_attn.register_forward_pre_hook(pre, with_kwargs=True))
     keyword = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     try:
         cache = DynamicCache(ddp_cache_data=[(k.clone(), v.clone()) for k, v in zip(keys, values)], config=model.config)
         with torch.enable_grad():
-            logits = model(input_ids=cont[None], position_ids=torch.arange(start, start + m)[None], attention_mask=base,
-                           **{keyword: cache}).logits[0]
+            logits = model(
+                input_ids=cont[None],
+                position_ids=torch.arange(start, start + m)[None],
+                attention_mask=base,
+                **{keyword: cache},
+            ).logits[0]
             logp = torch.log_softmax(logits.float(), dim=-1)
             generator = torch.Generator().manual_seed(seed)
-            labels = torch.multinomial(torch.softmax(logits.detach().float(), -1), samples, replacement=True,
-                                       generator=generator)
+            labels = torch.multinomial(
+                torch.softmax(logits.detach().float(), -1), samples, replacement=True, generator=generator
+            )
             out = torch.zeros(n_layers, hkv, n, dtype=torch.float64)
             for s in range(samples):
                 (g,) = torch.autograd.grad(logp.gather(1, labels[:, s : s + 1]).sum(), bias, retain_graph=True)
@@ -153,32 +172,56 @@ def test_refused_where_no_continuation_is_known(tiny, ids):
     with pytest.raises(FIError, match="oracle that sees the future text"):
         parse_policy("fi-oracle", "keep=0.5", W)  # fi generate and fi eval --task parse so
     with pytest.raises(FIError, match="oracle that sees the future text"):
-        generate(tiny.model, None, ids[:P], FIOracle(budget="keep=0.5", window=W), max_new_tokens=40, interval=16,
-                 config=CONFIG)
+        generate(
+            tiny.model,
+            None,
+            ids[:P],
+            FIOracle(budget="keep=0.5", window=W),
+            max_new_tokens=40,
+            interval=16,
+            config=CONFIG,
+        )
     decoder = CompressedDecoder(tiny.model, FIOracle(budget="keep=0.5", window=W), P + 40, CONFIG)
     with pytest.raises(FIError, match="cannot compress while generating"):
         decoder.prefill(ids[:P])
     decoder.close()
-    for bad, message in [("estimator=exact", "estimator=exact is the prefill oracle's"),
-                         ("chunk=64:96", "chunk=64:96 is the prefill oracle's")]:
+    for bad, message in [
+        ("estimator=exact", "estimator=exact is the prefill oracle's"),
+        ("chunk=64:96", "chunk=64:96 is the prefill oracle's"),
+    ]:
         with pytest.raises(FIError, match=message):
             replay(tiny.model, ids, P, oracle(**dict([bad.split("=")])), INTERVAL, CONFIG)
 
 
 def test_eval_marks_the_oracle_and_skips_its_free_generation(tiny, ids):
     policies = [parse_policy("snapkv", "keep=0.5", W), oracle(samples=2)]
-    tables = evaluate_text(tiny.model, ids, "doc", policies, TextSetting(prompt=P, length=N, interval=INTERVAL,
-                                                                         free_tokens=8), CONFIG)
+    tables = evaluate_text(
+        tiny.model, ids, "doc", policies, TextSetting(prompt=P, length=N, interval=INTERVAL, free_tokens=8), CONFIG
+    )
     replays = tables["replays"].set_index("policy")
     assert list(replays.index) == ["full", "snapkv", "fi-oracle:samples=2"]
     assert np.isfinite(replays.loc["snapkv", "free_agreement"])
     assert np.isnan(replays.loc["fi-oracle:samples=2", "free_agreement"])
     summary = summarise_replays(tables["replays"], n_resamples=0)
-    assert summary.set_index("policy")["oracle"].to_dict() == {"full": False, "snapkv": False,
-                                                               "fi-oracle:samples=2": True}
-    hand = pd.DataFrame({"future": "document", "policy": ["fi-oracle", "random"], "budget": "keep=0.25",
-                         "retention": 0.25, "mean_kl": [0.1, 0.3], "top1_agreement": 1.0, "delta_nll": 0.0,
-                         "free_first_divergence": np.nan, "kept_share": 0.3, "document": "d"})
+    assert summary.set_index("policy")["oracle"].to_dict() == {
+        "full": False,
+        "snapkv": False,
+        "fi-oracle:samples=2": True,
+    }
+    hand = pd.DataFrame(
+        {
+            "future": "document",
+            "policy": ["fi-oracle", "random"],
+            "budget": "keep=0.25",
+            "retention": 0.25,
+            "mean_kl": [0.1, 0.3],
+            "top1_agreement": 1.0,
+            "delta_nll": 0.0,
+            "free_first_divergence": np.nan,
+            "kept_share": 0.3,
+            "document": "d",
+        }
+    )
     assert summarise_replays(hand, 0)["oracle"].tolist() == [True, False]
 
 
@@ -186,8 +229,13 @@ def test_replay_headroom_on_a_hand_made_table():
     from fi_toolkit.evaluation import replay_headroom
 
     rows = []
-    kl = {"random": [0.5, 0.6, 0.7], "random:seed=1": [0.3, 0.4, 0.5], "snapkv": [0.3, 0.35, 0.4],
-          "fi-oracle": [0.2, 0.2, 0.2], "full": [0.0, 0.0, 0.0]}
+    kl = {
+        "random": [0.5, 0.6, 0.7],
+        "random:seed=1": [0.3, 0.4, 0.5],
+        "snapkv": [0.3, 0.35, 0.4],
+        "fi-oracle": [0.2, 0.2, 0.2],
+        "full": [0.0, 0.0, 0.0],
+    }
     for policy, values in kl.items():
         for doc, v in zip("abc", values):
             rows.append({"document": doc, "future": "document", "policy": policy, "budget": "keep=0.25", "mean_kl": v})

@@ -19,12 +19,16 @@ import pandas as pd
 import pytest
 import torch
 
-from fi_toolkit.analysis import read_table
 from fi_toolkit.runs import distributed
+from fi_toolkit.studies import read_table
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDIES = ["nearfar", "parts", "correlate", "cparts", "eval", "eparts", "single"]
-SAME_AS = {"parts": "nearfar", "cparts": "correlate", "eparts": "eval3"}  # split into parts on two ranks: the tables of the unsplit single process
+SAME_AS = {
+    "parts": "nearfar",
+    "cparts": "correlate",
+    "eparts": "eval3",
+}  # split into parts on two ranks: the tables of the unsplit single process
 TIMINGS = {"replays.csv": ["seconds"]}  # the only columns that hold wall-clock time
 
 
@@ -32,8 +36,17 @@ def torchrun(args, nproc=2, restarts=0, timeout=300):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "FI_WORKER_TIMEOUT": "240"}
     if restarts:  # restarted ranks otherwise may read the first attempt's gloo addresses (pytorch#135712, #167288)
         env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-           "--max-restarts", str(restarts), *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(nproc),
+        "--max-restarts",
+        str(restarts),
+        *args,
+    ]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -46,8 +59,9 @@ def assert_same_tables(a: Path, b: Path) -> None:
     assert names and names == sorted(f.name for f in b.glob("*.csv"))
     for name in names:
         if name in TIMINGS:
-            pd.testing.assert_frame_equal(read_table(a / name).drop(columns=TIMINGS[name]),
-                                          read_table(b / name).drop(columns=TIMINGS[name]))
+            pd.testing.assert_frame_equal(
+                read_table(a / name).drop(columns=TIMINGS[name]), read_table(b / name).drop(columns=TIMINGS[name])
+            )
         else:
             assert (a / name).read_bytes() == (b / name).read_bytes(), name
 
@@ -58,6 +72,7 @@ def computed(run: Path) -> Counter:
 
 
 # ---- the plan ---------------------------------------------------------------------------------------------
+
 
 def test_assignment_is_deterministic_and_balanced_by_cost():
     assert distributed.assign([8, 1, 1, 1, 1, 1, 1, 1, 1], 2) == [0] + [1] * 8  # round-robin would give 4 + 8 vs 4
@@ -104,8 +119,13 @@ def test_threads_and_devices_per_rank(monkeypatch):
 
 
 def test_world_from_torchrun_environment(monkeypatch):
-    for k, v in {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4",
-                 "TORCHELASTIC_RESTART_COUNT": "2"}.items():
+    for k, v in {
+        "RANK": "5",
+        "WORLD_SIZE": "8",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "4",
+        "TORCHELASTIC_RESTART_COUNT": "2",
+    }.items():
         monkeypatch.setenv(k, v)
     w = distributed.from_env()
     assert (w.rank, w.size, w.local_rank, w.local_size, w.restart, w.main, w.sharded) == (5, 8, 1, 4, 2, False, True)
@@ -115,6 +135,7 @@ def test_world_from_torchrun_environment(monkeypatch):
 
 
 # ---- two gloo ranks against one process ---------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def single(tmp_path_factory):
@@ -160,10 +181,13 @@ def test_two_ranks_merge_to_the_single_process_tables(single, sharded, name):
 def test_idle_ranks_say_so(sharded):
     _, stderr = sharded
     notes = [line for line in stderr.splitlines() if "has no unit to compute" in line]
-    assert notes == ["note: rank 1 of 2 has no unit to compute (1 unit(s) to compute for 2 ranks); it waits for the others"]
+    assert notes == [
+        "note: rank 1 of 2 has no unit to compute (1 unit(s) to compute for 2 ranks); it waits for the others"
+    ]
 
 
 # ---- faults ---------------------------------------------------------------------------------------------------
+
 
 @pytest.mark.torchrun
 def test_killed_rank_resumes_with_one_rank(single, tmp_path):
@@ -194,19 +218,25 @@ def test_torchrun_restart_continues_the_run(single, tmp_path):
 
 # ---- models larger than one device: accelerate's dispatch hooks ------------------------------------------------
 
+
 def layer_map(model) -> dict:
     """An explicit device map naming every module group of the tiny Llama (all on the CPU here)."""
-    names = ["model.embed_tokens", *[f"model.layers.{i}" for i in range(len(model.model.layers))],
-             "model.norm", "model.rotary_emb", "lm_head"]
+    names = [
+        "model.embed_tokens",
+        *[f"model.layers.{i}" for i in range(len(model.model.layers))],
+        "model.norm",
+        "model.rotary_emb",
+        "lm_head",
+    ]
     return {n: "cpu" for n in names}
 
 
 def test_explicit_device_map_gives_the_plain_model_fi(tiny, tmp_path):
     import copy
 
-    from fi_toolkit.analysis import run_correlate, run_nearfar
     from fi_toolkit.model.loading import dispatch
     from fi_toolkit.probe.chunks import Chunk
+    from fi_toolkit.studies import run_correlate, run_nearfar
 
     placed = dispatch(copy.deepcopy(tiny), layer_map(tiny.model))
     assert all(hasattr(layer, "_hf_hook") for layer in placed.model.model.layers)  # the hooks are in place
@@ -214,8 +244,16 @@ def test_explicit_device_map_gives_the_plain_model_fi(tiny, tmp_path):
     docs = dist_worker.documents()[:2]
     for lm, name in ((tiny, "plain"), (placed, "placed")):
         run_nearfar(lm, docs, tmp_path / name / "nf", dist_worker.P, [0, 32], 16, seeds=1, config=dist_worker.CFG)
-        run_correlate(lm, docs[:1], tmp_path / name / "corr", dist_worker.P, [Chunk(96, 112)], "sample:8",
-                      n_resamples=0, config=dist_worker.CFG)
+        run_correlate(
+            lm,
+            docs[:1],
+            tmp_path / name / "corr",
+            dist_worker.P,
+            [Chunk(96, 112)],
+            "sample:8",
+            n_resamples=0,
+            config=dist_worker.CFG,
+        )
     for table, column in (("nf/nearfar.csv", "fi"), ("corr/tokens.csv", "fi")):
         a, b = read_table(tmp_path / "plain" / table), read_table(tmp_path / "placed" / table)
         assert len(a) == len(b) > 0
@@ -227,12 +265,33 @@ def test_explicit_device_map_gives_the_plain_model_fi(tiny, tmp_path):
 
 DOCS = ["alice", "botchan", "hamlet"]
 COMMANDS = {  # command line -> what rank 0 prints once, and options of the torchrun run only (units below the document)
-    "nearfar": (["nearfar", *DOCS, "--prefix", "128", "--distances", "0,64", "--chunk-len", "32", "--seeds", "1",
-                 "--protected-only"], "entropy > attention across documents", ["--unit-sets", "2"]),
-    "correlate": (["correlate", *DOCS, "--chunk", "128:160", "--candidates", "sample:8", "--resamples", "50"],
-                  "Spearman", ["--unit-candidates", "3"]),
-    "probe": (["probe", *DOCS, "--chunk", "128:160", "--select", "entropy:remove=0.1", "--select", "random:remove=0.1@0"],
-              "Forward Influence (nats)", []),
+    "nearfar": (
+        [
+            "nearfar",
+            *DOCS,
+            "--prefix",
+            "128",
+            "--distances",
+            "0,64",
+            "--chunk-len",
+            "32",
+            "--seeds",
+            "1",
+            "--protected-only",
+        ],
+        "entropy > attention across documents",
+        ["--unit-sets", "2"],
+    ),
+    "correlate": (
+        ["correlate", *DOCS, "--chunk", "128:160", "--candidates", "sample:8", "--resamples", "50"],
+        "Spearman",
+        ["--unit-candidates", "3"],
+    ),
+    "probe": (
+        ["probe", *DOCS, "--chunk", "128:160", "--select", "entropy:remove=0.1", "--select", "random:remove=0.1@0"],
+        "Forward Influence (nats)",
+        [],
+    ),
 }
 
 
@@ -244,8 +303,14 @@ def test_torchrun_cli_equals_one_process(command, tmp_path):
     (nearfar and correlate split into parts under torchrun, whole documents in the single process)."""
     args, printed, split = COMMANDS[command]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    one = subprocess.run([sys.executable, "-m", "fi_toolkit", *args, "--out", str(tmp_path / "one")], cwd=tmp_path,
-                         env=env, capture_output=True, text=True, timeout=600)
+    one = subprocess.run(
+        [sys.executable, "-m", "fi_toolkit", *args, "--out", str(tmp_path / "one")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert one.returncode == 0, one.stderr[-2000:]
     two = torchrun(["-m", "fi_toolkit", *args, *split, "--out", str(tmp_path / "two")], timeout=600)
     assert two.returncode == 0, two.stderr[-2000:]
@@ -264,8 +329,14 @@ def test_torchrun_scores_share_the_positions(tmp_path):
     positions, rank 0 writes the file the single process writes."""
     args = ["scores", "alice", "--prefix", "48", "--fi-chunk", "48:64", "--estimator", "exact"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    one = subprocess.run([sys.executable, "-m", "fi_toolkit", *args, "--out", str(tmp_path / "one.csv")], cwd=tmp_path,
-                         env=env, capture_output=True, text=True, timeout=600)
+    one = subprocess.run(
+        [sys.executable, "-m", "fi_toolkit", *args, "--out", str(tmp_path / "one.csv")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert one.returncode == 0, one.stderr[-2000:]
     two = torchrun(["-m", "fi_toolkit", *args, "--out", str(tmp_path / "two.csv")], timeout=600)
     assert two.returncode == 0, two.stderr[-2000:]
@@ -281,7 +352,16 @@ def test_cli_device_map_gives_the_plain_fi(smollm, tmp_path, capsys):
     layers = [f"model.layers.{i}" for i in range(smollm.config.num_hidden_layers)]
     device_map = {n: "cpu" for n in ["model.embed_tokens", *layers, "model.norm", "model.rotary_emb", "lm_head"]}
     (tmp_path / "map.json").write_text(json.dumps(device_map))
-    probe = ["probe", "alice", "--chunk", "128:160", "--select", "entropy:remove=0.1", "--select", "random:remove=0.1@0"]
+    probe = [
+        "probe",
+        "alice",
+        "--chunk",
+        "128:160",
+        "--select",
+        "entropy:remove=0.1",
+        "--select",
+        "random:remove=0.1@0",
+    ]
     for name, extra in (("plain", []), ("mapped", ["--device-map", str(tmp_path / "map.json")])):
         code, _, err = run_cli([*probe, *extra, "--out", str(tmp_path / name)], capsys)
         assert code == 0, err

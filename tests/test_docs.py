@@ -25,8 +25,13 @@ DOCS = ROOT / "docs"
 CLI_MD = DOCS / "reference" / "cli.md"
 API_DIR = "reference/api/"  # generated at build time by docs/gen_api_reference.py, one page per module
 README_MAX_LINES = 250
-MARKDOWN = [ROOT / "README.md", ROOT / "CHANGELOG.md", ROOT / "benchmarks" / "README.md",
-            ROOT / "notebooks" / "README.md", *sorted(DOCS.rglob("*.md"))]
+MARKDOWN = [
+    ROOT / "README.md",
+    ROOT / "CHANGELOG.md",
+    ROOT / "benchmarks" / "README.md",
+    ROOT / "notebooks" / "README.md",
+    *sorted(DOCS.rglob("*.md")),
+]
 
 LINK = re.compile(r"!?\[(?:[^\]\[]|\[[^\]]*\])*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^```.*?^```", re.S | re.M)
@@ -162,13 +167,18 @@ def test_relative_links_resolve(path):
 
 
 def test_the_link_check_fails_on_broken_links():
-    planted = ("# Planted\n\n[a](probe.md) [b](nope.md) [c](probe.md#worked-example) [d](probe.md#no-such)\n"
-               "![e](../images/missing.png) [f](../reference/api/fi_toolkit/no_module.md) "
-               "[g](../reference/api/fi_toolkit/budget.md) `[h](in-code.md)` [i](#planted) [j](#elsewhere)\n")
-    assert broken_links(DOCS / "guides" / "_planted.md", planted) == ["nope.md (no such file)", "probe.md#no-such (no such anchor)",
-                                  "../images/missing.png (no such file)",
-                                  "../reference/api/fi_toolkit/no_module.md (no such module)",
-                                  "#elsewhere (no such anchor)"]
+    planted = (
+        "# Planted\n\n[a](probe.md) [b](nope.md) [c](probe.md#worked-example) [d](probe.md#no-such)\n"
+        "![e](../images/missing.png) [f](../reference/api/fi_toolkit/no_module.md) "
+        "[g](../reference/api/fi_toolkit/budget.md) `[h](in-code.md)` [i](#planted) [j](#elsewhere)\n"
+    )
+    assert broken_links(DOCS / "guides" / "_planted.md", planted) == [
+        "nope.md (no such file)",
+        "probe.md#no-such (no such anchor)",
+        "../images/missing.png (no such file)",
+        "../reference/api/fi_toolkit/no_module.md (no such module)",
+        "#elsewhere (no such anchor)",
+    ]
 
 
 def test_readme_is_one_screen():

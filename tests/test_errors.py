@@ -32,8 +32,12 @@ def _fierror_texts(path: Path):
 def test_no_library_message_names_a_flag():
     library = [p for p in PACKAGE.rglob("*.py") if "cli" not in p.relative_to(PACKAGE).parts]
     assert len(library) > 50
-    found = [f"{p.relative_to(PACKAGE)}:{line}: {text!r}" for p in library for line, text in _fierror_texts(p)
-             if "--" in text]
+    found = [
+        f"{p.relative_to(PACKAGE)}:{line}: {text!r}"
+        for p in library
+        for line, text in _fierror_texts(p)
+        if "--" in text
+    ]
     assert found == []
 
 
@@ -43,29 +47,63 @@ def test_the_walk_sees_flags_in_cli_messages():
     assert sum("--" in t for t in texts) >= 10
 
 
-@pytest.mark.parametrize("call, message, parameter", [
-    (lambda: SignalConfig(alpha=2).check(), "alpha must lie in [0, 1], got 2", "alpha"),
-    (lambda: SignalConfig(top_k=0).check(), "top_k must be >= 1, got 0", "top_k"),
-    (lambda: SignalConfig(pool_kernel=2).check(), "pool_kernel must be an odd number >= 1, got 2", "pool_kernel"),
-    (lambda: SignalConfig(entropy_of="x").check(), "entropy_of must be one of", "entropy_of"),
-    (lambda: __import__("fi_toolkit.probe.estimator", fromlist=["x"]).check_samples(0),
-     "samples must be >= 1, got 0", "samples"),
-    (lambda: __import__("fi_toolkit.probe.estimator", fromlist=["x"]).check_samples(10**9),
-     "samples must be at most 10,000", "samples"),
-    (lambda: __import__("fi_toolkit.model.settings", fromlist=["x"]).ModelSettings(device="cpu", device_map="auto").check(),
-     "device_map places the model's layers across devices; it does not go with device", "device_map"),
-    (lambda: __import__("fi_toolkit.runs.settings", fromlist=["x"]).RunSettings("r", True, True).check(),
-     "resume and overwrite contradict each other", "resume"),
-    (lambda: __import__("fi_toolkit.evaluation.settings", fromlist=["x"]).TaskSettings(samples=0).check(),
-     "samples must lie in [1, 1,000], got 0", "samples"),
-    (lambda: __import__("fi_toolkit.evaluation.settings", fromlist=["x"]).TaskSettings(
-        tasks=("multikey_needle", "niah")).check(),
-     "tasks names one task twice: 'multikey_needle' and 'niah' are both multikey_needle", "tasks"),
-    (lambda: __import__("fi_toolkit.compress.future", fromlist=["x"]).parse_future("generated:0"),
-     "future generated:0 generates nothing", "future"),
-    (lambda: __import__("fi_toolkit.analysis.nearfar", fromlist=["x"]).nearfar_chunks(128, [0, 0], 16),
-     "distances holds a distance twice", "distances"),
-])
+@pytest.mark.parametrize(
+    "call, message, parameter",
+    [
+        (lambda: SignalConfig(alpha=2).check(), "alpha must lie in [0, 1], got 2", "alpha"),
+        (lambda: SignalConfig(top_k=0).check(), "top_k must be >= 1, got 0", "top_k"),
+        (lambda: SignalConfig(pool_kernel=2).check(), "pool_kernel must be an odd number >= 1, got 2", "pool_kernel"),
+        (lambda: SignalConfig(entropy_of="x").check(), "entropy_of must be one of", "entropy_of"),
+        (
+            lambda: __import__("fi_toolkit.probe.estimator", fromlist=["x"]).check_samples(0),
+            "samples must be >= 1, got 0",
+            "samples",
+        ),
+        (
+            lambda: __import__("fi_toolkit.probe.estimator", fromlist=["x"]).check_samples(10**9),
+            "samples must be at most 10,000",
+            "samples",
+        ),
+        (
+            lambda: (
+                __import__("fi_toolkit.model.settings", fromlist=["x"])
+                .ModelSettings(device="cpu", device_map="auto")
+                .check()
+            ),
+            "device_map places the model's layers across devices; it does not go with device",
+            "device_map",
+        ),
+        (
+            lambda: __import__("fi_toolkit.runs.settings", fromlist=["x"]).RunSettings("r", True, True).check(),
+            "resume and overwrite contradict each other",
+            "resume",
+        ),
+        (
+            lambda: __import__("fi_toolkit.evaluation.settings", fromlist=["x"]).TaskSettings(samples=0).check(),
+            "samples must lie in [1, 1,000], got 0",
+            "samples",
+        ),
+        (
+            lambda: (
+                __import__("fi_toolkit.evaluation.settings", fromlist=["x"])
+                .TaskSettings(tasks=("multikey_needle", "niah"))
+                .check()
+            ),
+            "tasks names one task twice: 'multikey_needle' and 'niah' are both multikey_needle",
+            "tasks",
+        ),
+        (
+            lambda: __import__("fi_toolkit.compress.future", fromlist=["x"]).parse_future("generated:0"),
+            "future generated:0 generates nothing",
+            "future",
+        ),
+        (
+            lambda: __import__("fi_toolkit.studies.nearfar", fromlist=["x"]).nearfar_chunks(128, [0, 0], 16),
+            "distances holds a distance twice",
+            "distances",
+        ),
+    ],
+)
 def test_a_python_call_names_the_parameter(call, message, parameter):
     with pytest.raises(FIError) as exc:
         call()
@@ -84,13 +122,21 @@ def test_a_selection_names_itself_in_python():
 
 
 def test_naming_replaces_whole_unquoted_words_only():
-    exc = FIError("policy infokv:top_k=8: top_k is shared; give it with SignalConfig.top_k, not 'top_k'",
-                  parameter={"SignalConfig.top_k": "top_k"})
-    assert exc.naming({"top_k": "--top-k"}) == "policy infokv:top_k=8: top_k is shared; give it with --top-k, not 'top_k'"
-    both = FIError("resume and overwrite contradict each other: resume continues, overwrite replaces; resumed",
-                   parameter=("resume", "overwrite"))
-    assert both.naming({"resume": "--resume", "overwrite": "--overwrite"}) == \
-        "--resume and --overwrite contradict each other: --resume continues, --overwrite replaces; resumed"
+    exc = FIError(
+        "policy infokv:top_k=8: top_k is shared; give it with SignalConfig.top_k, not 'top_k'",
+        parameter={"SignalConfig.top_k": "top_k"},
+    )
+    assert (
+        exc.naming({"top_k": "--top-k"}) == "policy infokv:top_k=8: top_k is shared; give it with --top-k, not 'top_k'"
+    )
+    both = FIError(
+        "resume and overwrite contradict each other: resume continues, overwrite replaces; resumed",
+        parameter=("resume", "overwrite"),
+    )
+    assert (
+        both.naming({"resume": "--resume", "overwrite": "--overwrite"})
+        == "--resume and --overwrite contradict each other: --resume continues, --overwrite replaces; resumed"
+    )
     assert both.naming({}) == str(both)  # a parameter the command has no flag for keeps its name
     assert FIError("plain").parameters == {} and FIError("plain").parameter is None
 
@@ -104,13 +150,22 @@ def test_the_cli_maps_parameters_to_the_running_commands_flags():
     assert ev["pool_kernel"] == "--pool" and ev["out"] == "--out" and ev["tasks"] == "--task"
     assert command_flags(["scores"])["out_dir"] == "--out"  # fi scores' out_file, through the alias map
     assert command_flags(["nosuchcommand"]) == {}
-    assert error_line(FIError("samples must be at most 10,000, got 99", parameter="samples"), ["correlate"]) == \
-        "--samples must be at most 10,000, got 99"
-    assert error_line(FIError("sinks, seed and n_resamples must be >= 0", parameter=("sinks", "seed", "n_resamples")),
-                      ["correlate"]) == "--sinks, --seed and --resamples must be >= 0"
+    assert (
+        error_line(FIError("samples must be at most 10,000, got 99", parameter="samples"), ["correlate"])
+        == "--samples must be at most 10,000, got 99"
+    )
+    assert (
+        error_line(
+            FIError("sinks, seed and n_resamples must be >= 0", parameter=("sinks", "seed", "n_resamples")),
+            ["correlate"],
+        )
+        == "--sinks, --seed and --resamples must be >= 0"
+    )
 
 
 def test_prose_before_a_colon_keeps_its_word():
     exc = FIError("cannot resume: 'r' holds a 'probe' run (resume only continues the same command)", parameter="resume")
-    assert exc.naming({"resume": "--resume"}) == \
-        "cannot resume: 'r' holds a 'probe' run (--resume only continues the same command)"
+    assert (
+        exc.naming({"resume": "--resume"})
+        == "cannot resume: 'r' holds a 'probe' run (--resume only continues the same command)"
+    )

@@ -10,12 +10,12 @@ import torch
 from scipy import stats
 
 from fi_toolkit import Document, SignalConfig
-from fi_toolkit.analysis import per_token_fi, run_correlate
-from fi_toolkit.analysis.agreement import top_overlap
 from fi_toolkit.errors import FIError
 from fi_toolkit.probe.chunks import Chunk
 from fi_toolkit.probe.estimator import expected_fisher, fisher_fi
 from fi_toolkit.signals.trace import trace_prefix
+from fi_toolkit.studies import per_token_fi, run_correlate
+from fi_toolkit.studies.agreement import top_overlap
 
 P = 200
 CHUNKS = [Chunk(200, 260), Chunk(330, 400)]
@@ -59,7 +59,7 @@ def test_full_vocabulary_estimate_equals_the_finite_difference(tiny, tiny_ids, e
     model64 = copy.deepcopy(tiny.model).double()
     eps = 1e-3
     for i, j in enumerate(POSITIONS.tolist()):
-        fd = (fi_with_bias(model64, tiny_ids, j, -eps, P, CHUNKS) + fi_with_bias(model64, tiny_ids, j, eps, P, CHUNKS))
+        fd = fi_with_bias(model64, tiny_ids, j, -eps, P, CHUNKS) + fi_with_bias(model64, tiny_ids, j, eps, P, CHUNKS)
         fd = fd / (2 * eps**2)
         np.testing.assert_allclose(expected[i].numpy(), fd.numpy(), rtol=1e-3)
         one_sided = fi_with_bias(model64, tiny_ids, j, -eps, P, CHUNKS) / eps**2
@@ -69,8 +69,9 @@ def test_full_vocabulary_estimate_equals_the_finite_difference(tiny, tiny_ids, e
 
 def test_sampled_estimate_converges_to_the_full_vocabulary_value(tiny, tiny_ids, trace, expected):
     """Over many seeds the sampled estimate's mean approaches the expectation within 4 standard errors."""
-    draws = torch.stack([fisher_fi(tiny.model, trace, tiny_ids, CHUNKS, samples=32, seed=s).fi[POSITIONS]
-                         for s in range(12)])  # [seeds, positions, chunks]
+    draws = torch.stack(
+        [fisher_fi(tiny.model, trace, tiny_ids, CHUNKS, samples=32, seed=s).fi[POSITIONS] for s in range(12)]
+    )  # [seeds, positions, chunks]
     mean, se = draws.mean(0), draws.std(0) / draws.shape[0] ** 0.5
     z = (mean - expected) / se
     assert z.abs().max() < 4, z
@@ -81,7 +82,7 @@ def test_reported_standard_error_matches_the_spread_over_seeds(tiny, tiny_ids, t
     runs = [fisher_fi(tiny.model, trace, tiny_ids, CHUNKS[:1], samples=16, seed=s) for s in range(10)]
     spread = torch.stack([r.fi[:, 0] for r in runs]).std(0)
     reported = torch.stack([r.se[:, 0] for r in runs]).mean(0)
-    ratio = float((reported / spread)[:P - 16].median())
+    ratio = float((reported / spread)[: P - 16].median())
     assert 0.7 < ratio < 1.3, ratio
 
 
@@ -120,8 +121,18 @@ def test_correlate_with_the_estimator_writes_agreement_and_resumes(tiny, tmp_pat
     assert len(tables["tokens"]) == 128 - 8 - 4 and tables["tokens"]["position"].min() == 4
     assert {"fi_se", "fi_layer_0", "fi_layer_3"} <= set(tables["tokens"].columns)
     v = tables["validation"]
-    exact = per_token_fi(tiny.model, trace_prefix(tiny.model, doc.ids, 128, SignalConfig(window=8)), doc.ids,
-                         torch.tensor(v["position"].to_numpy()), chunks).fi()[2:, 0].double().numpy()
+    exact = (
+        per_token_fi(
+            tiny.model,
+            trace_prefix(tiny.model, doc.ids, 128, SignalConfig(window=8)),
+            doc.ids,
+            torch.tensor(v["position"].to_numpy()),
+            chunks,
+        )
+        .fi()[2:, 0]
+        .double()
+        .numpy()
+    )
     np.testing.assert_allclose(v["fi_exact"].to_numpy(), exact, rtol=0, atol=1e-9)
     spearman = tables["agreement"].set_index("metric").loc["spearman"]
     assert spearman["weighted"] == (np.ptp(v["weight"]) > 0)
@@ -141,7 +152,7 @@ def test_correlate_with_the_estimator_writes_agreement_and_resumes(tiny, tmp_pat
 def test_agreement_with_exact_loo_on_smollm(smollm, alice):
     """SmolLM2, alice, p = 256, near chunk 256:320, 16 samples, 24 entropy-stratified positions.
     Measured Spearman 0.86 (see ISSUE10_NOTES.md); the guard is 0.8."""
-    from fi_toolkit.analysis import candidate_positions
+    from fi_toolkit.studies import candidate_positions
 
     trace = trace_prefix(smollm.model, alice.ids, 256)
     chunks = [Chunk(256, 320)]
@@ -157,17 +168,51 @@ def test_agreement_with_exact_loo_on_smollm(smollm, alice):
 def test_cli_scores_and_correlate_with_the_estimator(smollm, tmp_path, monkeypatch, capsys):
     from cli_runner import run_cli
 
-    from fi_toolkit.analysis import read_table
+    from fi_toolkit.studies import read_table
 
     monkeypatch.chdir(tmp_path)
-    code, _, err = run_cli(["scores", "alice", "--prefix", "96", "--fi-chunk", "96:128", "--estimator", "fisher",
-                            "--samples", "2", "--out", "s.csv"], capsys)
+    code, _, err = run_cli(
+        [
+            "scores",
+            "alice",
+            "--prefix",
+            "96",
+            "--fi-chunk",
+            "96:128",
+            "--estimator",
+            "fisher",
+            "--samples",
+            "2",
+            "--out",
+            "s.csv",
+        ],
+        capsys,
+    )
     assert code == 0, err
     table = read_table(tmp_path / "s.csv")
     assert len(table) == 96 and (table["fi_96:128"] > 0).all() and "fi_se_96:128" in table
     assert set(table["fi_estimator"]) == {"fisher"}
-    code, out, err = run_cli(["correlate", "alice", "--prefix", "96", "--chunk", "96:128", "--estimator", "fisher",
-                              "--samples", "2", "--validate", "6", "--resamples", "20", "--out", "c"], capsys)
+    code, out, err = run_cli(
+        [
+            "correlate",
+            "alice",
+            "--prefix",
+            "96",
+            "--chunk",
+            "96:128",
+            "--estimator",
+            "fisher",
+            "--samples",
+            "2",
+            "--validate",
+            "6",
+            "--resamples",
+            "20",
+            "--out",
+            "c",
+        ],
+        capsys,
+    )
     assert code == 0, err
     assert "agreement of the fisher estimate" in out
     agreement = read_table(tmp_path / "c" / "agreement.csv")

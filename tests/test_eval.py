@@ -48,6 +48,7 @@ def _ids(n=N, seed=1):
 
 # ---- one shared prefill, forked per policy --------------------------------------------------------------
 
+
 def test_fork_equals_its_own_prefill_bitwise(tiny):
     """A fork of the shared prefill continues exactly as a decoder that prefilled alone (same keep maps,
     same logits through a block, a compression and another block), for every policy."""
@@ -68,9 +69,9 @@ def test_fork_equals_its_own_prefill_bitwise(tiny):
                 with ragged_attention(model):
                     _, keep = decoder.prefill(ids[:P])
             with ragged_attention(model):
-                a = decoder.block(ids[P:P + 40])
+                a = decoder.block(ids[P : P + 40])
                 decoder.compress()
-                b = decoder.block(ids[P + 40:P + 80])
+                b = decoder.block(ids[P + 40 : P + 80])
             decoder.close()
             outs.append(torch.cat([a, b]))
             keeps.append(keep)
@@ -107,6 +108,7 @@ def test_shared_prompt_replay_is_the_plain_replay(tiny):
 
 # ---- free generation -----------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", ["infokv", "h2o", "streaming", "pyramidkv"])
 def test_free_generation_is_generate(tiny, name):
     """The forked greedy loop produces generate()'s tokens (generate prefills and decodes on its own)."""
@@ -115,8 +117,10 @@ def test_free_generation_is_generate(tiny, name):
     mine = free_generation(shared, policy, 80, INTERVAL)
     theirs = generate(tiny.model, None, ids[:P], policy, max_new_tokens=80, interval=INTERVAL, eos_token_id=[]).tokens
     assert mine == theirs
-    assert free_generation(shared, None, 80, INTERVAL) == generate(
-        tiny.model, None, ids[:P], None, max_new_tokens=80, eos_token_id=[]).tokens
+    assert (
+        free_generation(shared, None, 80, INTERVAL)
+        == generate(tiny.model, None, ids[:P], None, max_new_tokens=80, eos_token_id=[]).tokens
+    )
 
 
 def test_divergence():
@@ -142,7 +146,9 @@ def test_greedy_generated_future_diverges_where_the_replay_first_disagrees(tiny)
 def test_full_budget_is_the_full_cache(tiny):
     """keep=1.0 never evicts: KL <= 1e-6 at every position, top-1 always agrees, free generation never diverges."""
     policies = [make_policy(n, budget="keep=1.0", window=32) for n in ("infokv", "snapkv", "h2o")]
-    tables = evaluate_text(tiny.model, _ids(), "doc", policies, TextSetting(prompt=P, length=N, interval=INTERVAL, free_tokens=40))
+    tables = evaluate_text(
+        tiny.model, _ids(), "doc", policies, TextSetting(prompt=P, length=N, interval=INTERVAL, free_tokens=40)
+    )
     pos, rep = tables["positions"], tables["replays"]
     assert (pos["kl"].abs() <= 1e-6).all() and pos["top1_agree"].all()
     assert (rep["compressions"] == 0).all() and (rep["free_first_divergence"] == 40).all()
@@ -152,7 +158,9 @@ def test_full_budget_is_the_full_cache(tiny):
 
 def test_text_tables_are_consistent(tiny):
     policies = [_policy("infokv", 0.3), _policy("rpc", 0.3)]
-    tables = evaluate_text(tiny.model, _ids(), "doc", policies, TextSetting(prompt=P, length=N, interval=INTERVAL, free_tokens=8))
+    tables = evaluate_text(
+        tiny.model, _ids(), "doc", policies, TextSetting(prompt=P, length=N, interval=INTERVAL, free_tokens=8)
+    )
     pos, seg, rep = tables["positions"], tables["segments"], tables["replays"]
     assert list(rep.policy) == ["full", "infokv", "rpc"]
     for policy, part in pos.groupby("policy"):
@@ -167,6 +175,7 @@ def test_text_tables_are_consistent(tiny):
 
 
 # ---- tasks on the tiny model with a character tokenizer -------------------------------------------------
+
 
 class Chars:
     """One token per character (ids < 256), no chat template: real prompts for the tiny random model."""
@@ -197,8 +206,14 @@ def test_question_agnostic_compression_never_sees_the_question(tiny):
 
     spy = Spy(budget=make_policy("snapkv", budget=0.3).budget)
     prefills = {}
-    rows = evaluate_sample(lm, unit, [spy], ["question-agnostic", "question-aware"], max_new=6,
-                           on_prefill=lambda protocol, ids: prefills.setdefault(protocol, ids.clone()))
+    rows = evaluate_sample(
+        lm,
+        unit,
+        [spy],
+        ["question-agnostic", "question-aware"],
+        max_new=6,
+        on_prefill=lambda protocol, ids: prefills.setdefault(protocol, ids.clone()),
+    )
     context, question = encode_split(Chars(), unit.sample, "question-agnostic")
     assert torch.equal(prefills["question-agnostic"], context) and question.numel() > 0
     assert torch.equal(prefills["question-aware"], torch.cat([context, question]))
@@ -237,6 +252,7 @@ def test_task_answers_are_generate_outputs(tiny):
 
 # ---- summaries --------------------------------------------------------------------------------------------
 
+
 def test_mean_ci():
     x = np.random.default_rng(0).normal(2.0, 1.0, 40)
     mean, lo, hi = mean_ci(x, 2000, seed=1)
@@ -248,20 +264,34 @@ def test_mean_ci():
 
 
 def test_kl_accuracy_spearman():
-    cells = pd.DataFrame({
-        "task": "passkey", "context": 1024, "protocol": "question-agnostic",
-        "policy": ["full"] + ["a", "b", "c", "d", "e"], "budget": ["keep=1"] + ["keep=0.25"] * 5,
-        "answer_kl": [0, 0.1, 0.2, 0.4, 0.8, 1.6], "accuracy": [1, 0.9, 0.7, 0.5, 0.3, 0.1]})
+    cells = pd.DataFrame(
+        {
+            "task": "passkey",
+            "context": 1024,
+            "protocol": "question-agnostic",
+            "policy": ["full"] + ["a", "b", "c", "d", "e"],
+            "budget": ["keep=1"] + ["keep=0.25"] * 5,
+            "answer_kl": [0, 0.1, 0.2, 0.4, 0.8, 1.6],
+            "accuracy": [1, 0.9, 0.7, 0.5, 0.3, 0.1],
+        }
+    )
     row = kl_accuracy_table(cells, None, 200).iloc[0]
     assert row["cells"] == 5 and row["rho"] == pytest.approx(-1.0)
-    replays = pd.DataFrame({"future": "document", "policy": ["a", "b", "c", "d", "e"], "budget": "keep=0.25",
-                            "mean_kl": [0.5, 0.1, 0.3, 0.2, 0.4]})
+    replays = pd.DataFrame(
+        {
+            "future": "document",
+            "policy": ["a", "b", "c", "d", "e"],
+            "budget": "keep=0.25",
+            "mean_kl": [0.5, 0.1, 0.3, 0.2, 0.4],
+        }
+    )
     both = kl_accuracy_table(cells, replays, 200)
     expected = stats.spearmanr([0.5, 0.1, 0.3, 0.2, 0.4], [0.9, 0.7, 0.5, 0.3, 0.1]).statistic
     assert both.iloc[1]["rho"] == pytest.approx(expected)
 
 
 # ---- runs ------------------------------------------------------------------------------------------------
+
 
 def test_text_run_resumes_to_the_same_tables(tiny, tmp_path):
     docs = [Document(f"d{i}", f"text {i}", _ids(N, seed=10 + i), "test") for i in range(2)]
@@ -310,19 +340,55 @@ def test_future_parsing():
 
 # ---- the command line on SmolLM2 ------------------------------------------------------------------------
 
+
 @pytest.mark.smollm
 def test_cli_eval_text_and_tasks_then_report(smollm, tmp_path, capsys):
     text = tmp_path / "text"
-    code, out, err = run_cli(["eval", "alice", "--policy", "infokv,streaming", "--budget", "0.25", "--prompt", "256",
-                              "--length", "448", "--interval", "64", "--free-tokens", "8", "--out", str(text)], capsys)
+    code, out, err = run_cli(
+        [
+            "eval",
+            "alice",
+            "--policy",
+            "infokv,streaming",
+            "--budget",
+            "0.25",
+            "--prompt",
+            "256",
+            "--length",
+            "448",
+            "--interval",
+            "64",
+            "--free-tokens",
+            "8",
+            "--out",
+            str(text),
+        ],
+        capsys,
+    )
     assert code == 0, err
     rep = pd.read_csv(text / "replay_summary.csv").set_index("policy")
     assert rep.loc["full", "mean_kl"] < 1e-6 and rep.loc["full", "top1_agreement"] == 1.0
     assert rep.loc["infokv", "mean_kl"] > 1e3 * max(rep.loc["full", "noise_floor"], 1e-9)
     assert "infokv" in out and "streaming" in out
     tasks = tmp_path / "tasks"
-    code, out, err = run_cli(["eval", "--task", "passkey,niah", "--context", "512", "--samples", "2", "--policy", "snapkv",
-                              "--budget", "0.5,keep=1.0", "--out", str(tasks)], capsys)
+    code, out, err = run_cli(
+        [
+            "eval",
+            "--task",
+            "passkey,niah",
+            "--context",
+            "512",
+            "--samples",
+            "2",
+            "--policy",
+            "snapkv",
+            "--budget",
+            "0.5,keep=1.0",
+            "--out",
+            str(tasks),
+        ],
+        capsys,
+    )
     assert code == 0, err
     s = pd.read_csv(tasks / "task_summary.csv")
     full = s[s.policy == "full"].set_index("task")["accuracy"]
@@ -334,8 +400,11 @@ def test_cli_eval_text_and_tasks_then_report(smollm, tmp_path, capsys):
     code, _, err = run_cli(["report", str(text), str(tasks), "--out", str(tmp_path / "report")], capsys)
     assert code == 0, err
     assert (tmp_path / "report" / "tables" / "replay_kl_vs_task_accuracy.csv").exists()
-    for args in (["--task", "passkey", "--context", "9000"], ["--task", "passkey", "--max-new", "99999999999"],
-                 ["--free-tokens", "99999999999"]):  # bounds that need the model's context: one line, nothing written
+    for args in (
+        ["--task", "passkey", "--context", "9000"],
+        ["--task", "passkey", "--max-new", "99999999999"],
+        ["--free-tokens", "99999999999"],
+    ):  # bounds that need the model's context: one line, nothing written
         code, _, err = run_cli(["eval", *args, "--out", str(tmp_path / "x")], capsys)
         assert code == 2 and "exceeds the model's" in err and err.count("\n") == 1, err
         assert not (tmp_path / "x").exists()
@@ -351,10 +420,10 @@ def test_question_agnostic_answer_kl_is_a_replay(tiny):
     answer = torch.tensor([ord(c) for c in rows.loc["full", "output"]])
     ids = torch.cat([context, question, answer])
     r = replay(tiny.model, ids, context.numel(), policy, interval=10_000)
-    answer_rows = r.kl[question.numel():]  # rows from the question's last position on predict the answer
+    answer_rows = r.kl[question.numel() :]  # rows from the question's last position on predict the answer
     assert len(answer_rows) == answer.numel()
     assert rows.loc["snapkv", "answer_kl"] == pytest.approx(float(answer_rows.double().mean()), rel=1e-4, abs=1e-7)
-    assert rows.loc["snapkv", "answer_top1"] == pytest.approx(float(r.top1_agree[question.numel():].double().mean()))
+    assert rows.loc["snapkv", "answer_top1"] == pytest.approx(float(r.top1_agree[question.numel() :].double().mean()))
 
 
 def test_report_of_a_text_run_and_a_task_run(tiny, tmp_path, monkeypatch):
@@ -370,16 +439,24 @@ def test_report_of_a_text_run_and_a_task_run(tiny, tmp_path, monkeypatch):
     policies = [_policy(n, 0.3) for n in ("snapkv", "streaming", "knorm")] + [_policy("snapkv", 0.6)]
     config = signal_config_for(policies[0])
     docs = [Document(f"d{i}", f"text {i}", _ids(N, seed=20 + i), "test") for i in range(2)]
-    run_eval_text(tiny, docs, tmp_path / "text", policies, TextSetting(prompt=P, length=N, interval=INTERVAL, free_tokens=4),
-                  config, n_resamples=50)
+    run_eval_text(
+        tiny,
+        docs,
+        tmp_path / "text",
+        policies,
+        TextSetting(prompt=P, length=N, interval=INTERVAL, free_tokens=4),
+        config,
+        n_resamples=50,
+    )
     lm = LoadedModel(tiny.model, Chars(), "tiny", torch.device("cpu"), torch.float32)
     units = [_unit("passkey", 400, s) for s in range(3)]
     run_eval_tasks(lm, units, tmp_path / "tasks", policies, ["question-agnostic"], config, max_new=3, n_resamples=50)
     written = build_report([tmp_path / "text", tmp_path / "tasks"], tmp_path / "report")
     names = {p.name for p in written}
     assert {"text__replay_vs_retention.png", "text__kl_over_position.png", "tasks__accuracy_vs_retention.png"} <= names
-    assert (tmp_path / "report" / "tables" / "text__replay_summary.csv").read_bytes() == \
-        (tmp_path / "text" / "replay_summary.csv").read_bytes()
+    assert (tmp_path / "report" / "tables" / "text__replay_summary.csv").read_bytes() == (
+        tmp_path / "text" / "replay_summary.csv"
+    ).read_bytes()
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     cross = report["replay_kl_vs_task_accuracy"][0]
     replay = pd.read_csv(tmp_path / "text" / "replay_summary.csv")

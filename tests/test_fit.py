@@ -17,7 +17,6 @@ import torch
 from cli_runner import run_cli
 
 from fi_toolkit import Document, SignalConfig
-from fi_toolkit.analysis.fit import DECODING_FEATURES, fit_policy, fit_rows, policy_json
 from fi_toolkit.compress.decoder import generate
 from fi_toolkit.errors import FIError
 from fi_toolkit.policies import Fitted, SnapKV, parse_policy
@@ -25,6 +24,7 @@ from fi_toolkit.policies.fitted import FEATURES, FORMAT
 from fi_toolkit.probe.chunks import parse_chunk
 from fi_toolkit.runs import results
 from fi_toolkit.signals.trace import trace_prefix
+from fi_toolkit.studies.fit import DECODING_FEATURES, fit_policy, fit_rows, policy_json
 
 P, W = 96, 8
 CONFIG = SignalConfig(window=W)
@@ -33,12 +33,22 @@ SIGNALS = {"window": W, "top_k": 256, "pool_kernel": 7, "tau": 1.0, "entropy_of"
 
 
 def doc(k: int) -> Document:
-    return Document(f"doc{k}", "text", torch.randint(0, 256, (200,), generator=torch.Generator().manual_seed(k)), "test")
+    return Document(
+        f"doc{k}", "text", torch.randint(0, 256, (200,), generator=torch.Generator().manual_seed(k)), "test"
+    )
 
 
 def policy_file(path, features, coefficients, model=TINY, **extra):
-    record = {"format": FORMAT, "model": model, "signals": SIGNALS, "features": features,
-              "mean": [0.0] * len(features), "scale": [1.0] * len(features), "coefficients": coefficients, **extra}
+    record = {
+        "format": FORMAT,
+        "model": model,
+        "signals": SIGNALS,
+        "features": features,
+        "mean": [0.0] * len(features),
+        "scale": [1.0] * len(features),
+        "coefficients": coefficients,
+        **extra,
+    }
     path.write_text(json.dumps(record))
     return str(path)
 
@@ -46,8 +56,10 @@ def policy_file(path, features, coefficients, model=TINY, **extra):
 @pytest.fixture(scope="module")
 def rows(tiny):
     """Training rows of three random documents (tiny model, Fisher FI with 4 samples)."""
-    return [fit_rows(tiny.model, d, trace_prefix(tiny.model, d.ids, P, CONFIG), [parse_chunk("96:128")], samples=4)
-            for d in map(doc, range(3))]
+    return [
+        fit_rows(tiny.model, d, trace_prefix(tiny.model, d.ids, P, CONFIG), [parse_chunk("96:128")], samples=4)
+        for d in map(doc, range(3))
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -59,9 +71,19 @@ def runs(rows, tmp_path_factory):
         out = root / table["document"][0]
         out.mkdir()
         results.write_table(out / "fit_rows.parquet", table)
-        results.write_json(out / "manifest.json", {
-            "command": "fit-data", "model": TINY, "signals": dict(CONFIG.__dict__), "prefix": P, "chunks": ["96:128"],
-            "sinks": 0, "samples": 4, "documents": [{"name": table["document"][0], "source": "test", "sha256": "-"}]})
+        results.write_json(
+            out / "manifest.json",
+            {
+                "command": "fit-data",
+                "model": TINY,
+                "signals": dict(CONFIG.__dict__),
+                "prefix": P,
+                "chunks": ["96:128"],
+                "sinks": 0,
+                "samples": 4,
+                "documents": [{"name": table["document"][0], "source": "test", "sha256": "-"}],
+            },
+        )
         dirs.append(out)
     return dirs
 
@@ -153,18 +175,29 @@ def test_fitted_on_another_architecture_is_refused(tiny, tiny_ids, tmp_path):
         Fitted(budget="keep=0.5", window=16, path=policy_file(tmp_path / "w.json", ["attention"], [1.0]))
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"coefficients": [float("nan")]}, "non-finite value"),
-    ({"features": ["attention", "no_such_feature"]}, "unknown feature 'no_such_feature'"),
-    ({"features": []}, "no features listed"),
-    ({"scale": [0.0]}, "'scale' must be positive"),
-    ({"mean": [1.0, 2.0]}, "'mean' must list 1 numbers"),
-    ({"model": {"name": "x"}}, "architecture (layers, kv_heads, head_dim) is missing"),
-    ({"format": "other"}, "not a fitted-policy JSON"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"coefficients": [float("nan")]}, "non-finite value"),
+        ({"features": ["attention", "no_such_feature"]}, "unknown feature 'no_such_feature'"),
+        ({"features": []}, "no features listed"),
+        ({"scale": [0.0]}, "'scale' must be positive"),
+        ({"mean": [1.0, 2.0]}, "'mean' must list 1 numbers"),
+        ({"model": {"name": "x"}}, "architecture (layers, kv_heads, head_dim) is missing"),
+        ({"format": "other"}, "not a fitted-policy JSON"),
+    ],
+)
 def test_damaged_fitted_files_are_refused(change, message, tmp_path):
-    record = {"format": FORMAT, "model": TINY, "signals": SIGNALS, "features": ["attention"], "mean": [0.0],
-              "scale": [1.0], "coefficients": [1.0], **change}
+    record = {
+        "format": FORMAT,
+        "model": TINY,
+        "signals": SIGNALS,
+        "features": ["attention"],
+        "mean": [0.0],
+        "scale": [1.0],
+        "coefficients": [1.0],
+        **change,
+    }
     (tmp_path / "p.json").write_text(json.dumps(record))
     with pytest.raises(FIError, match=message.replace("(", r"\(").replace(")", r"\)")):
         parse_policy(f"fitted:path={tmp_path / 'p.json'}")

@@ -25,8 +25,12 @@ P, W = 120, 16
 
 @pytest.mark.parametrize(
     "policy",
-    [InfoKV(budget=48, window=W), Adaptive(InfoKV(budget=0.4, window=W)), PyramidKV(budget=48, window=W),
-     StreamingLLM(budget=40, window=W)],
+    [
+        InfoKV(budget=48, window=W),
+        Adaptive(InfoKV(budget=0.4, window=W)),
+        PyramidKV(budget=48, window=W),
+        StreamingLLM(budget=40, window=W),
+    ],
     ids=["infokv", "infokv-adaptive", "pyramidkv", "streaming"],
 )
 def test_prefill_compression_equals_the_masked_full_model(tiny, tiny_ids, policy):
@@ -56,15 +60,22 @@ def test_full_budget_on_smollm2_is_token_identical_and_streams(smollm):
     result = generate(model, tok, prompt, SnapKV(budget=1.0), max_new_tokens=12, interval=4, on_text=streamed.append)
     ids = result.prompt_ids
     assert tok.decode(ids).startswith("<|im_start|>system")  # the chat template was applied
-    plain = model.generate(ids[None], max_new_tokens=12, do_sample=False)[0, ids.numel():].tolist()
+    plain = model.generate(ids[None], max_new_tokens=12, do_sample=False)[0, ids.numel() :].tolist()
     assert result.tokens == plain
     assert "".join(streamed) == result.text and result.text.strip()
 
 
 def test_decoding_compression_fires_at_each_interval(tiny, tiny_ids):
     budget, interval, new = 48, 10, 60
-    result = generate(tiny.model, None, tiny_ids[:P], InfoKV(budget=budget, window=W), max_new_tokens=new,
-                      interval=interval, eos_token_id=[])
+    result = generate(
+        tiny.model,
+        None,
+        tiny_ids[:P],
+        InfoKV(budget=budget, window=W),
+        max_new_tokens=new,
+        interval=interval,
+        eos_token_id=[],
+    )
     s = result.stats
     assert s.prefill_compressed
     assert s.compression_steps == list(range(interval, new, interval))  # 10, 20, ..., 50
@@ -76,8 +87,15 @@ def test_decoding_compression_fires_at_each_interval(tiny, tiny_ids):
 
 def test_ratio_budget_follows_the_sequence_while_decoding(tiny, tiny_ids):
     r, interval = 0.4, 20
-    result = generate(tiny.model, None, tiny_ids[:P], SnapKV(budget=r, window=W), max_new_tokens=61,
-                      interval=interval, eos_token_id=[])
+    result = generate(
+        tiny.model,
+        None,
+        tiny_ids[:P],
+        SnapKV(budget=r, window=W),
+        max_new_tokens=61,
+        interval=interval,
+        eos_token_id=[],
+    )
     s = result.stats
     assert s.compression_steps == [20, 40, 60]
     # right after the compression at 60 the cache holds round(0.4 * (120 + 60)) = 72 per layer
@@ -131,11 +149,13 @@ def test_a_budget_that_never_evicts_is_refused_or_said(tiny, tiny_ids):
     with pytest.raises(FIError, match="keeps at most 15 of the 60 tokens it may compress"):
         generate(tiny.model, None, tiny_ids[:P], RPC(budget=0.25, window=W), max_new_tokens=60, interval=10)
     # an interval longer than the generation: nothing is evicted, and the stats say so
-    result = generate(tiny.model, None, tiny_ids[:P], RPC(budget=0.5, window=W), max_new_tokens=60, interval=100,
-                      eos_token_id=[])
+    result = generate(
+        tiny.model, None, tiny_ids[:P], RPC(budget=0.5, window=W), max_new_tokens=60, interval=100, eos_token_id=[]
+    )
     assert result.stats.compressions == 0 and result.stats.note.startswith("nothing evicted")
-    result = generate(tiny.model, None, tiny_ids[:P], RPC(budget=0.5, window=W), max_new_tokens=81, interval=40,
-                      eos_token_id=[])
+    result = generate(
+        tiny.model, None, tiny_ids[:P], RPC(budget=0.5, window=W), max_new_tokens=81, interval=40, eos_token_id=[]
+    )
     assert result.stats.compression_steps == [40, 80] and not result.stats.note
     assert max(result.stats.cache_lengths) == P + 60  # P + 40 -> P + 20 at 40, then 40 more: P + 60 -> P + 40
 
@@ -180,8 +200,9 @@ def test_sampling_is_seeded_and_top_p_tiny_is_greedy(tiny, tiny_ids):
     b = generate(model, None, ids, policy, max_new_tokens=15, temperature=1.0, seed=3, eos_token_id=[]).tokens
     c = generate(model, None, ids, policy, max_new_tokens=15, temperature=1.0, seed=4, eos_token_id=[]).tokens
     greedy = generate(model, None, ids, policy, max_new_tokens=15, eos_token_id=[]).tokens
-    nucleus = generate(model, None, ids, policy, max_new_tokens=15, temperature=1.0, top_p=1e-6, seed=5,
-                       eos_token_id=[]).tokens
+    nucleus = generate(
+        model, None, ids, policy, max_new_tokens=15, temperature=1.0, top_p=1e-6, seed=5, eos_token_id=[]
+    ).tokens
     assert a == b and a != c and nucleus == greedy
 
 
@@ -253,8 +274,21 @@ def test_cli_missing_file(monkeypatch, capsys):
 @pytest.mark.smollm
 def test_cli_generate_streams_text_and_prints_stats(prompt_file, monkeypatch, capsys):
     code, out, err = _run_cli(
-        ["generate", "--file", str(prompt_file), "--policy", "snapkv", "--budget", "48", "--interval", "3",
-         "--max-new", "8"], monkeypatch, capsys,
+        [
+            "generate",
+            "--file",
+            str(prompt_file),
+            "--policy",
+            "snapkv",
+            "--budget",
+            "48",
+            "--interval",
+            "3",
+            "--max-new",
+            "8",
+        ],
+        monkeypatch,
+        capsys,
     )
     assert code == 0 and out.strip()
     assert "compressed" in err and "compressions while decoding" in err and "snapkv@keep=48" in err

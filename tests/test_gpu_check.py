@@ -34,8 +34,23 @@ def reduced(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu_check") / "check.json"
     # One thread: the tiny model gains nothing from more, and a busy shared CPU makes spinning threads crawl.
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, str(BENCHMARKS / "gpu_check.py"), "--device", "cpu", "--reduced",
-                           "--model", "tiny", "--out", str(out)], capture_output=True, text=True, env=env, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(BENCHMARKS / "gpu_check.py"),
+            "--device",
+            "cpu",
+            "--reduced",
+            "--model",
+            "tiny",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "all checks passed" in proc.stdout
     return json.loads(out.read_text())
@@ -90,8 +105,11 @@ def test_a_failed_section_or_check_is_recorded_and_fails_the_run(tmp_path, monke
     def broken(args, s):
         raise RuntimeError("CUDA out of memory")
 
-    sections = {"environment": gpu_check.environment, "precision": broken,
-                "decoding": lambda args, s: {"checks": {"cache_within_budget": False}}}
+    sections = {
+        "environment": gpu_check.environment,
+        "precision": broken,
+        "decoding": lambda args, s: {"checks": {"cache_within_budget": False}},
+    }
     monkeypatch.setattr(gpu_check, "SECTIONS", sections)
     out = tmp_path / "check.json"
     monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--device", "cpu", "--reduced", "--out", str(out)])

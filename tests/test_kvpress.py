@@ -51,7 +51,8 @@ def test_snapkv_press_keeps_exactly_the_project_snapkv_entries(window, kernel, s
         trace = trace_prefix(smollm.model, alice.ids, P, SignalConfig(window=window, pool_kernel=kernel))
     ours = parse_selection("policy:snapkv@keep=0.25")[0].resolve(trace)
     theirs = parse_selection(f"kvpress:SnapKVPress@0.75:window_size={window},kernel_size={kernel}")[0].resolve(
-        trace, model=smollm.model, ids=alice.ids)
+        trace, model=smollm.model, ids=alice.ids
+    )
     assert per_head_equal(ours, theirs) == (90, 90)  # 30 layers x 3 KV heads
     assert theirs.n_kept(P) == ours.n_kept(P) == 256
 
@@ -100,8 +101,15 @@ def test_adakv_keep_map_is_what_kvpress_masks_and_the_probe_masks_it_exactly(smo
         assert torch.equal(intact, visible[layer])
 
     with torch.no_grad(), head_masked_attention(model, visible):
-        hidden = _continuation_hidden(model, shared_cache(trace.keys, trace.values, 1, model.config), cont, P,
-                                      torch.ones(1, P, dtype=torch.bool), torch.arange(64), 64)
+        hidden = _continuation_hidden(
+            model,
+            shared_cache(trace.keys, trace.values, 1, model.config),
+            cont,
+            P,
+            torch.ones(1, P, dtype=torch.bool),
+            torch.arange(64),
+            64,
+        )
         ours = model.lm_head(hidden)[0]
     assert (ours - theirs).abs().max() < 1e-4
 
@@ -110,9 +118,18 @@ def test_probe_measures_presses_beside_policies(smollm, alice, trace):
     from fi_toolkit.probe.chunks import Chunk
     from fi_toolkit.probe.experiment import probe_document
 
-    table = probe_document(smollm, alice, [Chunk(P, P + 128)], [
-        "policy:snapkv@keep=0.25", "kvpress:SnapKVPress@0.75:window_size=32,kernel_size=7",
-        "kvpress:TOVAPress@0.75", "kvpress:AdaKVPress/SnapKVPress@0.75"], trace=trace)
+    table = probe_document(
+        smollm,
+        alice,
+        [Chunk(P, P + 128)],
+        [
+            "policy:snapkv@keep=0.25",
+            "kvpress:SnapKVPress@0.75:window_size=32,kernel_size=7",
+            "kvpress:TOVAPress@0.75",
+            "kvpress:AdaKVPress/SnapKVPress@0.75",
+        ],
+        trace=trace,
+    )
     fi = table.set_index("selection")["fi"]
     # the same entries through two paths (policy gather / press gather): the same FI, bit for bit
     assert fi["policy:snapkv@keep=0.25"] == fi["kvpress:SnapKVPress@0.75:window_size=32,kernel_size=7"]
@@ -129,6 +146,7 @@ def test_a_press_that_rewrites_keys_is_refused_in_one_line(smollm, alice):
 
 # --- InfoKV as a kvpress press -------------------------------------------------------------------
 
+
 def prefill(model, press, ids):
     """kvpress's own prefill under ``press`` (as its pipeline runs it) -> the cache it leaves."""
     cache = DynamicCache(config=model.config)
@@ -142,8 +160,10 @@ def cache_holds(cache, trace, keep_map: KeepMap) -> bool:
     """The cache holds, bitwise, the original keys and values at ``keep_map``'s positions (sorted)."""
     for layer, (k, v) in enumerate(zip(trace.keys, trace.values)):
         index = keep_map.keep[layer][None, :, :, None].expand(1, -1, -1, k.shape[-1])
-        if not (torch.equal(k.gather(2, index), cache.layers[layer].keys)
-                and torch.equal(v.gather(2, index), cache.layers[layer].values)):
+        if not (
+            torch.equal(k.gather(2, index), cache.layers[layer].keys)
+            and torch.equal(v.gather(2, index), cache.layers[layer].values)
+        ):
             return False
     return True
 
@@ -219,6 +239,7 @@ def test_infokv_press_pipeline_answer_equals_the_project_compressor():
 
 # --- presses in fi eval ----------------------------------------------------------------------------
 
+
 def test_a_press_in_fi_eval_compresses_the_prompt_as_the_bridge_does_and_never_again(smollm, alice):
     from fi_toolkit.compress.replay import replay
     from fi_toolkit.integrations.kvpress.names import named_policy
@@ -246,13 +267,28 @@ def test_an_adakv_press_in_fi_eval_is_refused_in_one_line(smollm, alice):
 
 # --- the command line ------------------------------------------------------------------------------
 
+
 def test_fi_probe_with_presses_on_the_command_line(tmp_path, capsys):
     from cli_runner import run_cli
 
     out = tmp_path / "run"
-    code, stdout, err = run_cli(["probe", "alice", "--chunk", "256:320", "--select", "kvpress:TOVAPress@0.75",
-                                 "--select", "kvpress:AdaKVPress/SnapKVPress@0.5:window_size=16",
-                                 "--select", "policy:infokv@0.25", "--out", str(out)], capsys)
+    code, stdout, err = run_cli(
+        [
+            "probe",
+            "alice",
+            "--chunk",
+            "256:320",
+            "--select",
+            "kvpress:TOVAPress@0.75",
+            "--select",
+            "kvpress:AdaKVPress/SnapKVPress@0.5:window_size=16",
+            "--select",
+            "policy:infokv@0.25",
+            "--out",
+            str(out),
+        ],
+        capsys,
+    )
     assert code in (0, None), err
     import pandas as pd
 
@@ -265,8 +301,19 @@ def test_fi_probe_with_presses_on_the_command_line(tmp_path, capsys):
 def test_a_press_kvpress_cannot_run_here_is_one_error_line(tmp_path, capsys):
     from cli_runner import run_cli
 
-    code, _, err = run_cli(["probe", "alice", "--chunk", "256:320", "--select", "kvpress:ObservedAttentionPress@0.5",
-                            "--out", str(tmp_path / "run")], capsys)
+    code, _, err = run_cli(
+        [
+            "probe",
+            "alice",
+            "--chunk",
+            "256:320",
+            "--select",
+            "kvpress:ObservedAttentionPress@0.5",
+            "--out",
+            str(tmp_path / "run"),
+        ],
+        capsys,
+    )
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), err
     assert "kvpress failed on the prefix" in lines[0] and not (tmp_path / "run").exists()

@@ -15,19 +15,19 @@ PACKAGE = Path(__file__).resolve().parents[1] / "fi_toolkit"
 
 # Lowest first. A module may import modules of its own layer or a lower one, never a higher one.
 LAYERS: list[tuple[str, ...]] = [
-    ("errors",),                                   # FIError, the one exception users see
-    ("budget", "eviction", "documents", "runs"),   # shared vocabulary; result directories and sharding
-    ("model",),                                    # loading, architectures, attention functions, precision
-    ("signals",),                                  # H, A, D, E, S: formulas, the prefill trace, the tracker
-    ("policies",),                                 # one dataclass per policy behind Policy.keep_map
-    ("integrations",),                             # kvpress presses as policies, policies as presses
-    ("probe",),                                    # chunks, KL, Forward Influence, noise floor, selections
-    ("compress",),                                 # compressed decoding, generation, replay
-    ("analysis",),                                 # correlation, near/far, agreement, statistics
-    ("evaluation",),                               # fi eval: replays, tasks, summaries
-    ("report",),                                   # tables and figures -> HTML, Markdown, CSV, JSON
-    ("cli",),                                      # the fi command line
-    ("__init__", "__main__"),                      # the public API and `python -m fi_toolkit`
+    ("errors",),  # FIError, the one exception users see
+    ("budget", "eviction", "documents", "runs"),  # shared vocabulary; result directories and sharding
+    ("model",),  # loading, architectures, attention functions, precision
+    ("signals",),  # H, A, D, E, S: formulas, the prefill trace, the tracker
+    ("policies",),  # one dataclass per policy behind Policy.keep_map
+    ("integrations",),  # kvpress presses as policies, policies as presses
+    ("probe",),  # chunks, KL, Forward Influence, noise floor, selections
+    ("compress",),  # compressed decoding, generation, replay
+    ("studies",),  # correlation, near/far, agreement, statistics
+    ("evaluation",),  # fi eval: replays, tasks, summaries
+    ("report",),  # tables and figures -> HTML, Markdown, CSV, JSON
+    ("cli",),  # the fi command line
+    ("__init__", "__main__"),  # the public API and `python -m fi_toolkit`
 ]
 LAYER_OF = {room: i for i, rooms in enumerate(LAYERS) for room in rooms}
 
@@ -83,9 +83,12 @@ def test_every_room_is_declared():
 
 
 def test_no_module_imports_from_a_higher_layer():
-    upward = [f"{m} ({room(m)}) imports {t} ({room(t)})"
-              for m, targets in import_graph().items() for t in sorted(targets)
-              if LAYER_OF[room(t)] > LAYER_OF[room(m)]]
+    upward = [
+        f"{m} ({room(m)}) imports {t} ({room(t)})"
+        for m, targets in import_graph().items()
+        for t in sorted(targets)
+        if LAYER_OF[room(t)] > LAYER_OF[room(m)]
+    ]
     assert upward == []
 
 
@@ -106,7 +109,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
                 stack.pop()
                 path.pop()
             elif colour[child] == 1:
-                return path[path.index(child):] + [child]
+                return path[path.index(child) :] + [child]
             elif colour[child] == 0:
                 colour[child] = 1
                 stack.append((child, iter(sorted(graph[child]))))
@@ -120,18 +123,21 @@ def test_no_import_cycle():
     assert find_cycle(graph) is None
 
 
-@pytest.mark.parametrize("graph, cycle", [
-    ({"a": {"b"}, "b": {"c"}, "c": {"a"}}, True),
-    ({"a": {"b"}, "b": {"c"}, "c": set()}, False),
-    ({"a": {"b", "c"}, "b": {"c"}, "c": set()}, False),  # a diamond is no cycle
-])
+@pytest.mark.parametrize(
+    "graph, cycle",
+    [
+        ({"a": {"b"}, "b": {"c"}, "c": {"a"}}, True),
+        ({"a": {"b"}, "b": {"c"}, "c": set()}, False),
+        ({"a": {"b", "c"}, "b": {"c"}, "c": set()}, False),  # a diamond is no cycle
+    ],
+)
 def test_cycle_finder_finds_cycles(graph, cycle):
     assert (find_cycle(graph) is not None) == cycle
 
 
 def test_relative_imports_are_resolved(tmp_path):
     """The walker sees a function-level relative import, so a hidden circle cannot slip past it."""
-    src = PACKAGE / "analysis" / "correlation.py"
+    src = PACKAGE / "studies" / "correlation.py"
     module = module_name(src)
     fake = tmp_path / "mod.py"
     fake.write_text("def f():\n    from ..probe import forward_influence\n")
@@ -146,7 +152,12 @@ def test_test_files_share_helpers_only_through_shared_modules():
     offenders = []
     for path in sorted(tests_dir.glob("test_*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and not node.level
+                else []
+            )
             offenders += [f"{path.name} imports {n}" for n in names if n.split(".")[0].startswith("test_")]
     assert offenders == []

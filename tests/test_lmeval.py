@@ -48,6 +48,7 @@ def _plain_logprob(model, context: list[int], continuation: list[int]) -> tuple[
 
 # --- one request, without lm-eval (tiny random model) ------------------------------------------------
 
+
 @pytest.mark.parametrize("interval", [1, 7, 1024])
 def test_full_cache_scoring_equals_a_plain_forward(tiny, interval):
     context, continuation = _ids(90, 1), _ids(25, 2)
@@ -84,8 +85,14 @@ def test_full_cache_generation_equals_model_generate(tiny):
     prompt = _ids(60, 7)
     tokens, record = generate_tokens(tiny.model, prompt, None, 1024, 20, set(), lambda t: False)
     with torch.no_grad():
-        want = tiny.model.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False, eos_token_id=None,
-                                   pad_token_id=0, min_new_tokens=20)[0, 60:].tolist()
+        want = tiny.model.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=20,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+            min_new_tokens=20,
+        )[0, 60:].tolist()
     assert tokens == want and record.new_tokens == 20 and record.compressions == 0
 
 
@@ -118,9 +125,13 @@ def test_sampled_generation_is_seeded(tiny):
 
 # --- model arguments ---------------------------------------------------------------------------------
 
+
 def test_model_args_as_lm_eval_passes_them():
-    args = parse_backend_args(**split_model_args("pretrained=x,policy=infokv,budget=keep=2048,interval=1024,alpha=0.5"),
-                              batch_size=1, device="cpu")
+    args = parse_backend_args(
+        **split_model_args("pretrained=x,policy=infokv,budget=keep=2048,interval=1024,alpha=0.5"),
+        batch_size=1,
+        device="cpu",
+    )
     policy = args.make_policy()
     assert (args.interval, policy.alpha, policy.budget.label, args.device) == (1024, 0.5, "keep=2048", "cpu")
     spelled = parse_backend_args(policy="infokv:alpha=0.5:tau=2", budget=0.25).make_policy()
@@ -129,21 +140,24 @@ def test_model_args_as_lm_eval_passes_them():
     assert isinstance(parse_backend_args(policy="infokv-adaptive").make_policy(), Adaptive)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"policy": "bogus"}, "unknown policy 'bogus'"),
-    ({"policy": "infokv", "budget": "keep=32"}, "cannot hold the observation window of 32"),
-    ({"policy": "infokv", "interval": 0}, "interval=0"),
-    ({"policy": "infokv", "interval": 2.5}, "interval=2.5"),
-    ({"policy": "infokv", "alpha": math.nan}, "alpha=nan: not a finite number"),
-    ({"policy": "infokv", "tau": math.inf}, "tau=inf: not a finite number"),
-    ({"policy": "infokv", "alpha": 2.0}, "alpha must lie in [0, 1]"),
-    ({"policy": "snapkv", "alpha": 0.5}, "policy snapkv has no option alpha"),
-    ({"policy": "infokv:alpha"}, "write options as NAME:key=value"),
-    ({"policy": "infokv", "budget": "keep=lots"}, "is not a number"),
-    ({"policy": "none", "alpha": 0.5}, "unknown model argument alpha"),
-    ({"dtype": "float8"}, "unknown dtype 'float8'"),
-    ({"upcast": "maybe"}, "upcast='maybe'"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"policy": "bogus"}, "unknown policy 'bogus'"),
+        ({"policy": "infokv", "budget": "keep=32"}, "cannot hold the observation window of 32"),
+        ({"policy": "infokv", "interval": 0}, "interval=0"),
+        ({"policy": "infokv", "interval": 2.5}, "interval=2.5"),
+        ({"policy": "infokv", "alpha": math.nan}, "alpha=nan: not a finite number"),
+        ({"policy": "infokv", "tau": math.inf}, "tau=inf: not a finite number"),
+        ({"policy": "infokv", "alpha": 2.0}, "alpha must lie in [0, 1]"),
+        ({"policy": "snapkv", "alpha": 0.5}, "policy snapkv has no option alpha"),
+        ({"policy": "infokv:alpha"}, "write options as NAME:key=value"),
+        ({"policy": "infokv", "budget": "keep=lots"}, "is not a number"),
+        ({"policy": "none", "alpha": 0.5}, "unknown model argument alpha"),
+        ({"dtype": "float8"}, "unknown dtype 'float8'"),
+        ({"upcast": "maybe"}, "upcast='maybe'"),
+    ],
+)
 def test_bad_model_args_fail_in_one_line(kwargs, message):
     with pytest.raises(FIError) as exc:
         parse_backend_args(**kwargs)
@@ -152,12 +166,19 @@ def test_bad_model_args_fail_in_one_line(kwargs, message):
 
 # --- inside lm-eval (SmolLM2; .venv-lmeval) ----------------------------------------------------------
 
+
 def _evaluate(model, tasks, limit=None, include=DATA, **kwargs):
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    return lm_eval.simple_evaluate(model=model, tasks=tasks, limit=limit, log_samples=True,
-                                   task_manager=TaskManager(include_path=str(include)), **kwargs)
+    return lm_eval.simple_evaluate(
+        model=model,
+        tasks=tasks,
+        limit=limit,
+        log_samples=True,
+        task_manager=TaskManager(include_path=str(include)),
+        **kwargs,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -224,7 +245,7 @@ def test_generations_equal_the_hf_backend_token_for_token(fi_none, hf_lm, smollm
     doc = ours["samples"]["fi_passkey"][0]
     prompt = smollm.tokenizer.encode(doc["arguments"][0][0])
     with torch.no_grad():
-        want = smollm.model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)[0, len(prompt):]
+        want = smollm.model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)[0, len(prompt) :]
     assert smollm.tokenizer.decode(want).split("\n\n")[0] == a[0]
 
 
@@ -253,11 +274,25 @@ def test_compressed_cli_run_writes_results_with_policy_and_records(exported, tmp
     tasks = tmp_path / "tasks"  # lm-eval takes one --include_path: the exported tasks and fi_mc together
     shutil.copytree(exported, tasks)
     shutil.copy(DATA / "fi_mc.yaml", tasks)
-    code, _, err = run_cli([
-        "lm-eval", "--model", "fi", "--model_args",
-        "pretrained=smollm2-135m,policy=infokv,budget=keep=96,interval=4,device=cpu",
-        "--tasks", "fi_mc,fi_passkey", "--include_path", str(tasks), "--limit", "2",
-        "--output_path", str(tmp_path / "out"), "--log_samples"], capsys)
+    code, _, err = run_cli(
+        [
+            "lm-eval",
+            "--model",
+            "fi",
+            "--model_args",
+            "pretrained=smollm2-135m,policy=infokv,budget=keep=96,interval=4,device=cpu",
+            "--tasks",
+            "fi_mc,fi_passkey",
+            "--include_path",
+            str(tasks),
+            "--limit",
+            "2",
+            "--output_path",
+            str(tmp_path / "out"),
+            "--log_samples",
+        ],
+        capsys,
+    )
     assert code == 0, err[-2000:]
     results = json.loads(next((tmp_path / "out").rglob("results_*.json")).read_text())
     assert results["config"]["model_args"]["policy"] == "infokv" and results["config"]["fi_policy"] == "infokv@keep=96"

@@ -12,7 +12,7 @@ import torch
 
 from fi_toolkit.cli.console import print_warning
 from fi_toolkit.documents import Document
-from fi_toolkit.evaluation.replays import FULL
+from fi_toolkit.evaluation.replay_runs import FULL
 from fi_toolkit.evaluation.summaries import summarise_replays
 from fi_toolkit.eviction import TokenSet
 from fi_toolkit.probe.chunks import Chunk
@@ -42,11 +42,16 @@ JUST_BELOW = np.nextafter(AT_MARGIN, np.float32(0))  # the largest float32 below
 def _table() -> pd.DataFrame:
     """Two documents x two chunks; the controls' FI has both signs; a measured row larger than any control."""
     rows = [
-        ("a", "control:null", CONTROL, "8:9", 0.0), ("a", "control:reorder", CONTROL, "8:9", -3e-7),
-        ("a", "control:null", CONTROL, "9:10", 2e-7), ("a", "control:reorder", CONTROL, "9:10", 1e-7),
-        ("b", "control:null", CONTROL, "8:9", -5e-6), ("b", "control:reorder", CONTROL, "8:9", 4e-6),
-        ("b", "control:null", CONTROL, "9:10", 0.0), ("b", "control:reorder", CONTROL, "9:10", 0.0),
-        ("a", "positions:1", "positions", "8:9", 1.0), ("b", "positions:1", "positions", "9:10", -9.0),
+        ("a", "control:null", CONTROL, "8:9", 0.0),
+        ("a", "control:reorder", CONTROL, "8:9", -3e-7),
+        ("a", "control:null", CONTROL, "9:10", 2e-7),
+        ("a", "control:reorder", CONTROL, "9:10", 1e-7),
+        ("b", "control:null", CONTROL, "8:9", -5e-6),
+        ("b", "control:reorder", CONTROL, "8:9", 4e-6),
+        ("b", "control:null", CONTROL, "9:10", 0.0),
+        ("b", "control:reorder", CONTROL, "9:10", 0.0),
+        ("a", "positions:1", "positions", "8:9", 1.0),
+        ("b", "positions:1", "positions", "9:10", -9.0),
     ]
     return pd.DataFrame(rows, columns=["document", "selection", "selector", "chunk", "fi"])
 
@@ -64,10 +69,14 @@ def test_floor_of_a_table_is_the_largest_abs_fi_of_its_controls_per_document_and
 
 def test_a_row_at_exactly_margin_times_floor_is_not_flagged_one_just_below_is():
     assert NOISE_MARGIN == 10.0
-    table = pd.DataFrame({
-        "document": ["d"] * 6, "selector": [CONTROL, CONTROL, "x", "x", "x", "x"], "chunk": ["1:2"] * 6,
-        "fi": [0.0, -float(FLOOR), float(AT_MARGIN), float(JUST_BELOW), 2.5 - 1e-9, 2.6],
-    })
+    table = pd.DataFrame(
+        {
+            "document": ["d"] * 6,
+            "selector": [CONTROL, CONTROL, "x", "x", "x", "x"],
+            "chunk": ["1:2"] * 6,
+            "fi": [0.0, -float(FLOOR), float(AT_MARGIN), float(JUST_BELOW), 2.5 - 1e-9, 2.6],
+        }
+    )
     flagged = flag_below_noise_floor(table)
     # 2.5 - 1e-9 is 2.5 in float32, as the probe's FI is: not below
     assert flagged["below_noise_floor"].tolist() == [True, True, False, True, False, False]
@@ -101,11 +110,16 @@ def test_probe_result_flags_with_the_same_rule_as_the_table(tiny, tiny_ids):
 
 def _replays() -> pd.DataFrame:
     rows = [  # document, future, policy, budget, mean_kl
-        ("d0", "document", FULL, None, -1e-8), ("d0", "document", "snapkv", 0.5, 9.9e-8),
-        ("d0", "document", "h2o", 0.5, 1e-7), ("d0", "document", "infokv", 0.5, 3e-3),
-        ("d1", "document", FULL, None, 2e-8), ("d1", "document", "snapkv", 0.5, 1.9e-7),
-        ("d1", "document", "h2o", 0.5, -2e-7), ("d1", "document", "infokv", 0.5, 5e-3),
-        ("d0", "generated:8", FULL, None, 0.0), ("d0", "generated:8", "snapkv", 0.5, 1e-6),
+        ("d0", "document", FULL, None, -1e-8),
+        ("d0", "document", "snapkv", 0.5, 9.9e-8),
+        ("d0", "document", "h2o", 0.5, 1e-7),
+        ("d0", "document", "infokv", 0.5, 3e-3),
+        ("d1", "document", FULL, None, 2e-8),
+        ("d1", "document", "snapkv", 0.5, 1.9e-7),
+        ("d1", "document", "h2o", 0.5, -2e-7),
+        ("d1", "document", "infokv", 0.5, 5e-3),
+        ("d0", "generated:8", FULL, None, 0.0),
+        ("d0", "generated:8", "snapkv", 0.5, 1e-6),
     ]
     return pd.DataFrame(rows, columns=["document", "future", "policy", "budget", "mean_kl"])
 
@@ -123,14 +137,16 @@ def test_text_rule_flags_a_compressed_replay_below_margin_times_the_full_cache_r
     assert below.tolist() == expected
     assert text_noise_warning(replays, FULL) == (
         "warning: 2 of 7 compressed replays have a mean KL below 10x the full-cache replay's (the noise floor), "
-        "e.g. snapkv@0.5 on d0")
+        "e.g. snapkv@0.5 on d0"
+    )
     assert text_noise_warning(replays[replays.policy != "snapkv"], FULL) is None
     assert text_future_floor(replays, FULL) == {"document": 2e-8, "generated:8": 0.0}
 
 
 def test_replay_summary_noise_floor_is_the_largest_full_cache_kl_per_future():
-    replays = _replays().assign(retention=0.5, top1_agreement=1.0, delta_nll=0.0, free_first_divergence=0.0,
-                                kept_share=0.5)
+    replays = _replays().assign(
+        retention=0.5, top1_agreement=1.0, delta_nll=0.0, free_first_divergence=0.0, kept_share=0.5
+    )
     summary = summarise_replays(replays, n_resamples=0)
     floors = summary.set_index(["future", "policy"])["noise_floor"]
     assert floors[("document", "infokv")] == 2e-8 and floors[("document", FULL)] == 2e-8

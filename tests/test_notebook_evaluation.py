@@ -5,8 +5,15 @@ from __future__ import annotations
 import pytest
 from notebook_runner import execute
 
-SMALL = {"FI_NB_PROMPT": "256", "FI_NB_LENGTH": "384", "FI_NB_INTERVAL": "64", "FI_NB_GENERATED": "64",
-         "FI_NB_CONTEXT": "512", "FI_NB_SAMPLES": "2", "FI_NB_THREADS": "1"}
+SMALL = {
+    "FI_NB_PROMPT": "256",
+    "FI_NB_LENGTH": "384",
+    "FI_NB_INTERVAL": "64",
+    "FI_NB_GENERATED": "64",
+    "FI_NB_CONTEXT": "512",
+    "FI_NB_SAMPLES": "2",
+    "FI_NB_THREADS": "1",
+}
 
 
 @pytest.mark.smollm

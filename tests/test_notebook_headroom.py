@@ -19,7 +19,8 @@ _ROW = re.compile(r"^(\d+:\d+)\s+(policy:\S+)((?:\s+-?[\d.]+(?:e-?\d+)?){6})\s*$
 
 
 def headroom_rows(printed: str) -> dict[tuple[str, str], list[float]]:
-    """The printed headroom table -> {(chunk, selection): [fi_random, fi_policy, fi_oracle, headroom, ci_low, ci_high]}."""
+    """The printed headroom table -> {(chunk, selection): [fi_random, fi_policy, fi_oracle, headroom, ci_low,
+    ci_high]}."""
     rows = {}
     for line in printed.splitlines():
         m = _ROW.match(line.strip())
@@ -30,8 +31,9 @@ def headroom_rows(printed: str) -> dict[tuple[str, str], list[float]]:
 
 def committed_text() -> str:
     nb = nbformat.read(NOTEBOOKS / NAME, as_version=4)
-    return "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs
-                   if o.output_type == "stream")
+    return "".join(
+        o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "stream"
+    )
 
 
 @pytest.mark.smollm

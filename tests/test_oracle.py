@@ -114,9 +114,12 @@ def test_spelling_label_and_refusals(tiny, tiny_ids, trace):
     (again,) = parse_selection(sel.label)
     assert again.make_policy(W).span == (64, 96) and again.make_policy(W).rounds == 2
     for bad, message in [
-        ("rounds=0", "rounds must lie in [1, 64], got 0"), ("rounds=-3", "rounds must lie"),
-        ("rounds=nan", "rounds must be a whole number"), ("rounds=99999999999", "rounds must lie"),
-        ("estimator=taylor", "unknown estimator 'taylor'"), ("chunk=96", "chunk must be START:END"),
+        ("rounds=0", "rounds must lie in [1, 64], got 0"),
+        ("rounds=-3", "rounds must lie"),
+        ("rounds=nan", "rounds must be a whole number"),
+        ("rounds=99999999999", "rounds must lie"),
+        ("estimator=taylor", "unknown estimator 'taylor'"),
+        ("chunk=96", "chunk must be START:END"),
     ]:
         with pytest.raises(FIError, match=message.replace("[", r"\[").replace("]", r"\]")):
             parse_selection(f"policy:fi-oracle@0.5:{bad}")
@@ -126,17 +129,23 @@ def test_spelling_label_and_refusals(tiny, tiny_ids, trace):
         parse_selection("policy:fi-oracle@0.5:chunk=10:40")[0].check(P, W, 4)
     doc = Document("d", "t", tiny_ids, "test")
     with pytest.raises(FIError, match="ends past the document's end"):
-        probe_document(tiny, doc, [CHUNK], ["policy:fi-oracle@0.5:chunk=300:500"], prefix=P,
-                       config=SignalConfig(window=W))
+        probe_document(
+            tiny, doc, [CHUNK], ["policy:fi-oracle@0.5:chunk=300:500"], prefix=P, config=SignalConfig(window=W)
+        )
     with pytest.raises(FIError, match="only the probe computes"):
         FIOracle(budget="keep=0.5", window=W).keep_map(trace)
 
 
 def test_probe_measures_the_oracle_beside_policies(tiny, tiny_ids):
     doc = Document("d", "t", tiny_ids, "test")
-    table = probe_document(tiny, doc, [CHUNK, Chunk(128, 160)],
-                           ["policy:fi-oracle@0.5:samples=4", "policy:snapkv@0.5", "random:keep=0.5@0"],
-                           prefix=P, config=SignalConfig(window=W))
+    table = probe_document(
+        tiny,
+        doc,
+        [CHUNK, Chunk(128, 160)],
+        ["policy:fi-oracle@0.5:samples=4", "policy:snapkv@0.5", "random:keep=0.5@0"],
+        prefix=P,
+        config=SignalConfig(window=W),
+    )
     rows = table[table["selection"] == "policy:fi-oracle@keep=0.5:samples=4"]
     assert list(rows["selector"].unique()) == ["oracle:fi-oracle"] and len(rows) == 2
     assert (rows["n_removed"] == 32).all()
@@ -150,13 +159,18 @@ def test_headroom_is_the_share_of_the_gap_closed_with_a_bootstrap_ci():
     from fi_toolkit.probe.headroom import headroom_table
 
     rows = []
-    for d, (r0, r1, s, o, far) in enumerate([(1.0, 1.2, 0.6, 0.2, 0.9), (2.0, 2.0, 1.5, 1.0, 1.1), (0.5, 0.7, 0.5, 0.1, 0.3)]):
+    for d, (r0, r1, s, o, far) in enumerate(
+        [(1.0, 1.2, 0.6, 0.2, 0.9), (2.0, 2.0, 1.5, 1.0, 1.1), (0.5, 0.7, 0.5, 0.1, 0.3)]
+    ):
         doc = f"d{d}"
-        rows += [_row(doc, "random:keep=0.25@0", "random", "near", r0), _row(doc, "random:keep=0.25@1", "random", "near", r1),
-                 _row(doc, "policy:snapkv@keep=0.25", "policy:snapkv", "near", s),
-                 _row(doc, "policy:fi-oracle@keep=0.25", "oracle:fi-oracle", "near", o),
-                 _row(doc, "policy:fi-oracle@keep=0.25:chunk=9:10", "oracle:fi-oracle", "near", far),
-                 _row(doc, "policy:snapkv@keep=0.1", "policy:snapkv", "near", 5.0, n=460.0)]  # no oracle at this budget
+        rows += [
+            _row(doc, "random:keep=0.25@0", "random", "near", r0),
+            _row(doc, "random:keep=0.25@1", "random", "near", r1),
+            _row(doc, "policy:snapkv@keep=0.25", "policy:snapkv", "near", s),
+            _row(doc, "policy:fi-oracle@keep=0.25", "oracle:fi-oracle", "near", o),
+            _row(doc, "policy:fi-oracle@keep=0.25:chunk=9:10", "oracle:fi-oracle", "near", far),
+            _row(doc, "policy:snapkv@keep=0.1", "policy:snapkv", "near", 5.0, n=460.0),
+        ]  # no oracle at this budget
     hr = headroom_table(pd.DataFrame(rows))
     row = hr[(hr.oracle == "policy:fi-oracle@keep=0.25") & (hr.selection == "policy:snapkv@keep=0.25")].iloc[0]
     r, s, o = (1.1 + 2.0 + 0.6) / 3, (0.6 + 1.5 + 0.5) / 3, (0.2 + 1.0 + 0.1) / 3  # by hand
@@ -178,11 +192,18 @@ def test_headroom_figure_draws_the_reference_rows():
     rows = []
     for d, scale in enumerate([1.0, 2.0, 0.5]):
         for chunk in ("512:640", "768:896"):
-            rows += [_row(f"d{d}", "random:keep=0.25@0", "random", chunk, 1.0 * scale),
-                     _row(f"d{d}", "policy:snapkv@keep=0.25", "policy:snapkv", chunk, 0.6 * scale),
-                     _row(f"d{d}", "policy:fi-oracle@keep=0.25", "oracle:fi-oracle", chunk, 0.3 * scale),
-                     _row(f"d{d}", "policy:fi-oracle@keep=0.25:chunk=768:896", "oracle:fi-oracle", chunk,
-                          (0.5 if chunk == "512:640" else 0.2) * scale)]
+            rows += [
+                _row(f"d{d}", "random:keep=0.25@0", "random", chunk, 1.0 * scale),
+                _row(f"d{d}", "policy:snapkv@keep=0.25", "policy:snapkv", chunk, 0.6 * scale),
+                _row(f"d{d}", "policy:fi-oracle@keep=0.25", "oracle:fi-oracle", chunk, 0.3 * scale),
+                _row(
+                    f"d{d}",
+                    "policy:fi-oracle@keep=0.25:chunk=768:896",
+                    "oracle:fi-oracle",
+                    chunk,
+                    (0.5 if chunk == "512:640" else 0.2) * scale,
+                ),
+            ]
     hr = headroom_table(pd.DataFrame(rows))
     ref = reference_rows(hr)
     # on 512:640 the reference is the default oracle (fit on the first chunk); on 768:896 the far one
@@ -196,8 +217,16 @@ def test_headroom_figure_draws_the_reference_rows():
 @pytest.mark.smollm
 def test_oracle_beats_every_heuristic_on_the_chunk_it_saw(smollm, alice):
     p, chunk = 256, Chunk(256, 320)
-    specs = ["policy:fi-oracle@0.25", "policy:fi-oracle@0.25:rounds=2", "policy:snapkv@0.25", "policy:infokv@0.25",
-             "policy:h2o@0.25", "policy:pyramidkv@0.25", "policy:streaming@0.25", "policy:knorm@0.25"]
+    specs = [
+        "policy:fi-oracle@0.25",
+        "policy:fi-oracle@0.25:rounds=2",
+        "policy:snapkv@0.25",
+        "policy:infokv@0.25",
+        "policy:h2o@0.25",
+        "policy:pyramidkv@0.25",
+        "policy:streaming@0.25",
+        "policy:knorm@0.25",
+    ]
     table = probe_document(smollm, alice, [chunk], specs, prefix=p)
     fi = table.set_index("selection")["fi"]
     oracle = fi["policy:fi-oracle@keep=0.25"]
@@ -208,13 +237,15 @@ def test_oracle_beats_every_heuristic_on_the_chunk_it_saw(smollm, alice):
 
 
 def test_nearfar_headroom_column_beside_an_oracle():
-    from fi_toolkit.analysis.nearfar import add_relative_columns
+    from fi_toolkit.studies.nearfar import add_relative_columns
 
     base = {"document": "d", "sinks": 4, "chunk": "0:8", "distance_from_p": 0}
-    rows = [{**base, "selection": "random:a@0", "selector": "random", "fi": 1.0},
-            {**base, "selection": "random:a@1", "selector": "random", "fi": 3.0},
-            {**base, "selection": "entropy:a", "selector": "entropy", "fi": 1.5},
-            {**base, "selection": "policy:fi-oracle@a", "selector": "oracle:fi-oracle", "fi": 0.5}]
+    rows = [
+        {**base, "selection": "random:a@0", "selector": "random", "fi": 1.0},
+        {**base, "selection": "random:a@1", "selector": "random", "fi": 3.0},
+        {**base, "selection": "entropy:a", "selector": "entropy", "fi": 1.5},
+        {**base, "selection": "policy:fi-oracle@a", "selector": "oracle:fi-oracle", "fi": 0.5},
+    ]
     nf = add_relative_columns(pd.DataFrame(rows)).set_index("selection")
     assert nf.loc["entropy:a", "headroom"] == pytest.approx((2.0 - 1.5) / (2.0 - 0.5))
     assert nf.loc["policy:fi-oracle@a", "headroom"] == pytest.approx(1.0)

@@ -63,8 +63,10 @@ def _top(scores: torch.Tensor, n: int, offset: int = 0) -> set[int]:
 def _expected_keep(scores_lhp: torch.Tensor, counts: list[int]) -> list[list[set[int]]]:
     """Per layer and head: the window plus the top (count - W) of the scored positions [0, P - W)."""
     window = set(range(P - W, P))
-    return [[_top(scores_lhp[l][h][: P - W], counts[l] - W) | window for h in range(scores_lhp.shape[1])]
-            for l in range(len(counts))]
+    return [
+        [_top(scores_lhp[l][h][: P - W], counts[l] - W) | window for h in range(scores_lhp.shape[1])]
+        for l in range(len(counts))
+    ]
 
 
 def _assert_keeps(km, expected):
@@ -96,8 +98,7 @@ def _h2o_scores(eager, ids) -> torch.Tensor:
     return torch.stack([a[0, :, P - W :, :].sum(dim=1).view(hkv, -1, P).mean(dim=1) for a in att]).double()
 
 
-@pytest.mark.parametrize("name", sorted(POLICIES)
-                         + ["infokv-adaptive"])  # the FI oracle: tests/test_oracle.py
+@pytest.mark.parametrize("name", sorted(POLICIES) + ["infokv-adaptive"])  # the FI oracle: tests/test_oracle.py
 @pytest.mark.parametrize("budget", ["keep=0.3", "remove=0.7", 0.3, 60, "remove=140"])
 def test_every_policy_keeps_its_budget_and_the_window(trace, name, budget):
     policy = make_policy(name, budget=budget, window=W)
@@ -210,8 +211,9 @@ def test_impossible_budgets_are_errors(trace, kwargs, message):
         SnapKV(window=W, **kwargs).keep_map(trace)
 
 
-@pytest.mark.parametrize("text", ["1.5", "-3", "abc", "nan", "inf", "keep=", "keep=-0.1", "hold=0.2", "remove=x",
-                                  "keep=0.2=0.3", "-0.5"])
+@pytest.mark.parametrize(
+    "text", ["1.5", "-3", "abc", "nan", "inf", "keep=", "keep=-0.1", "hold=0.2", "remove=x", "keep=0.2=0.3", "-0.5"]
+)
 def test_bad_budget_strings(text):
     with pytest.raises(FIError):
         Budget.parse(text)
@@ -219,9 +221,22 @@ def test_bad_budget_strings(text):
 
 @pytest.mark.parametrize(
     "spec, kept",
-    [("0.25", 50), ("keep=0.25", 50), ("remove=0.75", 50), ("keep=50", 50), ("remove=150", 50), ("50", 50),
-     (0.25, 50), (50, 50), ("keep=1.0", 200), ("remove=0", 200), ("keep=0.0", 0), ("remove=1.0", 0),
-     ("keep=0.0025", 1), ("remove=0.0025", 199)],  # 0.5 rounds half up on either side
+    [
+        ("0.25", 50),
+        ("keep=0.25", 50),
+        ("remove=0.75", 50),
+        ("keep=50", 50),
+        ("remove=150", 50),
+        ("50", 50),
+        (0.25, 50),
+        (50, 50),
+        ("keep=1.0", 200),
+        ("remove=0", 200),
+        ("keep=0.0", 0),
+        ("remove=1.0", 0),
+        ("keep=0.0025", 1),
+        ("remove=0.0025", 199),
+    ],  # 0.5 rounds half up on either side
 )
 def test_budget_spellings_have_one_meaning(spec, kept):
     b = Budget.parse(spec)
@@ -256,8 +271,12 @@ def test_probe_policy_selection_is_a_keep_map(tiny, tiny_ids):
     specs = ["policy:infokv@keep=0.3", "policy:pyramidkv@remove=0.7", "policy:snapkv@60", "attention:remove=0.7"]
     table = probe_document(tiny, doc, [Chunk(P, 260)], specs, config=SignalConfig(window=W), trace=trace)
     table = table[table.selector != "control"]
-    assert list(table.selection) == ["policy:infokv@keep=0.3", "policy:pyramidkv@remove=0.7", "policy:snapkv@keep=60",
-                                     "attention:remove=0.7"]
+    assert list(table.selection) == [
+        "policy:infokv@keep=0.3",
+        "policy:pyramidkv@remove=0.7",
+        "policy:snapkv@keep=60",
+        "attention:remove=0.7",
+    ]
     # one denominator (the prefix): every row removes 140 and keeps 60 entries per layer and head
     assert table.n_removed.tolist() == pytest.approx([P - 60] * 4)
     assert table.n_kept.tolist() == pytest.approx([60] * 4)
@@ -267,14 +286,16 @@ def test_probe_policy_selection_is_a_keep_map(tiny, tiny_ids):
     assert all(torch.equal(a, b) for a, b in zip(km.keep, expected.keep))
 
 
-@pytest.mark.parametrize("spec", ["policy:magic@0.2", "policy:infokv", "policy:infokv@2.5", "policy:snapkv@x",
-                                  "policy:snapkv@keep=nan"])
+@pytest.mark.parametrize(
+    "spec", ["policy:magic@0.2", "policy:infokv", "policy:infokv@2.5", "policy:snapkv@x", "policy:snapkv@keep=nan"]
+)
 def test_bad_policy_selections(spec):
     with pytest.raises(FIError):
         parse_selection(spec)
 
 
 # --- Adaptive(policy) and the spelling NAME[:key=value,...] (issue 18) ------------------------------------
+
 
 def _adaptive_reference(weights: torch.Tensor, scores_lhp: torch.Tensor, k: int) -> tuple[list[int], list]:
     """Today's adaptive arithmetic written out: layer shares of L * k by ``weights`` through ``allocate``
@@ -288,10 +309,12 @@ def _adaptive_reference(weights: torch.Tensor, scores_lhp: torch.Tensor, k: int)
 def test_adaptive_infokv_equals_the_old_infokv_adaptive_keep_map(trace, k, alpha, tau):
     e = (trace.distance.double() + tau) * trace.entropy.double()[None]  # E^(l) = (D + tau) * H, [L, P]
     counts, expected = _adaptive_reference(e[:, : P - W].mean(dim=1), _infokv_scores(trace, alpha, tau), k)
-    spelled = [Adaptive(InfoKV(alpha=alpha, tau=tau, budget=k, window=W)),
-               parse_policy(f"adaptive(infokv):alpha={alpha},tau={tau}", k, W),
-               parse_policy(f"infokv-adaptive:alpha={alpha},tau={tau}", k, W),
-               make_policy("infokv-adaptive", budget=k, window=W, alpha=alpha, tau=tau)]
+    spelled = [
+        Adaptive(InfoKV(alpha=alpha, tau=tau, budget=k, window=W)),
+        parse_policy(f"adaptive(infokv):alpha={alpha},tau={tau}", k, W),
+        parse_policy(f"infokv-adaptive:alpha={alpha},tau={tau}", k, W),
+        make_policy("infokv-adaptive", budget=k, window=W, alpha=alpha, tau=tau),
+    ]
     for policy in spelled:
         km = policy.keep_map(trace)
         assert km.counts() == counts and sum(counts) == trace.num_layers * k
@@ -350,15 +373,17 @@ def test_policy_selection_with_alpha_one_keeps_exactly_snapkv_on_the_tiny_model(
 
 @pytest.mark.parametrize(
     "text, direct",
-    [("infokv:alpha=0.5,tau=2,top_k=64", InfoKV(alpha=0.5, tau=2.0, top_k=64, budget=0.3, window=W)),
-     ("infokv:top-k=64", InfoKV(top_k=64, budget=0.3, window=W)),
-     (" InfoKV : alpha = 0.25 ", InfoKV(alpha=0.25, budget=0.3, window=W)),
-     ("pyramidkv:beta=10", PyramidKV(beta=10.0, budget=0.3, window=W)),
-     ("streaming:sinks=2", StreamingLLM(sinks=2, budget=0.3, window=W)),
-     ("random:seed=7", RandomPolicy(seed=7, budget=0.3, window=W)),
-     ("snapkv:window=8", SnapKV(budget=0.3, window=8)),
-     ("adaptive(infokv):alpha=0.5", Adaptive(InfoKV(alpha=0.5, budget=0.3, window=W))),
-     ("adaptive(h2o)", Adaptive(H2O(budget=0.3, window=W)))],
+    [
+        ("infokv:alpha=0.5,tau=2,top_k=64", InfoKV(alpha=0.5, tau=2.0, top_k=64, budget=0.3, window=W)),
+        ("infokv:top-k=64", InfoKV(top_k=64, budget=0.3, window=W)),
+        (" InfoKV : alpha = 0.25 ", InfoKV(alpha=0.25, budget=0.3, window=W)),
+        ("pyramidkv:beta=10", PyramidKV(beta=10.0, budget=0.3, window=W)),
+        ("streaming:sinks=2", StreamingLLM(sinks=2, budget=0.3, window=W)),
+        ("random:seed=7", RandomPolicy(seed=7, budget=0.3, window=W)),
+        ("snapkv:window=8", SnapKV(budget=0.3, window=8)),
+        ("adaptive(infokv):alpha=0.5", Adaptive(InfoKV(alpha=0.5, budget=0.3, window=W))),
+        ("adaptive(h2o)", Adaptive(H2O(budget=0.3, window=W))),
+    ],
 )
 def test_options_parse_to_the_dataclass_built_directly(text, direct):
     policy = parse_policy(text, "keep=0.3", W)
@@ -380,9 +405,11 @@ def test_spelled_options_override_the_global_defaults_which_go_only_where_they_f
 
 @pytest.mark.parametrize(
     "kwargs, message",
-    [({"alpha": 0.5}, "snapkv has no option 'alpha' (its options: budget, window)"),
-     ({"nonsense": 1}, "snapkv has no option 'nonsense'"),
-     ({"adaptive": True}, "snapkv has no option 'adaptive'")],
+    [
+        ({"alpha": 0.5}, "snapkv has no option 'alpha' (its options: budget, window)"),
+        ({"nonsense": 1}, "snapkv has no option 'nonsense'"),
+        ({"adaptive": True}, "snapkv has no option 'adaptive'"),
+    ],
 )
 def test_make_policy_refuses_keywords_the_policy_does_not_have(kwargs, message):
     with pytest.raises(FIError, match=re.escape(message)):
@@ -392,30 +419,32 @@ def test_make_policy_refuses_keywords_the_policy_does_not_have(kwargs, message):
 
 @pytest.mark.parametrize(
     "text, message",
-    [("snapkv:alpha=0.5", "snapkv has no option 'alpha' (its options: window)"),
-     ("infokv:nonsense=1", "infokv has no option 'nonsense' (its options: window, alpha, tau, top_k)"),
-     ("infokv:budget=0.3", "the budget is given with the budget argument or @BUDGET"),
-     ("infokv:alpha=nan", "alpha must lie in [0, 1], got nan"),
-     ("infokv:alpha=2", "alpha must lie in [0, 1], got 2.0"),
-     ("infokv:alpha=-0.1", "alpha must lie in [0, 1], got -0.1"),
-     ("infokv:alpha=x", "alpha must be a number, got 'x'"),
-     ("infokv:tau=inf", "tau must be a finite number, got inf"),
-     ("infokv:tau=-1", "tau must be >= 0, got -1.0"),
-     ("infokv:top_k=0", "top_k must be >= 1, got 0"),
-     ("infokv:top_k=1.5", "top_k must be a whole number, got '1.5'"),
-     ("infokv:alpha=0.5,alpha=0.6", "the option 'alpha' is given twice"),
-     ("infokv:alpha", "expected options like infokv:key=value,key=value, got 'alpha'"),
-     ("infokv:", "expected options after the colon"),
-     ("snapkv:window=0", "window must be >= 1, got 0"),
-     ("pyramidkv:beta=0.5", "beta must be a finite number >= 1, got 0.5"),
-     ("streaming:sinks=-1", "sinks must be >= 0, got -1"),
-     ("random:seed=-2", "seed must be >= 0, got -2"),
-     ("adaptive(streaming)", "adaptive(streaming): streaming keeps tokens by position"),
-     ("adaptive(random)", "adaptive(random): random draws its scores at random"),
-     ("knorm-adaptive", "adaptive(knorm): knorm scores by negative key norms"),
-     ("adaptive(infokv-adaptive)", "'infokv-adaptive' is adaptive already"),
-     ("adaptive(magic)", "unknown policy 'magic'"),
-     ("lru:alpha=1", "unknown policy 'lru'")],
+    [
+        ("snapkv:alpha=0.5", "snapkv has no option 'alpha' (its options: window)"),
+        ("infokv:nonsense=1", "infokv has no option 'nonsense' (its options: window, alpha, tau, top_k)"),
+        ("infokv:budget=0.3", "the budget is given with the budget argument or @BUDGET"),
+        ("infokv:alpha=nan", "alpha must lie in [0, 1], got nan"),
+        ("infokv:alpha=2", "alpha must lie in [0, 1], got 2.0"),
+        ("infokv:alpha=-0.1", "alpha must lie in [0, 1], got -0.1"),
+        ("infokv:alpha=x", "alpha must be a number, got 'x'"),
+        ("infokv:tau=inf", "tau must be a finite number, got inf"),
+        ("infokv:tau=-1", "tau must be >= 0, got -1.0"),
+        ("infokv:top_k=0", "top_k must be >= 1, got 0"),
+        ("infokv:top_k=1.5", "top_k must be a whole number, got '1.5'"),
+        ("infokv:alpha=0.5,alpha=0.6", "the option 'alpha' is given twice"),
+        ("infokv:alpha", "expected options like infokv:key=value,key=value, got 'alpha'"),
+        ("infokv:", "expected options after the colon"),
+        ("snapkv:window=0", "window must be >= 1, got 0"),
+        ("pyramidkv:beta=0.5", "beta must be a finite number >= 1, got 0.5"),
+        ("streaming:sinks=-1", "sinks must be >= 0, got -1"),
+        ("random:seed=-2", "seed must be >= 0, got -2"),
+        ("adaptive(streaming)", "adaptive(streaming): streaming keeps tokens by position"),
+        ("adaptive(random)", "adaptive(random): random draws its scores at random"),
+        ("knorm-adaptive", "adaptive(knorm): knorm scores by negative key norms"),
+        ("adaptive(infokv-adaptive)", "'infokv-adaptive' is adaptive already"),
+        ("adaptive(magic)", "unknown policy 'magic'"),
+        ("lru:alpha=1", "unknown policy 'lru'"),
+    ],
 )
 def test_bad_policy_spellings_are_one_line_errors(text, message):
     with pytest.raises(FIError, match=re.escape(message)) as exc:
@@ -433,18 +462,32 @@ def test_adaptive_refuses_a_nested_adaptive_or_a_non_policy():
 
 @pytest.mark.parametrize(
     "text, items",
-    [("infokv,snapkv", ["infokv", "snapkv"]),
-     ("infokv:alpha=0.5,tau=2,snapkv", ["infokv:alpha=0.5,tau=2", "snapkv"]),
-     ("adaptive(infokv):alpha=0.5, infokv:top_k=8,top-k=9", ["adaptive(infokv):alpha=0.5", "infokv:top_k=8,top-k=9"]),
-     ("kvpress:AdaKVPress/SnapKVPress:window_size=16,kernel_size=7,h2o",
-      ["kvpress:AdaKVPress/SnapKVPress:window_size=16,kernel_size=7", "h2o"])],
+    [
+        ("infokv,snapkv", ["infokv", "snapkv"]),
+        ("infokv:alpha=0.5,tau=2,snapkv", ["infokv:alpha=0.5,tau=2", "snapkv"]),
+        (
+            "adaptive(infokv):alpha=0.5, infokv:top_k=8,top-k=9",
+            ["adaptive(infokv):alpha=0.5", "infokv:top_k=8,top-k=9"],
+        ),
+        (
+            "kvpress:AdaKVPress/SnapKVPress:window_size=16,kernel_size=7,h2o",
+            ["kvpress:AdaKVPress/SnapKVPress:window_size=16,kernel_size=7", "h2o"],
+        ),
+    ],
 )
 def test_policy_lists_split_between_policies_not_between_options(text, items):
     assert split_policies(text) == items
 
 
-@pytest.mark.parametrize("text, message", [("infokv,,snapkv", "without empty items"), ("infokv,", "without empty items"),
-                                           ("snapkv,snapkv", "lists an item twice"), ("alpha=0.5,snapkv", "")])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("infokv,,snapkv", "without empty items"),
+        ("infokv,", "without empty items"),
+        ("snapkv,snapkv", "lists an item twice"),
+        ("alpha=0.5,snapkv", ""),
+    ],
+)
 def test_bad_policy_lists(text, message):
     if not message:  # an option before any policy is an item of its own, refused as a name
         with pytest.raises(FIError, match="unknown policy 'alpha=0.5'"):
@@ -468,8 +511,10 @@ def test_fi_probe_runs_a_policy_with_options_end_to_end(tiny, tiny_ids, tmp_path
 
     doc = Document("tiny", "tiny", tiny_ids, "test")
     monkeypatch.setattr("fi_toolkit.model.loading.load_model", lambda *a, **k: tiny)
-    monkeypatch.setattr("fi_toolkit.documents.tokenize_texts",
-                        lambda texts, tokenizer, max_tokens=None: [Document("tiny", "tiny", tiny_ids[:max_tokens], "test")])
+    monkeypatch.setattr(
+        "fi_toolkit.documents.tokenize_texts",
+        lambda texts, tokenizer, max_tokens=None: [Document("tiny", "tiny", tiny_ids[:max_tokens], "test")],
+    )
     specs = ["policy:infokv@keep=0.25:alpha=0.5", "policy:infokv@keep=0.25", "policy:adaptive(infokv)@0.25:tau=2"]
     out = tmp_path / "run"
     args = ["probe", "--chunk", f"{P}:260", "--window", str(W), "--out", str(out)]
@@ -477,7 +522,11 @@ def test_fi_probe_runs_a_policy_with_options_end_to_end(tiny, tiny_ids, tmp_path
     assert code == 0, err
     table = pd.read_csv(out / "fi.csv")
     rows = table[table.selector != "control"].set_index("selection")
-    labels = ["policy:infokv@keep=0.25:alpha=0.5", "policy:infokv@keep=0.25", "policy:infokv-adaptive@keep=0.25:tau=2.0"]
+    labels = [
+        "policy:infokv@keep=0.25:alpha=0.5",
+        "policy:infokv@keep=0.25",
+        "policy:infokv-adaptive@keep=0.25:tau=2.0",
+    ]
     assert list(rows.index) == labels and labels[0] in stdout
     assert rows.n_kept.tolist() == pytest.approx([50] * 3)
     # the same selections through the Python API, on the same document: the same numbers
@@ -510,7 +559,7 @@ def test_spelled_alpha_and_tau_fork_from_a_shared_prefill_as_their_own_prefill(t
         alone = CompressedDecoder(model, policy, n)
         with ragged_attention(model):
             _, own = alone.prefill(tiny_ids[:P])
-            a, b = forked.block(tiny_ids[P:P + 30]), alone.block(tiny_ids[P:P + 30])
+            a, b = forked.block(tiny_ids[P : P + 30]), alone.block(tiny_ids[P : P + 30])
         forked.close(), alone.close()
         assert all(torch.equal(x, y) for x, y in zip(keep.keep, own.keep)), text
         assert torch.equal(a, b), text

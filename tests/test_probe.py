@@ -47,8 +47,9 @@ def test_empty_eviction_runs_the_real_path_and_is_exactly_zero(tiny, tiny_ids, t
     path that perturbed the continuation (a wrong mask, positions or cache) would give FI > 0."""
     sets = [TokenSet("empty", [])] + probe_sets()
     ticks = []
-    result = forward_influence(tiny.model, trace, tiny_ids, sets, CHUNKS, batch_size=batch_size,
-                               on_progress=ticks.append)
+    result = forward_influence(
+        tiny.model, trace, tiny_ids, sets, CHUNKS, batch_size=batch_size, on_progress=ticks.append
+    )
     assert sum(ticks) == len(sets)
     fi = result.fi()
     assert fi.dtype == torch.float32 and torch.equal(fi[0], torch.zeros(len(CHUNKS)))
@@ -115,7 +116,13 @@ def test_kl_is_accurate_where_per_token_fi_lives(shift, scale):
 
 @pytest.mark.parametrize(
     "spec, message",
-    [("9:3", "smaller than end"), ("5:5", "smaller than end"), ("a:b", "START:END"), ("10", "START:END"), ("-1:4", ">= 0")],
+    [
+        ("9:3", "smaller than end"),
+        ("5:5", "smaller than end"),
+        ("a:b", "START:END"),
+        ("10", "START:END"),
+        ("-1:4", ">= 0"),
+    ],
 )
 def test_bad_chunks_are_refused(spec, message):
     with pytest.raises(FIError, match=message):

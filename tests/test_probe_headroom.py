@@ -17,8 +17,21 @@ SELECT = [ORACLE, "random:keep=0.25@0-1", "policy:snapkv@keep=0.25", "policy:h2o
 @pytest.fixture
 def probe_run(tmp_path):
     out = tmp_path / "run"
-    args = ["probe", "alice", "hamlet", "--prefix", "128", "--window", "16", "--chunk", "128:160", "--chunk", "192:224",
-            "--out", str(out)] + [a for s in SELECT for a in ("--select", s)]
+    args = [
+        "probe",
+        "alice",
+        "hamlet",
+        "--prefix",
+        "128",
+        "--window",
+        "16",
+        "--chunk",
+        "128:160",
+        "--chunk",
+        "192:224",
+        "--out",
+        str(out),
+    ] + [a for s in SELECT for a in ("--select", s)]
     return out, args
 
 
@@ -60,7 +73,24 @@ def test_probe_writes_the_headroom_table_and_report_draws_it(probe_run, capsys, 
 
 def test_probe_without_an_oracle_writes_no_headroom(capsys, tmp_path):
     out = tmp_path / "run"
-    code, stdout, err = run_cli(["probe", "alice", "--prefix", "128", "--window", "16", "--chunk", "128:160", "--select",
-                                 "random:keep=0.25@0", "--select", "policy:snapkv@keep=0.25", "--out", str(out)], capsys)
+    code, stdout, err = run_cli(
+        [
+            "probe",
+            "alice",
+            "--prefix",
+            "128",
+            "--window",
+            "16",
+            "--chunk",
+            "128:160",
+            "--select",
+            "random:keep=0.25@0",
+            "--select",
+            "policy:snapkv@keep=0.25",
+            "--out",
+            str(out),
+        ],
+        capsys,
+    )
     assert code == 0, err
     assert (out / "fi.csv").exists() and not (out / "headroom.csv").exists() and "Headroom" not in stdout

@@ -115,8 +115,11 @@ def test_replay_equals_the_independently_masked_full_model(tiny, tiny_ids, repla
     torch.testing.assert_close(result.entries, expected)
 
 
-@pytest.mark.parametrize("policy", [None, make_policy("infokv", budget=1.0, window=W), make_policy("h2o", budget=1.0, window=W)],
-                         ids=["none", "infokv", "h2o"])
+@pytest.mark.parametrize(
+    "policy",
+    [None, make_policy("infokv", budget=1.0, window=W), make_policy("h2o", budget=1.0, window=W)],
+    ids=["none", "infokv", "h2o"],
+)
 def test_full_budget_has_no_divergence(tiny, tiny_ids, policy):
     result = replay(tiny.model, tiny_ids[: P + NEW], P, policy, INTERVAL)
     assert result.compressions == [] and result.kl.shape == (NEW,)
@@ -159,8 +162,13 @@ def test_blocks_split_by_max_block_give_the_same_result(tiny, tiny_ids, replays)
 
 @pytest.mark.parametrize(
     "kwargs, message",
-    [({"prompt_len": 0}, "prompt length"), ({"prompt_len": 20}, "prompt length"), ({"interval": 0}, "interval"),
-     ({"max_block": 0}, "max_block"), ({"policy": make_policy("snapkv", budget=500, window=W)}, "tokens it may compress")],
+    [
+        ({"prompt_len": 0}, "prompt length"),
+        ({"prompt_len": 20}, "prompt length"),
+        ({"interval": 0}, "interval"),
+        ({"max_block": 0}, "max_block"),
+        ({"policy": make_policy("snapkv", budget=500, window=W)}, "tokens it may compress"),
+    ],
 )
 def test_bad_replay_arguments(tiny, tiny_ids, kwargs, message):
     args = {"prompt_len": 10, "policy": None, "interval": 4, **kwargs}

@@ -15,11 +15,11 @@ import torch
 from cli_runner import run_cli
 
 from fi_toolkit import Document, LoadedModel, SignalConfig
-from fi_toolkit.analysis import read_table, run_correlate, run_nearfar
 from fi_toolkit.errors import FIError
 from fi_toolkit.probe.chunks import Chunk
 from fi_toolkit.report import build_report
 from fi_toolkit.report.export import TABLES
+from fi_toolkit.studies import read_table, run_correlate, run_nearfar
 
 CFG = SignalConfig(window=8)
 P = 96
@@ -40,8 +40,9 @@ def runs(tiny, tmp_path_factory):
     lm = LoadedModel(tiny.model, EvilTokenizer(), "tiny-llama", tiny.device, tiny.dtype)
     gen = torch.Generator().manual_seed(3)
     docs = [Document(f"{EVIL} doc{i}", EVIL, torch.randint(0, 256, (200,), generator=gen), "test") for i in range(2)]
-    run_correlate(lm, docs, root / "corr", P, [Chunk(P, P + 16), Chunk(P + 32, P + 48)], "sample:10",
-                  n_resamples=50, config=CFG)
+    run_correlate(
+        lm, docs, root / "corr", P, [Chunk(P, P + 16), Chunk(P + 32, P + 48)], "sample:10", n_resamples=50, config=CFG
+    )
     run_nearfar(lm, docs, root / "nf", P, [0, 32], 16, budget="remove=0.1", seeds=2, config=CFG)
     out = root / "report"
     written = build_report([root / "corr", root / "nf"], out)
@@ -101,8 +102,14 @@ def test_markdown_tables_show_the_csv_numbers_to_4_significant_digits(runs):
     head = rows[0]
     assert head[:3] == ["sinks", "distance from p", "metric"] and "Wilcoxon p" in head
     assert len(rows) - 1 == len(text)
-    columns = {"sinks": "sinks", "distance from p": "distance_from_p", "metric": "metric", "hypothesis": "hypothesis",
-               "Wilcoxon p": "wilcoxon_p", "median difference": "median_difference"}
+    columns = {
+        "sinks": "sinks",
+        "distance from p": "distance_from_p",
+        "metric": "metric",
+        "hypothesis": "hypothesis",
+        "Wilcoxon p": "wilcoxon_p",
+        "median difference": "median_difference",
+    }
     for shown, (_, row) in zip(rows[1:], text.iterrows()):
         for name, col in columns.items():
             cell = shown[head.index(name)]
@@ -120,7 +127,9 @@ def test_markdown_tables_show_the_csv_numbers_to_4_significant_digits(runs):
     nf = _md_rows(md, "nearfar_summary")
     assert "FI mean [95 % CI]" in nf[0] and "fi_mean" not in nf[0]
     csv = pd.read_csv(root / "nf" / "nearfar_summary.csv", dtype=str, keep_default_na=False).iloc[0]
-    value, low, high = nf[1][nf[0].index("FI mean [95 % CI]")].replace("[", "").replace("]", "").replace(",", "").split()
+    value, low, high = (
+        nf[1][nf[0].index("FI mean [95 % CI]")].replace("[", "").replace("]", "").replace(",", "").split()
+    )
     assert _reads_as(value, csv["fi_mean"]) and _reads_as(low, csv["fi_ci_low"]) and _reads_as(high, csv["fi_ci_high"])
     assert len(csv["fi_mean"].replace(".", "").lstrip("0-")) > 5  # ...while the CSV keeps every digit
     numbers = re.findall(r"(?<![\w.:=+-])-?\d+\.\d+(?:e[-+]\d+)?(?![\w.:])", md.split("### ", 1)[1])
@@ -135,9 +144,18 @@ def test_markdown_tables_show_the_csv_numbers_to_4_significant_digits(runs):
 def test_display_table_reads_like_a_person_writes():
     from fi_toolkit.report.display import display_table
 
-    text = pd.DataFrame({"sinks": ["4.0", "0.0"], "fi_mean": ["0.026641269214513", "1.5e-07"],
-                         "fi_ci_low": ["0.0213", ""], "fi_ci_high": ["0.031149", ""], "note": ["a_b", "1e3x"],
-                         "layer": ["", ""], "flag": ["True", "False"], "token": [" 1.50", "2"]})
+    text = pd.DataFrame(
+        {
+            "sinks": ["4.0", "0.0"],
+            "fi_mean": ["0.026641269214513", "1.5e-07"],
+            "fi_ci_low": ["0.0213", ""],
+            "fi_ci_high": ["0.031149", ""],
+            "note": ["a_b", "1e3x"],
+            "layer": ["", ""],
+            "flag": ["True", "False"],
+            "token": [" 1.50", "2"],
+        }
+    )
     shown = display_table(text)
     assert list(shown.columns) == ["sinks", "FI mean [95 % CI]", "note", "flag", "token"]
     assert shown.iloc[0].tolist() == ["4", "0.02664 [0.0213, 0.03115]", "a_b", "True", " 1.50"]
@@ -185,7 +203,9 @@ def _fi(args, capsys):
 def test_report_cli_errors_are_one_line(tmp_path, capsys):
     code, err = _fi(["report", str(tmp_path), "--out", str(tmp_path / "r")], capsys)
     assert code == 2
-    assert err.splitlines() == [f"error: '{tmp_path}' is not a finished fi correlate/nearfar result directory (no manifest.json)"]
+    assert err.splitlines() == [
+        f"error: '{tmp_path}' is not a finished fi correlate/nearfar result directory (no manifest.json)"
+    ]
     code, err = _fi(["report", str(tmp_path), "--format", "pdf"], capsys)
     assert code == 2 and err.startswith("error: invalid --format")
 
@@ -282,15 +302,23 @@ def test_analyses_scripts_copy_results_atomically(tmp_path, monkeypatch):
 
 def test_view_pages_of_the_runs_documents_are_linked(runs, tmp_path):
     """fi view pages in a run directory (of the documents it covers) are copied beside the report and linked."""
-    from fi_toolkit.report.view import ViewData, write_view
+    from fi_toolkit.report.token_page import ViewData, write_view
 
     root, _, _ = runs
     run = tmp_path / "nf"
     shutil.copytree(root / "nf", run)
 
     def page(document, path):
-        data = ViewData(document, "tiny-llama", 2, "2:3", ["a", "b"], {k: torch.ones(2) for k in
-                        ("FI", "FI_se", "H", "A", "D", "S")}, {"snapkv@keep=0.5": torch.tensor([0, 8])}, 8)
+        data = ViewData(
+            document,
+            "tiny-llama",
+            2,
+            "2:3",
+            ["a", "b"],
+            {k: torch.ones(2) for k in ("FI", "FI_se", "H", "A", "D", "S")},
+            {"snapkv@keep=0.5": torch.tensor([0, 8])},
+            8,
+        )
         write_view(path, data)
 
     page(f"{EVIL} doc1", run / "doc1.html")

@@ -16,7 +16,13 @@ from fi_toolkit.report import build_report, load_run
 from fi_toolkit.report.export import CROSS_TITLE, cross_run_tables
 from fi_toolkit.report.lmeval import accuracy_vs_budget
 
-CELLS = [("none", None), ("infokv", "keep=0.25"), ("infokv", "keep=0.5"), ("snapkv", "keep=0.25"), ("snapkv", "keep=0.5")]
+CELLS = [
+    ("none", None),
+    ("infokv", "keep=0.25"),
+    ("infokv", "keep=0.5"),
+    ("snapkv", "keep=0.25"),
+    ("snapkv", "keep=0.5"),
+]
 DOCS = 12
 MODEL = "smollm2-135m"
 
@@ -25,24 +31,62 @@ def _results(policy, budget, tasks: dict, date: str) -> dict:
     """lm-eval 0.4.x's results file (lm_eval/loggers/evaluation_tracker.py) with the fi backend's config."""
     label = "none" if policy == "none" else f"{policy}@{budget}"
     model_args = {"pretrained": MODEL, "policy": policy, **({"budget": budget} if budget else {}), "interval": 16}
-    return {"results": {t: {"alias": t, **m} for t, m in tasks.items()},
-            "group_subtasks": {t: [] for t in tasks}, "configs": {t: {"task": t} for t in tasks},
-            "versions": {t: 1.0 for t in tasks}, "n-shot": {t: 0 for t in tasks},
-            "higher_is_better": {t: {k.split(",")[0]: True for k in m if "stderr" not in k and "," in k} for t, m in tasks.items()},
-            "n-samples": {t: {"original": DOCS, "effective": DOCS} for t in tasks},
-            "config": {"model": "fi", "model_args": model_args, "batch_size": 1, "batch_sizes": [], "device": None,
-                       "use_cache": None, "limit": None, "bootstrap_iters": 100000, "gen_kwargs": None,
-                       "random_seed": 0, "numpy_seed": 1234, "torch_seed": 1234, "fewshot_seed": 1234,
-                       "fi_policy": label, "fi_interval": 16, "fi_model": {"name": MODEL}},
-            "git_hash": None, "date": 1.7e9, "lm_eval_version": "0.4.13", "model_source": "fi",
-            "model_name": MODEL, "model_name_sanitized": MODEL, "start_time": 1.0, "end_time": 2.0,
-            "total_evaluation_time_seconds": "1.0"}
+    return {
+        "results": {t: {"alias": t, **m} for t, m in tasks.items()},
+        "group_subtasks": {t: [] for t in tasks},
+        "configs": {t: {"task": t} for t in tasks},
+        "versions": {t: 1.0 for t in tasks},
+        "n-shot": {t: 0 for t in tasks},
+        "higher_is_better": {
+            t: {k.split(",")[0]: True for k in m if "stderr" not in k and "," in k} for t, m in tasks.items()
+        },
+        "n-samples": {t: {"original": DOCS, "effective": DOCS} for t in tasks},
+        "config": {
+            "model": "fi",
+            "model_args": model_args,
+            "batch_size": 1,
+            "batch_sizes": [],
+            "device": None,
+            "use_cache": None,
+            "limit": None,
+            "bootstrap_iters": 100000,
+            "gen_kwargs": None,
+            "random_seed": 0,
+            "numpy_seed": 1234,
+            "torch_seed": 1234,
+            "fewshot_seed": 1234,
+            "fi_policy": label,
+            "fi_interval": 16,
+            "fi_model": {"name": MODEL},
+        },
+        "git_hash": None,
+        "date": 1.7e9,
+        "lm_eval_version": "0.4.13",
+        "model_source": "fi",
+        "model_name": MODEL,
+        "model_name_sanitized": MODEL,
+        "start_time": 1.0,
+        "end_time": 2.0,
+        "total_evaluation_time_seconds": "1.0",
+    }
 
 
 def _sample(task, doc_id, metric, value, filt, records) -> dict:
-    return {"doc_id": doc_id, "doc": {"question": f"q{doc_id}"}, "target": "0", "arguments": {"gen_args_0": {}},
-            "resps": [["x"]], "filtered_resps": ["x"], "filter": filt, "metrics": [metric],
-            "doc_hash": "h", "prompt_hash": "h", "target_hash": "h", metric: value, "fi_toolkit": records}
+    return {
+        "doc_id": doc_id,
+        "doc": {"question": f"q{doc_id}"},
+        "target": "0",
+        "arguments": {"gen_args_0": {}},
+        "resps": [["x"]],
+        "filtered_resps": ["x"],
+        "filter": filt,
+        "metrics": [metric],
+        "doc_hash": "h",
+        "prompt_hash": "h",
+        "target_hash": "h",
+        metric: value,
+        "fi_toolkit": records,
+    }
 
 
 @pytest.fixture()
@@ -62,16 +106,30 @@ def lmeval_dir(tmp_path):
             lines = []
             for d, v in enumerate(values):
                 full = 200 + 10 * d
-                recs = [{"idx": k, "request": "loglikelihood", "context_tokens": full - 4, "new_tokens": 4,
-                         "cache_entries": full if policy == "none" else int(full * float(budget.split("=")[1])) + k,
-                         "full_entries": full, "compressions": 0 if policy == "none" else 1 + (d % 3),
-                         "compression_steps": [0], "policy": policy} for k in range(2 if task == "fi_mc" else 1)]
+                recs = [
+                    {
+                        "idx": k,
+                        "request": "loglikelihood",
+                        "context_tokens": full - 4,
+                        "new_tokens": 4,
+                        "cache_entries": full if policy == "none" else int(full * float(budget.split("=")[1])) + k,
+                        "full_entries": full,
+                        "compressions": 0 if policy == "none" else 1 + (d % 3),
+                        "compression_steps": [0],
+                        "policy": policy,
+                    }
+                    for k in range(2 if task == "fi_mc" else 1)
+                ]
                 lines.append(json.dumps(_sample(task, d, metric, float(v), "none", recs)))
             (out / f"samples_{task}_{date}.jsonl").write_text("\n".join(lines) + "\n")
             sd = float(values.std(ddof=1) / np.sqrt(DOCS))
             tasks[task] = {f"{metric},none": float(values.mean()), f"{metric}_stderr,none": sd}
-        tasks["gsm8k"] = {"exact_match,strict-match": p - 0.1, "exact_match_stderr,strict-match": 0.05,
-                          "exact_match,flexible-extract": p, "exact_match_stderr,flexible-extract": 0.04}
+        tasks["gsm8k"] = {
+            "exact_match,strict-match": p - 0.1,
+            "exact_match_stderr,strict-match": 0.05,
+            "exact_match,flexible-extract": p,
+            "exact_match_stderr,flexible-extract": 0.04,
+        }
         (out / f"results_{date}.json").write_text(json.dumps(_results(policy, budget, tasks, date), indent=2))
     return tmp_path / "lmeval"
 
@@ -87,8 +145,16 @@ def _all_samples(root) -> pd.DataFrame:
             for line in s.read_text().splitlines():
                 row = json.loads(line)
                 metric = row["metrics"][0]
-                rows.append({"policy": cfg["model_args"]["policy"], "budget": cfg["model_args"].get("budget", "keep=1"),
-                             "task": task, "metric": metric, "value": row[metric], "records": row["fi_toolkit"]})
+                rows.append(
+                    {
+                        "policy": cfg["model_args"]["policy"],
+                        "budget": cfg["model_args"].get("budget", "keep=1"),
+                        "task": task,
+                        "metric": metric,
+                        "value": row[metric],
+                        "records": row["fi_toolkit"],
+                    }
+                )
     return pd.DataFrame(rows)
 
 
@@ -103,8 +169,14 @@ def test_accuracy_is_the_mean_over_samples_with_scipys_bootstrap_band(lmeval_dir
         assert got.loc[key, "value"] == pytest.approx(row["mean"], abs=1e-12)
         assert got.loc[key, "samples"] == row["size"]
         values = samples.set_index(["task", "metric", "policy", "budget"]).loc[[key], "value"].to_numpy()
-        ci = stats.bootstrap((values,), np.mean, n_resamples=1000, confidence_level=0.95, method="percentile",
-                             rng=np.random.default_rng(0)).confidence_interval
+        ci = stats.bootstrap(
+            (values,),
+            np.mean,
+            n_resamples=1000,
+            confidence_level=0.95,
+            method="percentile",
+            rng=np.random.default_rng(0),
+        ).confidence_interval
         assert (got.loc[key, "value_low"], got.loc[key, "value_high"]) == pytest.approx((ci.low, ci.high), abs=1e-12)
         full = expected.loc[(key[0], key[1], "none", "keep=1"), "mean"]
         assert got.loc[key, "full_value"] == pytest.approx(full, abs=1e-12)
@@ -120,18 +192,28 @@ def test_without_samples_the_band_is_lm_evals_stderr(lmeval_dir):
         policy = data["config"]["model_args"]["policy"]
         budget = data["config"]["model_args"].get("budget", "keep=1")
         for filt in ("strict-match", "flexible-extract"):
-            v, se = data["results"]["gsm8k"][f"exact_match,{filt}"], data["results"]["gsm8k"][f"exact_match_stderr,{filt}"]
+            v, se = (
+                data["results"]["gsm8k"][f"exact_match,{filt}"],
+                data["results"]["gsm8k"][f"exact_match_stderr,{filt}"],
+            )
             row = gsm[(gsm["policy"] == policy) & (gsm["budget"] == budget) & (gsm["filter"] == filt)].iloc[0]
-            assert (row["value"], row["value_low"], row["value_high"]) == pytest.approx((v, v - 1.96 * se, v + 1.96 * se), abs=1e-4)
+            assert (row["value"], row["value_low"], row["value_high"]) == pytest.approx(
+                (v, v - 1.96 * se, v + 1.96 * se), abs=1e-4
+            )
 
 
 def test_cache_table_summarises_the_fi_toolkit_records(lmeval_dir):
     cache = load_run(lmeval_dir)["tables"]["lmeval_cache"].set_index(["task", "policy", "budget"])
     recs = _all_samples(lmeval_dir).explode("records")
-    recs = recs.assign(**{k: [r[k] for r in recs["records"]] for k in ("cache_entries", "full_entries", "compressions")})
+    recs = recs.assign(
+        **{k: [r[k] for r in recs["records"]] for k in ("cache_entries", "full_entries", "compressions")}
+    )
     expected = recs.groupby(["task", "policy", "budget"]).agg(
-        requests=("cache_entries", "size"), cache_entries=("cache_entries", "mean"),
-        compressions=("compressions", "mean"), compressions_max=("compressions", "max"))
+        requests=("cache_entries", "size"),
+        cache_entries=("cache_entries", "mean"),
+        compressions=("compressions", "mean"),
+        compressions_max=("compressions", "max"),
+    )
     assert len(cache) == len(expected) == 2 * len(CELLS)
     for key, row in expected.iterrows():
         for col in expected.columns:
@@ -148,7 +230,9 @@ def test_figure_draws_a_line_per_policy_and_the_full_cache_dashed(lmeval_dir):
     ax = next(a for a in axes if a.get_title().startswith("fi_mc"))
     part = acc[acc["task"] == "fi_mc"]
     dashed = [ln for ln in ax.get_lines() if ln.get_linestyle() == "--"]
-    assert len(dashed) == 1 and dashed[0].get_ydata()[0] == pytest.approx(part[part["policy"] == "none"]["value"].iloc[0])
+    assert len(dashed) == 1 and dashed[0].get_ydata()[0] == pytest.approx(
+        part[part["policy"] == "none"]["value"].iloc[0]
+    )
     solid = {ln.get_label(): ln for ln in ax.get_lines() if ln.get_linestyle() == "-"}
     assert set(solid) == {"infokv", "snapkv"}
     snap = part[part["policy"] == "snapkv"].sort_values("retention")
@@ -156,15 +240,22 @@ def test_figure_draws_a_line_per_policy_and_the_full_cache_dashed(lmeval_dir):
     assert list(solid["snapkv"].get_ydata()) == pytest.approx(list(snap["value"]))
     assert len(ax.collections) == 2  # a band per policy
     from fi_toolkit.report.figures import plt
+
     plt.close(fig)
 
 
 def test_replay_kl_against_benchmark_accuracy_is_spearman_over_cells(lmeval_dir):
     bench = load_run(lmeval_dir)
-    kl = {("infokv", "keep=0.25"): 0.4, ("infokv", "keep=0.5"): 0.1, ("snapkv", "keep=0.25"): 0.5,
-          ("snapkv", "keep=0.5"): 0.2}
-    replay = pd.DataFrame([{"future": "greedy", "policy": p, "budget": b, "mean_kl": v} for (p, b), v in kl.items()]
-                          + [{"future": "greedy", "policy": "full", "budget": "keep=1", "mean_kl": 0.0}])
+    kl = {
+        ("infokv", "keep=0.25"): 0.4,
+        ("infokv", "keep=0.5"): 0.1,
+        ("snapkv", "keep=0.25"): 0.5,
+        ("snapkv", "keep=0.5"): 0.2,
+    }
+    replay = pd.DataFrame(
+        [{"future": "greedy", "policy": p, "budget": b, "mean_kl": v} for (p, b), v in kl.items()]
+        + [{"future": "greedy", "policy": "full", "budget": "keep=1", "mean_kl": 0.0}]
+    )
     text = {"kind": "eval-text", "tables": {"replay_summary": replay}}
     cross = cross_run_tables([text, bench])
     acc = bench["tables"]["lmeval_accuracy"]

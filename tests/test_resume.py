@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from fi_toolkit import Document, SignalConfig
-from fi_toolkit.analysis import read_table, run_correlate, run_nearfar, study
 from fi_toolkit.cli import app as cli
 from fi_toolkit.errors import FIError
 from fi_toolkit.probe.chunks import Chunk
 from fi_toolkit.runs.resumable import ResumableRun
+from fi_toolkit.studies import read_table, run_correlate, run_nearfar, study
 
 CFG = SignalConfig(window=8)
 P = 96
@@ -99,8 +99,23 @@ def test_cli_refuses_different_settings_in_one_line(tmp_path, capsys):
     out = tmp_path / "run"
     out.mkdir()
     (out / "settings.json").write_text(json.dumps({"command": "nearfar", "settings": {"prefix": 1}}))
-    sys_argv, sys.argv = sys.argv, ["fi", "correlate", "alice", "--chunk", "64:96", "--prefix", "64",
-                                    "--candidates", "sample:2", "--out", str(out), "--resume"]
+    sys_argv, sys.argv = (
+        sys.argv,
+        [
+            "fi",
+            "correlate",
+            "alice",
+            "--chunk",
+            "64:96",
+            "--prefix",
+            "64",
+            "--candidates",
+            "sample:2",
+            "--out",
+            str(out),
+            "--resume",
+        ],
+    )
     try:
         with pytest.raises(SystemExit) as exc:
             cli.main()
@@ -108,8 +123,10 @@ def test_cli_refuses_different_settings_in_one_line(tmp_path, capsys):
         sys.argv = sys_argv
     err = capsys.readouterr().err
     assert exc.value.code == 2
-    assert err.splitlines() == [f"error: cannot resume: '{out}' holds a 'nearfar' run, not 'correlate' "
-                                "(--resume only continues the same command)"]
+    assert err.splitlines() == [
+        f"error: cannot resume: '{out}' holds a 'nearfar' run, not 'correlate' "
+        "(--resume only continues the same command)"
+    ]
 
 
 def _snapshot(root):
@@ -142,16 +159,24 @@ def _empty(f):
     f.write_bytes(b"")
 
 
-@pytest.mark.parametrize("damage, problem", [
-    (lambda d: _cut_half(d / "nearfar.csv"), r"nearfar.csv has \d+ rows, \d+ were written"),
-    (lambda d: _empty(d / "token_classes.csv"), "token_classes.csv is empty"),
-    (lambda d: (d / "nearfar.csv").unlink(), "nearfar.csv is missing"),
-    (lambda d: (d / "nearfar.csv").write_bytes((d / "nearfar.csv").read_bytes().replace(b"0.", b"1.", 1)),
-     r"nearfar.csv differs from what was written \(sha256 mismatch\)"),
-    (lambda d: (d / "done.json").write_text("{garbage"), "done.json is not valid JSON"),
-    (lambda d: (d / "done.json").write_text("[]"), "done.json does not record"),
-    (lambda d: (d / "done.json").write_text(json.dumps({"tables": ["nearfar", "token_classes"]})), "does not record"),
-])
+@pytest.mark.parametrize(
+    "damage, problem",
+    [
+        (lambda d: _cut_half(d / "nearfar.csv"), r"nearfar.csv has \d+ rows, \d+ were written"),
+        (lambda d: _empty(d / "token_classes.csv"), "token_classes.csv is empty"),
+        (lambda d: (d / "nearfar.csv").unlink(), "nearfar.csv is missing"),
+        (
+            lambda d: (d / "nearfar.csv").write_bytes((d / "nearfar.csv").read_bytes().replace(b"0.", b"1.", 1)),
+            r"nearfar.csv differs from what was written \(sha256 mismatch\)",
+        ),
+        (lambda d: (d / "done.json").write_text("{garbage"), "done.json is not valid JSON"),
+        (lambda d: (d / "done.json").write_text("[]"), "done.json does not record"),
+        (
+            lambda d: (d / "done.json").write_text(json.dumps({"tables": ["nearfar", "token_classes"]})),
+            "does not record",
+        ),
+    ],
+)
 def test_resume_recomputes_a_damaged_unit_and_says_so(finished, tiny, docs, monkeypatch, capsys, damage, problem):
     run, ref = finished
     damage(run / "per_document" / "doc_1")
@@ -191,14 +216,18 @@ def test_deleted_settings_never_mix_units_of_other_settings(finished, tiny, docs
     run_nearfar(tiny, docs, run, P, [0, 48], 16, budget="remove=0.1", seeds=2, config=CFG, resume=True)
     assert calls.calls == ["doc 0", "doc 1", "doc 2"]  # every unit was computed under other settings
     notes = capsys.readouterr().err.strip().splitlines()
-    assert len(notes) == 3 and all("different settings (chunks: " in n and "distances: [0, 32] then, [0, 48] now" in n for n in notes)
+    assert len(notes) == 3 and all(
+        "different settings (chunks: " in n and "distances: [0, 32] then, [0, 48] now" in n for n in notes
+    )
     run_nearfar(tiny, docs, fresh, P, [0, 48], 16, budget="remove=0.1", seeds=2, config=CFG)
     for name in TABLES:
         assert (run / f"{name}.csv").read_bytes() == (fresh / f"{name}.csv").read_bytes(), name
 
 
-@pytest.mark.parametrize("content", ["[]", "{garbage", json.dumps({"command": "nearfar"}),
-                                     json.dumps({"command": "nearfar", "settings": [1]})])
+@pytest.mark.parametrize(
+    "content",
+    ["[]", "{garbage", json.dumps({"command": "nearfar"}), json.dumps({"command": "nearfar", "settings": [1]})],
+)
 def test_unreadable_settings_is_one_line(finished, tiny, docs, content):
     run, _ = finished
     (run / "settings.json").write_text(content)
@@ -230,7 +259,9 @@ def test_other_results_need_overwrite(tiny, docs, tmp_path):
     (probe_run / "manifest.json").write_text(json.dumps({"command": "probe"}))
     (probe_run / "fi.csv").write_text("selection,fi\nentropy:0.1,0.5\n")
     before = _snapshot(probe_run)
-    with pytest.raises(FIError, match=r"already holds results \(a 'probe' run\); choose another out_dir or pass overwrite"):
+    with pytest.raises(
+        FIError, match=r"already holds results \(a 'probe' run\); choose another out_dir or pass overwrite"
+    ):
         _nearfar(tiny, docs[:1], probe_run)
     with pytest.raises(FIError, match=r"holds a 'probe' run, not 'nearfar' \(resume only continues the same command\)"):
         _nearfar(tiny, docs[:1], probe_run, resume=True)
@@ -285,14 +316,16 @@ def test_typed_keeps_text_as_text_and_numbers_exact():
     from fi_toolkit.runs.resumable import TEXT_COLUMNS, read_table
 
     floats = np.random.default_rng(3).standard_normal(50) * 10.0 ** np.arange(-25, 25)
-    table = pd.DataFrame({
-        "document": ["12"] * 50,                                 # an identifier that looks like a number
-        "answer": [" 100.", "007", "3498605.", "1e3", "-0"] * 10,
-        "label": ["007"] + ["7"] * 49,                           # not a text column, yet "007" is no number
-        "x": floats,
-        "n": [10] * 49 + [None],                                 # integers with a blank: pandas' float64
-        "flag": [True, False] * 25,
-    })
+    table = pd.DataFrame(
+        {
+            "document": ["12"] * 50,  # an identifier that looks like a number
+            "answer": [" 100.", "007", "3498605.", "1e3", "-0"] * 10,
+            "label": ["007"] + ["7"] * 49,  # not a text column, yet "007" is no number
+            "x": floats,
+            "n": [10] * 49 + [None],  # integers with a blank: pandas' float64
+            "flag": [True, False] * 25,
+        }
+    )
     csv = table.to_csv(index=False)
     back = read_table(io.StringIO(csv))
     assert "document" in TEXT_COLUMNS and list(back["document"]) == ["12"] * 50

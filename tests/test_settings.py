@@ -16,7 +16,6 @@ import typer
 from cli_runner import run_cli
 
 from fi_toolkit import Document
-from fi_toolkit.analysis import run_nearfar
 from fi_toolkit.cli.app import app
 from fi_toolkit.errors import FIError
 from fi_toolkit.evaluation.settings import TaskSettings
@@ -24,6 +23,7 @@ from fi_toolkit.model import loading
 from fi_toolkit.model.settings import ModelSettings
 from fi_toolkit.runs.settings import RunSettings
 from fi_toolkit.signals.config import SignalConfig
+from fi_toolkit.studies import run_nearfar
 
 STOP = "stop here"
 
@@ -58,13 +58,16 @@ MODEL_ARGS = ["--model", "some/model", "--device-map", "auto", "--dtype", "bfloa
 MODEL = ModelSettings("some/model", None, "auto", "bfloat16", False)
 
 
-@pytest.mark.parametrize("command, run", [
-    (["probe", "--chunk", "128:160"], None),
-    (["scores", "--prefix", "128"], None),
-    (["correlate", "--chunk", "128:160", "--out", "c", "--resume"], RunSettings(Path("c"), resume=True)),
-    (["nearfar", "--prefix", "128", "--out", "n", "--overwrite"], RunSettings("n", overwrite=True)),
-    (["eval", "--prompt", "512", "--length", "1024", "--out", "e"], RunSettings(Path("e"))),
-])
+@pytest.mark.parametrize(
+    "command, run",
+    [
+        (["probe", "--chunk", "128:160"], None),
+        (["scores", "--prefix", "128"], None),
+        (["correlate", "--chunk", "128:160", "--out", "c", "--resume"], RunSettings(Path("c"), resume=True)),
+        (["nearfar", "--prefix", "128", "--out", "n", "--overwrite"], RunSettings("n", overwrite=True)),
+        (["eval", "--prompt", "512", "--length", "1024", "--out", "e"], RunSettings(Path("e"))),
+    ],
+)
 def test_cli_builds_what_python_builds(command, run, built, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     code, _, err = run_cli([*command, *MODEL_ARGS, *SIGNAL_ARGS], capsys)
@@ -73,11 +76,16 @@ def test_cli_builds_what_python_builds(command, run, built, tmp_path, monkeypatc
     assert built.get("RunSettings") == run
 
 
-@pytest.mark.parametrize("command, run", [
-    (["probe", "--chunk", "128:160"], None), (["scores", "--prefix", "128"], None),
-    (["correlate", "--chunk", "128:160"], RunSettings(Path("runs/correlate"))),
-    (["nearfar"], RunSettings(Path("runs/nearfar"))), (["eval"], RunSettings(Path("runs/eval"))),
-])
+@pytest.mark.parametrize(
+    "command, run",
+    [
+        (["probe", "--chunk", "128:160"], None),
+        (["scores", "--prefix", "128"], None),
+        (["correlate", "--chunk", "128:160"], RunSettings(Path("runs/correlate"))),
+        (["nearfar"], RunSettings(Path("runs/nearfar"))),
+        (["eval"], RunSettings(Path("runs/eval"))),
+    ],
+)
 def test_cli_defaults_are_the_dataclass_defaults(command, run, built, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert run_cli(command, capsys)[0] == 2
@@ -87,11 +95,26 @@ def test_cli_defaults_are_the_dataclass_defaults(command, run, built, tmp_path, 
 
 def test_eval_tasks_builds_task_settings(built, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    code, _, err = run_cli(["eval", "--task", "niah,passkey", "--context", "600,900", "--samples", "3",
-                            "--protocol", "question-aware,question-agnostic", "--max-new", "5"], capsys)
+    code, _, err = run_cli(
+        [
+            "eval",
+            "--task",
+            "niah,passkey",
+            "--context",
+            "600,900",
+            "--samples",
+            "3",
+            "--protocol",
+            "question-aware,question-agnostic",
+            "--max-new",
+            "5",
+        ],
+        capsys,
+    )
     assert (code, err) == (2, f"error: {STOP}\n")
-    assert built["TaskSettings"] == TaskSettings(("niah", "passkey"), (600, 900), 3,
-                                                 ("question-aware", "question-agnostic"), 5)
+    assert built["TaskSettings"] == TaskSettings(
+        ("niah", "passkey"), (600, 900), 3, ("question-aware", "question-agnostic"), 5
+    )
     assert built["TaskSettings"].check().tasks == ("multikey_needle", "passkey")  # aliases resolved
 
 
@@ -128,39 +151,45 @@ def test_help_defaults_are_the_fields(monkeypatch):
 NAN, INF = math.nan, math.inf
 
 
-@pytest.mark.parametrize("make, message", [
-    (lambda: SignalConfig(alpha=NAN), "alpha must lie in [0, 1], got nan"),
-    (lambda: SignalConfig(alpha=-0.1), "alpha must lie in [0, 1], got -0.1"),
-    (lambda: SignalConfig(tau=INF), "tau must be a finite number, got inf"),
-    (lambda: SignalConfig(tau=NAN), "tau must be a finite number, got nan"),
-    (lambda: SignalConfig(window=-1), "window must be >= 1, got -1"),
-    (lambda: SignalConfig(window=True), "window must be a whole number, got True"),
-    (lambda: SignalConfig(top_k=1.5), "top_k must be a whole number, got 1.5"),
-    (lambda: SignalConfig(top_k="64"), "top_k must be a whole number, got '64'"),
-    (lambda: SignalConfig(pool_kernel=4), "pool_kernel must be an odd number >= 1, got 4"),
-    (lambda: SignalConfig(pool_kernel=-3), "pool_kernel must be >= 1, got -3"),
-    (lambda: SignalConfig(entropy_of="previous"), "entropy_of must be one of produced, next, got 'previous'"),
-    (lambda: SignalConfig(alpha="0.5"), "alpha must be a number, got '0.5'"),
-    (lambda: ModelSettings(model=3), "model must be a str, got 3"),
-    (lambda: ModelSettings(device=0), "device must be a str or None, got 0"),
-    (lambda: ModelSettings(upcast="yes"), "upcast must be a bool, got 'yes'"),
-    (lambda: ModelSettings(device="cpu", device_map="auto"), "it does not go with device"),
-    (lambda: ModelSettings(device_map="{bad json"), "is not valid JSON"),
-    (lambda: RunSettings(out=3), "out must be a Path, got 3"),
-    (lambda: RunSettings(resume=1), "resume must be a bool, got 1"),
-    (lambda: RunSettings(resume=True, overwrite=True), "resume and overwrite contradict each other"),
-    (lambda: TaskSettings(samples=0), "samples must lie in [1, 1,000], got 0"),
-    (lambda: TaskSettings(samples=NAN), "samples must lie in [1, 1,000], got nan"),
-    (lambda: TaskSettings(samples=10**12), "samples must lie in [1, 1,000]"),
-    (lambda: TaskSettings(max_new=-1), "max_new must be >= 1, got -1"),
-    (lambda: TaskSettings(max_new=INF), "max_new must be a whole number, got inf"),
-    (lambda: TaskSettings(contexts=(0,)), "contexts must be >= 1, got 0"),
-    (lambda: TaskSettings(contexts=(1.5,)), "contexts must be a whole number, got 1.5"),
-    (lambda: TaskSettings(tasks=("sudoku",)), "unknown task 'sudoku'"),
-    (lambda: TaskSettings(tasks=("niah", "multikey_needle")), "tasks names one task twice: 'niah' and 'multikey_needle' are both multikey_needle"),
-    (lambda: TaskSettings(protocols=("question-first",)), "unknown protocol 'question-first'"),
-    (lambda: TaskSettings(tasks="passkey"), "tasks must be a tuple, got 'passkey'"),
-])
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: SignalConfig(alpha=NAN), "alpha must lie in [0, 1], got nan"),
+        (lambda: SignalConfig(alpha=-0.1), "alpha must lie in [0, 1], got -0.1"),
+        (lambda: SignalConfig(tau=INF), "tau must be a finite number, got inf"),
+        (lambda: SignalConfig(tau=NAN), "tau must be a finite number, got nan"),
+        (lambda: SignalConfig(window=-1), "window must be >= 1, got -1"),
+        (lambda: SignalConfig(window=True), "window must be a whole number, got True"),
+        (lambda: SignalConfig(top_k=1.5), "top_k must be a whole number, got 1.5"),
+        (lambda: SignalConfig(top_k="64"), "top_k must be a whole number, got '64'"),
+        (lambda: SignalConfig(pool_kernel=4), "pool_kernel must be an odd number >= 1, got 4"),
+        (lambda: SignalConfig(pool_kernel=-3), "pool_kernel must be >= 1, got -3"),
+        (lambda: SignalConfig(entropy_of="previous"), "entropy_of must be one of produced, next, got 'previous'"),
+        (lambda: SignalConfig(alpha="0.5"), "alpha must be a number, got '0.5'"),
+        (lambda: ModelSettings(model=3), "model must be a str, got 3"),
+        (lambda: ModelSettings(device=0), "device must be a str or None, got 0"),
+        (lambda: ModelSettings(upcast="yes"), "upcast must be a bool, got 'yes'"),
+        (lambda: ModelSettings(device="cpu", device_map="auto"), "it does not go with device"),
+        (lambda: ModelSettings(device_map="{bad json"), "is not valid JSON"),
+        (lambda: RunSettings(out=3), "out must be a Path, got 3"),
+        (lambda: RunSettings(resume=1), "resume must be a bool, got 1"),
+        (lambda: RunSettings(resume=True, overwrite=True), "resume and overwrite contradict each other"),
+        (lambda: TaskSettings(samples=0), "samples must lie in [1, 1,000], got 0"),
+        (lambda: TaskSettings(samples=NAN), "samples must lie in [1, 1,000], got nan"),
+        (lambda: TaskSettings(samples=10**12), "samples must lie in [1, 1,000]"),
+        (lambda: TaskSettings(max_new=-1), "max_new must be >= 1, got -1"),
+        (lambda: TaskSettings(max_new=INF), "max_new must be a whole number, got inf"),
+        (lambda: TaskSettings(contexts=(0,)), "contexts must be >= 1, got 0"),
+        (lambda: TaskSettings(contexts=(1.5,)), "contexts must be a whole number, got 1.5"),
+        (lambda: TaskSettings(tasks=("sudoku",)), "unknown task 'sudoku'"),
+        (
+            lambda: TaskSettings(tasks=("niah", "multikey_needle")),
+            "tasks names one task twice: 'niah' and 'multikey_needle' are both multikey_needle",
+        ),
+        (lambda: TaskSettings(protocols=("question-first",)), "unknown protocol 'question-first'"),
+        (lambda: TaskSettings(tasks="passkey"), "tasks must be a tuple, got 'passkey'"),
+    ],
+)
 def test_check_refuses_in_one_line(make, message):
     with pytest.raises(FIError) as exc:
         make().check()
@@ -178,8 +207,10 @@ def test_model_settings_load_is_load_model(monkeypatch):
     monkeypatch.setattr(loading, "load_model", lambda *a, **k: calls.append((a, k)))
     ModelSettings("m", "cpu", None, "float16", False).load(attn_implementation="eager")
     ModelSettings("m", None, '{"model": "cpu"}').load()
-    assert calls == [(("m", "cpu", "float16"), {"upcast": False, "device_map": None, "attn_implementation": "eager"}),
-                     (("m", None, "float32"), {"upcast": True, "device_map": {"model": "cpu"}})]
+    assert calls == [
+        (("m", "cpu", "float16"), {"upcast": False, "device_map": None, "attn_implementation": "eager"}),
+        (("m", None, "float32"), {"upcast": True, "device_map": {"model": "cpu"}}),
+    ]
     assert loading.DEFAULT_MODEL == ModelSettings().model
 
 

@@ -80,8 +80,13 @@ def test_unpooled_window_attention_is_a_distribution(tiny, tiny_ids):
 def test_chunked_trace_equals_single_pass(tiny, tiny_ids, chunk):
     a = trace_prefix(tiny.model, tiny_ids, 200, SignalConfig(window=16, prefill_chunk=chunk))
     b = trace_prefix(tiny.model, tiny_ids, 200, SignalConfig(window=16, prefill_chunk=4096))
-    for x, y in ((a.entropy, b.entropy), (a.distance, b.distance), (a.attention, b.attention),
-                 (a.accumulated, b.accumulated), (a.keys[2], b.keys[2])):
+    for x, y in (
+        (a.entropy, b.entropy),
+        (a.distance, b.distance),
+        (a.attention, b.attention),
+        (a.accumulated, b.accumulated),
+        (a.keys[2], b.keys[2]),
+    ):
         torch.testing.assert_close(x, y, rtol=0, atol=1e-5)
 
 

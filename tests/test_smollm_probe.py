@@ -66,7 +66,9 @@ def test_masked_probe_equals_deletion_and_a_masked_full_forward_on_smollm2(smoll
 
 def test_probe_document_table(smollm, alice, trace):
     table = probe_document(
-        smollm, alice, CHUNKS,
+        smollm,
+        alice,
+        CHUNKS,
         ["entropy:remove=0.1", "attention:keep=0.9", "random:remove=0.1@0-1", "positions:0", "policy:snapkv@keep=0.9"],
         trace=trace,
     )

@@ -17,23 +17,42 @@ ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ["torch", "transformers", "pandas", "scipy", "seaborn", "matplotlib", "numpy"]
 # What `from fi_toolkit import ...` offered before the root became lazy: each must stay importable.
 PUBLIC = [
-    "Chunk", "DEFAULT_MODEL", "Document", "FIError", "KeepMap", "LoadedModel", "SignalConfig", "TokenSet",
-    "Trace", "forward_influence", "forward_influence_by_deletion", "load_document", "load_documents",
-    "load_model", "parse_chunk", "parse_selections", "probe_document", "tiny_model", "trace_document",
+    "Chunk",
+    "DEFAULT_MODEL",
+    "Document",
+    "FIError",
+    "KeepMap",
+    "LoadedModel",
+    "SignalConfig",
+    "TokenSet",
+    "Trace",
+    "forward_influence",
+    "forward_influence_by_deletion",
+    "load_document",
+    "load_documents",
+    "load_model",
+    "parse_chunk",
+    "parse_selections",
+    "probe_document",
+    "tiny_model",
+    "trace_document",
     "trace_prefix",
 ]
 
 
 def fresh(code: str) -> dict:
     """Run ``code`` in a fresh interpreter; it prints a JSON object as its last line."""
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          cwd=ROOT, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def loaded_heavy(code: str) -> list[str]:
-    return fresh(textwrap.dedent(code) + f"\nimport json, sys\nprint(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))\n")
+    return fresh(
+        textwrap.dedent(code) + f"\nimport json, sys\nprint(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))\n"
+    )
 
 
 @pytest.mark.parametrize("module", ["fi_toolkit", "fi_toolkit.cli.app", "fi_toolkit.cli.entry", "fi_toolkit.__main__"])
@@ -41,8 +60,18 @@ def test_importing_loads_no_heavy_library(module):
     assert loaded_heavy(f"import {module}") == []
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["probe", "--help"], ["nearfar", "--help"], ["eval", "--help"],
-                                  ["probe", "--no-such-option"], ["probe"], ["no-such-command"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--help"],
+        ["probe", "--help"],
+        ["nearfar", "--help"],
+        ["eval", "--help"],
+        ["probe", "--no-such-option"],
+        ["probe"],
+        ["no-such-command"],
+    ],
+)
 def test_help_and_usage_errors_import_no_heavy_library(argv):
     """The whole ``fi ARGS`` run (through the console script's entry point) before it exits."""
     code = f"""
@@ -89,8 +118,9 @@ def test_value_errors_answer_before_any_heavy_import(argv, message):
         from fi_toolkit.cli.entry import main
         main()
     """
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, cwd=ROOT,
-                          timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2, proc.stderr
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], proc.stderr

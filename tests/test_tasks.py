@@ -95,43 +95,54 @@ def test_split_prompt_protocols():
 
 # ---- scoring ------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("output, answer, expected", [
-    ("12345", "12345", True),
-    ("The pass key is 12345.", "12345", True),  # punctuation around it
-    ("  \n\n12345!\nmore text", "12345", True),  # the first non-empty line
-    ("**12345**", "12345", True),
-    ("12345 12345 12345", "12345", True),  # repeated
-    ("The pass key is 12,345.", "12345", True),  # thousands separator
-    ("123456", "12345", False),  # whole numbers only
-    ("012345", "12345", False),
-    ("1234", "12345", False),
-    ("The pass key is 54321.", "12345", False),
-    ("", "12345", False),  # absent
-    ("I don't know.", "12345", False),
-    ("I think\nthe answer is 12345", "12345", False),  # not on the first line
-    ("12345 or 67890", "12345", False),  # a hedge among candidates
-    ("12345, the 3rd one", "12345", True),  # other numbers of another length are fine
-    ("VAR X = 1234567.", "1234567", True),
-    ("Amber-falcon", "amber-falcon", True),  # words: case and punctuation do not matter
-    ("amber falcons", "amber-falcon", False),
-])
+
+@pytest.mark.parametrize(
+    "output, answer, expected",
+    [
+        ("12345", "12345", True),
+        ("The pass key is 12345.", "12345", True),  # punctuation around it
+        ("  \n\n12345!\nmore text", "12345", True),  # the first non-empty line
+        ("**12345**", "12345", True),
+        ("12345 12345 12345", "12345", True),  # repeated
+        ("The pass key is 12,345.", "12345", True),  # thousands separator
+        ("123456", "12345", False),  # whole numbers only
+        ("012345", "12345", False),
+        ("1234", "12345", False),
+        ("The pass key is 54321.", "12345", False),
+        ("", "12345", False),  # absent
+        ("I don't know.", "12345", False),
+        ("I think\nthe answer is 12345", "12345", False),  # not on the first line
+        ("12345 or 67890", "12345", False),  # a hedge among candidates
+        ("12345, the 3rd one", "12345", True),  # other numbers of another length are fine
+        ("VAR X = 1234567.", "1234567", True),
+        ("Amber-falcon", "amber-falcon", True),  # words: case and punctuation do not matter
+        ("amber falcons", "amber-falcon", False),
+    ],
+)
 def test_score(output, answer, expected):
     assert score(output, answer) is expected
 
 
 # ---- bad input ------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("call, message", [
-    (lambda: make_sample("needle", WORDS, 500), "unknown task 'needle' (tasks: passkey, multikey_needle, variable_tracking)"),
-    (lambda: make_sample("passkey", WORDS, 2000, config=Config()), "exceeds the model's context of 1,024 tokens"),
-    (lambda: make_sample("passkey", WORDS, 20), "cannot hold the passkey prompt"),
-    (lambda: make_sample("passkey", WORDS, 0), "context tokens must be a positive integer"),
-    (lambda: make_sample("passkey", WORDS, 500, seed=-1), "the seed must be an integer >= 0"),
-    (lambda: make_sample("passkey", WORDS, 10 ** 6), "no bundled book has enough words"),
-    (lambda: split_prompt(make_sample("passkey", WORDS, 200), "aware"), "unknown protocol 'aware'"),
-    (lambda: encode_split(WORDS, make_sample("passkey", WORDS, 200), "blind"), "unknown protocol 'blind'"),
-    (lambda: score("12345", " . "), "an empty answer cannot be scored"),
-])
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (
+            lambda: make_sample("needle", WORDS, 500),
+            "unknown task 'needle' (tasks: passkey, multikey_needle, variable_tracking)",
+        ),
+        (lambda: make_sample("passkey", WORDS, 2000, config=Config()), "exceeds the model's context of 1,024 tokens"),
+        (lambda: make_sample("passkey", WORDS, 20), "cannot hold the passkey prompt"),
+        (lambda: make_sample("passkey", WORDS, 0), "context tokens must be a positive integer"),
+        (lambda: make_sample("passkey", WORDS, 500, seed=-1), "the seed must be an integer >= 0"),
+        (lambda: make_sample("passkey", WORDS, 10**6), "no bundled book has enough words"),
+        (lambda: split_prompt(make_sample("passkey", WORDS, 200), "aware"), "unknown protocol 'aware'"),
+        (lambda: encode_split(WORDS, make_sample("passkey", WORDS, 200), "blind"), "unknown protocol 'blind'"),
+        (lambda: score("12345", " . "), "an empty answer cannot be scored"),
+    ],
+)
 def test_bad_input_one_line(call, message):
     with pytest.raises(FIError) as err:
         call()
@@ -145,6 +156,7 @@ def test_registry_and_protocols():
 
 
 # ---- the real tokenizer --------------------------------------------------------------------------------
+
 
 @pytest.mark.smollm
 @pytest.mark.parametrize("task", TASKS)

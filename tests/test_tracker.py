@@ -18,9 +18,9 @@ from fi_toolkit.model.compat import cache_kwargs
 from fi_toolkit.model.loading import tiny_model
 from fi_toolkit.policies import H2O, InfoKV
 from fi_toolkit.signals.config import SignalConfig
+from fi_toolkit.signals.policy_view import Signals
 from fi_toolkit.signals.trace import trace_prefix
 from fi_toolkit.signals.tracker import SignalTracker
-from fi_toolkit.signals.view import Signals
 
 P, W = 100, 16
 CONFIG = SignalConfig(window=W, top_k=40)
@@ -42,7 +42,9 @@ def _feed(model, tracker: SignalTracker, cache: DynamicCache, ids: torch.Tensor)
     start = tracker.seen
     with tracker(model):
         hidden = model.base_model(
-            input_ids=ids[None], position_ids=torch.arange(start, start + ids.numel())[None], use_cache=True,
+            input_ids=ids[None],
+            position_ids=torch.arange(start, start + ids.numel())[None],
+            use_cache=True,
             **cache_kwargs(model.base_model, cache),
         ).last_hidden_state[0]
         tracker.record(hidden)
@@ -71,8 +73,12 @@ def _all_slots(cache: DynamicCache) -> list[torch.Tensor]:
 
 
 def _state(tracker: SignalTracker) -> list[torch.Tensor]:
-    return [tracker.entropy.clone(), tracker.distance.clone(), *[q.clone() for q in tracker.queries],
-            *[a.clone() for a in tracker.accumulated]]
+    return [
+        tracker.entropy.clone(),
+        tracker.distance.clone(),
+        *[q.clone() for q in tracker.queries],
+        *[a.clone() for a in tracker.accumulated],
+    ]
 
 
 def _assert_views_equal(a: Signals, b: Signals) -> None:

@@ -97,7 +97,11 @@ def test_registered_attention_takes_dropout_by_position(tiny, kind):
     fn = ALL_ATTENTION_FUNCTIONS[{"ragged": RAGGED, "head_masked": HEAD_MASKED, "biased": BIASED}[kind]["eager"]]
     module = tiny.model.model.layers[0].self_attn
     gen = torch.Generator().manual_seed(0)
-    q, k, v = torch.randn(1, 4, 3, 16, generator=gen), torch.randn(1, 2, 3, 16, generator=gen), torch.randn(1, 2, 3, 16, generator=gen)
+    q, k, v = (
+        torch.randn(1, 4, 3, 16, generator=gen),
+        torch.randn(1, 2, 3, 16, generator=gen),
+        torch.randn(1, 2, 3, 16, generator=gen),
+    )
     by_name = fn(module, q, k, v, None, dropout=0.0, scaling=0.25)[0]
     by_position = fn(module, q, k, v, None, 0.0, scaling=0.25)[0]  # as kvpress's patch calls it
     assert torch.equal(by_name, by_position)

@@ -26,8 +26,18 @@ from packaging.version import Version
 ROOT = Path(__file__).resolve().parents[1]
 OTHER = os.environ.get("FI_OTHER_PYTHON")
 TOLERANCE = 1e-6
-ARGS = ["probe", "alice", "--chunk", "256:288", "-s", "infokv:remove=0.1", "-s", "random:remove=0.1@0",
-        "-s", "policy:pyramidkv@keep=0.5"]
+ARGS = [
+    "probe",
+    "alice",
+    "--chunk",
+    "256:288",
+    "-s",
+    "infokv:remove=0.1",
+    "-s",
+    "random:remove=0.1@0",
+    "-s",
+    "policy:pyramidkv@keep=0.5",
+]
 
 
 def test_min_pins_are_the_lower_bounds():
@@ -38,8 +48,10 @@ def test_min_pins_are_the_lower_bounds():
         req = Requirement(spec)
         lower[req.name] = next(Version(s.version) for s in req.specifier if s.operator == ">=")
     lines = (ROOT / "requirements-min.txt").read_text().splitlines()
-    pins = {req.name: Version(next(iter(req.specifier)).version)
-            for req in (Requirement(line) for line in lines if line.strip() and not line.startswith("#"))}
+    pins = {
+        req.name: Version(next(iter(req.specifier)).version)
+        for req in (Requirement(line) for line in lines if line.strip() and not line.startswith("#"))
+    }
     assert {name: lower.get(name) for name in pins} == pins
     assert {Requirement(spec).name for spec in project["dependencies"]} <= set(pins)
 
@@ -47,8 +59,15 @@ def test_min_pins_are_the_lower_bounds():
 def _probe(python: str, out: Path) -> tuple[pd.DataFrame, dict]:
     """``fi probe ARGS --out OUT`` under ``python`` -> (its fi.csv, the versions its manifest records)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout's fi_toolkit in both environments
-    run = subprocess.run([python, "-m", "fi_toolkit.cli.app", *ARGS, "--out", str(out)], cwd=ROOT, env=env,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=600)
+    run = subprocess.run(
+        [python, "-m", "fi_toolkit.cli.app", *ARGS, "--out", str(out)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, f"{python}: exit {run.returncode}\n{run.stderr[-2000:]}"
     return pd.read_csv(out / "fi.csv"), json.loads((out / "manifest.json").read_text())["versions"]
 
@@ -58,7 +77,9 @@ def test_fi_probe_agrees_across_environments(tmp_path):
     this, this_versions = _probe(sys.executable, tmp_path / "this")
     other, other_versions = _probe(OTHER, tmp_path / "other")
     print(f"transformers {this_versions['transformers']} vs {other_versions['transformers']}")
-    assert this_versions["transformers"] != other_versions["transformers"], "both environments run the same transformers"
+    assert this_versions["transformers"] != other_versions["transformers"], (
+        "both environments run the same transformers"
+    )
     assert len(this) == 2 + 3 and list(this.columns) == list(other.columns)  # the noise controls, then the sets
     keys = ["document", "selection", "chunk", "n_removed", "n_kept"]
     assert this[keys].equals(other[keys])

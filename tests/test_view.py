@@ -13,7 +13,7 @@ from fi_toolkit import Document, LoadedModel, SignalConfig
 from fi_toolkit.policies import parse_policy
 from fi_toolkit.probe.chunks import Chunk
 from fi_toolkit.probe.estimator import fisher_fi
-from fi_toolkit.report.view import read_view_meta, render, view_data, write_view
+from fi_toolkit.report.token_page import read_view_meta, render, view_data, write_view
 from fi_toolkit.signals.trace import trace_prefix
 
 CFG = SignalConfig(window=8)
@@ -32,7 +32,9 @@ class Tokenizer:
 @pytest.fixture(scope="module")
 def page(tiny):
     lm = LoadedModel(tiny.model, Tokenizer(), "tiny-llama", tiny.device, tiny.dtype)
-    doc = Document(f"doc {EVIL}", "text", torch.randint(0, 256, (160,), generator=torch.Generator().manual_seed(4)), "test")
+    doc = Document(
+        f"doc {EVIL}", "text", torch.randint(0, 256, (160,), generator=torch.Generator().manual_seed(4)), "test"
+    )
     trace = trace_prefix(lm.model, doc.ids, P, CFG)
     policies = [parse_policy(name, "keep=0.5", CFG.window) for name in ("infokv", "snapkv", "pyramidkv")]
     data = view_data(lm, doc, trace, policies, Chunk(P, P + 32), samples=4, seed=1)
@@ -73,7 +75,7 @@ def test_values_are_the_estimate_and_the_signals(page):
     h = torch.tensor(shown["values"]["H"], dtype=torch.float64)
     assert torch.allclose(h, trace.entropy.double(), rtol=5e-4, atol=1e-12)
     s = shown["values"]["S"]
-    assert all(v is None for v in s[trace.scored:]) and all(v is not None for v in s[:trace.scored])
+    assert all(v is None for v in s[trace.scored :]) and all(v is not None for v in s[: trace.scored])
     assert shown["tokens"][:3] == [Tokenizer().decode([int(i)]) for i in doc.ids[:3]]
 
 
@@ -113,8 +115,25 @@ def test_fi_view_on_the_embedded_model(tmp_path, capsys):
     from fi_toolkit.model.loading import load_model
 
     out = tmp_path / "alice.html"
-    code, _, err = run_cli(["view", "alice", "--prefix", "128", "--chunk", "128:192", "--samples", "2", "--window", "8",
-                            "--policy", "infokv,snapkv", "--out", str(out)], capsys)
+    code, _, err = run_cli(
+        [
+            "view",
+            "alice",
+            "--prefix",
+            "128",
+            "--chunk",
+            "128:192",
+            "--samples",
+            "2",
+            "--window",
+            "8",
+            "--policy",
+            "infokv,snapkv",
+            "--out",
+            str(out),
+        ],
+        capsys,
+    )
     assert code == 0, err
     shown = _payload(out.read_text())
     lm = load_model("smollm2-135m", device="cpu", dtype="float32")

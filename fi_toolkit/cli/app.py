@@ -1,6 +1,7 @@
 """The ``fi`` command line (typer). Each command is a thin shell over one library call.
 
-``fi probe`` -> :func:`fi_toolkit.probe.experiment.probe_document` -> :func:`fi_toolkit.probe.forward_influence.forward_influence`
+``fi probe`` -> :func:`fi_toolkit.probe.experiment.probe_document` ->
+:func:`fi_toolkit.probe.forward_influence.forward_influence`
 -> :func:`fi_toolkit.probe.kl.kl_from_reference` (the map: :mod:`fi_toolkit.probe`).
 
 Every user error is one line on stderr (``error: ...``) and exit status 2; Ctrl-C is one line
@@ -46,8 +47,13 @@ except ImportError:  # pragma: no cover
     from click import exceptions as click_exceptions
     from click.exceptions import Abort
 
-DEFAULT_SELECTIONS = ["entropy:remove=0.1", "attention:remove=0.1", "distance:remove=0.1", "infokv:remove=0.1",
-                      "random:remove=0.1@0-2"]  # budgets as fi_toolkit.budget spells them: a bare 0.1 would be keep=0.1
+DEFAULT_SELECTIONS = [
+    "entropy:remove=0.1",
+    "attention:remove=0.1",
+    "distance:remove=0.1",
+    "infokv:remove=0.1",
+    "random:remove=0.1@0-2",
+]  # budgets as fi_toolkit.budget spells them: a bare 0.1 would be keep=0.1
 # INTERRUPTED (130): typer turns KeyboardInterrupt into this exit code under standalone_mode=False
 
 
@@ -56,13 +62,36 @@ DEFAULT_SELECTIONS = ["entropy:remove=0.1", "attention:remove=0.1", "distance:re
 def probe(
     documents: List[str] = typer.Argument(None, help="Text/JSONL files or bundled names (default: alice)."),
     chunk: List[str] = typer.Option(..., "--chunk", "-c", help="Future chunk START:END (repeatable)."),
-    select: List[str] = typer.Option(None, "--select", "-s", help="entropy:B, attention:B, distance:B, infokv:B, random:B@SEED, positions:A-B,C remove a token set; policy:NAME@B[:key=value,...] evicts what a compression policy would (policy:infokv@0.25:alpha=0.5,tau=2; adaptive(NAME) for adaptive layer budgets, infokv-adaptive = adaptive(infokv)); policy:fi-oracle@B[:chunk=A:B,rounds=R,estimator=fisher|exact] is the FI ORACLE: it keeps per layer and KV head by estimated FI on a future chunk (default: the first --chunk), so it sees the future; a ceiling for the heuristics, not a policy; kvpress:NAME@RATIO what a kvpress press keeps (RATIO is kvpress's compression_ratio: the share REMOVED, so kvpress:SnapKVPress@0.75 keeps 25 %; options after a colon, kvpress:SnapKVPress@0.75:window_size=32; needs the kvpress extra: pip install 'fi_toolkit\\[kvpress]'). B is a budget: remove=X or keep=X (a bare X is keep=X), X a share of the prefix [0, p) (0.1) or a token count (100). Repeatable."),
+    select: List[str] = typer.Option(
+        None,
+        "--select",
+        "-s",
+        help="entropy:B, attention:B, distance:B, infokv:B, random:B@SEED, positions:A-B,C remove a token set; "
+        "policy:NAME@B[:key=value,...] evicts what a compression policy would "
+        "(policy:infokv@0.25:alpha=0.5,tau=2; adaptive(NAME) for adaptive layer budgets, infokv-adaptive = "
+        "adaptive(infokv)); policy:fi-oracle@B[:chunk=A:B,rounds=R,estimator=fisher|exact] is the FI ORACLE: it "
+        "keeps per layer and KV head by estimated FI on a future chunk (default: the first --chunk), so it sees "
+        "the future; a ceiling for the heuristics, not a policy; kvpress:NAME@RATIO what a kvpress press keeps "
+        "(RATIO is kvpress's compression_ratio: the share REMOVED, so kvpress:SnapKVPress@0.75 keeps 25 %; "
+        "options after a colon, kvpress:SnapKVPress@0.75:window_size=32; needs the kvpress extra: pip install "
+        "'fi_toolkit\\[kvpress]'). B is a budget: remove=X or keep=X (a bare X is keep=X), X a share of the "
+        "prefix [0, p) (0.1) or a token count (100). Repeatable.",
+    ),
     prefix: Optional[int] = typer.Option(None, help="Compression point p (default: smallest chunk start)."),
     sinks: int = typer.Option(4, help="First N positions are never picked by score-based or random selectors."),
-    future: str = typer.Option("document", help="What follows p: 'document' (its own tokens), 'generated:N' (the model's greedy continuation of the first p tokens with its full cache) or 'generated:N@SEED' (sampled from SEED; the chunks must end by p + N)."),
-    model: ModelSettings = ModelSettings(), signals: SignalConfig = SignalConfig(),
-    batch_size: Optional[int] = typer.Option(None, help="Evictions per batched forward (default: 1 on CPU, 8 on CUDA)."),
-    out_dir: Optional[Path] = typer.Option(None, "--out", "-o", help="Results directory (default: runs/probe-<time>-<random>)."),
+    future: str = typer.Option(
+        "document",
+        help="What follows p: 'document' (its own tokens), 'generated:N' (the model's greedy continuation of the first "
+        "p tokens with its full cache) or 'generated:N@SEED' (sampled from SEED; the chunks must end by p + N).",
+    ),
+    model: ModelSettings = ModelSettings(),
+    signals: SignalConfig = SignalConfig(),
+    batch_size: Optional[int] = typer.Option(
+        None, help="Evictions per batched forward (default: 1 on CPU, 8 on CUDA)."
+    ),
+    out_dir: Optional[Path] = typer.Option(
+        None, "--out", "-o", help="Results directory (default: runs/probe-<time>-<random>)."
+    ),
     overwrite: bool = OverwriteOpt,
 ):
     """Remove token sets from the KV cache at p and measure Forward Influence on future chunks.
@@ -89,7 +118,7 @@ def probe(
     texts = distinct_texts([t for spec in (documents or [None]) for t in read_texts(spec)])
     if out_dir is not None:
         results.check_results_dir(out_dir, overwrite)
-    # every check above imports nothing heavy (issue 19: usage errors answer at once); the work below does
+    # every check above imports nothing heavy (usage errors answer at once); the work below does
     from fi_toolkit.cli.console import print_warning
     from fi_toolkit.probe.experiment import max_context, probe_document, trace_document
     from fi_toolkit.probe.noise_floor import CONTROL_LABELS, noise_floor, noise_warning
@@ -98,8 +127,10 @@ def probe(
     lm = model.load()
     for c in chunks if fut.generated else []:
         if c.end > p + fut.tokens:
-            raise FIError(f"chunk {c.label} ends past p + N = {p + fut.tokens:,}: --future {fut.label} generates "
-                          f"{fut.tokens:,} tokens after p={p}")
+            raise FIError(
+                f"chunk {c.label} ends past p + N = {p + fut.tokens:,}: --future {fut.label} generates "
+                f"{fut.tokens:,} tokens after p={p}"
+            )
     docs = tokenize_texts(texts, lm.tokenizer, max_tokens=p if fut.generated else max(c.end for c in chunks))
     world, mine = _my_documents(docs)  # under torchrun: this rank's share (all of them in one process)
     if fut.generated:
@@ -117,10 +148,24 @@ def probe(
             task = bar.add_task(f"trace {doc.name}", total=None)
             trace = trace_document(lm, doc, p, config)
             bar.update(task, description=f"probe {doc.name}", total=len(selections) + len(CONTROL_LABELS), completed=0)
-            parts.append((i, doc, probe_document(
-                lm, doc, chunks, selections, prefix=p, sinks=sinks, config=config, batch_size=batch_size,
-                trace=trace, on_progress=lambda n, task=task: bar.advance(task, n),
-            )))
+            parts.append(
+                (
+                    i,
+                    doc,
+                    probe_document(
+                        lm,
+                        doc,
+                        chunks,
+                        selections,
+                        prefix=p,
+                        sinks=sinks,
+                        config=config,
+                        batch_size=batch_size,
+                        trace=trace,
+                        on_progress=lambda n, task=task: bar.advance(task, n),
+                    ),
+                )
+            )
     gathered = world.gather(parts)
     if gathered is None:  # a rank other than 0: its tables went to rank 0, which writes and reports
         return
@@ -130,12 +175,22 @@ def probe(
 
     table = pd.concat(tables, ignore_index=True)
     manifest = {
-        "command": "probe", "argv": sys.argv, "started": started, "finished": results.now(),
+        "command": "probe",
+        "argv": sys.argv,
+        "started": started,
+        "finished": results.now(),
         "seconds": round(time.perf_counter() - t0, 2),
-        "model": {**lm.describe(), "name": model.model}, "noise_floor": noise_floor(table),
+        "model": {**lm.describe(), "name": model.model},
+        "noise_floor": noise_floor(table),
         "documents": [{"name": d.name, "source": d.source, "sha256": d.sha256, "tokens_used": len(d)} for d in docs],
-        "prefix": p, "future": fut.label, "chunks": [c.label for c in chunks], "selections": [s.label for s in selections],
-        "sinks": sinks, "batch_size": batch_size, "signals": dict(config.__dict__), "versions": results.versions(),
+        "prefix": p,
+        "future": fut.label,
+        "chunks": [c.label for c in chunks],
+        "selections": [s.label for s in selections],
+        "sinks": sinks,
+        "batch_size": batch_size,
+        "signals": dict(config.__dict__),
+        "versions": results.versions(),
         "world_size": world.size,
     }
     if out_dir is None:
@@ -171,16 +226,22 @@ def _print_headroom(hr) -> None:
     """Each selection's share of the random-to-oracle gap, on the chunk each oracle saw (other rows: headroom.csv)."""
     own = hr[(hr["fit_chunk"] == hr["chunk"]) & (hr["selection"] != hr["oracle"])]  # its own row: 1
     oracles = list(dict.fromkeys(own["oracle"]))
-    t = Table(title="Headroom: (FI_random - FI) / (FI_random - FI_oracle); 0 = random, 1 = the FI ORACLE "
-                    f"{oracles[0] if len(oracles) == 1 else ''}, which saw the chunk [95 % CI over documents]")
+    t = Table(
+        title="Headroom: (FI_random - FI) / (FI_random - FI_oracle); 0 = random, 1 = the FI ORACLE "
+        f"{oracles[0] if len(oracles) == 1 else ''}, which saw the chunk [95 % CI over documents]"
+    )
     names = (["oracle"] if len(oracles) > 1 else []) + ["chunk", "removed", "selection", "headroom"]
     for name in names:
-        t.add_column(name, justify="right" if name in ("removed", "headroom") else "left",
-                     no_wrap=name == "headroom")
+        t.add_column(name, justify="right" if name in ("removed", "headroom") else "left", no_wrap=name == "headroom")
     for r in own.itertuples():
         ci = f" [{r.ci_low:.2f}, {r.ci_high:.2f}]" if r.ci_low == r.ci_low else ""
-        t.add_row(*([r.oracle] if len(oracles) > 1 else []), r.chunk, f"{r.n_removed:.0f}", r.selection,
-                  f"{r.headroom:.2f}{ci}")
+        t.add_row(
+            *([r.oracle] if len(oracles) > 1 else []),
+            r.chunk,
+            f"{r.n_removed:.0f}",
+            r.selection,
+            f"{r.headroom:.2f}{ci}",
+        )
     out.print(t)
 
 
@@ -193,8 +254,12 @@ def _my_documents(docs):
     owner = assign([len(d) for d in docs], world.size)
     mine = [i for i, r in enumerate(owner) if r == world.rank]
     if world.sharded and not mine:
-        err.print(f"note: rank {world.rank} of {world.size} has no document to compute ({len(docs)} document(s) for "
-                  f"{world.size} ranks); it waits for the others", markup=False, highlight=False)
+        err.print(
+            f"note: rank {world.rank} of {world.size} has no document to compute ({len(docs)} document(s) for "
+            f"{world.size} ranks); it waits for the others",
+            markup=False,
+            highlight=False,
+        )
     return world, mine
 
 
@@ -208,7 +273,9 @@ def _print_fi_table(table, title: str) -> None:
     for c in pivot.columns:
         t.add_column(f"FI {c}", justify="right")
     for sel, row in pivot.iterrows():  # per layer and head; the mean over layers where budgets differ
-        t.add_row(sel, f"{sizes.loc[sel, 'n_removed']:.0f}", f"{sizes.loc[sel, 'n_kept']:.0f}", *[_nats(v) for v in row])
+        t.add_row(
+            sel, f"{sizes.loc[sel, 'n_removed']:.0f}", f"{sizes.loc[sel, 'n_kept']:.0f}", *[_nats(v) for v in row]
+        )
     out.print(t)
 
 
@@ -222,9 +289,19 @@ def _nats(value: float) -> str:
 def scores(
     document: str = typer.Argument(None, help="Text/JSONL file or bundled name (default: alice)."),
     prefix: int = typer.Option(2048, help="Trace the first PREFIX tokens."),
-    model: ModelSettings = ModelSettings(), signals: SignalConfig = SignalConfig(),
-    fi_chunk: List[str] = typer.Option(None, "--fi-chunk", help="Also per-token FI of every prefix position on this future chunk START:END (repeatable): columns fi_<chunk> (and fi_se_<chunk> for fisher)."),
-    estimator: Optional[str] = typer.Option(None, help="With --fi-chunk: 'fisher' (the gradient estimate, the default here) or 'exact' (leave-one-out, one forward per position)."),
+    model: ModelSettings = ModelSettings(),
+    signals: SignalConfig = SignalConfig(),
+    fi_chunk: List[str] = typer.Option(
+        None,
+        "--fi-chunk",
+        help="Also per-token FI of every prefix position on this future chunk START:END (repeatable): columns "
+        "fi_<chunk> (and fi_se_<chunk> for fisher).",
+    ),
+    estimator: Optional[str] = typer.Option(
+        None,
+        help="With --fi-chunk: 'fisher' (the gradient estimate, the default here) or 'exact' (leave-one-out, one "
+        "forward per position).",
+    ),
     samples: Optional[int] = typer.Option(None, help="With --estimator fisher: label draws per chunk (default 16)."),
     seed: Optional[int] = typer.Option(None, help="With --estimator fisher: seed of the label draws (default 0)."),
     out_file: Path = typer.Option(Path("scores.csv"), "--out", "-o", help="Output .csv or .parquet."),
@@ -250,8 +327,12 @@ def scores(
     world = current()
     shared_positions = bool(fi_chunks) and estimator == "exact"  # exact per-token FI: positions split among ranks
     if world.sharded and not world.main and not shared_positions:
-        err.print(f"note: rank {world.rank} of {world.size} has no unit to compute (fi scores reads one document; "
-                  "rank 0 computes it)", markup=False, highlight=False)
+        err.print(
+            f"note: rank {world.rank} of {world.size} has no unit to compute (fi scores reads one document; "
+            "rank 0 computes it)",
+            markup=False,
+            highlight=False,
+        )
         return
     lm = model.load()
     doc = tokenize_texts(texts, lm.tokenizer, max_tokens=max([prefix] + [c.end for c in fi_chunks]))[0]
@@ -271,7 +352,11 @@ def scores(
         return
     results.write_table(out_file, table)
     err.print(f"wrote {len(table):,} tokens x {table.shape[1]} columns to {out_file}", markup=False, highlight=False)
-    summary = table[~table.in_window][["entropy", "attention", "distance", "infokv"]].describe().loc[["mean", "std", "min", "max"]]
+    summary = (
+        table[~table.in_window][["entropy", "attention", "distance", "infokv"]]
+        .describe()
+        .loc[["mean", "std", "min", "max"]]
+    )
     t = Table(title=f"signals over the scored prefix [0, {trace.scored}) of '{doc.name}'")
     t.add_column("")
     for c in summary.columns:
@@ -315,7 +400,7 @@ def _add_fi_columns(lm, doc, trace, table, chunks, estimator: str, samples: int,
         est = fisher_fi(lm.model, trace, doc.ids, chunks, samples, seed)
         fi, se = est.fi, est.se
     else:
-        from fi_toolkit.analysis import per_token_fi
+        from fi_toolkit.studies import per_token_fi
 
         block = torch.arange(trace.prefix_len).tensor_split(world.size)[world.rank]
         result = per_token_fi(lm.model, trace, doc.ids, block, chunks, controls=False)
@@ -376,11 +461,15 @@ def _out_of_memory(exc: BaseException) -> bool:
 PARAMETER_ALIASES = {
     "out_dir": ("out_dir", "out_file", "out"),
     "prompt_len": ("prompt",),
-    "selections": ("select",), "selection": ("select",),
+    "selections": ("select",),
+    "selection": ("select",),
     "chunks": ("chunk", "fi_chunk"),
     "policies": ("policy",),
-    "tasks": ("task",), "contexts": ("context",), "protocols": ("protocol",),
-    "budgets": ("budget",), "n_resamples": ("resamples",),
+    "tasks": ("task",),
+    "contexts": ("context",),
+    "protocols": ("protocol",),
+    "budgets": ("budget",),
+    "n_resamples": ("resamples",),
 }
 
 

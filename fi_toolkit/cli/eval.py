@@ -31,7 +31,9 @@ from fi_toolkit.signals.config import SignalConfig
 
 DEFAULT_POLICIES = "infokv,snapkv,pyramidkv,streaming,h2o,knorm,random"
 DEFAULT_TASKS = "passkey,multikey_needle,variable_tracking"
-DEFAULT_CONTEXTS = "1024"  # where SmolLM2-135M solves passkey and multi-key needle best (analyses/results/eval/task_lengths.csv)
+DEFAULT_CONTEXTS = (
+    "1024"  # where SmolLM2-135M solves passkey and multi-key needle best (analyses/results/eval/task_lengths.csv)
+)
 
 
 def split_list(text: str, option: str) -> list[str]:
@@ -70,8 +72,23 @@ def make_policies(names: str, budgets: str, window: int, alpha: float, tau: floa
         raise FIError(f"--budget gives one budget twice: '{pair[0][0]}' and '{pair[1][0]}' are both {pair[0][1].label}")
     # one prefill's signals serve every policy: window and top_k are the run's (--window, --top-k)
     names = split_policies(names, "--policy")
-    policies = [[named_policy(name, b, window, where=f"--policy {name}", shared=("window", "top_k"), alpha=alpha,
-                              tau=tau, top_k=top_k, future=future) for b in parsed] for name in names]
+    policies = [
+        [
+            named_policy(
+                name,
+                b,
+                window,
+                where=f"--policy {name}",
+                shared=("window", "top_k"),
+                alpha=alpha,
+                tau=tau,
+                top_k=top_k,
+                future=future,
+            )
+            for b in parsed
+        ]
+        for name in names
+    ]
     if future:
         from fi_toolkit.policies.fi_oracle import check_decoding_oracle
 
@@ -79,8 +96,10 @@ def make_policies(names: str, budgets: str, window: int, alpha: float, tau: floa
             check_decoding_oracle(row[0], f"--policy {name}")
     pair = first_repeat(zip(names, policies), key=lambda np: _policy_key(np[1][0]))
     if pair:
-        raise FIError(f"--policy gives one policy twice: '{pair[0][0]}' and '{pair[1][0]}' are the same policy "
-                      "with the same options")
+        raise FIError(
+            f"--policy gives one policy twice: '{pair[0][0]}' and '{pair[1][0]}' are the same policy "
+            "with the same options"
+        )
     return [p for row in policies for p in row]
 
 
@@ -91,28 +110,72 @@ def _policy_key(policy):
 
 @settings_options()
 def eval_(
-    documents: List[str] = typer.Argument(None, help="Text/JSONL files or bundled names (default: alice); not with --task."),
-    policy: str = typer.Option(DEFAULT_POLICIES, "--policy", "-p", help="Comma-separated policies (the full cache is always measured beside them), each NAME[:key=value,...] (infokv:alpha=0.5,tau=2; --alpha/--tau set the defaults; --window and --top-k are shared by all); adaptive(NAME) gives a scored policy adaptive layer budgets (infokv-adaptive = adaptive(infokv)); fi-oracle[:samples=N,rounds=R] is an ORACLE that sees the future text: at each compression it keeps the entries with the highest estimated FI on the next INTERVAL tokens of the document (documents only, not --task; no free generation; marked oracle in the tables); kvpress:NAME is a kvpress press (the kvpress extra) with --budget as its compression_ratio, applied to the prompt only (kvpress's prefill presses never compress while decoding)."),
-    budget: str = typer.Option("0.1,0.25,0.5", "--budget", "-b", help="Comma-separated budgets: keep=X or remove=X (a bare X is keep=X), a share of what each compression may compress or a count."),
+    documents: List[str] = typer.Argument(
+        None, help="Text/JSONL files or bundled names (default: alice); not with --task."
+    ),
+    policy: str = typer.Option(
+        DEFAULT_POLICIES,
+        "--policy",
+        "-p",
+        help="Comma-separated policies (the full cache is always measured beside them), each NAME[:key=value,...] "
+        "(infokv:alpha=0.5,tau=2; --alpha/--tau set the defaults; --window and --top-k are shared by all); "
+        "adaptive(NAME) gives a scored policy adaptive layer budgets (infokv-adaptive = adaptive(infokv)); "
+        "fi-oracle[:samples=N,rounds=R] is an ORACLE that sees the future text: at each compression it keeps the "
+        "entries with the highest estimated FI on the next INTERVAL tokens of the document (documents only, not "
+        "--task; no free generation; marked oracle in the tables); kvpress:NAME is a kvpress press (the kvpress "
+        "extra) with --budget as its compression_ratio, applied to the prompt only (kvpress's prefill presses "
+        "never compress while decoding).",
+    ),
+    budget: str = typer.Option(
+        "0.1,0.25,0.5",
+        "--budget",
+        "-b",
+        help="Comma-separated budgets: keep=X or remove=X (a bare X is keep=X), a share of what each compression may "
+        "compress or a count.",
+    ),
     interval: int = typer.Option(256, help="Compress back to the budget every INTERVAL fed (or generated) tokens."),
     prompt: int = typer.Option(1024, help="Text: prompt tokens (prefilled and compressed first)."),
-    length: Optional[int] = typer.Option(None, help="Text: tokens in all, prompt included (default: 2048; with --future generated:N it is prompt + N)."),
-    future: str = typer.Option("document", help="Text: 'document' (its own next tokens) or 'generated:N' (the model's greedy continuation, N tokens) or 'generated:N@SEED' (sampled from SEED)."),
-    free_tokens: int = typer.Option(64, "--free-tokens", help="Text: greedy tokens generated freely per policy, compared with the full cache's (0: skip)."),
-    task: Optional[str] = typer.Option(None, "--task", help="Comma-separated tasks instead of documents: passkey, multikey_needle (niah), variable_tracking (vartrack)."),
+    length: Optional[int] = typer.Option(
+        None, help="Text: tokens in all, prompt included (default: 2048; with --future generated:N it is prompt + N)."
+    ),
+    future: str = typer.Option(
+        "document",
+        help="Text: 'document' (its own next tokens) or 'generated:N' (the model's greedy continuation, N tokens) or "
+        "'generated:N@SEED' (sampled from SEED).",
+    ),
+    free_tokens: int = typer.Option(
+        64,
+        "--free-tokens",
+        help="Text: greedy tokens generated freely per policy, compared with the full cache's (0: skip).",
+    ),
+    task: Optional[str] = typer.Option(
+        None,
+        "--task",
+        help="Comma-separated tasks instead of documents: passkey, multikey_needle (niah), variable_tracking "
+        "(vartrack).",
+    ),
     context: str = typer.Option(DEFAULT_CONTEXTS, help="Tasks: comma-separated prompt lengths in tokens."),
     samples: int = typer.Option(10, help="Tasks: samples per task and context (seeds 0..N-1)."),
-    protocol: str = typer.Option("question-agnostic", help="Tasks: question-agnostic (compress the context, then ask) and/or question-aware."),
-    max_new: int = typer.Option(12, "--max-new", help="Tasks: greedy answer tokens at most (the first line is scored)."),
+    protocol: str = typer.Option(
+        "question-agnostic", help="Tasks: question-agnostic (compress the context, then ask) and/or question-aware."
+    ),
+    max_new: int = typer.Option(
+        12, "--max-new", help="Tasks: greedy answer tokens at most (the first line is scored)."
+    ),
     resamples: int = typer.Option(1000, help="Bootstrap resamples per interval (0: none)."),
-    model: ModelSettings = ModelSettings(), signals: SignalConfig = SignalConfig(),
+    model: ModelSettings = ModelSettings(),
+    signals: SignalConfig = SignalConfig(),
     run: RunSettings = RunSettings(Path("runs/eval")),
-    unit_policies: int = typer.Option(0, "--unit-policies",
-                                      help="Text: split each document into work units of N replays (the full cache and "
-                                           "the policy x budget runs; 0: one unit per document), so torchrun's ranks "
-                                           "share documents; same tables."),
+    unit_policies: int = typer.Option(
+        0,
+        "--unit-policies",
+        help="Text: split each document into work units of N replays (the full cache and "
+        "the policy x budget runs; 0: one unit per document), so torchrun's ranks "
+        "share documents; same tables.",
+    ),
 ):
-    """Replay KL, top-1 agreement, ΔNLL and free-generation agreement on text, or task accuracy, per policy and budget."""
+    """Replay KL, top-1 agreement, ΔNLL and free-generation agreement on text, or task accuracy, per policy and
+    budget."""
     model.check()
     config = signals.check()
     policies = make_policies(policy, budget, config.window, config.alpha, config.tau, config.top_k, future=task is None)
@@ -133,7 +196,7 @@ def eval_(
     fut = parse_future(future)
     if fut.generated and length is not None:
         raise FIError(f"--length and --future {fut.label} both set the length; give one")
-    from fi_toolkit.compress.decoder import check_budget  # the checks above import nothing heavy (issue 19)
+    from fi_toolkit.compress.decoder import check_budget  # the checks above import nothing heavy
     from fi_toolkit.evaluation import TextSetting
 
     setting = TextSetting(prompt, length or 2048, interval, fut, free_tokens)
@@ -148,62 +211,114 @@ def eval_(
     lm = model.load()
     docs = tokenize_texts(texts, lm.tokenizer, max_tokens=setting.length if not fut.generated else prompt)
     with _progress() as bar:
-        tables = run_eval_text(lm, docs, run, policies, setting, config, progress=unit_progress(bar, "eval"),
-                               n_resamples=resamples, unit_policies=unit_policies)
+        tables = run_eval_text(
+            lm,
+            docs,
+            run,
+            policies,
+            setting,
+            config,
+            progress=unit_progress(bar, "eval"),
+            n_resamples=resamples,
+            unit_policies=unit_policies,
+        )
     if tables is None:  # a rank other than 0 of a sharded run: rank 0 reports
         return
     _print_text(tables, len(docs), setting)
     from fi_toolkit.cli.console import print_warning
-    from fi_toolkit.evaluation.replays import FULL
+    from fi_toolkit.evaluation.replay_runs import FULL
     from fi_toolkit.probe.noise_floor import text_noise_warning
 
     print_warning(text_noise_warning(tables["replays"], FULL))
-    err.print(f"results: {run.out}/ (replay_summary.csv, replays.csv, segments.csv, positions.csv, manifest.json)",
-              markup=False, highlight=False)
+    err.print(
+        f"results: {run.out}/ (replay_summary.csv, replays.csv, segments.csv, positions.csv, manifest.json)",
+        markup=False,
+        highlight=False,
+    )
 
 
-def _eval_tasks(task, context, samples, protocol, max_new, policies, config, interval, resamples,
-                model: ModelSettings, run: RunSettings):
+def _eval_tasks(
+    task,
+    context,
+    samples,
+    protocol,
+    max_new,
+    policies,
+    config,
+    interval,
+    resamples,
+    model: ModelSettings,
+    run: RunSettings,
+):
     """``fi eval --task``: the lists parsed into a :class:`~fi_toolkit.evaluation.settings.TaskSettings`,
     checked with the budgets before the model is loaded, then :func:`fi_toolkit.evaluation.run_eval_tasks`."""
     from fi_toolkit.evaluation import run_eval_tasks
     from fi_toolkit.evaluation.settings import TaskSettings
 
-    tasks = TaskSettings(tuple(split_list(task, "--task")), tuple(int_list(context, "--context")), samples,
-                         tuple(split_list(protocol, "--protocol")), max_new).check()
+    tasks = TaskSettings(
+        tuple(split_list(task, "--task")),
+        tuple(int_list(context, "--context")),
+        samples,
+        tuple(split_list(protocol, "--protocol")),
+        max_new,
+    ).check()
     contexts = tasks.contexts
     for p in policies:  # the smallest prompt a compression can see: the context without the question
         if p.budget.kept(min(contexts)) <= config.window and p.compress_prompt:
-            raise FIError(f"budget {p.budget.label} keeps {p.budget.kept(min(contexts))} of a {min(contexts)}-token "
-                          f"context, not above the window of {config.window}")
+            raise FIError(
+                f"budget {p.budget.label} keeps {p.budget.kept(min(contexts))} of a {min(contexts)}-token "
+                f"context, not above the window of {config.window}"
+            )
     run.check("eval")
     lm = model.load()
     with _progress() as bar:
-        tables = run_eval_tasks(lm, tasks, run, policies, config=config, interval=interval,
-                                progress=unit_progress(bar, "eval"), n_resamples=resamples)
+        tables = run_eval_tasks(
+            lm,
+            tasks,
+            run,
+            policies,
+            config=config,
+            interval=interval,
+            progress=unit_progress(bar, "eval"),
+            n_resamples=resamples,
+        )
     if tables is None:
         return
     _print_tasks(tables)
-    err.print(f"results: {run.out}/ (task_summary.csv, answers.csv, kl_accuracy.csv, manifest.json)",
-              markup=False, highlight=False)
+    err.print(
+        f"results: {run.out}/ (task_summary.csv, answers.csv, kl_accuracy.csv, manifest.json)",
+        markup=False,
+        highlight=False,
+    )
 
 
 def _print_text(tables, n_docs: int, setting) -> None:
     s = tables["replay_summary"]
-    t = Table(title=f"replay over {n_docs} document(s), {setting.future.label}, prompt {setting.prompt}, "
-                    f"{setting.total()} tokens, compressing every {setting.interval}")
+    t = Table(
+        title=f"replay over {n_docs} document(s), {setting.future.label}, prompt {setting.prompt}, "
+        f"{setting.total()} tokens, compressing every {setting.interval}"
+    )
     ci = s["mean_kl_low"].notna().any()
     for c in ("policy", "keep", "mean KL" + (" [95% CI]" if ci else ""), "top-1", "ΔNLL", "1st diff", "kept"):
         t.add_column(c, justify="left" if c == "policy" else "right")
     for _, r in s.iterrows():
         first = r["free_first_divergence"]  # NaN with --free-tokens 0: nothing was generated
-        t.add_row(r["policy"] + (" (oracle)" if r.get("oracle", False) else ""), r["budget"].removeprefix("keep="), _mean_kl_cell(r, ci), f"{r['top1_agreement']:.3f}",
-                  f"{r['delta_nll']:+.4f}", "" if first != first else f"{first:.1f}", f"{r['kept_share']:.3f}")
+        t.add_row(
+            r["policy"] + (" (oracle)" if r.get("oracle", False) else ""),
+            r["budget"].removeprefix("keep="),
+            _mean_kl_cell(r, ci),
+            f"{r['top1_agreement']:.3f}",
+            f"{r['delta_nll']:+.4f}",
+            "" if first != first else f"{first:.1f}",
+            f"{r['kept_share']:.3f}",
+        )
     out.print(t)
-    out.print("1st diff: tokens of free greedy generation before the first that differs from the full cache's "
-              "(mean over documents; empty with --free-tokens 0 and for an oracle); kept: mean share of the entries each "
-              "position attends to; ≤X (noise floor): a mean KL no larger than the full-cache replay's own, float "
-              "rounding; (oracle): sees the future text, a bound for the policies, not one of them")
+    out.print(
+        "1st diff: tokens of free greedy generation before the first that differs from the full cache's "
+        "(mean over documents; empty with --free-tokens 0 and for an oracle); kept: mean share of the entries each "
+        "position attends to; ≤X (noise floor): a mean KL no larger than the full-cache replay's own, float "
+        "rounding; (oracle): sees the future text, a bound for the policies, not one of them"
+    )
 
 
 def _mean_kl_cell(r, ci: bool) -> str:
@@ -224,14 +339,24 @@ def _print_tasks(tables) -> None:
         t.add_column(c, justify="left" if c in ("task", "protocol", "policy", "budget") else "right")
     for _, r in s.iterrows():
         ci = "" if r["accuracy_low"] != r["accuracy_low"] else f" [{r['accuracy_low']:.2f}, {r['accuracy_high']:.2f}]"
-        t.add_row(SHORT_TASKS.get(r["task"], r["task"]), str(r["context"]), r["protocol"].removeprefix("question-"),
-                  r["policy"], r["budget"].removeprefix("keep="), f"{r['accuracy']:.2f}{ci}", f"{r['full_accuracy']:.2f}",
-                  f"{r['answer_kl']:.3g}")
+        t.add_row(
+            SHORT_TASKS.get(r["task"], r["task"]),
+            str(r["context"]),
+            r["protocol"].removeprefix("question-"),
+            r["policy"],
+            r["budget"].removeprefix("keep="),
+            f"{r['accuracy']:.2f}{ci}",
+            f"{r['full_accuracy']:.2f}",
+            f"{r['answer_kl']:.3g}",
+        )
     out.print(t)
     k = tables["kl_accuracy"]
     for _, r in k.iterrows():
-        rho = "undefined (constant accuracy or KL)" if r["rho"] != r["rho"] else \
-            f"Spearman {r['rho']:+.2f} [{r['ci_low']:+.2f}, {r['ci_high']:+.2f}]"
+        rho = (
+            "undefined (constant accuracy or KL)"
+            if r["rho"] != r["rho"]
+            else f"Spearman {r['rho']:+.2f} [{r['ci_low']:+.2f}, {r['ci_high']:+.2f}]"
+        )
         out.print(f"{r['comparison']}: {rho} over {r['cells']} cells")
 
 

@@ -1,4 +1,4 @@
-"""``fi fit-data`` and ``fi fit``: learn a policy from Forward Influence (issue 21; :mod:`fi_toolkit.analysis.fit`).
+"""``fi fit-data`` and ``fi fit``: learn a policy from Forward Influence (:mod:`fi_toolkit.studies.fit`).
 
 ``fi fit-data DOCS --chunk A:B --out RUN`` writes ``RUN/fit_rows.parquet`` (per document, layer, KV head
 and candidate position: the compression-time features and the Fisher estimate of FI) and
@@ -30,24 +30,29 @@ SHARED = ("model", "signals", "prefix", "chunks", "sinks", "samples")
 @settings_options()
 def fit_data(
     documents: List[str] = typer.Argument(None, help="Text/JSONL files or bundled names (default: alice)."),
-    chunk: List[str] = typer.Option(..., "--chunk", "-c", help="Future chunk START:END of the FI target (repeatable: the mean over chunks)."),
+    chunk: List[str] = typer.Option(
+        ..., "--chunk", "-c", help="Future chunk START:END of the FI target (repeatable: the mean over chunks)."
+    ),
     prefix: Optional[int] = typer.Option(None, help="Compression point p (default: smallest chunk start)."),
-    sinks: int = typer.Option(0, help="Leave the first N positions out of the rows (the policy ranks them too: default 0)."),
+    sinks: int = typer.Option(
+        0, help="Leave the first N positions out of the rows (the policy ranks them too: default 0)."
+    ),
     samples: int = typer.Option(16, help="Label draws of the Fisher estimator per chunk."),
     seed: int = typer.Option(0, help="Seed of the label draws."),
-    model: ModelSettings = ModelSettings(), signals: SignalConfig = SignalConfig(),
+    model: ModelSettings = ModelSettings(),
+    signals: SignalConfig = SignalConfig(),
     out_dir: Path = typer.Option(..., "--out", "-o", help="Run directory for fit_rows.parquet and manifest.json."),
     overwrite: bool = typer.Option(False, help="Replace the results already in --out."),
 ):
     """Training rows for fi fit: compression-time features and per-(layer, KV head) Fisher FI of every position."""
     import pandas as pd
 
-    from fi_toolkit.analysis.fit import fit_rows
     from fi_toolkit.documents import tokenize_texts
     from fi_toolkit.probe.chunks import check_chunks, parse_chunk
     from fi_toolkit.probe.estimator import check_samples
     from fi_toolkit.probe.experiment import max_context, trace_document
     from fi_toolkit.runs import results
+    from fi_toolkit.studies.fit import fit_rows
 
     model.check()
     config = signals.check()
@@ -73,16 +78,32 @@ def fit_data(
             task = bar.add_task(f"trace {doc.name}", total=None)
             trace = trace_document(lm, doc, p, config)
             bar.update(task, description=f"fisher FI {doc.name}", total=samples, completed=0)
-            tables.append(fit_rows(lm.model, doc, trace, chunks, sinks, samples, seed,
-                                   on_progress=lambda n, task=task: bar.advance(task, n)))
+            tables.append(
+                fit_rows(
+                    lm.model,
+                    doc,
+                    trace,
+                    chunks,
+                    sinks,
+                    samples,
+                    seed,
+                    on_progress=lambda n, task=task: bar.advance(task, n),
+                )
+            )
     table = pd.concat(tables, ignore_index=True)
     cfg = lm.config
     head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
     manifest = {
-        "command": "fit-data", "argv": sys.argv, "seconds": round(time.perf_counter() - t0, 2),
+        "command": "fit-data",
+        "argv": sys.argv,
+        "seconds": round(time.perf_counter() - t0, 2),
         "model": {**lm.describe(), "name": model.model, "head_dim": head_dim},
-        "signals": dict(config.__dict__), "prefix": p, "chunks": [c.label for c in chunks], "sinks": sinks,
-        "samples": samples, "seed": seed,
+        "signals": dict(config.__dict__),
+        "prefix": p,
+        "chunks": [c.label for c in chunks],
+        "sinks": sinks,
+        "samples": samples,
+        "seed": seed,
         "documents": [{"name": d.name, "source": d.source, "sha256": d.sha256} for d in docs],
         "versions": results.versions(),
     }
@@ -91,7 +112,9 @@ def fit_data(
         results.clear_results(out_path)
     results.write_table(out_path / ROWS, table)
     results.write_json(out_path / "manifest.json", manifest)
-    err.print(f"wrote {len(table):,} rows ({len(docs)} document(s)) to {out_path}/{ROWS}", markup=False, highlight=False)
+    err.print(
+        f"wrote {len(table):,} rows ({len(docs)} document(s)) to {out_path}/{ROWS}", markup=False, highlight=False
+    )
 
 
 def _read_run(path: Path):
@@ -112,24 +135,35 @@ def _read_run(path: Path):
         raise FIError(f"'{path}' holds no per-token FI per layer and KV head ({ROWS}): make it with fi fit-data")
     missing = [k for k in (*SHARED, "documents") if k not in manifest]
     if missing:
-        raise FIError(f"'{path}': its manifest.json lacks '{missing[0]}' (made by another version? run fi fit-data again)")
+        raise FIError(
+            f"'{path}': its manifest.json lacks '{missing[0]}' (made by another version? run fi fit-data again)"
+        )
     return manifest, rows
 
 
 def fit(
     runs: List[Path] = typer.Argument(..., help="Run directories of fi fit-data (their documents are pooled)."),
     out_file: Path = typer.Option(..., "--out", "-o", help="The fitted policy JSON to write."),
-    features: Optional[str] = typer.Option(None, help="Comma-separated features (default: all of them; 'decoding': all that a decoding compression can compute)."),
+    features: Optional[str] = typer.Option(
+        None,
+        help="Comma-separated features (default: all of them; 'decoding': all that a decoding compression can "
+        "compute).",
+    ),
     target: str = typer.Option("rank", help="'rank' (within-head rank of FI) or 'log' (log FI)."),
-    ridge: float = typer.Option(1e-3, help="Ridge penalty lambda (times the number of rows) on the standardised coefficients."),
-    exclude: List[str] = typer.Option(None, "--exclude", help="Leave this document's rows out (repeatable), to test the policy on it."),
+    ridge: float = typer.Option(
+        1e-3, help="Ridge penalty lambda (times the number of rows) on the standardised coefficients."
+    ),
+    exclude: List[str] = typer.Option(
+        None, "--exclude", help="Leave this document's rows out (repeatable), to test the policy on it."
+    ),
     overwrite: bool = typer.Option(False, help="Replace --out if it exists."),
 ):
-    """Fit a linear score of compression-time signals to per-(layer, KV head) FI; cross-validated leaving one document out."""
+    """Fit a linear score of compression-time signals to per-(layer, KV head) FI; cross-validated leaving one document
+    out."""
     import pandas as pd
 
-    from fi_toolkit.analysis.fit import DECODING_FEATURES, DEFAULT_FEATURES, check_fit_options, fit_policy, policy_json
     from fi_toolkit.runs import results
+    from fi_toolkit.studies.fit import DECODING_FEATURES, DEFAULT_FEATURES, check_fit_options, fit_policy, policy_json
 
     if features is None or features.strip() == "decoding":
         names = list(DECODING_FEATURES if features else DEFAULT_FEATURES)
@@ -150,26 +184,39 @@ def fit(
     rows = pd.concat([r for _, r in loaded], ignore_index=True)
     unknown = [d for d in exclude or [] if d not in set(rows["document"])]
     if unknown:
-        raise FIError(f"--exclude '{unknown[0]}': no such document in the runs ({', '.join(dict.fromkeys(rows['document']))})")
+        raise FIError(
+            f"--exclude '{unknown[0]}': no such document in the runs ({', '.join(dict.fromkeys(rows['document']))})"
+        )
     rows = rows[~rows["document"].isin(exclude or [])].reset_index(drop=True)
     if rows.duplicated(["document", "layer", "head", "position"]).any():
         raise FIError("a document appears in more than one run: give each document once")
     signals = first["signals"]
-    meta = {"model": first["model"],
-            "signals": {k: signals[k] for k in ("window", "top_k", "pool_kernel", "tau", "entropy_of", "final_norm")},
-            "fitted_on": {"runs": [str(r) for r in runs], "prefix": first["prefix"], "chunks": first["chunks"],
-                          "sinks": first["sinks"], "samples": first["samples"],
-                          "documents": [d for m, _ in loaded for d in m["documents"] if d["name"] not in (exclude or [])]}}
+    meta = {
+        "model": first["model"],
+        "signals": {k: signals[k] for k in ("window", "top_k", "pool_kernel", "tau", "entropy_of", "final_norm")},
+        "fitted_on": {
+            "runs": [str(r) for r in runs],
+            "prefix": first["prefix"],
+            "chunks": first["chunks"],
+            "sinks": first["sinks"],
+            "samples": first["samples"],
+            "documents": [d for m, _ in loaded for d in m["documents"] if d["name"] not in (exclude or [])],
+        },
+    }
     record = fit_policy(rows, names, target, ridge, meta)
     results.atomic_write_text(out_file, policy_json(record))
     cv = record["cross_validation"]["mean"]
-    out.print(f"fitted {len(names)} feature(s) on {record['rows']:,} rows of {len(record['documents'])} documents "
-              f"(target {target}, ridge {ridge:g})")
+    out.print(
+        f"fitted {len(names)} feature(s) on {record['rows']:,} rows of {len(record['documents'])} documents "
+        f"(target {target}, ridge {ridge:g})"
+    )
     for name, c in sorted(zip(names, record["coefficients"]), key=lambda t: -abs(t[1])):
         out.print(f"  {name:18s} {c:+.4f}")
     fmt = {k: "n/a" if v is None else f"{v:+.3f}" for k, v in cv.items()}
-    out.print(f"leave-one-document-out mean within-head Spearman with FI: fitted {fmt['spearman_fitted']}, "
-              f"snapkv {fmt['spearman_snapkv']}, infokv {fmt['spearman_infokv']}")
+    out.print(
+        f"leave-one-document-out mean within-head Spearman with FI: fitted {fmt['spearman_fitted']}, "
+        f"snapkv {fmt['spearman_snapkv']}, infokv {fmt['spearman_infokv']}"
+    )
     err.print(f"wrote {out_file}", markup=False, highlight=False)
 
 

@@ -1,4 +1,5 @@
-"""``fi generate``: text generation with a compressed KV cache (a thin shell over :func:`fi_toolkit.compress.decoder.generate`).
+"""``fi generate``: text generation with a compressed KV cache (a thin shell over
+:func:`fi_toolkit.compress.decoder.generate`).
 
 Generated text streams to stdout; the statistics table goes to stderr at the end.
 """
@@ -36,7 +37,15 @@ def stats_table(stats, policy_label: str) -> Table:
         ("new tokens", f"{stats.new_tokens:,} ({stats.stop_reason})"),
         ("prefill", f"{stats.prefill_seconds:.2f} s" + (" (compressed)" if stats.prefill_compressed else "")),
         ("decoding", f"{stats.decode_seconds:.2f} s, {stats.tokens_per_second:.1f} tokens/s"),
-        ("compressions while decoding", f"{stats.compressions}" + (f" (at {stats.compression_steps[:6]}{'...' if len(stats.compression_steps) > 6 else ''})" if stats.compression_steps else "")),
+        (
+            "compressions while decoding",
+            f"{stats.compressions}"
+            + (
+                f" (at {stats.compression_steps[:6]}{'...' if len(stats.compression_steps) > 6 else ''})"
+                if stats.compression_steps
+                else ""
+            ),
+        ),
         ("compression time", f"{stats.compression_seconds:.3f} s"),
         ("cache, full", _human(full)),
         ("cache, kept", f"{_human(stats.cache_bytes_kept)} ({stats.cache_bytes_kept / full:.1%})" if full else "0 B"),
@@ -50,20 +59,44 @@ def stats_table(stats, policy_label: str) -> Table:
     return t
 
 
-@settings_options(model={"device_map": None, "upcast": "With --dtype bfloat16/float16, compute in float32 (default: in "
-                                                       "the weights' dtype)."})
+@settings_options(
+    model={
+        "device_map": None,
+        "upcast": "With --dtype bfloat16/float16, compute in float32 (default: in the weights' dtype).",
+    }
+)
 def generate(
     prompt: Optional[str] = typer.Argument(None, help="The prompt (or use --file)."),
     file: Optional[Path] = typer.Option(None, "--file", "-f", help="Read the prompt from a text file."),
-    policy: str = typer.Option("infokv", "--policy", "-p", help="infokv, snapkv, pyramidkv, streaming, h2o, knorm, random, rpc, each NAME[:key=value,...] (infokv:alpha=0.5,top_k=64 overrides --alpha, --top-k, ...); adaptive(NAME) for adaptive layer budgets (infokv-adaptive = adaptive(infokv)); kvpress:NAME[:key=value,...]; or none (full cache). Not fi-oracle: an oracle that sees the future text (fi eval on documents)."),
-    budget: str = typer.Option("keep=0.25", "--budget", "-b", help="Entries kept per layer and head, window included: keep=X or remove=X (a bare X is keep=X), X a share of the tokens it may compress at each compression (0.25) or a count (512)."),
+    policy: str = typer.Option(
+        "infokv",
+        "--policy",
+        "-p",
+        help="infokv, snapkv, pyramidkv, streaming, h2o, knorm, random, rpc, each NAME[:key=value,...] "
+        "(infokv:alpha=0.5,top_k=64 overrides --alpha, --top-k, ...); adaptive(NAME) for adaptive layer budgets "
+        "(infokv-adaptive = adaptive(infokv)); kvpress:NAME[:key=value,...]; or none (full cache). Not fi-oracle: "
+        "an oracle that sees the future text (fi eval on documents).",
+    ),
+    budget: str = typer.Option(
+        "keep=0.25",
+        "--budget",
+        "-b",
+        help="Entries kept per layer and head, window included: keep=X or remove=X (a bare X is keep=X), X a share of "
+        "the tokens it may compress at each compression (0.25) or a count (512).",
+    ),
     interval: int = typer.Option(1024, help="Compress back to the budget every INTERVAL generated tokens."),
     max_new: int = typer.Option(256, "--max-new", help="Maximum number of new tokens."),
-    compress_prompt: Optional[bool] = typer.Option(None, "--compress-prompt/--keep-prompt", help="Whether the prompt is compressible (default: the policy's; RPC keeps it)."),
+    compress_prompt: Optional[bool] = typer.Option(
+        None,
+        "--compress-prompt/--keep-prompt",
+        help="Whether the prompt is compressible (default: the policy's; RPC keeps it).",
+    ),
     temperature: float = typer.Option(0.0, help="0 = greedy; otherwise sampling temperature."),
     top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling threshold."),
     seed: int = typer.Option(0, help="Sampling seed."),
-    chat: bool = typer.Option(True, "--chat/--raw", help="Wrap the prompt in the model's chat template (when it has one)."),
+    chat: bool = typer.Option(
+        True, "--chat/--raw", help="Wrap the prompt in the model's chat template (when it has one)."
+    ),
     signals: SignalConfig = SignalConfig(),
     model: ModelSettings = ModelSettings(upcast=False),
     stream: bool = typer.Option(True, "--stream/--no-stream", help="Stream text as it is generated."),
@@ -89,9 +122,16 @@ def generate(
             raise FIError(f"cannot read --file '{file}': {exc.strerror}") from None
     chosen = None
     if policy.strip().lower() not in ("none", "full"):
-        chosen = named_policy(policy, budget, signals.window, where=f"--policy {policy}", alpha=signals.alpha,
-                              tau=signals.tau, top_k=signals.top_k)
-    # every check above imports nothing heavy but a kvpress policy (issue 19: usage errors answer at once)
+        chosen = named_policy(
+            policy,
+            budget,
+            signals.window,
+            where=f"--policy {policy}",
+            alpha=signals.alpha,
+            tau=signals.tau,
+            top_k=signals.top_k,
+        )
+    # every check above imports nothing heavy but a kvpress policy (usage errors answer at once)
     from fi_toolkit.compress.decoder import generate as run_generate
     from fi_toolkit.compress.decoder import signal_config_for
 
@@ -103,9 +143,19 @@ def generate(
         sys.stdout.flush()
 
     result = run_generate(
-        lm.model, lm.tokenizer, prompt, chosen, max_new_tokens=max_new, interval=interval,
-        compress_prompt=compress_prompt, temperature=temperature, top_p=top_p, seed=seed, chat=None if chat else False,
-        on_text=emit if stream else None, config=config,
+        lm.model,
+        lm.tokenizer,
+        prompt,
+        chosen,
+        max_new_tokens=max_new,
+        interval=interval,
+        compress_prompt=compress_prompt,
+        temperature=temperature,
+        top_p=top_p,
+        seed=seed,
+        chat=None if chat else False,
+        on_text=emit if stream else None,
+        config=config,
     )
     if not stream:
         emit(result.text)

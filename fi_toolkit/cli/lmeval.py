@@ -16,7 +16,8 @@ import typer
 from fi_toolkit.cli.options import out
 from fi_toolkit.errors import FIError
 
-BACKEND_HELP = """fi lm-eval: lm-evaluation-harness with the fi_toolkit backend (--model fi). Every argument goes to lm-eval.
+BACKEND_HELP = """fi lm-eval: lm-evaluation-harness with the fi_toolkit backend (--model fi). Every argument goes to
+lm-eval.
 
 --model fi --model_args KEY=VALUE,... (checked before the model loads):
   pretrained=NAME        smollm2-135m (embedded, default), a local model directory or a cached HF id
@@ -48,7 +49,7 @@ def _model_args(argv: list[str]) -> tuple[str | None, str | None]:
             if arg == name and i + 1 < len(argv):
                 found[name] = argv[i + 1]
             elif arg.startswith(name + "="):
-                found[name] = arg[len(name) + 1:]
+                found[name] = arg[len(name) + 1 :]
     return found.get("--model"), found.get("--model_args")
 
 
@@ -122,10 +123,13 @@ def run_lm_eval(argv: list[str]) -> int:
 def register(app: typer.Typer) -> None:
     from fi_toolkit.cli.tasks import register as register_tasks
 
-    @app.command("lm-eval", context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
-                                              "help_option_names": []}, add_help_option=False)
+    @app.command(
+        "lm-eval",
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
+        add_help_option=False,
+    )
     def lm_eval_command(ctx: typer.Context):
-        """lm-evaluation-harness with the fi backend (--model fi); all arguments go to lm-eval (see fi lm-eval --help)."""
+        """lm-evaluation-harness with the fi backend (--model fi); all arguments go to lm-eval (fi lm-eval --help)."""
         code = run_lm_eval(list(ctx.args))
         if code:
             raise typer.Exit(code)

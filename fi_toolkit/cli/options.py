@@ -54,21 +54,25 @@ def settings_options(**tweaks):
                 names.append(f.name)
                 flags = f.metadata["flags"] or (f"--{f.name.replace('_', '-')}",)
                 help_text = tweak.get(f.name) or f.metadata["help"]
-                params.append(inspect.Parameter(
-                    f"{p.name}__{f.name}", inspect.Parameter.KEYWORD_ONLY, annotation=_cli_type(cls, f),
-                    default=typer.Option(getattr(default, f.name), *flags, help=help_text)))
+                params.append(
+                    inspect.Parameter(
+                        f"{p.name}__{f.name}",
+                        inspect.Parameter.KEYWORD_ONLY,
+                        annotation=_cli_type(cls, f),
+                        default=typer.Option(getattr(default, f.name), *flags, help=help_text),
+                    )
+                )
             groups[p.name] = (cls, default, names)
 
         @functools.wraps(command)
         def wrapper(**kwargs):
-            for name, (cls, default, fields) in groups.items():
+            for name, (_cls, default, fields) in groups.items():
                 values = {f: kwargs.pop(f"{name}__{f}") for f in fields}
                 kwargs[name] = dataclasses.replace(default, **values)
             return command(**kwargs)
 
         del wrapper.__wrapped__  # typer reads the signature below, not the command's
-        wrapper.__signature__ = inspect.Signature(
-            [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in params])
+        wrapper.__signature__ = inspect.Signature([p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in params])
         wrapper.__annotations__ = {p.name: p.annotation for p in params}
         return wrapper
 
@@ -145,8 +149,13 @@ def check_selections(selections, prefix: int, window: int, sinks: int) -> None:
 
 def _progress() -> Progress:
     return Progress(
-        TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TimeElapsedColumn(), console=err, transient=True, disable=not err.is_terminal,
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        disable=not err.is_terminal,
     )
 
 
@@ -162,7 +171,8 @@ def unit_progress(bar: Progress, label: str):
     return progress
 
 
-# --- equal specifications (issue 19): compared after parsing, refused in one line naming both spellings ---
+# --- equal specifications: compared after parsing, refused in one line naming both spellings ---
+
 
 def first_repeat(items, key=lambda item: item):
     """The first pair ``(earlier, later)`` of ``items`` with equal ``key``, or None."""

@@ -13,18 +13,25 @@ from fi_toolkit.model.settings import DEFAULT_MODEL
 
 
 def register(app: typer.Typer) -> None:
-    tasks_app = typer.Typer(help="The toolkit's long-context tasks (passkey, needle) for other harnesses.",
-                            no_args_is_help=True)
+    tasks_app = typer.Typer(
+        help="The toolkit's long-context tasks (passkey, needle) for other harnesses.", no_args_is_help=True
+    )
 
     @tasks_app.command("export")
     def export(
-        out_dir: Path = typer.Option(..., "--out", "-o", help="Directory for the JSONL files, the task YAMLs and fi_scoring.py."),
-        task: str = typer.Option("passkey,multikey_needle", "--task", help="Comma-separated: passkey, multikey_needle, variable_tracking."),
+        out_dir: Path = typer.Option(
+            ..., "--out", "-o", help="Directory for the JSONL files, the task YAMLs and fi_scoring.py."
+        ),
+        task: str = typer.Option(
+            "passkey,multikey_needle", "--task", help="Comma-separated: passkey, multikey_needle, variable_tracking."
+        ),
         context: int = typer.Option(1024, help="Tokens per prompt (measured with the model's tokenizer)."),
         samples: int = typer.Option(8, help="Samples per task (seeds SEED .. SEED + N - 1)."),
         seed: int = typer.Option(0, help="First seed."),
         max_gen_toks: int = typer.Option(16, help="Tokens each answer may take."),
-        model: str = typer.Option(DEFAULT_MODEL, "--model", "-m", help="smollm2-135m (embedded), a local directory or a HF id."),
+        model: str = typer.Option(
+            DEFAULT_MODEL, "--model", "-m", help="smollm2-135m (embedded), a local directory or a HF id."
+        ),
         device: Optional[str] = typer.Option(None, hidden=True),
     ):
         """Write lm-eval tasks fi_passkey, fi_multikey_needle, ... (run with lm-eval --include_path OUT)."""

@@ -1,5 +1,5 @@
 """``fi view``: a page that shows why policies evict what they evict (a thin shell over
-:func:`fi_toolkit.report.view.view_data` and :func:`fi_toolkit.report.view.write_view`).
+:func:`fi_toolkit.report.token_page.view_data` and :func:`fi_toolkit.report.token_page.write_view`).
 
 Every option is checked before the model loads (one line, exit 2); the chunk is checked against the
 document's length once it is tokenised (before any estimate runs); the page is written atomically.
@@ -28,25 +28,53 @@ def make_policies(names: str, budget: str, config: SignalConfig, prefix: int) ->
     from fi_toolkit.policies import split_policies
 
     parsed = Budget.parse(budget, "--budget")
-    policies = [named_policy(name, parsed, config.window, shared=("window", "top_k"), alpha=config.alpha,
-                             tau=config.tau, top_k=config.top_k) for name in split_policies(names, "--policy")]
+    policies = [
+        named_policy(
+            name,
+            parsed,
+            config.window,
+            shared=("window", "top_k"),
+            alpha=config.alpha,
+            tau=config.tau,
+            top_k=config.top_k,
+        )
+        for name in split_policies(names, "--policy")
+    ]
     for policy in policies:
         if policy.tokens(prefix) >= prefix:
-            raise FIError(f"--policy {policy.name} with --budget {parsed.label} keeps all {prefix:,} prefix tokens: "
-                          "nothing is evicted")
+            raise FIError(
+                f"--policy {policy.name} with --budget {parsed.label} keeps all {prefix:,} prefix tokens: "
+                "nothing is evicted"
+            )
     return policies
 
 
 @settings_options()
 def view(
     document: str = typer.Argument(..., help="Text/JSONL file or bundled name (a JSONL file: its first document)."),
-    policy: str = typer.Option("infokv,snapkv", "--policy", "-p", help="Comma-separated policies as fi eval names them (infokv, snapkv, pyramidkv, streaming, h2o, knorm, random, rpc, adaptive(NAME), kvpress:NAME, each NAME[:key=value,...]): the page marks, per token, the share of layers x KV heads that evicted it."),
-    budget: str = typer.Option("keep=0.25", "--budget", "-b", help="One budget for every policy: keep=X or remove=X (a bare X is keep=X), a share of the prefix (0.25) or a count (512)."),
+    policy: str = typer.Option(
+        "infokv,snapkv",
+        "--policy",
+        "-p",
+        help="Comma-separated policies as fi eval names them (infokv, snapkv, pyramidkv, streaming, h2o, knorm, "
+        "random, rpc, adaptive(NAME), kvpress:NAME, each NAME[:key=value,...]): the page marks, per token, the "
+        "share of layers x KV heads that evicted it.",
+    ),
+    budget: str = typer.Option(
+        "keep=0.25",
+        "--budget",
+        "-b",
+        help="One budget for every policy: keep=X or remove=X (a bare X is keep=X), a share of the prefix (0.25) or a "
+        "count (512).",
+    ),
     prefix: int = typer.Option(1024, help="Compression point p: the page shows the prefix tokens [0, p)."),
-    chunk: Optional[str] = typer.Option(None, "--chunk", "-c", help="Future chunk START:END that the estimated FI is measured on (default p:p+256)."),
+    chunk: Optional[str] = typer.Option(
+        None, "--chunk", "-c", help="Future chunk START:END that the estimated FI is measured on (default p:p+256)."
+    ),
     samples: int = typer.Option(16, help="Label draws of the Fisher estimate (fi scores --estimator fisher)."),
     seed: int = typer.Option(0, help="Seed of the label draws."),
-    model: ModelSettings = ModelSettings(), signals: SignalConfig = SignalConfig(),
+    model: ModelSettings = ModelSettings(),
+    signals: SignalConfig = SignalConfig(),
     out_file: Path = typer.Option(Path("view.html"), "--out", "-o", help="The page (.html)."),
     overwrite: bool = typer.Option(False, help="Replace --out if it exists."),
 ):
@@ -56,7 +84,7 @@ def view(
     from fi_toolkit.probe.chunks import check_chunks, parse_chunk
     from fi_toolkit.probe.estimator import check_samples
     from fi_toolkit.probe.experiment import max_context, trace_document
-    from fi_toolkit.report.view import view_data, write_view
+    from fi_toolkit.report.token_page import view_data, write_view
     from fi_toolkit.runs import results
 
     model.check()
@@ -85,8 +113,12 @@ def view(
         trace = trace_document(lm, doc, prefix, config)
         data = view_data(lm, doc, trace, policies, c, samples, seed)
     write_view(out_file, data)
-    err.print(f"wrote {out_file} ({out_file.stat().st_size / 1024:,.0f} KiB, {prefix:,} tokens, "
-              f"{len(policies)} polic{'y' if len(policies) == 1 else 'ies'})", markup=False, highlight=False)
+    err.print(
+        f"wrote {out_file} ({out_file.stat().st_size / 1024:,.0f} KiB, {prefix:,} tokens, "
+        f"{len(policies)} polic{'y' if len(policies) == 1 else 'ies'})",
+        markup=False,
+        highlight=False,
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -100,7 +100,9 @@ class GenerationResult:
 
 
 def cache_bytes(cache: DynamicCache) -> int:
-    return sum(l.keys.numel() * l.keys.element_size() + l.values.numel() * l.values.element_size() for l in cache.layers)
+    return sum(
+        l.keys.numel() * l.keys.element_size() + l.values.numel() * l.values.element_size() for l in cache.layers
+    )
 
 
 def _reset_cpu_peak() -> bool:
@@ -138,8 +140,16 @@ class CompressedDecoder:
     by default the policy's needs decide what is tracked. ``cache`` stays one object for the decoder's
     life (compactions gather it in place): the tracker reads keys from it."""
 
-    def __init__(self, model, policy: Policy | None, capacity: int, config: SignalConfig | None = None,
-                 compress_prompt: bool | None = None, prefill_chunk: int = 2048, tracker: SignalTracker | None = None):
+    def __init__(
+        self,
+        model,
+        policy: Policy | None,
+        capacity: int,
+        config: SignalConfig | None = None,
+        compress_prompt: bool | None = None,
+        prefill_chunk: int = 2048,
+        tracker: SignalTracker | None = None,
+    ):
         self.model, self.policy = model, policy
         self.device = next(model.parameters()).device
         self.config = config or signal_config_for(policy)
@@ -166,19 +176,24 @@ class CompressedDecoder:
         self._hooks.close()
 
     @classmethod
-    def shared(cls, model, capacity: int, config: SignalConfig | None = None, prefill_chunk: int = 2048) -> "CompressedDecoder":
+    def shared(
+        cls, model, capacity: int, config: SignalConfig | None = None, prefill_chunk: int = 2048
+    ) -> CompressedDecoder:
         """A decoder without a policy that tracks every signal any policy reads (H, D^(l), the window
         queries, H2O's accumulator): prefill it once, then :meth:`fork` it per policy (``fi eval``
         compares policies on one prefill forward instead of one each)."""
         config = config or signal_config_for(None)
         tracker = SignalTracker(config, capacity, accumulate=True, token_signals=True)
-        decoder = cls(model, None, capacity, config, compress_prompt=False, prefill_chunk=prefill_chunk, tracker=tracker)
+        decoder = cls(
+            model, None, capacity, config, compress_prompt=False, prefill_chunk=prefill_chunk, tracker=tracker
+        )
         decoder.capacity, decoder.sharing = capacity, True
         return decoder
 
     @torch.no_grad()
-    def fork(self, policy: Policy | None, compress_prompt: bool | None = None,
-             lookahead: Lookahead | None = None) -> tuple["CompressedDecoder", KeepMap | None]:
+    def fork(
+        self, policy: Policy | None, compress_prompt: bool | None = None, lookahead: Lookahead | None = None
+    ) -> tuple[CompressedDecoder, KeepMap | None]:
         """A decoder for ``policy`` in the state :meth:`prefill` would have left it in on the same prompt:
         the cache and the tracked signals copied from this prefilled :meth:`shared` decoder, then the
         prompt compressed by the policy's rule. Returns it with the prefill keep map (None: not compressed).
@@ -190,15 +205,21 @@ class CompressedDecoder:
             raise FIError("only a CompressedDecoder.shared(...) decoder can be forked")
         if self.seen == 0 or any(l.keys.shape[2] != self.seen for l in self.cache.layers):
             raise FIError("fork a shared decoder right after its prefill, before it feeds anything else")
-        for name in ("window", "top_k"):  # what the shared signals were computed with (tau, alpha: the policy's scoring)
+        for name in (
+            "window",
+            "top_k",
+        ):  # what the shared signals were computed with (tau, alpha: the policy's scoring)
             if policy is not None and hasattr(policy, name) and getattr(policy, name) != getattr(self.config, name):
-                raise FIError(f"the policy's {name} ({getattr(policy, name)}) differs from the shared prefill's "
-                              f"({getattr(self.config, name)})")
+                raise FIError(
+                    f"the policy's {name} ({getattr(policy, name)}) differs from the shared prefill's "
+                    f"({getattr(self.config, name)})"
+                )
         tracker = None
         if policy is not None and policy.needs_signals:  # only what the policy reads
             tracker = self.tracker.fork(token_signals=policy.needs_token_signals, accumulate=policy.tracks_accumulated)
-        child = CompressedDecoder(self.model, policy, self.capacity, self.config, compress_prompt, self.prefill_chunk,
-                                  tracker=tracker)
+        child = CompressedDecoder(
+            self.model, policy, self.capacity, self.config, compress_prompt, self.prefill_chunk, tracker=tracker
+        )
         for i, layer in enumerate(self.cache.layers):
             child.cache.update(layer.keys.clone(), layer.values.clone(), i)
         p = child.seen = self.seen
@@ -215,7 +236,9 @@ class CompressedDecoder:
             self.tokens = torch.cat([self.tokens, self.tokens.new_zeros(self.seen + q - self.tokens.numel())])
         self.tokens[self.seen : self.seen + q] = ids.cpu()
         hidden = self.model.base_model(
-            input_ids=ids[None].to(self.device), position_ids=positions, use_cache=True,
+            input_ids=ids[None].to(self.device),
+            position_ids=positions,
+            use_cache=True,
             **cache_kwargs(self.model.base_model, self.cache),
         ).last_hidden_state[0]
         logits = self.lm_head(hidden if every_row else hidden[-1:]).float()
@@ -270,8 +293,9 @@ class CompressedDecoder:
         return self._forward(ids, every_row=True)
 
     @torch.no_grad()
-    def greedy(self, logits: torch.Tensor, max_new: int, interval: int,
-               stop: Callable[[list[int]], bool] | None = None) -> list[int]:
+    def greedy(
+        self, logits: torch.Tensor, max_new: int, interval: int, stop: Callable[[list[int]], bool] | None = None
+    ) -> list[int]:
         """Greedy tokens from the next-token ``logits`` on, as :func:`generate` decodes them: at most
         ``max_new`` (EOS does not stop it; ``stop(tokens)`` may), compressing every ``interval``
         generated tokens. Run it inside :func:`~fi_toolkit.model.attention.ragged_attention`."""
@@ -295,8 +319,13 @@ class CompressedDecoder:
         mine = {"protected": list(self.protected), "tokens": self.tokens[: self.seen], "model": self.model}
         if self.tracker:
             return replace(self.tracker.view(self.positions), **mine)
-        return Signals(window=self.config.window, seen=self.seen, keys=[l.keys for l in self.cache.layers],
-                       positions=self.positions, **mine)
+        return Signals(
+            window=self.config.window,
+            seen=self.seen,
+            keys=[l.keys for l in self.cache.layers],
+            positions=self.positions,
+            **mine,
+        )
 
     @torch.no_grad()
     def compress(self, prompt: bool = False) -> KeepMap | None:
@@ -313,8 +342,9 @@ class CompressedDecoder:
         if getattr(self.policy, "sees_future", False) and not set_estimates(self, k, protected):
             return None  # an oracle with nothing left to look ahead to (fi_toolkit.compress.lookahead)
         keep_map = self.policy.keep_map(self.signals())
-        kept = gather_cache([l.keys for l in self.cache.layers], [l.values for l in self.cache.layers],
-                            keep_map, self.model.config)
+        kept = gather_cache(
+            [l.keys for l in self.cache.layers], [l.values for l in self.cache.layers], keep_map, self.model.config
+        )
         for layer, gathered in zip(self.cache.layers, kept.layers):  # in place: the tracker reads this cache
             layer.keys, layer.values = gathered.keys, gathered.values
         self.positions = [pos.gather(1, idx) for pos, idx in zip(self.positions, keep_map.keep)]
@@ -332,7 +362,9 @@ def encode_prompt(tokenizer, prompt: str, chat: bool | None = None) -> torch.Ten
     if chat is None:
         chat = bool(getattr(tokenizer, "chat_template", None))
     if chat:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False)
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
+        )
         return torch.tensor(tokenizer(text, add_special_tokens=False).input_ids, dtype=torch.long)
     return torch.tensor(tokenizer(prompt).input_ids, dtype=torch.long)
 
@@ -347,8 +379,9 @@ def _eos_ids(model, tokenizer, eos_token_id) -> set[int]:
     return {int(e) for e in (eos_token_id if isinstance(eos_token_id, (list, tuple)) else [eos_token_id])}
 
 
-def compression_points(policy: Policy, prompt_len: int, max_new_tokens: int, interval: int,
-                       compress_prompt: bool) -> list[int]:
+def compression_points(
+    policy: Policy, prompt_len: int, max_new_tokens: int, interval: int, compress_prompt: bool
+) -> list[int]:
     """Generated-token counts at which :func:`generate` evicts something (0: the prompt at prefill),
     unless an EOS stops it first; the arithmetic of :meth:`CompressedDecoder.compress`, without a model."""
     protected = 0 if compress_prompt else prompt_len
@@ -368,12 +401,16 @@ def check_budget(policy: Policy, prompt_len: int, max_new_tokens: int, compress_
     protected = 0 if compress_prompt else prompt_len
     compressible = prompt_len + max_new_tokens - protected
     if budget.exceeds(compressible):
-        raise FIError(f"budget {budget.label} is above the {compressible} tokens it may compress "
-                      f"({prompt_len} prompt{' (kept)' if protected else ''} + {max_new_tokens} new): "
-                      "nothing would ever be evicted")
+        raise FIError(
+            f"budget {budget.label} is above the {compressible} tokens it may compress "
+            f"({prompt_len} prompt{' (kept)' if protected else ''} + {max_new_tokens} new): "
+            "nothing would ever be evicted"
+        )
     if budget.kept(compressible) <= w:
-        raise FIError(f"budget {budget.label} keeps at most {budget.kept(compressible)} of the {compressible} "
-                      f"tokens it may compress, not above the window of {w}")
+        raise FIError(
+            f"budget {budget.label} keeps at most {budget.kept(compressible)} of the {compressible} "
+            f"tokens it may compress, not above the window of {w}"
+        )
 
 
 class _Streamer:
@@ -402,7 +439,9 @@ def _sampler(temperature: float, top_p: float, seed: int, device):
         return lambda logits, _ids: int(torch.argmax(logits))
     from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
 
-    warpers = LogitsProcessorList([TemperatureLogitsWarper(temperature)] + ([TopPLogitsWarper(top_p)] if top_p < 1 else []))
+    warpers = LogitsProcessorList(
+        [TemperatureLogitsWarper(temperature)] + ([TopPLogitsWarper(top_p)] if top_p < 1 else [])
+    )
     gen = torch.Generator(device=device).manual_seed(seed)
 
     def sample(logits, ids):
@@ -474,8 +513,10 @@ def generate(
             stats.prefill_seconds = time.perf_counter() - t0
             stats.prefill_compressed = keep is not None
             if policy is not None and not planned:
-                stats.note = (f"nothing evicted: with budget {policy.budget.label}, --interval {interval} and "
-                              f"{max_new_tokens} new tokens the cache never exceeds its budget")
+                stats.note = (
+                    f"nothing evicted: with budget {policy.budget.label}, --interval {interval} and "
+                    f"{max_new_tokens} new tokens the cache never exceeds its budget"
+                )
             elif policy is not None and decoder.compress_prompt and keep is None:
                 stats.note = "prompt not compressed: its budget share is not between the window and its length"
             stats.peak_cache_bytes = cache_bytes(decoder.cache)

@@ -1,4 +1,4 @@
-"""What a replay or a probe measures on after the prompt (issue 9, part 2): the document's own next
+"""What a replay or a probe measures on after the prompt: the document's own next
 tokens, or the model's own continuation of the prompt.
 
 ``generated:N`` is the greedy continuation with the full cache; ``generated:N@SEED`` samples it
@@ -49,8 +49,10 @@ def parse_future(spec: str | None) -> Future:
         return DOCUMENT
     m = _GENERATED.match(text)
     if not m:
-        raise FIError(f"future must be 'document' or 'generated:N[@SEED]' (N new tokens, SEED to sample), got '{spec}'",
-                      parameter="future")
+        raise FIError(
+            f"future must be 'document' or 'generated:N[@SEED]' (N new tokens, SEED to sample), got '{spec}'",
+            parameter="future",
+        )
     n = int(m.group(1))
     if n < 1:
         raise FIError(f"future generated:{n} generates nothing: N must be >= 1", parameter="future")
@@ -67,9 +69,17 @@ def continue_ids(model, prompt_ids: torch.Tensor, future: Future, prefill_chunk:
         raise FIError("continue_ids needs a generated future")
     greedy = future.seed is None
     with torch.no_grad():
-        result = generate(model, None, prompt_ids.flatten().long(), None, max_new_tokens=future.tokens,
-                          temperature=0.0 if greedy else 1.0, seed=0 if greedy else future.seed, eos_token_id=[],
-                          prefill_chunk=prefill_chunk)
+        result = generate(
+            model,
+            None,
+            prompt_ids.flatten().long(),
+            None,
+            max_new_tokens=future.tokens,
+            temperature=0.0 if greedy else 1.0,
+            seed=0 if greedy else future.seed,
+            eos_token_id=[],
+            prefill_chunk=prefill_chunk,
+        )
     return torch.cat([prompt_ids.flatten().long().cpu(), torch.tensor(result.tokens, dtype=torch.long)])
 
 
@@ -80,5 +90,9 @@ def generated_document(lm, doc, prefix: int, future: Future):
     doc.require(prefix, f"the prompt of future {future.label}")
     ids = continue_ids(lm.model, doc.ids[:prefix], future)
     text = lm.tokenizer.decode(ids.tolist()) if lm.tokenizer is not None else " ".join(map(str, ids.tolist()))
-    return Document(name=f"{doc.name}+{future.label}", text=text, ids=ids,
-                    source=f"{doc.source}, first {prefix} tokens, then {future.label} by the model")
+    return Document(
+        name=f"{doc.name}+{future.label}",
+        text=text,
+        ids=ids,
+        source=f"{doc.source}, first {prefix} tokens, then {future.label} by the model",
+    )

@@ -1,4 +1,4 @@
-"""The FI oracle while decoding (issue 20, part 4): a look-ahead oracle for replays of known text.
+"""The FI oracle while decoding: a look-ahead oracle for replays of known text.
 
 At each compression of a replay (:func:`fi_toolkit.compress.replay.replay`) that has seen ``t`` tokens,
 the :class:`~fi_toolkit.policies.fi_oracle.FIOracle` scores every (layer, KV head, cache slot) of the
@@ -61,9 +61,18 @@ def plain_attention(model):
         model.set_attn_implementation(current)
 
 
-def lookahead_scores(policy: FIOracle, model, keys: list[torch.Tensor], values: list[torch.Tensor],
-                     cont: torch.Tensor, seen: int, kept: int, protected: int, window: int,
-                     block: int = 512) -> torch.Tensor:
+def lookahead_scores(
+    policy: FIOracle,
+    model,
+    keys: list[torch.Tensor],
+    values: list[torch.Tensor],
+    cont: torch.Tensor,
+    seen: int,
+    kept: int,
+    protected: int,
+    window: int,
+    block: int = 512,
+) -> torch.Tensor:
     """Per (layer, KV head, slot) the estimated FI of removing the entry on ``cont [m]`` fed at positions
     ``seen ..`` after the cache ``keys[l]``/``values[l]`` ``[1, H_kv, n, d]`` -> float64 ``[L, H_kv, n]``;
     with ``policy.rounds = R > 1``, the last of ``R`` rounds towards ``kept`` slots per head (earlier
@@ -74,8 +83,9 @@ def lookahead_scores(policy: FIOracle, model, keys: list[torch.Tensor], values: 
     shape = (prefix.num_layers, prefix.num_kv_heads, prefix.prefix_len)
 
     def score(removed: torch.Tensor) -> torch.Tensor:
-        est = fisher_cache_fi(model, prefix, cont, samples=policy.samples, seed=0, block=block,
-                              removed=removed if removed.any() else None)
+        est = fisher_cache_fi(
+            model, prefix, cont, samples=policy.samples, seed=0, block=block, removed=removed if removed.any() else None
+        )
         return est.head_fi[..., 0].clone().masked_fill_(removed, REMOVED_SCORE)
 
     with plain_attention(model):
@@ -86,14 +96,25 @@ def set_estimates(decoder, kept: int, protected: int) -> bool:
     """Give ``decoder.policy`` (an :class:`FIOracle`) its look-ahead scores for the decoder's current cache;
     False when there is nothing left to look ahead to (the compression is skipped)."""
     if decoder.lookahead is None:
-        raise FIError("fi-oracle is an oracle that sees the future text: only a replay of known text "
-                      "(fi eval on documents) gives it a continuation; it cannot compress while generating")
+        raise FIError(
+            "fi-oracle is an oracle that sees the future text: only a replay of known text "
+            "(fi eval on documents) gives it a continuation; it cannot compress while generating"
+        )
     cont = decoder.lookahead.continuation(decoder.seen)
     if cont.numel() == 0:
         return False
     check_decoding_oracle(decoder.policy)
     layers = decoder.cache.layers
-    scores = lookahead_scores(decoder.policy, decoder.model, [l.keys for l in layers], [l.values for l in layers],
-                              cont, decoder.seen, kept, protected, decoder.config.window)
+    scores = lookahead_scores(
+        decoder.policy,
+        decoder.model,
+        [l.keys for l in layers],
+        [l.values for l in layers],
+        cont,
+        decoder.seen,
+        kept,
+        protected,
+        decoder.config.window,
+    )
     decoder.policy.estimates = [s.float() for s in scores]
     return True

@@ -89,19 +89,31 @@ class ReplayResult:
 
     def table(self) -> pd.DataFrame:
         """One row per position."""
-        return pd.DataFrame({
-            "position": self.positions.numpy(), "target": self.targets.numpy(), "kl": self.kl.numpy(),
-            "top1_agree": self.top1_agree.numpy(), "nll_full": self.nll_full.numpy(),
-            "nll_compressed": self.nll_compressed.numpy(), "entries": self.entries.numpy(),
-        })
+        return pd.DataFrame(
+            {
+                "position": self.positions.numpy(),
+                "target": self.targets.numpy(),
+                "kl": self.kl.numpy(),
+                "top1_agree": self.top1_agree.numpy(),
+                "nll_full": self.nll_full.numpy(),
+                "nll_compressed": self.nll_compressed.numpy(),
+                "entries": self.entries.numpy(),
+            }
+        )
 
     def summary(self) -> dict:
         return {
-            "label": self.label, "prompt_len": self.prompt_len, "positions": int(self.kl.numel()),
-            "interval": self.interval, "compressions": len(self.compressions), "compression_steps": self.compression_steps,
-            "mean_kl": float(self.kl.mean()), "max_kl": float(self.kl.max()),
+            "label": self.label,
+            "prompt_len": self.prompt_len,
+            "positions": int(self.kl.numel()),
+            "interval": self.interval,
+            "compressions": len(self.compressions),
+            "compression_steps": self.compression_steps,
+            "mean_kl": float(self.kl.mean()),
+            "max_kl": float(self.kl.max()),
             "top1_agreement": float(self.top1_agree.float().mean()),
-            "mean_nll_full": float(self.nll_full.mean()), "mean_nll_compressed": float(self.nll_compressed.mean()),
+            "mean_nll_full": float(self.nll_full.mean()),
+            "mean_nll_compressed": float(self.nll_compressed.mean()),
         }
 
 
@@ -119,11 +131,13 @@ def _reference_hidden(model, ids: torch.Tensor, first: int, chunk: int) -> torch
     for a in range(0, ids.numel(), chunk):
         b = min(ids.numel(), a + chunk)
         hidden = model.base_model(
-            input_ids=ids[None, a:b].to(device), position_ids=torch.arange(a, b, device=device)[None], use_cache=True,
+            input_ids=ids[None, a:b].to(device),
+            position_ids=torch.arange(a, b, device=device)[None],
+            use_cache=True,
             **cache_kwargs(model.base_model, cache),
         ).last_hidden_state[0]
         if b > first:
-            out.append(hidden[max(0, first - a):])
+            out.append(hidden[max(0, first - a) :])
     return torch.cat(out)
 
 
@@ -139,13 +153,14 @@ def replay(
     prefill_chunk: int = 2048,
     max_block: int | None = None,
     keep_logits: bool = False,
-    shared: "SharedPrompt | None" = None,
+    shared: SharedPrompt | None = None,
 ) -> ReplayResult:
     """Teacher-forced compressed decoding of ``ids`` after its first ``prompt_len`` tokens (module docstring).
 
     ``policy=None`` is the full cache. ``compress_prompt`` defaults to the policy's own (RPC: False).
     An oracle policy (``fi-oracle``) looks ahead to the next ``interval`` tokens of ``ids`` at each
-    compression (:mod:`fi_toolkit.compress.lookahead`). ``max_block`` splits a block between two compression points into forwards of at most that many
+    compression (:mod:`fi_toolkit.compress.lookahead`). ``max_block`` splits a block between two compression points
+    into forwards of at most that many
     tokens (the same result, less memory); by default each block is one forward. ``shared``: a
     :class:`SharedPrompt` of the same ``ids`` and prompt, whose prefill and reference are reused
     (bitwise the same result as without it).
@@ -231,10 +246,19 @@ def replay(
 
     cat = {k: torch.cat(v).cpu() if v else None for k, v in out.items()}
     return ReplayResult(
-        prompt_len=p, interval=interval, label=policy.label if policy is not None else "full",
-        positions=torch.arange(p - 1, n - 1), targets=targets.cpu(), kl=cat["kl"], top1_agree=cat["top1"],
-        nll_full=cat["nll_f"], nll_compressed=cat["nll_c"], entries=cat["entries"], compressions=compressions,
-        logits_full=cat["lf"], logits_compressed=cat["lc"],
+        prompt_len=p,
+        interval=interval,
+        label=policy.label if policy is not None else "full",
+        positions=torch.arange(p - 1, n - 1),
+        targets=targets.cpu(),
+        kl=cat["kl"],
+        top1_agree=cat["top1"],
+        nll_full=cat["nll_f"],
+        nll_compressed=cat["nll_c"],
+        entries=cat["entries"],
+        compressions=compressions,
+        logits_full=cat["lf"],
+        logits_compressed=cat["lc"],
     )
 
 
@@ -245,8 +269,15 @@ class SharedPrompt:
     ``config``: the signal options every policy shares (window, top-k, tau, alpha); ``capacity``: the
     most tokens a fork will hold (default: ``ids``' length; more for a longer free generation)."""
 
-    def __init__(self, model, ids: torch.Tensor, prompt_len: int, config: SignalConfig | None = None,
-                 prefill_chunk: int = 2048, capacity: int | None = None):
+    def __init__(
+        self,
+        model,
+        ids: torch.Tensor,
+        prompt_len: int,
+        config: SignalConfig | None = None,
+        prefill_chunk: int = 2048,
+        capacity: int | None = None,
+    ):
         self.ids = torch.as_tensor(ids).flatten().long().to(next(model.parameters()).device)
         self.prompt_len = p = prompt_len
         n = self.ids.numel()

@@ -1,4 +1,4 @@
-"""Replay-KL headroom (issue 20, part 4): the share of the achievable gap in replay KL a policy closes,
+"""Replay-KL headroom: the share of the achievable gap in replay KL a policy closes,
 
     headroom = (KL_random - KL_policy) / (KL_random - KL_oracle),
 
@@ -14,16 +14,29 @@ from __future__ import annotations
 
 import pandas as pd
 
-from fi_toolkit.evaluation.replays import FULL
+from fi_toolkit.evaluation.replay_runs import FULL
 from fi_toolkit.evaluation.summaries import is_oracle
 from fi_toolkit.probe.headroom import gap_closed
 
 RANDOM = "random"
-COLUMNS = ["future", "budget", "oracle", "policy", "n_documents", "kl_random", "kl_policy", "kl_oracle", "headroom",
-           "ci_low", "ci_high"]
+COLUMNS = [
+    "future",
+    "budget",
+    "oracle",
+    "policy",
+    "n_documents",
+    "kl_random",
+    "kl_policy",
+    "kl_oracle",
+    "headroom",
+    "ci_low",
+    "ci_high",
+]
 
 
-def replay_headroom(replays: pd.DataFrame, confidence: float = 0.95, resamples: int = 2000, seed: int = 0) -> pd.DataFrame:
+def replay_headroom(
+    replays: pd.DataFrame, confidence: float = 0.95, resamples: int = 2000, seed: int = 0
+) -> pd.DataFrame:
     """``fi eval``'s ``replays`` table (document, future, policy, budget, mean_kl) -> one row per future x
     budget x oracle x policy (random, the full cache and the oracle itself included) with ``kl_random``,
     ``kl_policy``, ``kl_oracle`` (means over the documents all three have), ``headroom`` and its bootstrap
@@ -42,8 +55,19 @@ def replay_headroom(replays: pd.DataFrame, confidence: float = 0.95, resamples: 
                 docs = random.index.intersection(kl.index).intersection(per_policy[oracle].index)
                 r, s, o = (x[docs].to_numpy(float) for x in (random, kl, per_policy[oracle]))
                 headroom, low, high = gap_closed(r, s, o, confidence, resamples, seed)
-                rows.append({"future": future, "budget": budget, "oracle": oracle, "policy": policy,
-                             "n_documents": len(docs), "kl_random": r.mean(), "kl_policy": s.mean(),
-                             "kl_oracle": o.mean(), "headroom": headroom, "ci_low": low,
-                             "ci_high": high})
+                rows.append(
+                    {
+                        "future": future,
+                        "budget": budget,
+                        "oracle": oracle,
+                        "policy": policy,
+                        "n_documents": len(docs),
+                        "kl_random": r.mean(),
+                        "kl_policy": s.mean(),
+                        "kl_oracle": o.mean(),
+                        "headroom": headroom,
+                        "ci_low": low,
+                        "ci_high": high,
+                    }
+                )
     return pd.DataFrame(rows, columns=COLUMNS)

@@ -1,4 +1,4 @@
-"""``fi eval`` as resumable runs (issue 9, part 6): one unit per document (text) or per generated
+"""``fi eval`` as resumable runs: one unit per document (text) or per generated
 task sample (tasks), saved as it finishes (:class:`~fi_toolkit.runs.resumable.ResumableRun`); the
 summaries are recomputed from the saved units at the end, so a resumed run equals an uninterrupted one.
 
@@ -16,9 +16,8 @@ from typing import Callable
 
 import pandas as pd
 
-from fi_toolkit.analysis.study import execute_run
 from fi_toolkit.errors import FIError
-from fi_toolkit.evaluation.replays import FULL, TextSetting, evaluate_text, text_context
+from fi_toolkit.evaluation.replay_runs import FULL, TextSetting, evaluate_text, text_context
 from fi_toolkit.evaluation.settings import TaskSettings
 from fi_toolkit.evaluation.summaries import (
     kl_accuracy_table,
@@ -34,18 +33,32 @@ from fi_toolkit.probe.noise_floor import text_noise_floor
 from fi_toolkit.runs.resumable import ResumableRun, check_unit_size, last_document, part_slice, split_units
 from fi_toolkit.runs.settings import RunSettings, run_settings
 from fi_toolkit.signals.config import SignalConfig
+from fi_toolkit.studies.study import execute_run
 
 Progress = Callable[[str, int, int], None]
 
 
 def _model_settings(lm, config: SignalConfig, policies: list[Policy]) -> dict:
-    return {"model": lm.name, "dtype": dtype_name(lm.dtype), "compute_dtype": dtype_name(lm.compute_dtype),
-            "signals": asdict(config), "policies": [p.label for p in policies]}
+    return {
+        "model": lm.name,
+        "dtype": dtype_name(lm.dtype),
+        "compute_dtype": dtype_name(lm.compute_dtype),
+        "signals": asdict(config),
+        "policies": [p.label for p in policies],
+    }
 
 
 def run_eval_text(
-    lm, docs, out_dir: Path | RunSettings, policies: list[Policy], setting: TextSetting, config: SignalConfig,
-    resume: bool = False, overwrite: bool = False, progress: Progress | None = None, n_resamples: int = 1000,
+    lm,
+    docs,
+    out_dir: Path | RunSettings,
+    policies: list[Policy],
+    setting: TextSetting,
+    config: SignalConfig,
+    resume: bool = False,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+    n_resamples: int = 1000,
     unit_policies: int = 0,
 ) -> dict[str, pd.DataFrame]:
     """Replays and free generations of every document -> per-document and summary tables (module docstring).
@@ -54,7 +67,7 @@ def run_eval_text(
     ``fi eval`` passes; then not ``resume``/``overwrite``); ``setting``: the prompt, length, future...
 
     ``unit_policies = n > 0`` splits every document into parts of ``n`` replays of ``[full cache,
-    *policies]``, each a unit of its own (issue 11); consecutive parts on a rank share the prefill,
+    *policies]``, each a unit of its own; consecutive parts on a rank share the prefill,
     the reference and the full cache's free generation, and the tables are the same as unsplit."""
     setting.check()
     config.check()
@@ -67,15 +80,25 @@ def run_eval_text(
         else:
             doc.require(setting.prompt, f"the prompt of {setting.prompt}")
     if limit is not None and setting.total() > limit:
-        raise FIError(f"prompt + future ({setting.total():,} tokens) exceeds the model's context of {limit:,}",
-                      parameter="prompt")
+        raise FIError(
+            f"prompt + future ({setting.total():,} tokens) exceeds the model's context of {limit:,}", parameter="prompt"
+        )
     if limit is not None and setting.prompt + setting.free_tokens > limit:
-        raise FIError(f"prompt + free_tokens ({setting.prompt + setting.free_tokens:,} tokens) exceeds the "
-                      f"model's context of {limit:,}", parameter=("prompt", "free_tokens"))
-    settings = {"kind": "text", **_model_settings(lm, config, policies),
-                "documents": [{"name": d.name, "sha256": d.sha256, "tokens": len(d)} for d in docs],
-                "prompt": setting.prompt, "length": setting.total(), "interval": setting.interval,
-                "future": setting.future.label, "free_tokens": setting.free_tokens}
+        raise FIError(
+            f"prompt + free_tokens ({setting.prompt + setting.free_tokens:,} tokens) exceeds the "
+            f"model's context of {limit:,}",
+            parameter=("prompt", "free_tokens"),
+        )
+    settings = {
+        "kind": "text",
+        **_model_settings(lm, config, policies),
+        "documents": [{"name": d.name, "sha256": d.sha256, "tokens": len(d)} for d in docs],
+        "prompt": setting.prompt,
+        "length": setting.total(),
+        "interval": setting.interval,
+        "future": setting.future.label,
+        "free_tokens": setting.free_tokens,
+    }
     if unit_policies:  # unsplit runs keep the settings they always had, so their --resume still matches
         settings["unit_policies"] = unit_policies
     units, costs = split_units(docs, 1 + len(policies), unit_policies, setup=1)
@@ -88,22 +111,48 @@ def run_eval_text(
         if not unit_policies:
             return evaluate_text(lm.model, unit.ids, unit.name, policies, setting, config, progress=tick)
         doc, context = setup(unit)
-        return evaluate_text(lm.model, doc.ids, doc.name, policies, setting, config, progress=tick,
-                             runs=part_slice(unit, unit_policies), context=context)
+        return evaluate_text(
+            lm.model,
+            doc.ids,
+            doc.name,
+            policies,
+            setting,
+            config,
+            progress=tick,
+            runs=part_slice(unit, unit_policies),
+            context=context,
+        )
 
     def summaries(tables):
-        return {"replay_summary": summarise_replays(tables["replays"], n_resamples),
-                "segment_summary": summarise_segments(tables["segments"])}
+        return {
+            "replay_summary": summarise_replays(tables["replays"], n_resamples),
+            "segment_summary": summarise_segments(tables["segments"]),
+        }
 
-    return execute_run(lm, run, units, compute, summaries,
-                       lambda t: {"kind": "text", "noise_floor": text_noise_floor(t["replays"], FULL)}, costs)
+    return execute_run(
+        lm,
+        run,
+        units,
+        compute,
+        summaries,
+        lambda t: {"kind": "text", "noise_floor": text_noise_floor(t["replays"], FULL)},
+        costs,
+    )
 
 
 def run_eval_tasks(
-    lm, units: list[SampleUnit] | TaskSettings, out_dir: Path | RunSettings, policies: list[Policy],
-    protocols: list[str] | None = None, config: SignalConfig = SignalConfig(),
-    max_new: int | None = None, interval: int = 1024, resume: bool = False, overwrite: bool = False,
-    progress: Progress | None = None, n_resamples: int = 1000,
+    lm,
+    units: list[SampleUnit] | TaskSettings,
+    out_dir: Path | RunSettings,
+    policies: list[Policy],
+    protocols: list[str] | None = None,
+    config: SignalConfig = SignalConfig(),
+    max_new: int | None = None,
+    interval: int = 1024,
+    resume: bool = False,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+    n_resamples: int = 1000,
 ) -> dict[str, pd.DataFrame]:
     """Every task sample under the full cache and every policy -> ``answers``, ``task_summary``, ``kl_accuracy``.
 
@@ -123,11 +172,18 @@ def run_eval_tasks(
     limit = max_context(lm)
     longest = max((len(u) for u in units), default=0)
     if limit is not None and longest + max_new > limit:
-        raise FIError(f"a {longest:,}-token task prompt + max_new {max_new:,} exceeds the model's context of {limit:,}",
-                      parameter="max_new")
-    settings = {"kind": "tasks", **_model_settings(lm, config, policies), "protocols": list(protocols),
-                "max_new": max_new, "interval": interval,
-                "documents": [{"name": u.name, "sha256": u.sha256, "tokens": len(u)} for u in units]}
+        raise FIError(
+            f"a {longest:,}-token task prompt + max_new {max_new:,} exceeds the model's context of {limit:,}",
+            parameter="max_new",
+        )
+    settings = {
+        "kind": "tasks",
+        **_model_settings(lm, config, policies),
+        "protocols": list(protocols),
+        "max_new": max_new,
+        "interval": interval,
+        "documents": [{"name": u.name, "sha256": u.sha256, "tokens": len(u)} for u in units],
+    }
     run = ResumableRun(where.out, "eval", settings, where.resume, where.overwrite)
 
     def compute(unit):

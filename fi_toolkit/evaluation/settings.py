@@ -1,6 +1,6 @@
 """What a task run of ``fi eval`` generates and how it answers: :class:`TaskSettings`, the object
 ``fi eval --task`` builds and :func:`fi_toolkit.evaluation.run_eval_tasks` takes (its text twin is
-:class:`fi_toolkit.evaluation.replays.TextSetting`)."""
+:class:`fi_toolkit.evaluation.replay_runs.TextSetting`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from fi_toolkit.runs.settings import check_int, check_type
 
 MAX_SAMPLES = 1000  # per task and context: more is a typo, not a study (every sample is built up front)
 DEFAULT_TASKS = ("passkey", "multikey_needle", "variable_tracking")
-DEFAULT_CONTEXTS = (1024,)  # where SmolLM2-135M solves passkey and multi-key needle best (analyses/results/eval/task_lengths.csv)
+DEFAULT_CONTEXTS = (
+    1024,
+)  # where SmolLM2-135M solves passkey and multi-key needle best (analyses/results/eval/task_lengths.csv)
 
 
 @dataclass(frozen=True)
@@ -44,8 +46,11 @@ class TaskSettings:
         tasks = tuple(task_name(check_type("tasks", t, str)) for t in self.tasks)
         for i, task in enumerate(tasks):  # aliases compared after resolving: niah is multikey_needle
             if task in tasks[:i] and self.tasks[i] != self.tasks[tasks.index(task)]:
-                raise FIError(f"tasks names one task twice: '{self.tasks[tasks.index(task)]}' and '{self.tasks[i]}' "
-                              f"are both {task}", parameter="tasks")
+                raise FIError(
+                    f"tasks names one task twice: '{self.tasks[tasks.index(task)]}' and '{self.tasks[i]}' "
+                    f"are both {task}",
+                    parameter="tasks",
+                )
         for c in self.contexts:
             check_int("contexts", c, 1)
         protocols = tuple(check_protocols([check_type("protocols", p, str) for p in self.protocols]))

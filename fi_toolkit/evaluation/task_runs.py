@@ -1,4 +1,4 @@
-"""Evaluation on long-context tasks (issue 9, part 3): per generated sample and protocol, one shared
+"""Evaluation on long-context tasks: per generated sample and protocol, one shared
 prefill of what the compression may see, then the full cache and every policy answer greedily.
 
 Protocols (:mod:`fi_toolkit.evaluation.tasks`): question-aware prefills the whole prompt, so the prefill
@@ -24,7 +24,7 @@ import torch
 
 from fi_toolkit.compress.decoder import CompressedDecoder, _eos_ids, signal_config_for
 from fi_toolkit.errors import FIError
-from fi_toolkit.evaluation.replays import divergence, policy_columns
+from fi_toolkit.evaluation.replay_runs import divergence, policy_columns
 from fi_toolkit.evaluation.tasks import TASKS, TaskSample, check_protocol, encode_split, make_sample, score
 from fi_toolkit.model.attention import ragged_attention
 from fi_toolkit.policies import Policy
@@ -37,8 +37,10 @@ TASK_ALIASES = {"niah": "multikey_needle", "multikey": "multikey_needle", "vartr
 def task_name(name: str) -> str:
     key = TASK_ALIASES.get(name.strip().lower(), name.strip().lower())
     if key not in TASKS:
-        raise FIError(f"unknown task '{name}' (tasks: {', '.join(TASKS)}; aliases: "
-                      f"{', '.join(f'{a}={b}' for a, b in TASK_ALIASES.items())})")
+        raise FIError(
+            f"unknown task '{name}' (tasks: {', '.join(TASKS)}; aliases: "
+            f"{', '.join(f'{a}={b}' for a, b in TASK_ALIASES.items())})"
+        )
     return key
 
 
@@ -63,9 +65,15 @@ class SampleUnit:
         return self.sample.prompt_tokens
 
 
-def make_units(tasks: list[str], contexts: list[int], samples: int, tokenizer, config=None, first_seed: int = 0) -> list[SampleUnit]:
-    return [SampleUnit(t, c, s, make_sample(t, tokenizer, c, s, config))
-            for t in tasks for c in contexts for s in range(first_seed, first_seed + samples)]
+def make_units(
+    tasks: list[str], contexts: list[int], samples: int, tokenizer, config=None, first_seed: int = 0
+) -> list[SampleUnit]:
+    return [
+        SampleUnit(t, c, s, make_sample(t, tokenizer, c, s, config))
+        for t in tasks
+        for c in contexts
+        for s in range(first_seed, first_seed + samples)
+    ]
 
 
 def _stops(tokenizer, tokens: list[int], eos: set[int]) -> bool:
@@ -77,8 +85,16 @@ def _stops(tokenizer, tokens: list[int], eos: set[int]) -> bool:
 
 
 @torch.no_grad()
-def _answer(shared: CompressedDecoder, policy: Policy | None, question: torch.Tensor, prefill_logits: torch.Tensor,
-            max_new: int, interval: int, tokenizer, eos: set[int]) -> tuple[list[int], list[int]]:
+def _answer(
+    shared: CompressedDecoder,
+    policy: Policy | None,
+    question: torch.Tensor,
+    prefill_logits: torch.Tensor,
+    max_new: int,
+    interval: int,
+    tokenizer,
+    eos: set[int],
+) -> tuple[list[int], list[int]]:
     """Greedy answer under ``policy`` (forked from the shared prefill), as generate() decodes, and the
     entries per layer kept of the prefill."""
     decoder, keep = shared.fork(policy)
@@ -92,15 +108,22 @@ def _answer(shared: CompressedDecoder, policy: Policy | None, question: torch.Te
 
 
 @torch.no_grad()
-def _forced(shared: CompressedDecoder, policy: Policy | None, question: torch.Tensor, answer: list[int],
-            prefill_logits: torch.Tensor) -> torch.Tensor:
+def _forced(
+    shared: CompressedDecoder,
+    policy: Policy | None,
+    question: torch.Tensor,
+    answer: list[int],
+    prefill_logits: torch.Tensor,
+) -> torch.Tensor:
     """Float32 logits ``[len(answer), V]`` of the positions predicting ``answer``, teacher-forced on it
     (one block: exact while no compression falls inside the answer, which the caller ensures)."""
     decoder, _ = shared.fork(policy)
     try:
         with ragged_attention(shared.model):
-            fed = torch.cat([question.to(decoder.device), torch.tensor(answer[:-1], dtype=torch.long, device=decoder.device)])
-            rows = decoder.block(fed)[question.numel() - 1:] if question.numel() else decoder.block(fed)
+            fed = torch.cat(
+                [question.to(decoder.device), torch.tensor(answer[:-1], dtype=torch.long, device=decoder.device)]
+            )
+            rows = decoder.block(fed)[question.numel() - 1 :] if question.numel() else decoder.block(fed)
             if not question.numel():
                 rows = torch.cat([prefill_logits[None].float(), rows])
             return rows.float()
@@ -114,8 +137,15 @@ def _kl_top1(full: torch.Tensor, compressed: torch.Tensor) -> tuple[float, float
 
 
 def evaluate_sample(
-    lm, unit: SampleUnit, policies: list[Policy], protocols: list[str], max_new: int = 12, interval: int = 1024,
-    config: SignalConfig | None = None, on_prefill=None, progress=None,
+    lm,
+    unit: SampleUnit,
+    policies: list[Policy],
+    protocols: list[str],
+    max_new: int = 12,
+    interval: int = 1024,
+    config: SignalConfig | None = None,
+    on_prefill=None,
+    progress=None,
 ) -> pd.DataFrame:
     """One row per (protocol, full cache or policy): the answer, whether it is right, its KL to the full cache.
 
@@ -155,14 +185,26 @@ def evaluate_sample(
             answer_kl, answer_top1 = _kl_top1(full_rows, rows_c) if rows_c is not None else (float("nan"),) * 2
             first, agree = divergence(tokens, full_answer)
             output = tokenizer.decode(tokens, skip_special_tokens=True)
-            rows.append({
-                "task": unit.task, "context": unit.context, "seed": unit.seed, "protocol": protocol,
-                **policy_columns(policy), "prompt_tokens": sample.prompt_tokens,
-                "compressed_tokens": int(context.numel()), "kept_entries": sum(kept) / len(kept),
-                "answer": sample.answer, "output": output, "correct": score(output, sample.answer),
-                "answer_kl": answer_kl, "answer_top1": answer_top1, "first_divergence": first,
-                "answer_tokens": len(tokens), "seconds": round(time.perf_counter() - t0, 3),
-            })
+            rows.append(
+                {
+                    "task": unit.task,
+                    "context": unit.context,
+                    "seed": unit.seed,
+                    "protocol": protocol,
+                    **policy_columns(policy),
+                    "prompt_tokens": sample.prompt_tokens,
+                    "compressed_tokens": int(context.numel()),
+                    "kept_entries": sum(kept) / len(kept),
+                    "answer": sample.answer,
+                    "output": output,
+                    "correct": score(output, sample.answer),
+                    "answer_kl": answer_kl,
+                    "answer_top1": answer_top1,
+                    "first_divergence": first,
+                    "answer_tokens": len(tokens),
+                    "seconds": round(time.perf_counter() - t0, 3),
+                }
+            )
             done += 1
             if progress:
                 progress(done, len(runs) * len(protocols))

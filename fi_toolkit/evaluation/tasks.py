@@ -1,4 +1,4 @@
-"""Long-context tasks (issue 9), RULER-style: generated here from a seed, no downloads, the haystack
+"""Long-context tasks, RULER-style: generated here from a seed, no downloads, the haystack
 cut from the bundled books.
 
 - ``passkey``: one pass key (a 5-digit number) hidden in the text; asked for it.
@@ -40,17 +40,22 @@ from fi_toolkit.errors import FIError
 from fi_toolkit.model.architectures import context_limit, context_phrase
 
 PROTOCOLS = ("question-aware", "question-agnostic")
-INSTRUCTION = ("Some important information is hidden inside the following text. "
-               "Read it carefully and remember it; you will be asked about it afterwards.")
-_WORDS = ("amber apple birch cobalt coral crimson delta ember falcon granite harbor indigo jasper "
-          "lantern maple meadow nickel orchid pepper quartz raven saffron silver tundra velvet willow").split()
+INSTRUCTION = (
+    "Some important information is hidden inside the following text. "
+    "Read it carefully and remember it; you will be asked about it afterwards."
+)
+_WORDS = (
+    "amber apple birch cobalt coral crimson delta ember falcon granite harbor indigo jasper "
+    "lantern maple meadow nickel orchid pepper quartz raven saffron silver tundra velvet willow"
+).split()
 _SENTENCE_END = re.compile(r"[.!?][\"')\]]*$")
 
 
 @dataclass
 class TaskSample:
     """One generated sample. ``depths``: where each needle sits, as a fraction of the haystack's words
-    (it goes after the last sentence that ends there or before; the answer's needle first). ``prompt_tokens``: the whole prompt's measured length (<= ``context_tokens``)."""
+    (it goes after the last sentence that ends there or before; the answer's needle first). ``prompt_tokens``: the
+    whole prompt's measured length (<= ``context_tokens``)."""
 
     task: str
     seed: int
@@ -77,9 +82,10 @@ class TaskSample:
 
 # ---- the tasks: each draws (needles, their depths, question, answer prefix, answer) from ``rng`` -----
 
+
 def _number(rng: random.Random, digits: int, avoid: set[str]) -> str:
     while True:
-        value = str(rng.randrange(10 ** (digits - 1), 10 ** digits))
+        value = str(rng.randrange(10 ** (digits - 1), 10**digits))
         if value not in avoid:
             avoid.add(value)
             return value
@@ -127,6 +133,7 @@ TASKS = {"passkey": passkey, "multikey_needle": multikey_needle, "variable_track
 
 # ---- building a sample ------------------------------------------------------------------------------
 
+
 def _ids(tokenizer, text: str, special: bool) -> list[int]:
     return list(tokenizer(text, add_special_tokens=special)["input_ids"])
 
@@ -141,12 +148,16 @@ def render(tokenizer, s: TaskSample, chat: bool | None = None) -> tuple[str, str
     assistant header) and the answer prefix, which starts the assistant's turn."""
     if not _chat(tokenizer, chat):
         return s.context, s.asked
-    text = tokenizer.apply_chat_template([{"role": "user", "content": s.prompt}], add_generation_prompt=True, tokenize=False)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": s.prompt}], add_generation_prompt=True, tokenize=False
+    )
     cut = text.rindex(s.question)
     return text[:cut], text[cut:] + s.answer_prefix
 
 
-def encode_split(tokenizer, sample: TaskSample, protocol: str, chat: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def encode_split(
+    tokenizer, sample: TaskSample, protocol: str, chat: bool | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Token ids (compressed part, appended part) for ``protocol``; their concatenation is the same
     prompt under both protocols. Question-aware: (everything, empty)."""
     check_protocol(protocol)
@@ -190,8 +201,9 @@ def _insert(words: list[str], needles: list[str], depths: list[float]) -> str:
     return " ".join(out)
 
 
-def make_sample(task: str, tokenizer, context_tokens: int, seed: int = 0, config=None,
-                chat: bool | None = None) -> TaskSample:
+def make_sample(
+    task: str, tokenizer, context_tokens: int, seed: int = 0, config=None, chat: bool | None = None
+) -> TaskSample:
     """A sample of ``task`` whose whole prompt is at most ``context_tokens`` tokens (as close as a word
     allows). ``config``: a model config whose context the prompt must fit in."""
     if task not in TASKS:
@@ -219,8 +231,18 @@ def make_sample(task: str, tokenizer, context_tokens: int, seed: int = 0, config
 
     def build(n: int) -> TaskSample:
         context = f"{INSTRUCTION}\n\n{_insert(words[:n], needles, depths)}\n\n"
-        sample = TaskSample(task, seed, context, question, answer, context_tokens, book=book,
-                            depths=list(depths), needles=list(needles), answer_prefix=prefix)
+        sample = TaskSample(
+            task,
+            seed,
+            context,
+            question,
+            answer,
+            context_tokens,
+            book=book,
+            depths=list(depths),
+            needles=list(needles),
+            answer_prefix=prefix,
+        )
         sample.prompt_tokens = sum(ids.numel() for ids in encode_split(tokenizer, sample, "question-agnostic", chat))
         return sample
 
@@ -235,6 +257,7 @@ def make_sample(task: str, tokenizer, context_tokens: int, seed: int = 0, config
 
 
 # ---- scoring ----------------------------------------------------------------------------------------
+
 
 def _normalise(text: str) -> list[str]:
     text = re.sub(r"(?<=\d),(?=\d{3}\b)", "", text.lower())

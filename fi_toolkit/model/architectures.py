@@ -43,7 +43,7 @@ def apply_rope(attn_module: torch.nn.Module):
     return getattr(sys.modules[type(attn_module).__module__], "apply_rotary_pos_emb", None)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _takes_position_embeddings(cls: type) -> bool:
     return "position_embeddings" in inspect.signature(cls.forward).parameters
 
@@ -52,7 +52,9 @@ def _attention_lacks(attn: torch.nn.Module) -> str | None:
     """What this attention module lacks for window queries to repeat its own, or None."""
     if not any(isinstance(getattr(attn, name, None), torch.nn.Module) for name in QUERY_PROJECTIONS):
         return "its attention has no query projection (q_proj or qkv_proj)"
-    if getattr(attn, "qkv_proj", None) is not None and not hasattr(getattr(attn, "config", None), "num_attention_heads"):
+    if getattr(attn, "qkv_proj", None) is not None and not hasattr(
+        getattr(attn, "config", None), "num_attention_heads"
+    ):
         return "its fused qkv_proj attention has no config to split the queries off by"
     for name in ATTENTION_ATTRIBUTES:
         if not hasattr(attn, name):
@@ -99,7 +101,7 @@ def _lacks(model: torch.nn.Module) -> str | None:
     return None
 
 
-_ACCEPTED: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()  # models check_model has accepted
+_ACCEPTED: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()  # models check_model has accepted
 
 
 def check_model(model: torch.nn.Module) -> None:

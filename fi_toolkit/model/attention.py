@@ -44,6 +44,7 @@ def dropout_by_name(attention_fn):
     """``attention_fn`` taking a positional ``dropout`` as the keyword it is. kvpress's attention patch
     (applied to every registered attention function when kvpress is imported) passes ``dropout`` as the
     sixth positional argument, which is eager attention's ``scaling``."""
+
     def forward(module, query, key, value, attention_mask, *args, **kwargs):
         if args:
             kwargs["dropout"], args = args[0], args[1:]
@@ -56,7 +57,10 @@ def register_wrapped(prefix: str, wrap) -> dict[str, str]:
     """Register ``wrap(sdpa)`` and ``wrap(eager)`` as attention functions ``<prefix>_sdpa`` and
     ``<prefix>_eager`` (with the masks their base builds) -> {base implementation: registered name}."""
     names = {"sdpa": f"{prefix}_sdpa", "eager": f"{prefix}_eager"}
-    for base, forward, mask in (("sdpa", sdpa_attention_forward, sdpa_mask), ("eager", eager_attention_forward, eager_mask)):
+    for base, forward, mask in (
+        ("sdpa", sdpa_attention_forward, sdpa_mask),
+        ("eager", eager_attention_forward, eager_mask),
+    ):
         AttentionInterface.register(names[base], dropout_by_name(wrap(forward)))
         AttentionMaskInterface.register(names[base], mask)
     return names

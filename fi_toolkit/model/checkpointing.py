@@ -1,4 +1,4 @@
-"""Per-layer gradient checkpointing of a cached forward: the gradient estimator's memory bound (issue 10).
+"""Per-layer gradient checkpointing of a cached forward: the gradient estimator's memory bound.
 
 Inside :func:`checkpointed_layers` every decoder layer's forward runs under non-reentrant
 ``torch.utils.checkpoint``: the layer keeps only its inputs, and each backward pass recomputes the

@@ -29,7 +29,7 @@ from fi_toolkit.errors import FIError
 CACHE_KEYWORDS = ("cache", "past_key_values")  # newest first
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cache_keyword(cls: type) -> str:
     params = inspect.signature(cls.forward).parameters
     for name in CACHE_KEYWORDS:
@@ -58,9 +58,10 @@ def gguf_metadata(path: Path, prefix: str = "") -> dict:
     Read here (the header only, through mmap) because gguf's GGUFReader takes seconds over the
     100,000 strings of a vocabulary, and its API differs between gguf releases.
     """
+
     def string(pos: int) -> tuple[str, int]:
         (n,) = struct.unpack_from("<Q", blob, pos)
-        return blob[pos + 8:pos + 8 + n].decode("utf-8"), pos + 8 + n
+        return blob[pos + 8 : pos + 8 + n].decode("utf-8"), pos + 8 + n
 
     def value(kind: int, pos: int):
         if kind == _GGUF_STRING:
@@ -97,16 +98,33 @@ def _byte_level_tokenizer(meta: dict):
     spelling = bytes_to_unicode()
     alphabet = set(spelling.values())
     tokens = meta["tokenizer.ggml.tokens"]
-    vocab = {t if set(t) <= alphabet else "".join(spelling[b] for b in t.encode("utf-8")): i for i, t in enumerate(tokens)}
-    ids = {"bos_token": "bos_token_id", "eos_token": "eos_token_id", "unk_token": "unknown_token_id", "pad_token": "padding_token_id"}
-    special = {name: tokens[meta[f"tokenizer.ggml.{key}"]] for name, key in ids.items() if f"tokenizer.ggml.{key}" in meta}
-    tokenizer = GPT2Tokenizer(vocab=vocab, merges=[tuple(m.split(" ")) for m in meta["tokenizer.ggml.merges"]],
-                              chat_template=meta.get("tokenizer.chat_template"), **special)
+    vocab = {
+        t if set(t) <= alphabet else "".join(spelling[b] for b in t.encode("utf-8")): i for i, t in enumerate(tokens)
+    }
+    ids = {
+        "bos_token": "bos_token_id",
+        "eos_token": "eos_token_id",
+        "unk_token": "unknown_token_id",
+        "pad_token": "padding_token_id",
+    }
+    special = {
+        name: tokens[meta[f"tokenizer.ggml.{key}"]] for name, key in ids.items() if f"tokenizer.ggml.{key}" in meta
+    }
+    tokenizer = GPT2Tokenizer(
+        vocab=vocab,
+        merges=[tuple(m.split(" ")) for m in meta["tokenizer.ggml.merges"]],
+        chat_template=meta.get("tokenizer.chat_template"),
+        **special,
+    )
     types = meta.get("tokenizer.ggml.token_type") or ()
     # 3 is CONTROL (special; one spelled outside the byte alphabet is a llama.cpp mislabel), 4 USER_DEFINED
-    tokenizer.add_tokens([AddedToken(t, normalized=False, special=True) for t, k in zip(tokens, types)
-                          if k == 3 and set(t) <= alphabet], special_tokens=True)
-    tokenizer.add_tokens([AddedToken(t, normalized=False, special=False) for t, k in zip(tokens, types) if k == 4 and t in vocab])
+    tokenizer.add_tokens(
+        [AddedToken(t, normalized=False, special=True) for t, k in zip(tokens, types) if k == 3 and set(t) <= alphabet],
+        special_tokens=True,
+    )
+    tokenizer.add_tokens(
+        [AddedToken(t, normalized=False, special=False) for t, k in zip(tokens, types) if k == 4 and t in vocab]
+    )
     return tokenizer
 
 

@@ -59,9 +59,15 @@ class LoadedModel:
     def describe(self) -> dict:
         """The model as manifests record it."""
         cfg = self.config
-        return {"name": self.name, "device": str(self.device), "dtype": dtype_name(self.dtype),
-                "compute_dtype": dtype_name(self.compute_dtype), "layers": cfg.num_hidden_layers,
-                "kv_heads": cfg.num_key_value_heads, "vocab": cfg.vocab_size}
+        return {
+            "name": self.name,
+            "device": str(self.device),
+            "dtype": dtype_name(self.dtype),
+            "compute_dtype": dtype_name(self.compute_dtype),
+            "layers": cfg.num_hidden_layers,
+            "kv_heads": cfg.num_key_value_heads,
+            "vocab": cfg.vocab_size,
+        }
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -259,18 +265,40 @@ def load_model(
 TINY_ARCHITECTURES = {
     "llama": ("LlamaConfig", {}),
     # Llama 3.x: rope_type llama3, scaling every frequency whose wavelength exceeds 64 / 4 positions
-    "llama3": ("LlamaConfig", {"rope_parameters": {
-        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}),
+    "llama3": (
+        "LlamaConfig",
+        {
+            "rope_parameters": {
+                "rope_type": "llama3",
+                "rope_theta": 500000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            }
+        },
+    ),
     "qwen2": ("Qwen2Config", {}),  # q/k/v projections with biases
     "qwen3": ("Qwen3Config", {"head_dim": 16}),  # per-head q_norm / k_norm
     # sliding-window attention wider than every test run: fi_toolkit serves positions [0, 512)
     "mistral": ("MistralConfig", {"sliding_window": 512}),
     # fused qkv_proj, half the head dims rotated (Phi-4-mini style), longrope short factors below 512
     # (partial_rotary_factor also top-level: transformers 5.2 takes it from there, later releases from rope_parameters)
-    "phi3": ("Phi3Config", {"original_max_position_embeddings": 512, "partial_rotary_factor": 0.5, "rope_parameters": {
-        "rope_type": "longrope", "rope_theta": 10000.0, "factor": 8.0, "partial_rotary_factor": 0.5,
-        "short_factor": [1.0, 1.3, 2.1, 3.7], "long_factor": [2.0, 3.0, 5.0, 8.0]}}),
+    "phi3": (
+        "Phi3Config",
+        {
+            "original_max_position_embeddings": 512,
+            "partial_rotary_factor": 0.5,
+            "rope_parameters": {
+                "rope_type": "longrope",
+                "rope_theta": 10000.0,
+                "factor": 8.0,
+                "partial_rotary_factor": 0.5,
+                "short_factor": [1.0, 1.3, 2.1, 3.7],
+                "long_factor": [2.0, 3.0, 5.0, 8.0],
+            },
+        },
+    ),
 }
 
 

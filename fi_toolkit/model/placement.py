@@ -23,23 +23,35 @@ def parse_device_map(spec: str | dict | None) -> str | dict | None:
         try:
             text = Path(spec).read_text()
         except OSError:
-            raise FIError(f"device_map '{spec}' is neither {', '.join(DEVICE_MAP_STRATEGIES)}, a JSON object "
-                          "nor a readable JSON file", parameter="device_map") from None
+            raise FIError(
+                f"device_map '{spec}' is neither {', '.join(DEVICE_MAP_STRATEGIES)}, a JSON object "
+                "nor a readable JSON file",
+                parameter="device_map",
+            ) from None
     try:
         device_map = json.loads(text)
     except ValueError as exc:
-        raise FIError(f"device_map '{spec}' is not valid JSON: {exc.msg} (line {exc.lineno})",
-                      parameter="device_map") from None
-    if not isinstance(device_map, dict) or not device_map or not all(
-            isinstance(k, str) and isinstance(v, (str, int)) for k, v in device_map.items()):
-        raise FIError(f"device_map '{spec}' must map module names to devices, e.g. "
-                      '{"model.embed_tokens": 0, "model.layers.0": 0, ..., "lm_head": 1}', parameter="device_map")
+        raise FIError(
+            f"device_map '{spec}' is not valid JSON: {exc.msg} (line {exc.lineno})", parameter="device_map"
+        ) from None
+    if (
+        not isinstance(device_map, dict)
+        or not device_map
+        or not all(isinstance(k, str) and isinstance(v, (str, int)) for k, v in device_map.items())
+    ):
+        raise FIError(
+            f"device_map '{spec}' must map module names to devices, e.g. "
+            '{"model.embed_tokens": 0, "model.layers.0": 0, ..., "lm_head": 1}',
+            parameter="device_map",
+        )
     return device_map
 
 
 def check_placement(device: str | None, device_map: str | dict | None) -> str | dict | None:
     """``--device`` and ``--device-map`` both say where the model goes: refused together; -> the parsed map."""
     if device is not None and device_map is not None:
-        raise FIError("device_map places the model's layers across devices; it does not go with device (give one)",
-                      parameter=("device_map", "device"))
+        raise FIError(
+            "device_map places the model's layers across devices; it does not go with device (give one)",
+            parameter=("device_map", "device"),
+        )
     return parse_device_map(device_map)

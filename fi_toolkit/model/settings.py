@@ -12,27 +12,49 @@ DEFAULT_MODEL = "smollm2-135m"  # the embedded default (fi_toolkit.model.loading
 
 @dataclass(frozen=True)
 class ModelSettings:
-    """``--model``, ``--device``, ``--device-map``, ``--dtype``, ``--upcast`` of :func:`~fi_toolkit.model.loading.load_model`.
+    """``--model``, ``--device``, ``--device-map``, ``--dtype``, ``--upcast`` of
+    :func:`~fi_toolkit.model.loading.load_model`.
 
     ``device_map`` is accelerate's strategy, a JSON object / file (a string) or a dict ``{module: device}``;
     it does not go with ``device``. The device and dtype names are checked when the model loads.
     """
 
-    model: str = field(default=DEFAULT_MODEL, metadata=option(
-        "--model", "-m", help="smollm2-135m (embedded), a local directory or a HF id."))
-    device: str | None = field(default=None, metadata=option(
-        "--device", help="cpu (the default), cuda, cuda:N or auto; under torchrun, cuda is cuda:LOCAL_RANK."))
-    device_map: str | dict | None = field(default=None, metadata=option(
-        "--device-map", cli_type=str,
-        help="Place the layers of a model larger than one GPU across the visible GPUs (accelerate): auto, balanced, "
-             "sequential, or a JSON object / JSON file {module: device}. Not with --device."))
-    dtype: str = field(default="float32", metadata=option(
-        "--dtype", help="float32, bfloat16 or float16: how the weights are stored (signals and KL stay float32)."))
-    upcast: bool = field(default=True, metadata=option(
-        "--upcast/--no-upcast",
-        help="With --dtype bfloat16/float16, compute in float32 (the default: per-token FI then ranks like float32). "
-             "--no-upcast computes in the weights' dtype: faster, but its rounding (the control:reorder row) swamps "
-             "per-token FI."))
+    model: str = field(
+        default=DEFAULT_MODEL,
+        metadata=option("--model", "-m", help="smollm2-135m (embedded), a local directory or a HF id."),
+    )
+    device: str | None = field(
+        default=None,
+        metadata=option(
+            "--device", help="cpu (the default), cuda, cuda:N or auto; under torchrun, cuda is cuda:LOCAL_RANK."
+        ),
+    )
+    device_map: str | dict | None = field(
+        default=None,
+        metadata=option(
+            "--device-map",
+            cli_type=str,
+            help="Place the layers of a model larger than one GPU across the visible GPUs (accelerate): auto, "
+            "balanced, "
+            "sequential, or a JSON object / JSON file {module: device}. Not with --device.",
+        ),
+    )
+    dtype: str = field(
+        default="float32",
+        metadata=option(
+            "--dtype", help="float32, bfloat16 or float16: how the weights are stored (signals and KL stay float32)."
+        ),
+    )
+    upcast: bool = field(
+        default=True,
+        metadata=option(
+            "--upcast/--no-upcast",
+            help="With --dtype bfloat16/float16, compute in float32 (the default: per-token FI then ranks like "
+            "float32). "
+            "--no-upcast computes in the weights' dtype: faster, but its rounding (the control:reorder row) swamps "
+            "per-token FI.",
+        ),
+    )
 
     def check(self) -> ModelSettings:
         """Types, and the placement: ``--device`` with ``--device-map`` refused, the map parsed (before loading)."""
@@ -54,5 +76,6 @@ class ModelSettings:
         """:func:`fi_toolkit.model.loading.load_model` with these settings (``kwargs``: its other arguments)."""
         from fi_toolkit.model.loading import load_model
 
-        return load_model(self.model, self.device, self.dtype, upcast=self.upcast, device_map=self.placement(),
-                          **kwargs)
+        return load_model(
+            self.model, self.device, self.dtype, upcast=self.upcast, device_map=self.placement(), **kwargs
+        )

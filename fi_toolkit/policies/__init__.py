@@ -23,16 +23,36 @@ from fi_toolkit.policies.spec import POLICIES, PolicySpec, make_policy, parse_po
 from fi_toolkit.policies.streaming import StreamingLLM
 
 __all__ = [
-    "POLICIES", "Adaptive", "Budget", "FIOracle", "Fitted", "H2O", "InfoKV", "KNorm", "Policy", "PolicySpec", "PyramidKV", "RPC",
-    "RandomPolicy", "Signals", "SnapKV", "StreamingLLM", "allocate", "make_policy", "parse_policy", "parse_spec",
-    "select", "split_policies",
+    "POLICIES",
+    "Adaptive",
+    "Budget",
+    "FIOracle",
+    "Fitted",
+    "H2O",
+    "InfoKV",
+    "KNorm",
+    "Policy",
+    "PolicySpec",
+    "PyramidKV",
+    "RPC",
+    "RandomPolicy",
+    "Signals",
+    "SnapKV",
+    "StreamingLLM",
+    "allocate",
+    "make_policy",
+    "parse_policy",
+    "parse_spec",
+    "select",
+    "split_policies",
 ]
 
 
 def __getattr__(name: str):
-    """``Signals`` (:mod:`fi_toolkit.signals.view`, which needs torch) on first use: naming a policy needs no torch."""
+    """``Signals`` (:mod:`fi_toolkit.signals.policy_view`, which needs torch) on first use: naming a policy needs no
+    torch."""
     if name == "Signals":
-        from fi_toolkit.signals.view import Signals
+        from fi_toolkit.signals.policy_view import Signals
 
         return Signals
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

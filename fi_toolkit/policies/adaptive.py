@@ -31,7 +31,7 @@ from fi_toolkit.policies.base import Policy, allocate
 if TYPE_CHECKING:  # torch is imported where it is used: naming the policy needs none of it
     import torch
 
-    from fi_toolkit.signals.view import Signals
+    from fi_toolkit.signals.policy_view import Signals
 
 
 @dataclass
@@ -53,8 +53,10 @@ class Adaptive(Policy):
         if isinstance(inner, Adaptive):
             raise FIError(f"{inner.name} is adaptive already")
         if inner.no_layer_weight:
-            raise FIError(f"adaptive({inner.name}): {inner.name} {inner.no_layer_weight}; wrap a scored policy "
-                          "(infokv, snapkv, pyramidkv, h2o, rpc)")
+            raise FIError(
+                f"adaptive({inner.name}): {inner.name} {inner.no_layer_weight}; wrap a scored policy "
+                "(infokv, snapkv, pyramidkv, h2o, rpc)"
+            )
         self.budget, self.window = inner.budget, inner.window
         super().__post_init__()
         base, colon, options = inner.name.partition(":")

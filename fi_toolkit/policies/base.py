@@ -22,20 +22,20 @@ if TYPE_CHECKING:  # torch (and what needs it) is imported where it is used: nam
     import torch
 
     from fi_toolkit.eviction import KeepMap
-    from fi_toolkit.signals.view import Signals
+    from fi_toolkit.signals.policy_view import Signals
 
 
 def __getattr__(name: str):
     """``Signals`` (defined with the signals; policies import it from here), imported on first use."""
     if name == "Signals":
-        from fi_toolkit.signals.view import Signals
+        from fi_toolkit.signals.policy_view import Signals
 
         return Signals
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def as_signals(signals) -> Signals:
-    from fi_toolkit.signals.view import Signals
+    from fi_toolkit.signals.policy_view import Signals
 
     return signals if isinstance(signals, Signals) else Signals.from_trace(signals)
 
@@ -84,8 +84,9 @@ def select(scores: torch.Tensor, keep: int, protected: int, window: int) -> torc
     device = scores.device
     candidates = scores[:, protected : n - window].float()
     if not torch.isfinite(candidates).all():
-        raise FIError("a policy produced non-finite scores (NaN or inf) for entries it may evict; "
-                      "refusing to rank them")
+        raise FIError(
+            "a policy produced non-finite scores (NaN or inf) for entries it may evict; refusing to rank them"
+        )
     if keep >= n:
         return torch.arange(n, device=device).expand(hkv, n).clone()
     picks = keep - protected - window
@@ -138,8 +139,10 @@ class Policy:
         """:meth:`kept_total`, validated: the budget must fit the compressible tokens and exceed the window."""
         n = seen - protected
         if self.budget.exceeds(n):
-            raise FIError(f"budget {self.budget.label} asks for more than the {n} compressible tokens "
-                          f"(the sequence length is {seen})")
+            raise FIError(
+                f"budget {self.budget.label} asks for more than the {n} compressible tokens "
+                f"(the sequence length is {seen})"
+            )
         kept = self.budget.kept(n)
         if kept <= self.window:
             raise FIError(
@@ -193,8 +196,12 @@ class Policy:
         k = self.tokens(s.seen, max(s.protected))
         budgets = self.layer_budgets(s, k)
         keep = [
-            select(self.scores(s, layer), budgets[layer], s.protected[layer], s.window)
-            for layer in range(s.num_layers)
+            select(self.scores(s, layer), budgets[layer], s.protected[layer], s.window) for layer in range(s.num_layers)
         ]
-        meta = {"selector": f"policy:{self.name}", "budget": self.budget.label, "policy": self.name, "per_layer": budgets}
+        meta = {
+            "selector": f"policy:{self.name}",
+            "budget": self.budget.label,
+            "policy": self.name,
+            "per_layer": budgets,
+        }
         return KeepMap(f"policy:{self.label}", keep, meta)

@@ -1,4 +1,4 @@
-"""FI oracle (issue 20): keep, per layer and KV head, the entries whose removal the model's own future
+"""FI oracle: keep, per layer and KV head, the entries whose removal the model's own future
 would feel most. An **oracle**, not a policy one could deploy: its scores are estimates of Forward
 Influence on a named future chunk of the text (docs/method.md, "Forward Influence"), so it sees tokens
 after the compression point. It bounds what any heuristic could reach at the same budget (the
@@ -7,7 +7,8 @@ but scored by the quantity the toolkit measures instead of attention.
 
 Scores come from outside: policies sit below the probe (tests/test_layers.py), so
 :func:`fi_toolkit.probe.oracle.oracle_keep_map` (the probe) or, while a replay decodes known text,
-:mod:`fi_toolkit.compress.lookahead` (the next ``interval`` tokens, every cache slot) estimates them (the Fisher estimate per layer and KV head,
+:mod:`fi_toolkit.compress.lookahead` (the next ``interval`` tokens, every cache slot) estimates them (the Fisher
+estimate per layer and KV head,
 ``head_fi [L, H_kv, p, K]`` of :func:`fi_toolkit.probe.estimator.fisher_fi`, or exact leave-one-out FI
 per position, shared by every head) and sets :attr:`FIOracle.estimates`. Selection is every policy's
 (:meth:`Policy.keep_map`: same budget meaning and window rule; higher = keep). Options (spelled
@@ -28,7 +29,7 @@ from fi_toolkit.policies.base import Policy, select
 if TYPE_CHECKING:  # torch is imported where it is used: naming the policy needs none of it
     import torch
 
-    from fi_toolkit.signals.view import Signals
+    from fi_toolkit.signals.policy_view import Signals
 
 ORACLE_ESTIMATORS = ("fisher", "exact")
 MAX_ROUNDS = 64  # each round is one estimate (a backward pass per sample); more is a typo, not a study
@@ -72,7 +73,9 @@ class FIOracle(Policy):
     estimates: list | None = field(default=None, init=False, repr=False)  # per layer, tensors [H_kv, p]
 
     name: ClassVar[str] = "fi-oracle"
-    sees_future: ClassVar[bool] = True  # scores from the probe or a replay's look-ahead; fi generate and tasks refuse it
+    sees_future: ClassVar[bool] = (
+        True  # scores from the probe or a replay's look-ahead; fi generate and tasks refuse it
+    )
     needs_signals: ClassVar[bool] = False  # its scores are FI estimates, not tracked signals
     no_layer_weight: ClassVar[str] = "fi-oracle's scores are estimates on a future chunk, not shared by layer"
 
@@ -97,9 +100,11 @@ class FIOracle(Policy):
         """The estimated FI of each entry of ``layer`` on the oracle's chunk ``[H_kv, p]`` (set by
         :func:`fi_toolkit.probe.oracle.oracle_keep_map`; entries already removed score -1)."""
         if self.estimates is None:
-            raise FIError("fi-oracle sees the future: its scores are FI estimates that only the probe computes "
-                          "(a probe selection policy:fi-oracle@BUDGET), or a replay of known text (fi eval on "
-                          "documents); it cannot compress while generating")
+            raise FIError(
+                "fi-oracle sees the future: its scores are FI estimates that only the probe computes "
+                "(a probe selection policy:fi-oracle@BUDGET), or a replay of known text (fi eval on "
+                "documents); it cannot compress while generating"
+            )
         return self.estimates[layer].to(s.keys[layer].device)
 
 
@@ -110,15 +115,25 @@ def check_decoding_oracle(policy, where: str = "") -> None:
         return
     where = f"{where}: " if where else ""
     if inner.estimator != "fisher":
-        raise FIError(f"{where}fi-oracle in a replay scores every cache entry by the Fisher estimate; "
-                      f"estimator={inner.estimator} is the prefill oracle's (a probe selection policy:fi-oracle@BUDGET)")
+        raise FIError(
+            f"{where}fi-oracle in a replay scores every cache entry by the Fisher estimate; "
+            f"estimator={inner.estimator} is the prefill oracle's (a probe selection policy:fi-oracle@BUDGET)"
+        )
     if inner.span is not None:
-        raise FIError(f"{where}fi-oracle in a replay scores the next interval of tokens at each compression; "
-                      f"chunk={inner.chunk} is the prefill oracle's (a probe selection policy:fi-oracle@BUDGET)")
+        raise FIError(
+            f"{where}fi-oracle in a replay scores the next interval of tokens at each compression; "
+            f"chunk={inner.chunk} is the prefill oracle's (a probe selection policy:fi-oracle@BUDGET)"
+        )
 
 
-def remove_in_rounds(score: Callable[["torch.Tensor"], "torch.Tensor"], shape: tuple[int, int, int], kept: int,
-                     rounds: int, protected: int, window: int) -> tuple["torch.Tensor", "torch.Tensor", list[int]]:
+def remove_in_rounds(
+    score: Callable[[torch.Tensor], torch.Tensor],
+    shape: tuple[int, int, int],
+    kept: int,
+    rounds: int,
+    protected: int,
+    window: int,
+) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     """The oracle's rounds, shared by the probe (:mod:`fi_toolkit.probe.oracle`) and the replay
     (:mod:`fi_toolkit.compress.lookahead`): ``n - kept`` evictions per head in ``rounds`` rounds of
     ``round((n - kept) r / rounds)`` cumulative removals; round ``r`` ranks ``score(removed)`` (``removed``:

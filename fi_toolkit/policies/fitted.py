@@ -1,5 +1,5 @@
-"""A fitted policy (issue 21): a linear score of compression-time signals, learned by ``fi fit`` to rank
-entries by their per-(layer, KV head) Forward Influence (:mod:`fi_toolkit.analysis.fit`). The signals are
+"""A fitted policy: a linear score of compression-time signals, learned by ``fi fit`` to rank
+entries by their per-(layer, KV head) Forward Influence (:mod:`fi_toolkit.studies.fit`). The signals are
 InfoKV's (arXiv 2606.26875: H, D^(l), E^(l)), SnapKV's window attention (arXiv 2404.14469), H2O's
 accumulated attention (arXiv 2306.14048), KNorm's key norm (arXiv 2406.11430) and position.
 
@@ -30,7 +30,7 @@ from fi_toolkit.policies.base import Policy, as_signals
 if TYPE_CHECKING:  # torch is imported where it is used: naming the policy needs none of it
     import torch
 
-    from fi_toolkit.signals.view import Signals
+    from fi_toolkit.signals.policy_view import Signals
 
 FORMAT = "fi_toolkit.fitted/1"
 EPS = 1e-8  # inside the logs of attention masses (window attention is about 1/p per entry)
@@ -59,8 +59,10 @@ def _entropy(s: Signals, layer: int, want: str, have: str) -> torch.Tensor:
         return h
     n = h.shape[1]
     if not torch.equal(s.positions[layer].cpu(), torch.arange(n).expand_as(s.positions[layer])):
-        raise FIError(f"the fitted policy uses entropy_{want}, which is known at a prefill only (the signals "
-                      f"hold entropy_{have}); fit without it (features='decoding') to compress while decoding")
+        raise FIError(
+            f"the fitted policy uses entropy_{want}, which is known at a prefill only (the signals "
+            f"hold entropy_{have}); fit without it (features='decoding') to compress while decoding"
+        )
     if want == "next":  # the last slot's next entropy is unknown; it lies in the window, never ranked
         return torch.cat([h[:, 1:], h[:, -1:]], dim=1)
     return torch.cat([torch.zeros_like(h[:, :1]), h[:, :-1]], dim=1)
@@ -76,18 +78,26 @@ def _needs(s: Signals, name: str, what: str):
 def _layer_entropy(s: Signals, layer: int, tau: float) -> torch.Tensor:
     from fi_toolkit.signals.formulas import layer_entropy_score
 
-    return layer_entropy_score(_needs(s, "distance", "D^(l)")[layer].double(),
-                               _needs(s, "entropy", "entropies")[layer].double(), tau).double()
+    return layer_entropy_score(
+        _needs(s, "distance", "D^(l)")[layer].double(), _needs(s, "entropy", "entropies")[layer].double(), tau
+    ).double()
 
 
 # name -> (what it is, function (signals, layer, entropy_of, tau) -> [Hkv, n] float64)
 FEATURES: dict[str, tuple[str, object]] = {
-    "attention": ("window attention A^(l) (pooled)",
-                  lambda s, l, e, t: _needs(s, "attention", "window attention")[l].double()),
+    "attention": (
+        "window attention A^(l) (pooled)",
+        lambda s, l, e, t: _needs(s, "attention", "window attention")[l].double(),
+    ),
     "log_attention": ("log(A^(l) + 1e-8)", lambda s, l, e, t: _log(_needs(s, "attention", "window attention")[l])),
-    "log_accumulated": ("log of the attention received so far (H2O's accumulator) + 1e-8",
-                        lambda s, l, e, t: _log(_needs(s, "accumulated", "accumulated attention")[l])),
-    "entropy_produced": ("H of the distribution that produced the token", lambda s, l, e, t: _entropy(s, l, "produced", e)),
+    "log_accumulated": (
+        "log of the attention received so far (H2O's accumulator) + 1e-8",
+        lambda s, l, e, t: _log(_needs(s, "accumulated", "accumulated attention")[l]),
+    ),
+    "entropy_produced": (
+        "H of the distribution that produced the token",
+        lambda s, l, e, t: _entropy(s, l, "produced", e),
+    ),
     "entropy_next": ("H of the distribution computed at the token", lambda s, l, e, t: _entropy(s, l, "next", e)),
     "distance": ("D^(l) = 1 - cos(h^(l), h^(L))", lambda s, l, e, t: _needs(s, "distance", "D^(l)")[l].double()),
     "layer_entropy": ("E^(l) = (D^(l) + tau) H", lambda s, l, e, t: _layer_entropy(s, l, t)),
@@ -140,11 +150,17 @@ def read_fitted(path: str | Path) -> dict:
     if min(data["scale"]) <= 0:
         raise FIError(f"{where}: 'scale' must be positive")
     model, signals = data.get("model"), data.get("signals")
-    if not isinstance(model, dict) or not all(isinstance(model.get(k), int) for k in ("layers", "kv_heads", "head_dim")):
+    if not isinstance(model, dict) or not all(
+        isinstance(model.get(k), int) for k in ("layers", "kv_heads", "head_dim")
+    ):
         raise FIError(f"{where}: the model's architecture (layers, kv_heads, head_dim) is missing")
-    if not isinstance(signals, dict) or not isinstance(signals.get("window"), int) \
-            or signals.get("entropy_of") not in ("produced", "next") or not isinstance(signals.get("tau"), (int, float)) \
-            or not math.isfinite(signals["tau"]):
+    if (
+        not isinstance(signals, dict)
+        or not isinstance(signals.get("window"), int)
+        or signals.get("entropy_of") not in ("produced", "next")
+        or not isinstance(signals.get("tau"), (int, float))
+        or not math.isfinite(signals["tau"])
+    ):
         raise FIError(f"{where}: the signal settings (window, entropy_of, tau) are missing")
     return data
 
@@ -158,7 +174,9 @@ class Fitted(Policy):
     path: str = ""
 
     name: ClassVar[str] = "fitted"
-    no_layer_weight: ClassVar[str] = "ranks by a fitted score of within-head contrasts, not a mass to share layer budgets by"
+    no_layer_weight: ClassVar[str] = (
+        "ranks by a fitted score of within-head contrasts, not a mass to share layer budgets by"
+    )
 
     def __post_init__(self):
         if not self.path:
@@ -180,8 +198,10 @@ class Fitted(Policy):
             got["vocab"] = int(s.model.config.vocab_size)
         for key, value in got.items():
             if want.get(key) != value:
-                raise FIError(f"fitted policy '{self.path}' was fitted on {want.get('name', 'another model')} "
-                              f"({key} {want.get(key)}), this model has {key} {value}: fit it on this model")
+                raise FIError(
+                    f"fitted policy '{self.path}' was fitted on {want.get('name', 'another model')} "
+                    f"({key} {want.get(key)}), this model has {key} {value}: fit it on this model"
+                )
 
     def linear_score(self, s: Signals, layer: int) -> torch.Tensor:
         """``sum_f c_f (x_f - mu_f) / sigma_f`` of every slot -> ``[Hkv, n_l]`` float64."""
@@ -189,8 +209,10 @@ class Fitted(Policy):
 
         fit = self.fit
         x = feature_matrix(s, layer, fit["features"], fit["signals"]["entropy_of"], float(fit["signals"]["tau"]))
-        mean, scale, coef = (torch.tensor(fit[k], dtype=torch.float64, device=x.device)[:, None, None]
-                             for k in ("mean", "scale", "coefficients"))
+        mean, scale, coef = (
+            torch.tensor(fit[k], dtype=torch.float64, device=x.device)[:, None, None]
+            for k in ("mean", "scale", "coefficients")
+        )
         return ((x - mean) / scale * coef).sum(dim=0)
 
     def scores(self, s: Signals, layer: int) -> torch.Tensor:

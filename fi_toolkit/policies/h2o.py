@@ -17,7 +17,7 @@ from fi_toolkit.errors import FIError
 from fi_toolkit.policies.base import Policy
 
 if TYPE_CHECKING:  # torch is imported where it is used: naming the policy needs none of it
-    from fi_toolkit.signals.view import Signals
+    from fi_toolkit.signals.policy_view import Signals
 
 
 @dataclass

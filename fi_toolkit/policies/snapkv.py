@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, ClassVar
 from fi_toolkit.policies.base import Policy
 
 if TYPE_CHECKING:  # torch is imported where it is used: naming the policy needs none of it
-    from fi_toolkit.signals.view import Signals
+    from fi_toolkit.signals.policy_view import Signals
 
 
 @dataclass

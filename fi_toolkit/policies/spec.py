@@ -44,8 +44,8 @@ POLICIES: dict[str, type[Policy]] = {
 }
 # Named like the others but not in POLICIES, which lists the policies that compress from their name alone:
 # the FI oracle sees the future (its scores come from the probe, `fi probe --select`, or from a replay's
-# look-ahead, `fi eval` on documents; issue 20), and a
-# fitted policy reads a file (fitted:path=FILE, a score learned by fi fit; issue 21).
+# look-ahead, `fi eval` on documents), and a
+# fitted policy reads a file (fitted:path=FILE, a score learned by fi fit).
 ORACLES: dict[str, type[Policy]] = {"fi-oracle": FIOracle}
 FILE_POLICIES: dict[str, type[Policy]] = {"fitted": Fitted}
 NAMED: dict[str, type[Policy]] = {**POLICIES, **ORACLES, **FILE_POLICIES}
@@ -70,8 +70,10 @@ class PolicySpec:
     @property
     def options_label(self) -> str:
         """``alpha=0.5,tau=2.0``: the options as labels show them (they parse back to the same values)."""
-        return ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v if isinstance(v, str) else repr(v)}"
-                        for k, v in self.options)
+        return ",".join(
+            f"{k}={str(v).lower() if isinstance(v, bool) else v if isinstance(v, str) else repr(v)}"
+            for k, v in self.options
+        )
 
 
 def options_of(cls: type[Policy]) -> dict[str, type]:
@@ -124,16 +126,26 @@ def parse_spec(text: str, where: str = "") -> PolicySpec:
             raise FIError(f"{where}: expected options like {name}:key=value,key=value, got '{part}'")
         if key not in known:
             budget = "; the budget is given with the budget argument or @BUDGET" if key == "budget" else ""
-            raise FIError(f"{where}: {name} has no option '{key}' (its options: {', '.join(known)}){budget}",
-                          parameter={"the budget argument": "budget"})
+            raise FIError(
+                f"{where}: {name} has no option '{key}' (its options: {', '.join(known)}){budget}",
+                parameter={"the budget argument": "budget"},
+            )
         if key in options:
             raise FIError(f"{where}: the option '{key}' is given twice")
         options[key] = _value(value, known[key], key, where)
     return PolicySpec(name, adaptive, tuple(options.items()))
 
 
-def parse_policy(text: str, budget=None, window: int | None = None, *, where: str = "",
-                 shared: tuple[str, ...] = (), future: bool = False, **defaults) -> Policy:
+def parse_policy(
+    text: str,
+    budget=None,
+    window: int | None = None,
+    *,
+    where: str = "",
+    shared: tuple[str, ...] = (),
+    future: bool = False,
+    **defaults,
+) -> Policy:
     """A policy from its spelling: ``parse_policy("infokv:alpha=0.5", budget="keep=0.25", window=32)``.
 
     ``budget`` and ``window`` (None: the policy's default) and ``defaults`` (the command line's global
@@ -148,9 +160,11 @@ def parse_policy(text: str, budget=None, window: int | None = None, *, where: st
     where = where or f"policy {text}"
     spec = parse_spec(text, where)
     if getattr(spec.cls, "sees_future", False) and not future:
-        raise FIError(f"{where}: {spec.name} is an oracle that sees the future text; it is measured only where "
-                      f"the continuation is known: by a probe (the selection policy:{spec.name}@BUDGET) or in "
-                      "fi eval on documents, not to generate or on tasks")
+        raise FIError(
+            f"{where}: {spec.name} is an oracle that sees the future text; it is measured only where "
+            f"the continuation is known: by a probe (the selection policy:{spec.name}@BUDGET) or in "
+            "fi eval on documents, not to generate or on tasks"
+        )
     known = options_of(spec.cls)
     given = {**defaults, "window": window}
     kwargs = {k: v for k, v in given.items() if k in known and v is not None}
@@ -165,8 +179,10 @@ def parse_policy(text: str, budget=None, window: int | None = None, *, where: st
         raise FIError(f"{where}: {exc}") from None
     for key, _ in spec.options:  # (after the policy's own checks, which speak of the value)
         if key in shared:
-            raise FIError(f"{where}: {key} is a signal option every policy of this run shares; give it with "
-                          f"SignalConfig.{key}", parameter={f"SignalConfig.{key}": key})
+            raise FIError(
+                f"{where}: {key} is a signal option every policy of this run shares; give it with SignalConfig.{key}",
+                parameter={f"SignalConfig.{key}": key},
+            )
     if spec.options:
         policy.name = f"{policy.name}:{spec.options_label}"  # the label names the options spelled
     return policy
@@ -190,7 +206,9 @@ def split_policies(text: str, option: str = "policies") -> list[str]:
     items: list[str] = []
     for part in (t.strip() for t in text.split(",")):
         if not part or not text.strip():
-            raise FIError(f"{option} must be a comma-separated list without empty items, got '{text}'", parameter=option)
+            raise FIError(
+                f"{option} must be a comma-separated list without empty items, got '{text}'", parameter=option
+            )
         if items and ":" in items[-1] and _OPTION.fullmatch(part):
             items[-1] += f",{part}"
         else:

@@ -1,4 +1,4 @@
-"""Per-token Forward Influence of every prefix position from gradients: the Fisher estimator (issue 10).
+"""Per-token Forward Influence of every prefix position from gradients: the Fisher estimator.
 
 Exact leave-one-out FI costs one forward over ``[p, max r_c)`` per candidate. Here key ``j`` gets an
 additive bias ``b_j`` on its attention logits, in every layer and head, for every query at ``t >= p``
@@ -141,8 +141,9 @@ def graph_bytes(config, prefix: int, n: int, block: int) -> int:
     return 4 * config.num_hidden_layers * (n * per_token + heads * per_block)
 
 
-def kept_graph_bytes(model, trace: Trace, ids: torch.Tensor, chunks: Sequence[Chunk], checkpoint: bool,
-                     block: int = 512) -> int:
+def kept_graph_bytes(
+    model, trace: Trace, ids: torch.Tensor, chunks: Sequence[Chunk], checkpoint: bool, block: int = 512
+) -> int:
     """Measured: the bytes of new tensors :func:`fisher_fi`'s forward saves for backward outside any
     checkpointed region (unique storages, weights and the trace's keys and values excluded), i.e. the
     graph kept between its backward passes. Runs the forward only."""
@@ -158,7 +159,12 @@ def kept_graph_bytes(model, trace: Trace, ids: torch.Tensor, chunks: Sequence[Ch
     bias = torch.zeros(trace.num_layers, trace.num_kv_heads, p, device=device, requires_grad=True)
     cache = shared_cache(trace.keys, trace.values, 1, model.config)
     bounded = checkpointed_layers(model, cache) if checkpoint else nullcontext()
-    with torch.enable_grad(), attention_bias(model, bias), bounded, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with (
+        torch.enable_grad(),
+        attention_bias(model, bias),
+        bounded,
+        torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
+    ):
         _hidden(model, trace, cont, capture, block, cache)
     return sum(seen.values())
 
@@ -179,8 +185,15 @@ def _prepare(model, trace: Trace, ids: torch.Tensor, chunks: Sequence[Chunk]):
     return p, device, ids[p:end].to(device), (positions - p).to(device), rows
 
 
-def _hidden(model, trace: Trace | CachePrefix, cont: torch.Tensor, capture: torch.Tensor, block: int, cache=None,
-            start: int | None = None) -> torch.Tensor:
+def _hidden(
+    model,
+    trace: Trace | CachePrefix,
+    cont: torch.Tensor,
+    capture: torch.Tensor,
+    block: int,
+    cache=None,
+    start: int | None = None,
+) -> torch.Tensor:
     """Final-normed hidden states at the chunk positions of the full-cache continuation ``[n, d]``, fed at
     absolute positions ``start ..`` (default: the prefix length, a prefill cache of positions ``0 .. p-1``)."""
     p = trace.prefix_len
@@ -203,8 +216,15 @@ def _label_terms(hidden: torch.Tensor, lm_head, samples: int, generator: torch.G
 
 
 def fisher_fi(
-    model, trace: Trace, ids: torch.Tensor, chunks: Sequence[Chunk], samples: int = DEFAULT_SAMPLES, seed: int = 0,
-    block: int = 512, on_progress: Callable[[int], None] | None = None, checkpoint: bool | None = None,
+    model,
+    trace: Trace,
+    ids: torch.Tensor,
+    chunks: Sequence[Chunk],
+    samples: int = DEFAULT_SAMPLES,
+    seed: int = 0,
+    block: int = 512,
+    on_progress: Callable[[int], None] | None = None,
+    checkpoint: bool | None = None,
     removed: torch.Tensor | None = None,
 ) -> FisherEstimate:
     """The sampled Fisher estimate of per-token FI for every prefix position (module docstring).
@@ -219,8 +239,23 @@ def fisher_fi(
     check_samples(samples)
     t0 = time.perf_counter()
     p, device, cont, capture, rows = _prepare(model, trace, ids, chunks)
-    return _estimate(model, trace, cont, capture, rows, [len(c) for c in chunks], chunks, samples, seed, block,
-                     on_progress, checkpoint, removed, None, t0)
+    return _estimate(
+        model,
+        trace,
+        cont,
+        capture,
+        rows,
+        [len(c) for c in chunks],
+        chunks,
+        samples,
+        seed,
+        block,
+        on_progress,
+        checkpoint,
+        removed,
+        None,
+        t0,
+    )
 
 
 @dataclass
@@ -250,8 +285,16 @@ class CachePrefix:
         return self.keys[0].shape[1]
 
 
-def fisher_cache_fi(model, prefix: CachePrefix, cont: torch.Tensor, samples: int = DEFAULT_SAMPLES, seed: int = 0,
-                    block: int = 512, checkpoint: bool | None = None, removed: torch.Tensor | None = None) -> FisherEstimate:
+def fisher_cache_fi(
+    model,
+    prefix: CachePrefix,
+    cont: torch.Tensor,
+    samples: int = DEFAULT_SAMPLES,
+    seed: int = 0,
+    block: int = 512,
+    checkpoint: bool | None = None,
+    removed: torch.Tensor | None = None,
+) -> FisherEstimate:
     """:func:`fisher_fi` on any cache: the estimated FI of every slot of ``prefix`` (a
     :class:`CachePrefix`) on the continuation ``cont [m]``, fed at absolute positions ``prefix.start ..``
     (one chunk, every fed token). Slot ``j`` of the returned tensors is the cache's slot ``j``
@@ -268,14 +311,42 @@ def fisher_cache_fi(model, prefix: CachePrefix, cont: torch.Tensor, samples: int
     chunk = Chunk(prefix.start, prefix.start + m)
     capture = torch.arange(m, device=device)
     rows = [torch.ones(m, dtype=torch.bool, device=device)]
-    return _estimate(model, prefix, cont.to(device), capture, rows, [m], [chunk], samples, seed, block, None,
-                     checkpoint, removed, prefix.start, t0)
+    return _estimate(
+        model,
+        prefix,
+        cont.to(device),
+        capture,
+        rows,
+        [m],
+        [chunk],
+        samples,
+        seed,
+        block,
+        None,
+        checkpoint,
+        removed,
+        prefix.start,
+        t0,
+    )
 
 
-def _estimate(model, trace: Trace | CachePrefix, cont: torch.Tensor, capture: torch.Tensor, rows: list[torch.Tensor],
-              sizes: list[int], chunks: Sequence[Chunk], samples: int, seed: int, block: int,
-              on_progress: Callable[[int], None] | None, checkpoint: bool | None, removed: torch.Tensor | None,
-              start: int | None, t0: float) -> FisherEstimate:
+def _estimate(
+    model,
+    trace: Trace | CachePrefix,
+    cont: torch.Tensor,
+    capture: torch.Tensor,
+    rows: list[torch.Tensor],
+    sizes: list[int],
+    chunks: Sequence[Chunk],
+    samples: int,
+    seed: int,
+    block: int,
+    on_progress: Callable[[int], None] | None,
+    checkpoint: bool | None,
+    removed: torch.Tensor | None,
+    start: int | None,
+    t0: float,
+) -> FisherEstimate:
     """The body of :func:`fisher_fi` and :func:`fisher_cache_fi`: ``cont [m]`` fed after the cache of
     ``trace`` at ``start`` (None: its length), the chunks' rows ``rows[k]`` bool ``[len(capture)]`` of
     ``sizes[k]`` tokens each."""
@@ -300,8 +371,12 @@ def _estimate(model, trace: Trace | CachePrefix, cont: torch.Tensor, capture: to
         for s in range(samples):
             score = lm_head.weight[labels[:, s]] - mean_w  # d log P_t(y_t) / d h_t
             for k, (size, in_chunk) in enumerate(zip(sizes, rows)):
-                (g,) = torch.autograd.grad(hidden, bias, grad_outputs=score * in_chunk[:, None].to(score.dtype),
-                                           retain_graph=s < samples - 1 or k < n_chunks - 1)
+                (g,) = torch.autograd.grad(
+                    hidden,
+                    bias,
+                    grad_outputs=score * in_chunk[:, None].to(score.dtype),
+                    retain_graph=s < samples - 1 or k < n_chunks - 1,
+                )
                 g = g.detach().double().cpu()
                 half_sq = 0.5 / size
                 x = g.sum(dim=(0, 1)).square_().mul_(half_sq)
@@ -312,11 +387,21 @@ def _estimate(model, trace: Trace | CachePrefix, cont: torch.Tensor, capture: to
             if on_progress:
                 on_progress(1)
     mean = total / samples
-    se = ((total_sq / samples - mean.square()).clamp_min(0) / (samples - 1)).sqrt() if samples > 1 \
-        else torch.full_like(mean, float("nan"))  # the standard error of the mean over samples
-    return FisherEstimate(list(chunks), samples, mean, se, layer / samples, head / samples,
-                          time.perf_counter() - t0, {"seed": seed, "checkpoint": bool(checkpoint),
-                                                     "removed": 0 if removed is None else int(removed.sum())})
+    se = (
+        ((total_sq / samples - mean.square()).clamp_min(0) / (samples - 1)).sqrt()
+        if samples > 1
+        else torch.full_like(mean, float("nan"))
+    )  # the standard error of the mean over samples
+    return FisherEstimate(
+        list(chunks),
+        samples,
+        mean,
+        se,
+        layer / samples,
+        head / samples,
+        time.perf_counter() - t0,
+        {"seed": seed, "checkpoint": bool(checkpoint), "removed": 0 if removed is None else int(removed.sum())},
+    )
 
 
 def base_bias(removed: torch.Tensor, shape: tuple[int, int, int], device) -> torch.Tensor:
@@ -330,8 +415,14 @@ def base_bias(removed: torch.Tensor, shape: tuple[int, int, int], device) -> tor
 
 @torch.no_grad()  # forward-mode AD is not affected by no_grad
 def expected_fisher(
-    model, trace: Trace, ids: torch.Tensor, positions: torch.Tensor, chunks: Sequence[Chunk], block: int = 512,
-    layer: int | None = None, head: int | None = None,
+    model,
+    trace: Trace,
+    ids: torch.Tensor,
+    positions: torch.Tensor,
+    chunks: Sequence[Chunk],
+    block: int = 512,
+    layer: int | None = None,
+    head: int | None = None,
 ) -> torch.Tensor:
     """The full-vocabulary expectation of the estimate (no sampling) at ``positions`` -> ``[len(positions), K]``
     float64: per position one forward-mode pass gives ``dh_t/db_j`` (the bias on every layer and head,

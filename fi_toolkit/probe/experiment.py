@@ -68,16 +68,18 @@ def fi_table(doc: Document, trace: Trace, result: ProbeResult) -> pd.DataFrame:
         }
         signals = set_signals(trace, e.removed_positions())
         for j, c in enumerate(result.chunks):
-            rows.append({
-                **base,
-                "chunk": c.label,
-                "chunk_start": c.start,
-                "chunk_end": c.end,
-                "distance_from_p": c.start - trace.prefix_len,
-                "fi": float(fi[i, j]),
-                "below_noise_floor": None if below is None else bool(below[i, j]),
-                **signals,
-            })
+            rows.append(
+                {
+                    **base,
+                    "chunk": c.label,
+                    "chunk_start": c.start,
+                    "chunk_end": c.end,
+                    "distance_from_p": c.start - trace.prefix_len,
+                    "fi": float(fi[i, j]),
+                    "below_noise_floor": None if below is None else bool(below[i, j]),
+                    **signals,
+                }
+            )
     table = pd.DataFrame(rows)
     if below is None:
         table = table.drop(columns="below_noise_floor")
@@ -111,11 +113,18 @@ def probe_document(
     if sinks < 0:
         raise FIError(f"sinks must be >= 0, got {sinks}", parameter="sinks")
     trace = trace if trace is not None else trace_document(lm, doc, prefix, config)
-    evictions = [s.resolve(trace, sinks=sinks, alpha=config.alpha, model=lm.model, ids=doc.ids, chunks=chunks)
-                 for s in parsed]
+    evictions = [
+        s.resolve(trace, sinks=sinks, alpha=config.alpha, model=lm.model, ids=doc.ids, chunks=chunks) for s in parsed
+    ]
     result = forward_influence(
-        lm.model, trace, doc.ids, evictions, chunks, batch_size=batch_size, block=block, on_progress=on_progress,
+        lm.model,
+        trace,
+        doc.ids,
+        evictions,
+        chunks,
+        batch_size=batch_size,
+        block=block,
+        on_progress=on_progress,
         controls=True,
     )
     return fi_table(doc, trace, result)
-

@@ -70,7 +70,10 @@ def _continuation_hidden(
         positions = torch.arange(start_pos + a, start_pos + b, device=device).unsqueeze(0).expand(ids.shape[0], -1)
         mask = _continuation_mask(visible, a, b - a, dtype)
         hidden = model.base_model(
-            input_ids=ids[:, a:b], position_ids=positions, attention_mask=mask, use_cache=True,
+            input_ids=ids[:, a:b],
+            position_ids=positions,
+            attention_mask=mask,
+            use_cache=True,
             **cache_kwargs(model.base_model, cache),
         ).last_hidden_state
         if rows.numel():
@@ -87,8 +90,9 @@ class Reference:
     """
 
     @torch.no_grad()
-    def __init__(self, model, trace: Trace, ids: torch.Tensor, capture: torch.Tensor, block: int,
-                 keep_bytes: float = 2**31):
+    def __init__(
+        self, model, trace: Trace, ids: torch.Tensor, capture: torch.Tensor, block: int, keep_bytes: float = 2**31
+    ):
         self.model, self.block, self.ids, self.capture = model, block, ids, capture
         self.positions = capture.cpu() + trace.prefix_len  # absolute positions of the captured rows
         self.lm_head = decoder_parts(model)[2]
@@ -135,7 +139,7 @@ class ProbeResult:
             cols.append(self.kl[:, sel].mean(dim=1))
         return torch.stack(cols, dim=1)
 
-    def rows(self, index: Sequence[int]) -> "ProbeResult":
+    def rows(self, index: Sequence[int]) -> ProbeResult:
         """The result of the evictions at ``index`` (in that order; repeats allowed)."""
         return ProbeResult([self.evictions[i] for i in index], self.chunks, self.positions, self.kl[list(index)])
 
@@ -266,7 +270,9 @@ def forward_influence_by_deletion(
             input_ids=ids[p:end].to(device)[None],
             position_ids=torch.arange(p, end, device=device)[None],
             attention_mask=_continuation_mask(
-                torch.ones(1, cache.get_seq_length(), dtype=torch.bool, device=device), 0, end - p,
+                torch.ones(1, cache.get_seq_length(), dtype=torch.bool, device=device),
+                0,
+                end - p,
                 compute_dtype(model),
             ),
             **cache_kwargs(model, cache),

@@ -1,4 +1,4 @@
-"""Headroom (issue 20): the share of the achievable gap a policy closes,
+"""Headroom: the share of the achievable gap a policy closes,
 
     headroom = (FI_random - FI_policy) / (FI_random - FI_oracle),
 
@@ -39,16 +39,24 @@ def _ratio(r, s, o, axis=-1):
     return (np.mean(r, axis=axis) - np.mean(s, axis=axis)) / (np.mean(r, axis=axis) - np.mean(o, axis=axis))
 
 
-def gap_closed(r: np.ndarray, s: np.ndarray, o: np.ndarray, confidence: float = 0.95, resamples: int = 2000,
-               seed: int = 0) -> tuple[float, float, float]:
+def gap_closed(
+    r: np.ndarray, s: np.ndarray, o: np.ndarray, confidence: float = 0.95, resamples: int = 2000, seed: int = 0
+) -> tuple[float, float, float]:
     """Per-document values ``[n]`` of random, the policy and the oracle -> (headroom, CI low, CI high):
     the ratio of means ``(mean r - mean s) / (mean r - mean o)`` and its paired percentile bootstrap interval
     over documents (NaN below two documents or where the oracle equals random everywhere)."""
     low = high = float("nan")
     if len(r) >= 2 and not np.allclose(r, o):
-        ci = stats.bootstrap((r, s, o), _ratio, paired=True, vectorized=True, n_resamples=resamples,
-                             confidence_level=confidence, method="percentile",
-                             random_state=np.random.default_rng(seed)).confidence_interval
+        ci = stats.bootstrap(
+            (r, s, o),
+            _ratio,
+            paired=True,
+            vectorized=True,
+            n_resamples=resamples,
+            confidence_level=confidence,
+            method="percentile",
+            random_state=np.random.default_rng(seed),
+        ).confidence_interval
         low, high = float(ci.low), float(ci.high)
     return float(_ratio(r, s, o)), low, high
 
@@ -74,12 +82,36 @@ def headroom_table(table: pd.DataFrame, confidence: float = 0.95, resamples: int
             docs = reference.index.intersection(policy.index).intersection(rand.index)
             r, s, o = (x[docs].to_numpy(float) for x in (rand, policy, reference))
             headroom, low, high = gap_closed(r, s, o, confidence, resamples, seed)
-            rows.append({
-                "oracle": oracle, "fit_chunk": fit_chunk(oracle, chunks[0]), "chunk": chunk,
-                "selection": sel, "selector": selectors[sel], "n_removed": n, "n_documents": len(docs),
-                "fi_random": r.mean(), "fi_policy": s.mean(), "fi_oracle": o.mean(),
-                "headroom": headroom, "ci_low": low, "ci_high": high,
-            })
-    columns = ["oracle", "fit_chunk", "chunk", "selection", "selector", "n_removed", "n_documents", "fi_random",
-               "fi_policy", "fi_oracle", "headroom", "ci_low", "ci_high"]
+            rows.append(
+                {
+                    "oracle": oracle,
+                    "fit_chunk": fit_chunk(oracle, chunks[0]),
+                    "chunk": chunk,
+                    "selection": sel,
+                    "selector": selectors[sel],
+                    "n_removed": n,
+                    "n_documents": len(docs),
+                    "fi_random": r.mean(),
+                    "fi_policy": s.mean(),
+                    "fi_oracle": o.mean(),
+                    "headroom": headroom,
+                    "ci_low": low,
+                    "ci_high": high,
+                }
+            )
+    columns = [
+        "oracle",
+        "fit_chunk",
+        "chunk",
+        "selection",
+        "selector",
+        "n_removed",
+        "n_documents",
+        "fi_random",
+        "fi_policy",
+        "fi_oracle",
+        "headroom",
+        "ci_low",
+        "ci_high",
+    ]
     return pd.DataFrame(rows, columns=columns)

@@ -36,8 +36,13 @@ def reference_terms(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, t
     return torch.exp(wide - lse[:, None]), wide, lse
 
 
-def kl_from_reference(ref_p: torch.Tensor, ref_logits: torch.Tensor, ref_lse: torch.Tensor,
-                      logits: torch.Tensor, lse: torch.Tensor | None = None) -> torch.Tensor:
+def kl_from_reference(
+    ref_p: torch.Tensor,
+    ref_logits: torch.Tensor,
+    ref_lse: torch.Tensor,
+    logits: torch.Tensor,
+    lse: torch.Tensor | None = None,
+) -> torch.Tensor:
     """``KL(P_ref || P)`` per row over the full vocabulary -> ``[B, n]`` float32.
 
     ``ref_p``, ``ref_logits [n, V]`` and ``ref_lse [n]`` (float64, from float32 logits) describe the
@@ -58,6 +63,8 @@ def kl_from_reference(ref_p: torch.Tensor, ref_logits: torch.Tensor, ref_lse: to
     diff = logits.double().neg_().add_(ref_logits)
     kl = torch.einsum("nv,bnv->bn", p, diff) / p.sum(dim=-1) + (lse - ref_lse)
     if kl.numel() and float(kl.min()) < -NEGATIVE_KL_TOLERANCE:
-        raise FIError(f"negative KL divergence ({float(kl.min()):.3g}): the two distributions were not "
-                      "computed consistently (a numerical fault, not a result)")
+        raise FIError(
+            f"negative KL divergence ({float(kl.min()):.3g}): the two distributions were not "
+            "computed consistently (a numerical fault, not a result)"
+        )
     return kl.float()

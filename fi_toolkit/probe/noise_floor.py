@@ -81,8 +81,9 @@ def flag_below_noise_floor(table: pd.DataFrame, floors: dict | None = None) -> p
     ``floors``: :func:`noise_floor` of the table holding the controls (default ``table`` itself)."""
     fi = table["fi"].to_numpy(dtype=np.float32)
     floors = noise_floor(table) if floors is None else floors
-    floor = np.array([floors.get(d, {}).get(c, np.nan) for d, c in zip(table["document"], table["chunk"])],
-                     dtype=np.float32)
+    floor = np.array(
+        [floors.get(d, {}).get(c, np.nan) for d, c in zip(table["document"], table["chunk"])], dtype=np.float32
+    )
     below = pd.Series(below_margin(fi, floor), index=table.index)
     out = table.drop(columns="below_noise_floor", errors="ignore")
     out.insert(out.columns.get_loc("fi") + 1, "below_noise_floor", below)
@@ -100,15 +101,19 @@ def noise_warning(table: pd.DataFrame, floors: dict | None = None) -> str | None
     if not flagged.any():
         return None
     top = max(v for chunks in floors.values() for v in chunks.values())
-    return (f"warning: {int(flagged.sum())} of {len(measured)} FI values are below {NOISE_MARGIN:g}x the noise floor "
-            f"(up to {top:.2g} nats); they measure rounding, not the eviction (column below_noise_floor)")
+    return (
+        f"warning: {int(flagged.sum())} of {len(measured)} FI values are below {NOISE_MARGIN:g}x the noise floor "
+        f"(up to {top:.2g} nats); they measure rounding, not the eviction (column below_noise_floor)"
+    )
 
 
 def text_noise_floor(replays: pd.DataFrame, full: str) -> dict:
     """``fi eval``'s floor: ``{document: {future: |mean_kl| of the replay whose policy is full}}``
-    (``full``: the full-cache replay's label, :data:`fi_toolkit.evaluation.replays.FULL`)."""
+    (``full``: the full-cache replay's label, :data:`fi_toolkit.evaluation.replay_runs.FULL`)."""
     rows = replays[replays["policy"] == full]
-    return {d: {f: abs(float(v)) for f, v in zip(part["future"], part["mean_kl"])} for d, part in rows.groupby("document")}
+    return {
+        d: {f: abs(float(v)) for f, v in zip(part["future"], part["mean_kl"])} for d, part in rows.groupby("document")
+    }
 
 
 def text_future_floor(replays: pd.DataFrame, full: str) -> dict:
@@ -122,8 +127,9 @@ def text_below_noise_floor(replays: pd.DataFrame, full: str) -> pd.Series:
     < NOISE_MARGIN x`` its document's and future's :func:`text_noise_floor` (float64)."""
     floors = text_noise_floor(replays, full)
     rows = replays[replays["policy"] != full]
-    floor = np.array([floors.get(d, {}).get(f, np.nan) for d, f in zip(rows["document"], rows["future"])],
-                     dtype=np.float64)
+    floor = np.array(
+        [floors.get(d, {}).get(f, np.nan) for d, f in zip(rows["document"], rows["future"])], dtype=np.float64
+    )
     kl = np.abs(rows["mean_kl"].to_numpy(dtype=np.float64))
     return pd.Series(below_margin(kl, floor), index=rows.index, dtype=bool)
 
@@ -134,5 +140,7 @@ def text_noise_warning(replays: pd.DataFrame, full: str) -> str | None:
     if not below.any():
         return None
     first = replays[replays["policy"] != full][below.to_numpy()].iloc[0]
-    return (f"warning: {int(below.sum())} of {len(below)} compressed replays have a mean KL below {NOISE_MARGIN:g}x "
-            f"the full-cache replay's (the noise floor), e.g. {first['policy']}@{first['budget']} on {first['document']}")
+    return (
+        f"warning: {int(below.sum())} of {len(below)} compressed replays have a mean KL below {NOISE_MARGIN:g}x "
+        f"the full-cache replay's (the noise floor), e.g. {first['policy']}@{first['budget']} on {first['document']}"
+    )

@@ -1,4 +1,4 @@
-"""The FI oracle's scores (issue 20): estimated Forward Influence of every (layer, KV head, position) on a
+"""The FI oracle's scores: estimated Forward Influence of every (layer, KV head, position) on a
 future chunk, handed to :class:`~fi_toolkit.policies.fi_oracle.FIOracle`, which keeps per head by every
 policy's selection (:func:`~fi_toolkit.policies.base.select`). It sees the future: an upper reference for
 the heuristics (the headroom, :mod:`fi_toolkit.probe.headroom`), not a policy.
@@ -48,8 +48,9 @@ def _first_round(key: tuple, trace: Trace, compute) -> torch.Tensor:
     return scores
 
 
-def oracle_chunk(policy: FIOracle, chunks: Sequence[Chunk] | None, prefix_len: int, doc_len: int,
-                 max_context: int | None = None) -> Chunk:
+def oracle_chunk(
+    policy: FIOracle, chunks: Sequence[Chunk] | None, prefix_len: int, doc_len: int, max_context: int | None = None
+) -> Chunk:
     """The chunk the oracle scores: its ``chunk`` option, else the first probed chunk; checked against
     the compression point, the document and the model's context."""
     span = policy.span
@@ -66,8 +67,15 @@ def oracle_chunk(policy: FIOracle, chunks: Sequence[Chunk] | None, prefix_len: i
     return chunk
 
 
-def exact_scores(model, trace: Trace, ids: torch.Tensor, chunk: Chunk, base: torch.Tensor,
-                 batch_size: int | None = None, block: int = 512) -> torch.Tensor:
+def exact_scores(
+    model,
+    trace: Trace,
+    ids: torch.Tensor,
+    chunk: Chunk,
+    base: torch.Tensor,
+    batch_size: int | None = None,
+    block: int = 512,
+) -> torch.Tensor:
     """Exact FI on ``chunk`` of removing each position not in ``base`` (bool ``[p]``, already removed) on
     top of ``base`` -> ``[p]`` float64 (``REMOVED_SCORE`` at ``base``)."""
     p = trace.prefix_len
@@ -80,33 +88,58 @@ def exact_scores(model, trace: Trace, ids: torch.Tensor, chunk: Chunk, base: tor
     return out
 
 
-def oracle_scores(policy: FIOracle, model, trace: Trace, ids: torch.Tensor, chunk: Chunk,
-                  removed: torch.Tensor, block: int = 512) -> torch.Tensor:
+def oracle_scores(
+    policy: FIOracle, model, trace: Trace, ids: torch.Tensor, chunk: Chunk, removed: torch.Tensor, block: int = 512
+) -> torch.Tensor:
     """Per (layer, KV head, position) the estimated FI on ``chunk`` with ``removed`` (bool ``[L, H_kv, p]``)
     already evicted -> float64 ``[L, H_kv, p]``, ``REMOVED_SCORE`` at the removed entries."""
     shape = (trace.num_layers, trace.num_kv_heads, trace.prefix_len)
     if not removed.any():
-        key = (chunk, str(policy.estimator), policy.samples, block, id(model), tuple(ids[trace.prefix_len : chunk.end].tolist()))
+        key = (
+            chunk,
+            str(policy.estimator),
+            policy.samples,
+            block,
+            id(model),
+            tuple(ids[trace.prefix_len : chunk.end].tolist()),
+        )
         return _first_round(key, trace, lambda: _scores(policy, model, trace, ids, chunk, removed, block, shape))
     return _scores(policy, model, trace, ids, chunk, removed, block, shape)
 
 
-def _scores(policy: FIOracle, model, trace: Trace, ids: torch.Tensor, chunk: Chunk, removed: torch.Tensor,
-            block: int, shape: tuple[int, int, int]) -> torch.Tensor:
+def _scores(
+    policy: FIOracle,
+    model,
+    trace: Trace,
+    ids: torch.Tensor,
+    chunk: Chunk,
+    removed: torch.Tensor,
+    block: int,
+    shape: tuple[int, int, int],
+) -> torch.Tensor:
     if policy.estimator == "exact":
         base = removed.all(dim=(0, 1))
         if not torch.equal(removed, base.expand(shape)):
             raise FIError("fi-oracle estimator=exact removes whole positions; its base must be the same for every head")
         scores = exact_scores(model, trace, ids, chunk, base, block=block).expand(shape).clone()
     else:
-        est = fisher_fi(model, trace, ids, [chunk], samples=policy.samples, seed=0, block=block,
-                        removed=removed if removed.any() else None)
+        est = fisher_fi(
+            model,
+            trace,
+            ids,
+            [chunk],
+            samples=policy.samples,
+            seed=0,
+            block=block,
+            removed=removed if removed.any() else None,
+        )
         scores = est.head_fi[..., 0].clone()
     return scores.masked_fill_(removed, REMOVED_SCORE)
 
 
-def oracle_keep_map(policy: FIOracle, model, trace: Trace, ids: torch.Tensor,
-                    chunks: Sequence[Chunk] | None = None, block: int = 512) -> KeepMap:
+def oracle_keep_map(
+    policy: FIOracle, model, trace: Trace, ids: torch.Tensor, chunks: Sequence[Chunk] | None = None, block: int = 512
+) -> KeepMap:
     """The oracle's keep map for ``trace`` (a prefill of ``ids[:p]``), per layer and KV head, at the
     policy's budget; the policy's ``estimates`` are set to the last round's scores."""
     p = trace.prefix_len
@@ -116,15 +149,25 @@ def oracle_keep_map(policy: FIOracle, model, trace: Trace, ids: torch.Tensor,
         raise FIError(f"fi-oracle: signals were traced with window {signals.window}, the policy uses {policy.window}")
     shape = (trace.num_layers, trace.num_kv_heads, p)
     scores, removed, history = remove_in_rounds(
-        lambda removed: oracle_scores(policy, model, trace, ids, chunk, removed, block), shape, policy.tokens(p),
-        policy.rounds, 0, policy.window)
+        lambda removed: oracle_scores(policy, model, trace, ids, chunk, removed, block),
+        shape,
+        policy.tokens(p),
+        policy.rounds,
+        0,
+        policy.window,
+    )
     policy.estimates = [s.float() for s in scores]
     keep_map = policy.keep_map(trace)
     if not torch.equal(~keep_map.visible(p), removed):  # pragma: no cover - the last round is the policy's selection
         raise FIError("fi-oracle: the keep map differs from the last round's selection")
     label = f"policy:{policy.label}"
     keep_map.label = label
-    keep_map.meta.update(selector="oracle:fi-oracle", oracle=True, oracle_chunk=chunk.label, rounds=policy.rounds,
-                         estimator=str(policy.estimator), removed_per_round=history)
+    keep_map.meta.update(
+        selector="oracle:fi-oracle",
+        oracle=True,
+        oracle_chunk=chunk.label,
+        rounds=policy.rounds,
+        estimator=str(policy.estimator),
+        removed_per_round=history,
+    )
     return keep_map
-

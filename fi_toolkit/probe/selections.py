@@ -7,7 +7,8 @@ evicts what a compression policy would (per layer and head; options as in :mod:`
 ``policy:infokv@keep=0.25:alpha=0.5,tau=2``, ``policy:adaptive(infokv)@0.25``;
 ``policy:fi-oracle@0.25[:chunk=A:B,rounds=R,estimator=fisher|exact]`` is the FI oracle, which sees the
 future chunk it scores (:mod:`fi_toolkit.probe.oracle`; default chunk: the first probed); the signal options
-``window`` and ``top_k`` are the trace's, ``--window`` and ``--top-k``), ``kvpress:NAME@RATIO`` what a kvpress press keeps
+``window`` and ``top_k`` are the trace's, ``--window`` and ``--top-k``), ``kvpress:NAME@RATIO`` what a kvpress press
+keeps
 (:mod:`fi_toolkit.integrations.kvpress.bridge`; ``RATIO`` is kvpress's compression_ratio, the share removed).
 ``BUDGET`` has one meaning everywhere
 (:mod:`fi_toolkit.budget`): ``keep=X`` or ``remove=X``, a bare ``X`` being ``keep=X``; a share
@@ -102,13 +103,13 @@ class Selection:
                 raise FIError(f"{self.option} keeps all {p:,} prefix positions: nothing to measure")
             return p - kept
         if self.budget.exceeds(p):
-            raise FIError(f"{self.option}: a count of {self.budget.amount:,} is more than the "
-                          f"{p:,} positions of the prefix")
+            raise FIError(
+                f"{self.option}: a count of {self.budget.amount:,} is more than the {p:,} positions of the prefix"
+            )
         n = self.budget.removed(p)
         candidates = max(0, p - window - sinks)
         if n == 0:
-            raise FIError(f"{self.option} removes 0 of the {p:,} prefix positions; "
-                          "give a larger share or a count")
+            raise FIError(f"{self.option} removes 0 of the {p:,} prefix positions; give a larger share or a count")
         if n > candidates:
             raise FIError(
                 f"{self.option}: removing {n:,} tokens needs more than the {candidates:,} candidate "
@@ -116,8 +117,15 @@ class Selection:
             )
         return n
 
-    def resolve(self, trace: Trace, sinks: int = 4, alpha: float | None = None, model=None,
-                ids: torch.Tensor | None = None, chunks: list[Chunk] | None = None) -> TokenSet | KeepMap:
+    def resolve(
+        self,
+        trace: Trace,
+        sinks: int = 4,
+        alpha: float | None = None,
+        model=None,
+        ids: torch.Tensor | None = None,
+        chunks: list[Chunk] | None = None,
+    ) -> TokenSet | KeepMap:
         """``model`` and the document's ``ids`` are needed by ``kvpress:`` selections (the press runs
         its own prefill of ``ids[:p]``) and the FI oracle (which estimates FI on a chunk of ``ids``;
         ``chunks``: the probed chunks, the first of which it scores unless told another)."""
@@ -130,8 +138,12 @@ class Selection:
             return self._policy_keep_map(trace, alpha, model, ids, chunks)
         if self.kind == "kvpress":
             return self._press_keep_map(p, model, ids)
-        meta = {"selection": self.label, "selector": self.kind, "seed": self.seed,
-                "budget": None if self.budget is None else self.budget.label}
+        meta = {
+            "selection": self.label,
+            "selector": self.kind,
+            "seed": self.seed,
+            "budget": None if self.budget is None else self.budget.label,
+        }
         if self.kind == "positions":
             bad = [i for i in self.positions if i >= p]
             if bad:
@@ -145,8 +157,9 @@ class Selection:
         else:
             scores = token_scores(trace, self.kind, alpha)[sinks:scored]
             if not torch.isfinite(scores).all():
-                raise FIError(f"{self.option}: the {self.kind} scores hold non-finite values "
-                              "(NaN or inf); refusing to rank them")
+                raise FIError(
+                    f"{self.option}: the {self.kind} scores hold non-finite values (NaN or inf); refusing to rank them"
+                )
             order = torch.sort(scores, descending=True, stable=True).indices  # ties: earlier position first
             picked = sinks + order[:n]
         return TokenSet(self.label, picked, meta)
@@ -164,19 +177,26 @@ class Selection:
         """The policy of a ``policy:`` selection: its budget, the trace's ``window``, and the options
         spelled, which override ``defaults`` (the trace's alpha, tau, top_k)."""
         text = self.policy + (f":{self.options}" if self.options else "")
-        return parse_policy(text, self.budget, window, where=self.option, shared=TRACE_OPTIONS, future=True,
-                            **defaults)
+        return parse_policy(text, self.budget, window, where=self.option, shared=TRACE_OPTIONS, future=True, **defaults)
 
     def _check_oracle_chunk(self, prefix_len: int) -> None:
         """The FI oracle's chunk must start at or after p (its end is checked against the document later)."""
         policy = self.make_policy()
         span = policy.span if isinstance(policy, FIOracle) else None
         if span is not None and span[0] < prefix_len:
-            raise FIError(f"{self.option}: the oracle's chunk {span[0]}:{span[1]} starts before the "
-                          f"compression point p={prefix_len}")
+            raise FIError(
+                f"{self.option}: the oracle's chunk {span[0]}:{span[1]} starts before the "
+                f"compression point p={prefix_len}"
+            )
 
-    def _policy_keep_map(self, trace: Trace, alpha: float | None, model=None, ids: torch.Tensor | None = None,
-                         chunks: list[Chunk] | None = None) -> KeepMap:
+    def _policy_keep_map(
+        self,
+        trace: Trace,
+        alpha: float | None,
+        model=None,
+        ids: torch.Tensor | None = None,
+        chunks: list[Chunk] | None = None,
+    ) -> KeepMap:
         c = trace.config
         policy = self.make_policy(c.window, alpha=c.alpha if alpha is None else alpha, tau=c.tau, top_k=c.top_k)
         self._checked_policy_budget(trace.prefix_len, c.window, policy)
@@ -201,8 +221,12 @@ class Selection:
             raise FIError(f"{self.option}: a kvpress selection needs the model and the document's tokens")
         self.check(prefix_len, 0, 0)
         keep_map = run_press(make_press(self.press, self.option), model, ids, prefix_len, self.label).keep_map
-        keep_map.meta.update(selection=self.label, selector=f"kvpress:{'/'.join(self.press.names)}",
-                             budget=f"compression_ratio={self.press.ratio:g}", seed=None)
+        keep_map.meta.update(
+            selection=self.label,
+            selector=f"kvpress:{'/'.join(self.press.names)}",
+            budget=f"compression_ratio={self.press.ratio:g}",
+            seed=None,
+        )
         return keep_map
 
 
@@ -251,12 +275,14 @@ def parse_selection(spec: str, option: str = "selection") -> list[Selection]:
         name, _, tail = rest.partition("@")
         amount, _, options = tail.partition(":")
         if not amount or ":" in name:
-            raise FIError(f"{where}: expected policy:NAME@BUDGET[:key=value,...], e.g. "
-                          "policy:infokv@keep=0.25:alpha=0.5")
+            raise FIError(
+                f"{where}: expected policy:NAME@BUDGET[:key=value,...], e.g. policy:infokv@keep=0.25:alpha=0.5"
+            )
         budget = Budget.parse(amount, f"{where}")
         # validate the name and options now, before any model work; the label spells them as parsed
-        policy = parse_policy(f"{name}:{options}" if options else name, budget, where=f"{where}",
-                              shared=TRACE_OPTIONS, future=True)
+        policy = parse_policy(
+            f"{name}:{options}" if options else name, budget, where=f"{where}", shared=TRACE_OPTIONS, future=True
+        )
         base, _, spelled = policy.name.partition(":")
         return [Selection(spec, kind, budget, policy=base, options=spelled, source=source)]
     amount, at, seeds = rest.partition("@")
@@ -286,8 +312,10 @@ def parse_selections(specs: list[str], option: str = "selection") -> list[Select
     for spec in specs:
         for sel in parse_selection(spec, option):
             if sel.label in by_label:
-                raise FIError(f"{option} {by_label[sel.label]} and {option} {spec} select the same set "
-                              f"({sel.label}); give it once")
+                raise FIError(
+                    f"{option} {by_label[sel.label]} and {option} {spec} select the same set "
+                    f"({sel.label}); give it once"
+                )
             by_label[sel.label] = spec
             selections.append(sel)
     return selections

@@ -1,4 +1,4 @@
-"""Tables as a person reads them (issue 21, part 2): the cells ``fi report`` shows in HTML and Markdown.
+"""Tables as a person reads them: the cells ``fi report`` shows in HTML and Markdown.
 
 The CSV and JSON files keep every digit; the page shows each number with at most
 :data:`SIGNIFICANT` significant digits, whole-number columns as integers (``4``, not ``4.0``),
@@ -14,14 +14,33 @@ import pandas as pd
 
 SIGNIFICANT = 4
 WORDS = {  # column-name words as a reader spells them; other words keep their spelling, '_' becomes ' '
-    "fi": "FI", "kl": "KL", "nll": "NLL", "rho": "ρ", "std": "sd", "p": "p", "ci": "CI",
-    "top1": "top-1", "delta": "Δ", "rel": "relative to", "wilcoxon": "Wilcoxon", "sd": "sd",
+    "fi": "FI",
+    "kl": "KL",
+    "nll": "NLL",
+    "rho": "ρ",
+    "std": "sd",
+    "p": "p",
+    "ci": "CI",
+    "top1": "top-1",
+    "delta": "Δ",
+    "rel": "relative to",
+    "wilcoxon": "Wilcoxon",
+    "sd": "sd",
 }
 NAMES = {  # whole names where the words alone read badly
-    "n_documents": "documents", "n_removed": "removed", "n_kept": "kept", "n_tokens": "tokens", "n": "n",
+    "n_documents": "documents",
+    "n_removed": "removed",
+    "n_kept": "kept",
+    "n_tokens": "tokens",
+    "n": "n",
     "distance_from_p": "distance from p",
-    "fi_share_near": "FI / FI on nearest chunk", "fi_rel_random": "FI / random FI", "delta_nll": "ΔNLL",
-    "top1_agreement": "top-1 agreement", "mean_kl": "mean KL", "a_wins": "entropy wins", "wilcoxon_p": "Wilcoxon p",
+    "fi_share_near": "FI / FI on nearest chunk",
+    "fi_rel_random": "FI / random FI",
+    "delta_nll": "ΔNLL",
+    "top1_agreement": "top-1 agreement",
+    "mean_kl": "mean KL",
+    "a_wins": "entropy wins",
+    "wilcoxon_p": "Wilcoxon p",
 }
 # (suffix of the low bound, suffix of the high bound, what the pair is): checked in this order
 BOUNDS = [("_ci_low", "_ci_high", "95 % CI"), ("_low", "_high", "95 % CI"), ("_min", "_max", "range")]
@@ -53,7 +72,7 @@ def reader_name(column: str) -> str:
         return NAMES[column]
     for name in sorted(NAMES, key=len, reverse=True):  # a named stem with a suffix (_mean, _sd)
         if column.startswith(name + "_"):
-            return f"{NAMES[name]} {reader_name(column[len(name) + 1:])}"
+            return f"{NAMES[name]} {reader_name(column[len(name) + 1 :])}"
     return " ".join(WORDS.get(w, w) for w in column.split("_") if w)
 
 
@@ -84,7 +103,8 @@ def display_table(text: pd.DataFrame) -> pd.DataFrame:
     """A table's cells as the CSV has them (``str``) -> the cells and column names a reader sees.
 
     Returns a frame of ``str`` with the same rows; bounds columns are folded into their value's column
-    and numbers shortened (module docstring); columns with no value at all are left out. ``attrs['numeric']`` lists the columns that hold numbers."""
+    and numbers shortened (module docstring); columns with no value at all are left out. ``attrs['numeric']`` lists the
+    columns that hold numbers."""
     columns = [c for c in text.columns if (text[c].astype(str).str.strip() != "").any()]  # all-empty: dropped
     numbers = {c: None if c in TEXT_COLUMNS else _numeric(text[c].astype(str)) for c in columns}
     integer = {c: v is not None and bool(((v.dropna() % 1) == 0).all()) for c, v in numbers.items()}
@@ -93,8 +113,11 @@ def display_table(text: pd.DataFrame) -> pd.DataFrame:
         v = numbers[c]
         return text[c].astype(str) if v is None else v.map(lambda x: number_text(x, integer[c]))
 
-    pairs = {v: b for v, b in _pairs(columns).items() if numbers[v] is not None
-             and numbers[b[0]] is not None and numbers[b[1]] is not None}
+    pairs = {
+        v: b
+        for v, b in _pairs(columns).items()
+        if numbers[v] is not None and numbers[b[0]] is not None and numbers[b[1]] is not None
+    }
     folded = {c for lo, hi, _ in pairs.values() for c in (lo, hi)}
     out, numeric = {}, []
     for c in columns:

@@ -1,4 +1,4 @@
-"""Figures of ``fi eval`` runs (issue 9, part 5): kvpress-style metric against retention (one line per
+"""Figures of ``fi eval`` runs: kvpress-style metric against retention (one line per
 policy, bootstrap 95 % bands, the full cache as a dashed line) and KL over position with the
 compression points marked.
 """
@@ -19,16 +19,22 @@ def eval_caption(manifest: dict) -> str:
     units = [d["name"] for d in s.get("documents", [])]
     names = ", ".join(units[:6]) + (f" (+{len(units) - 6} more)" if len(units) > 6 else "")
     if s.get("kind") == "tasks":
-        what = (f"{len(units)} task sample(s): {names} | protocols {', '.join(s.get('protocols', []))} | "
-                f"greedy answers of at most {s.get('max_new')} tokens")
+        what = (
+            f"{len(units)} task sample(s): {names} | protocols {', '.join(s.get('protocols', []))} | "
+            f"greedy answers of at most {s.get('max_new')} tokens"
+        )
     else:
-        what = (f"{len(units)} document(s): {names} | prompt {s.get('prompt')} tokens, {s.get('length')} in all, "
-                f"future {s.get('future')} | compression every {s.get('interval')} tokens")
+        what = (
+            f"{len(units)} document(s): {names} | prompt {s.get('prompt')} tokens, {s.get('length')} in all, "
+            f"future {s.get('future')} | compression every {s.get('interval')} tokens"
+        )
         floors = [v for per in (manifest.get("noise_floor") or {}).values() for v in per.values()]
         if floors:
             what += f" | noise floor (full-cache replay KL) <= {max(floors):.1g} nats"
-    return (f"model {model.get('name', s.get('model'))} ({model.get('dtype')} weights, {model.get('compute_dtype')} "
-            f"arithmetic) | {what}")
+    return (
+        f"model {model.get('name', s.get('model'))} ({model.get('dtype')} weights, {model.get('compute_dtype')} "
+        f"arithmetic) | {what}"
+    )
 
 
 def _order(policies) -> list[str]:
@@ -60,8 +66,11 @@ def replay_vs_retention(summary: pd.DataFrame, text: str):
     if summary.empty:
         return None
     futures = list(dict.fromkeys(summary["future"]))
-    metrics = [("mean_kl", "mean KL(full || compressed) (nats)"), ("top1_agreement", "top-1 agreement"),
-               ("delta_nll", "ΔNLL of the true token (nats)")]
+    metrics = [
+        ("mean_kl", "mean KL(full || compressed) (nats)"),
+        ("top1_agreement", "top-1 agreement"),
+        ("delta_nll", "ΔNLL of the true token (nats)"),
+    ]
     fig, axes = plt.subplots(len(futures), 3, figsize=(15, 4.2 * len(futures)), squeeze=False)
     for r, future in enumerate(futures):
         for c, (metric, label) in enumerate(metrics):
@@ -116,6 +125,6 @@ def kl_over_position(positions: pd.DataFrame, segments: pd.DataFrame, text: str,
         ax.set_ylabel(f"KL (nats), {budget}")
         if i == 0:
             ax.legend(**LEGEND_OUTSIDE)
-    axes[-1][0].set_xlabel("position (dotted: compressions; rolling mean over %d positions)" % smooth)
+    axes[-1][0].set_xlabel(f"position (dotted: compressions; rolling mean over {smooth} positions)")
     fig.suptitle(f"Replay KL over position: {doc}, future {future}", fontsize=11)
     return _finish(fig, text)

@@ -30,7 +30,7 @@ from fi_toolkit.errors import FIError
 from fi_toolkit.report import eval_figures, figures, lmeval
 from fi_toolkit.report.display import display_table
 from fi_toolkit.report.headroom import headroom_figure
-from fi_toolkit.report.view import read_view_meta
+from fi_toolkit.report.token_page import read_view_meta
 from fi_toolkit.runs import results
 from fi_toolkit.runs.resumable import read_table
 
@@ -38,20 +38,42 @@ FORMATS = ("html", "md", "csv", "json")
 # Tables of each run kind, in display order; the ones shown in HTML/Markdown are marked True.
 TABLES = {
     "correlate": [("correlation_summary", True), ("correlations", False), ("tokens", False)],
-    "nearfar": [("nearfar_summary", True), ("nearfar_tests", True), ("token_class_summary", True),
-                ("nearfar", False), ("token_classes", False)],
-    "eval-text": [("replay_summary", True), ("segment_summary", False), ("replays", False), ("segments", False),
-                  ("positions", False)],
+    "nearfar": [
+        ("nearfar_summary", True),
+        ("nearfar_tests", True),
+        ("token_class_summary", True),
+        ("nearfar", False),
+        ("token_classes", False),
+    ],
+    "eval-text": [
+        ("replay_summary", True),
+        ("segment_summary", False),
+        ("replays", False),
+        ("segments", False),
+        ("positions", False),
+    ],
     "eval-tasks": [("task_summary", True), ("kl_accuracy", True), ("answers", False)],
     "probe": [("fi", True)],
 }
 EVAL_KINDS = {"text": "eval-text", "tasks": "eval-tasks"}  # fi eval writes command 'eval' and settings.kind
 # Tables a run holds only with some settings (fi correlate --estimator fisher --validate N), read when present.
-OPTIONAL_TABLES = {"correlate": [("agreement", True), ("agreement_summary", True), ("validation", False)],
-                   "probe": [("headroom", True)]}  # fi probe beside an FI oracle and random sets
+OPTIONAL_TABLES = {
+    "correlate": [("agreement", True), ("agreement_summary", True), ("validation", False)],
+    "probe": [("headroom", True)],
+}  # fi probe beside an FI oracle and random sets
 SHOWN_COLUMNS = {  # columns shown in HTML/Markdown (all columns stay in CSV/JSON); correlation_summary: its mean rows
-    "correlation_summary": ["chunk", "signal", "method", "sampling", "weighted", "rho_mean",
-                            "rho_std", "rho_min", "rho_max", "n_documents"],
+    "correlation_summary": [
+        "chunk",
+        "signal",
+        "method",
+        "sampling",
+        "weighted",
+        "rho_mean",
+        "rho_std",
+        "rho_min",
+        "rho_max",
+        "n_documents",
+    ],
 }
 
 
@@ -69,15 +91,18 @@ def _check_manifest(manifest, manifest_file: Path) -> str:
         raise FIError(f"'{manifest_file}' is not a run manifest (expected a JSON object)")
     kind = manifest.get("command")
     if kind == "probe" and "settings" not in manifest:  # fi probe's manifest keeps its settings at the top
-        manifest["settings"] = {k: manifest[k] for k in ("documents", "prefix", "chunks", "selections") if k in manifest}
+        manifest["settings"] = {
+            k: manifest[k] for k in ("documents", "prefix", "chunks", "selections") if k in manifest
+        }
     if kind is None:
         raise FIError(f"'{manifest_file}' lacks the field 'command'; is it a fi correlate/nearfar manifest?")
     settings = manifest.get("settings")
     if kind == "eval" and isinstance(settings, dict):
         kind = EVAL_KINDS.get(settings.get("kind"), kind)
     if kind not in TABLES:
-        raise FIError(f"'{manifest_file.parent}' holds a '{kind}' run; fi report reads probe, correlate, nearfar and "
-                      "eval runs")
+        raise FIError(
+            f"'{manifest_file.parent}' holds a '{kind}' run; fi report reads probe, correlate, nearfar and eval runs"
+        )
     if not isinstance(settings, dict):
         raise FIError(f"'{manifest_file}' lacks the field 'settings' (an object); was it written by fi {kind}?")
     docs = settings.get("documents", [])
@@ -112,8 +137,16 @@ def load_run(path: Path) -> dict:
             text[name] = pd.read_csv(f, dtype=str, keep_default_na=False)
         except (ValueError, pd.errors.ParserError):  # EmptyDataError is a ValueError
             raise FIError(f"'{f}' is not a readable CSV table") from None
-    return {"label": path.name, "path": path, "manifest": manifest, "kind": kind, "tables": tables, "text": text,
-            "names": names, "views": _views(path, manifest)}
+    return {
+        "label": path.name,
+        "path": path,
+        "manifest": manifest,
+        "kind": kind,
+        "tables": tables,
+        "text": text,
+        "names": names,
+        "views": _views(path, manifest),
+    }
 
 
 def _views(path: Path, manifest: dict) -> list[Path]:
@@ -126,8 +159,10 @@ def _views(path: Path, manifest: dict) -> list[Path]:
 def _figures(run: dict) -> list[tuple[str, object]]:
     cap, t = _caption(run), run["tables"]
     if run["kind"] == "eval-text":
-        made = [("replay_vs_retention", eval_figures.replay_vs_retention(t["replay_summary"], cap)),
-                ("kl_over_position", eval_figures.kl_over_position(t["positions"], t["segments"], cap))]
+        made = [
+            ("replay_vs_retention", eval_figures.replay_vs_retention(t["replay_summary"], cap)),
+            ("kl_over_position", eval_figures.kl_over_position(t["positions"], t["segments"], cap)),
+        ]
     elif run["kind"] == lmeval.KIND:
         made = [("accuracy_vs_budget", lmeval.accuracy_vs_budget(t["lmeval_accuracy"], cap))]
     elif run["kind"] == "eval-tasks":
@@ -135,12 +170,16 @@ def _figures(run: dict) -> list[tuple[str, object]]:
     elif run["kind"] == "probe":
         made = [("headroom", headroom_figure(t["headroom"], cap))] if "headroom" in t else []
     elif run["kind"] == "nearfar":
-        made = [("fi_vs_distance", figures.nearfar_distance(t["nearfar"], cap)),
-                ("token_classes", figures.token_classes(t["token_class_summary"], cap))]
+        made = [
+            ("fi_vs_distance", figures.nearfar_distance(t["nearfar"], cap)),
+            ("token_classes", figures.token_classes(t["token_class_summary"], cap)),
+        ]
     else:
-        made = [("fi_vs_signals", figures.fi_vs_signals(t["tokens"], cap)),
-                ("rho_heatmap", figures.rho_heatmap(t["correlation_summary"], cap)),
-                ("rho_vs_distance", figures.rho_vs_distance(t["correlations"], cap))]
+        made = [
+            ("fi_vs_signals", figures.fi_vs_signals(t["tokens"], cap)),
+            ("rho_heatmap", figures.rho_heatmap(t["correlation_summary"], cap)),
+            ("rho_vs_distance", figures.rho_vs_distance(t["correlations"], cap)),
+        ]
         if "validation" in t:
             made.append(("estimate_vs_exact", figures.estimate_vs_exact(t["validation"], cap)))
     return [(name, fig) for name, fig in made if fig is not None]
@@ -149,7 +188,11 @@ def _figures(run: dict) -> list[tuple[str, object]]:
 def _caption(run: dict) -> str:
     if run["kind"] == lmeval.KIND:
         return lmeval.caption(run)
-    return eval_figures.eval_caption(run["manifest"]) if run["kind"].startswith("eval") else figures.caption(run["manifest"])
+    return (
+        eval_figures.eval_caption(run["manifest"])
+        if run["kind"].startswith("eval")
+        else figures.caption(run["manifest"])
+    )
 
 
 def cross_run_tables(runs: list[dict]) -> pd.DataFrame | None:
@@ -209,8 +252,10 @@ def _md(text) -> str:
 
 def _md_table(df: pd.DataFrame) -> str:
     """A shown table in Markdown; number columns right-aligned (``attrs['numeric']``)."""
+
     def cell(v):
         return _md(v)
+
     numeric = set(df.attrs.get("numeric", []))
     rule = "|" + "".join("---:|" if c in numeric else "---|" for c in df.columns)
     lines = ["| " + " | ".join(cell(c) for c in df.columns) + " |", rule]
@@ -224,8 +269,10 @@ def _html_table(df: pd.DataFrame) -> str:
     numeric = set(df.attrs.get("numeric", []))
     kinds = ["num" if c in numeric else "txt" for c in df.columns]
     head = "".join(f"<th class='{k}'>{html.escape(str(c))}</th>" for c, k in zip(df.columns, kinds))
-    body = "".join("<tr>" + "".join(f"<td class='{k}'>{html.escape(str(v))}</td>" for v, k in zip(row, kinds))
-                   + "</tr>" for row in df.itertuples(index=False))
+    body = "".join(
+        "<tr>" + "".join(f"<td class='{k}'>{html.escape(str(v))}</td>" for v, k in zip(row, kinds)) + "</tr>"
+        for row in df.itertuples(index=False)
+    )
     return f"<div class='table-wrap'><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
 
 
@@ -250,51 +297,71 @@ def _headline(run: dict) -> list[str]:
         for future, part in s.groupby("future", sort=False):
             best = part[part["policy"] != "full"].sort_values("mean_kl").groupby("budget", sort=False).head(1)
             for r in best.itertuples():
-                lines.append(f"{future}, {r.budget}: lowest mean replay KL {r.policy} ({r.mean_kl:.3g} nats, "
-                             f"top-1 agreement {r.top1_agreement:.3f}); noise floor {r.noise_floor:.1g}")
+                lines.append(
+                    f"{future}, {r.budget}: lowest mean replay KL {r.policy} ({r.mean_kl:.3g} nats, "
+                    f"top-1 agreement {r.top1_agreement:.3f}); noise floor {r.noise_floor:.1g}"
+                )
         return lines
     if run["kind"] == "eval-tasks":
         for r in t["kl_accuracy"].itertuples():
-            lines.append(f"{r.comparison}: Spearman {r.rho:+.2f} (95% CI {r.ci_low:+.2f} .. {r.ci_high:+.2f}, {r.cells} cells)")
+            lines.append(
+                f"{r.comparison}: Spearman {r.rho:+.2f} (95% CI {r.ci_low:+.2f} .. {r.ci_high:+.2f}, {r.cells} cells)"
+            )
         full = t["task_summary"][t["task_summary"]["policy"] == "full"]
         for r in full.itertuples():
-            lines.append(f"full cache, {r.task} at {r.context} tokens ({r.protocol}): accuracy {r.accuracy:.2f} "
-                         f"over {r.samples} samples")
+            lines.append(
+                f"full cache, {r.task} at {r.context} tokens ({r.protocol}): accuracy {r.accuracy:.2f} "
+                f"over {r.samples} samples"
+            )
         return lines
     if run["kind"] == "probe":
         return _probe_headline(t)
     if run["kind"] == "nearfar":
         tests = t["nearfar_tests"]
-        far = tests[(tests["metric"].isin(["fi", "fi_share_near"])) & (tests["distance_from_p"] == tests["distance_from_p"].max())]
+        far = tests[
+            (tests["metric"].isin(["fi", "fi_share_near"]))
+            & (tests["distance_from_p"] == tests["distance_from_p"].max())
+        ]
         for r in far.itertuples():
-            lines.append(f"sinks={int(r.sinks)}, farthest chunk (+{int(r.distance_from_p)}), {r.metric}: entropy beats attention in "
-                         f"{r.a_wins}/{r.n_documents} documents, one-sided Wilcoxon p = {r.wilcoxon_p:.3g}")
+            lines.append(
+                f"sinks={int(r.sinks)}, farthest chunk (+{int(r.distance_from_p)}), {r.metric}: entropy beats "
+                f"attention in "
+                f"{r.a_wins}/{r.n_documents} documents, one-sided Wilcoxon p = {r.wilcoxon_p:.3g}"
+            )
     else:
         for r in t.get("agreement_summary", pd.DataFrame()).itertuples():
-            lines.append(f"chunk {r.chunk}: fisher estimate vs exact FI, {r.metric} = {r.value_mean:.3f} "
-                         f"(range {r.value_min:.3f} .. {r.value_max:.3f} over {r.n_documents} document(s))")
+            lines.append(
+                f"chunk {r.chunk}: fisher estimate vs exact FI, {r.metric} = {r.value_mean:.3f} "
+                f"(range {r.value_min:.3f} .. {r.value_max:.3f} over {r.n_documents} document(s))"
+            )
         s = t["correlation_summary"]
         m = s[(s["scope"] == "mean") & (s["method"] == "spearman")]
         for r in m.itertuples():
-            lines.append(f"chunk {r.chunk}: Spearman rho(FI, {r.signal}) = {r.rho_mean:.3f} "
-                         f"(range {r.rho_min:.3f} .. {r.rho_max:.3f} over {r.n_documents} document(s))")
+            lines.append(
+                f"chunk {r.chunk}: Spearman rho(FI, {r.signal}) = {r.rho_mean:.3f} "
+                f"(range {r.rho_min:.3f} .. {r.rho_max:.3f} over {r.n_documents} document(s))"
+            )
     return lines
 
 
 def _probe_headline(t: dict) -> list[str]:
     """fi probe: the mean FI of each selection per chunk; beside an FI oracle, each selection's headroom."""
     fi = t["fi"][t["fi"]["selector"] != "control"]
-    lines = [f"chunk {chunk}: mean FI over documents, lowest {r.selection} ({r.fi:.3g} nats), highest "
-             f"{h.selection} ({h.fi:.3g} nats)"
-             for chunk, g in fi.groupby("chunk", sort=False)
-             for means in [g.groupby("selection", sort=False)["fi"].mean().reset_index().sort_values("fi")]
-             for r, h in [(means.iloc[0], means.iloc[-1])]]
+    lines = [
+        f"chunk {chunk}: mean FI over documents, lowest {r.selection} ({r.fi:.3g} nats), highest "
+        f"{h.selection} ({h.fi:.3g} nats)"
+        for chunk, g in fi.groupby("chunk", sort=False)
+        for means in [g.groupby("selection", sort=False)["fi"].mean().reset_index().sort_values("fi")]
+        for r, h in [(means.iloc[0], means.iloc[-1])]
+    ]
     hr = t.get("headroom")
     if hr is not None:
         own = hr[(hr["fit_chunk"] == hr["chunk"]) & (hr["selection"] != hr["oracle"])]
         for r in own.sort_values("headroom", ascending=False).itertuples():
-            lines.append(f"chunk {r.chunk}, {r.n_removed:.0f} removed: {r.selection} closes {r.headroom:.2f} of the gap "
-                         f"between random sets and the FI oracle (which saw the chunk)")
+            lines.append(
+                f"chunk {r.chunk}, {r.n_removed:.0f} removed: {r.selection} closes {r.headroom:.2f} of the gap "
+                f"between random sets and the FI oracle (which saw the chunk)"
+            )
     return lines
 
 
@@ -312,23 +379,30 @@ def _check_out(out_dir: Path, runs: list[dict], overwrite: bool) -> Path:
     out_dir = results.check_out_path(out_dir)
     for run in runs:
         if out_dir.resolve() == Path(run["path"]).resolve():
-            raise FIError(f"out_dir '{out_dir}' is the result directory '{run['path']}'; choose another out_dir",
-                          parameter="out_dir")
+            raise FIError(
+                f"out_dir '{out_dir}' is the result directory '{run['path']}'; choose another out_dir",
+                parameter="out_dir",
+            )
     return results.check_results_dir(out_dir, overwrite)
 
 
 def _remove_stale(out_dir: Path, written: list[Path]) -> None:
     """After ``--overwrite``: drop the old report's files that the new report did not write."""
     keep = {p.resolve() for p in written}
-    stale = [out_dir / n for n in REPORT_FILES] + sorted((out_dir / "tables").glob("*.csv")) \
-        + sorted((out_dir / "figures").glob("*.png")) + sorted((out_dir / "views").glob("*.html"))
+    stale = (
+        [out_dir / n for n in REPORT_FILES]
+        + sorted((out_dir / "tables").glob("*.csv"))
+        + sorted((out_dir / "figures").glob("*.png"))
+        + sorted((out_dir / "views").glob("*.html"))
+    )
     for f in stale:
         if f.is_file() and f.resolve() not in keep:
             f.unlink()
 
 
-def build_report(run_dirs: Sequence[Path], out_dir: Path, formats: Sequence[str] = FORMATS,
-                 overwrite: bool = False) -> list[Path]:
+def build_report(
+    run_dirs: Sequence[Path], out_dir: Path, formats: Sequence[str] = FORMATS, overwrite: bool = False
+) -> list[Path]:
     """Write the report of ``run_dirs`` into ``out_dir`` in ``formats``; returns the files written.
 
     Everything is read and checked before the first file is written; an ``out_dir`` holding a report
@@ -343,8 +417,11 @@ def build_report(run_dirs: Sequence[Path], out_dir: Path, formats: Sequence[str]
         if labels[run["label"]] > 1:
             run["label"] = f"{run['label']}-{labels[run['label']]}"
     written: list[Path] = []
-    figs = {run["label"]: [(name, _png(fig)) for name, fig in _figures(run)] for run in runs} \
-        if {"html", "md"} & set(formats) else {}
+    figs = (
+        {run["label"]: [(name, _png(fig)) for name, fig in _figures(run)] for run in runs}
+        if {"html", "md"} & set(formats)
+        else {}
+    )
     cross = cross_run_tables(runs)
     results.make_dir(out_dir)
     if "csv" in formats and cross is not None:
@@ -369,11 +446,23 @@ def build_report(run_dirs: Sequence[Path], out_dir: Path, formats: Sequence[str]
                 run["view_copies"].append(target)
                 written.append(target)
     if "json" in formats:
-        data = {"generated": results.now(), "runs": [
-            {"label": r["label"], "directory": str(r["path"]), "command": r["kind"], "manifest": r["manifest"],
-             "tables": {name: _records(df) for name, df in r["tables"].items()}} for r in runs],
-            "replay_kl_vs_task_accuracy": None if cross is None else _records(cross)}
-        results.atomic_write_text(out_dir / "report.json", json.dumps(data, indent=1, allow_nan=False, default=str) + "\n")
+        data = {
+            "generated": results.now(),
+            "runs": [
+                {
+                    "label": r["label"],
+                    "directory": str(r["path"]),
+                    "command": r["kind"],
+                    "manifest": r["manifest"],
+                    "tables": {name: _records(df) for name, df in r["tables"].items()},
+                }
+                for r in runs
+            ],
+            "replay_kl_vs_task_accuracy": None if cross is None else _records(cross),
+        }
+        results.atomic_write_text(
+            out_dir / "report.json", json.dumps(data, indent=1, allow_nan=False, default=str) + "\n"
+        )
         written.append(out_dir / "report.json")
     if "md" in formats:
         written += _write_markdown(runs, figs, out_dir, cross)
@@ -406,7 +495,9 @@ def _write_markdown(runs, figs, out_dir: Path, cross: pd.DataFrame | None = None
             parts += ["### tokens with the largest per-token FI (first chunk)", "", _md_table(top), ""]
         if run.get("view_copies"):
             parts += ["### token views (fi view)", ""] + [
-                f"- [{_md(read_view_meta(f)['document'])}](views/{urllib.parse.quote(f.name)})" for f in run["view_copies"]]
+                f"- [{_md(read_view_meta(f)['document'])}](views/{urllib.parse.quote(f.name)})"
+                for f in run["view_copies"]
+            ]
             parts += [""]
         parts += [f"Full tables: {_md(run['path'])} (CSV), and tables/, report.json here.", ""]
     if cross is not None:
@@ -418,13 +509,17 @@ def _write_markdown(runs, figs, out_dir: Path, cross: pd.DataFrame | None = None
 
 def _write_html(runs, figs, out_dir: Path, cross: pd.DataFrame | None = None) -> Path:
     e = html.escape
-    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>Forward Influence report</title>"
-             f"<style>{CSS}</style></head><body><h1>Forward Influence report</h1>"]
+    parts = [
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>Forward Influence report</title>"
+        f"<style>{CSS}</style></head><body><h1>Forward Influence report</h1>"
+    ]
     for run in runs:
         parts.append(f"<h2>{e(run['label'])} ({e(run['kind'])})</h2><p class='cap'>{e(_caption(run))}</p>")
         parts.append("<ul>" + "".join(f"<li>{e(line)}</li>" for line in _headline(run)) + "</ul>")
         for name, png in figs.get(run["label"], []):
-            parts.append(f"<figure><img alt='{e(name)}' src='data:image/png;base64,{base64.b64encode(png).decode()}'/></figure>")
+            parts.append(
+                f"<figure><img alt='{e(name)}' src='data:image/png;base64,{base64.b64encode(png).decode()}'/></figure>"
+            )
         for name, shown in run["names"]:
             if shown:
                 parts.append(f"<h3>{e(name)}</h3>{_html_table(_shown(run, name))}")
@@ -432,8 +527,10 @@ def _write_html(runs, figs, out_dir: Path, cross: pd.DataFrame | None = None) ->
         if top is not None:
             parts.append(f"<h3>tokens with the largest per-token FI (first chunk)</h3>{_html_table(top)}")
         if run.get("view_copies"):
-            links = "".join(f"<li><a href='views/{e(urllib.parse.quote(f.name))}'>{e(read_view_meta(f)['document'])}</a></li>"
-                            for f in run["view_copies"])
+            links = "".join(
+                f"<li><a href='views/{e(urllib.parse.quote(f.name))}'>{e(read_view_meta(f)['document'])}</a></li>"
+                for f in run["view_copies"]
+            )
             parts.append(f"<h3>token views (fi view)</h3><ul>{links}</ul>")
     if cross is not None:
         parts.append(f"<h2>{e(CROSS_TITLE)}</h2>{_html_table(display_table(_text_frame(cross)))}")

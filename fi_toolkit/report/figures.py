@@ -18,7 +18,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from fi_toolkit.analysis.nearfar import per_document_selector  # noqa: E402
+from fi_toolkit.studies.nearfar import per_document_selector  # noqa: E402
 
 SELECTOR_ORDER = ["entropy", "attention", "distance", "infokv", "random"]
 
@@ -32,15 +32,20 @@ def caption(manifest: dict) -> str:
     if "selections" in s:  # fi probe
         chunk_text = f"chunks {', '.join(chunks)}, {len(s['selections'])} selection(s)"
     elif "chunk_len" in s:
-        chunk_text = f"chunks of {s['chunk_len']} tokens at distances {s.get('distances')} from p, sets of {s.get('budget')}"
+        chunk_text = (
+            f"chunks of {s['chunk_len']} tokens at distances {s.get('distances')} from p, sets of {s.get('budget')}"
+        )
     else:
         chunk_text = f"chunks {', '.join(chunks)}, candidates {s.get('candidates')}"
-    text = f"model {manifest.get('model', {}).get('name', s.get('model'))} | {len(docs)} document(s): {names} | " \
-           f"p = {s.get('prefix')} | {chunk_text}"
+    text = (
+        f"model {manifest.get('model', {}).get('name', s.get('model'))} | {len(docs)} document(s): {names} | "
+        f"p = {s.get('prefix')} | {chunk_text}"
+    )
     floors = [v for chunks in (manifest.get("noise_floor") or {}).values() for v in chunks.values()]
     if floors:  # docs/method.md, "Noise floor"
         model = manifest.get("model", {})
-        text += f" | noise floor <= {max(floors):.1g} nats ({model.get('dtype')} weights, {model.get('compute_dtype')} arithmetic)"
+        dtypes = f"{model.get('dtype')} weights, {model.get('compute_dtype')} arithmetic"
+        text += f" | noise floor <= {max(floors):.1g} nats ({dtypes})"
     return text
 
 
@@ -79,8 +84,17 @@ def nearfar_distance(nf: pd.DataFrame, text: str):
         part = per_doc[per_doc["sinks"] == s]
         for row, (metric, label) in enumerate(metrics):
             ax = axes[row][col]
-            sns.lineplot(data=part, x="distance_from_p", y=metric, hue="selector", hue_order=hue_order,
-                         errorbar=("ci", 95), marker="o", ax=ax, legend=(row == 0 and col == len(sinks) - 1))
+            sns.lineplot(
+                data=part,
+                x="distance_from_p",
+                y=metric,
+                hue="selector",
+                hue_order=hue_order,
+                errorbar=("ci", 95),
+                marker="o",
+                ax=ax,
+                legend=(row == 0 and col == len(sinks) - 1),
+            )
             legend_outside(ax)
             if metric == "fi" and _spans_decades(part[metric]):
                 ax.set_yscale("log")
@@ -94,8 +108,12 @@ def nearfar_distance(nf: pd.DataFrame, text: str):
 def token_classes(summary: pd.DataFrame, text: str):
     if summary.empty:
         return None
-    long = summary.melt(id_vars=["sinks", "selector"], value_vars=["share_content", "share_function", "share_other"],
-                        var_name="class", value_name="share")
+    long = summary.melt(
+        id_vars=["sinks", "selector"],
+        value_vars=["share_content", "share_function", "share_other"],
+        var_name="class",
+        value_name="share",
+    )
     long["class"] = long["class"].str.removeprefix("share_")
     long["set"] = long["selector"] + " (sinks=" + long["sinks"].astype(int).astype(str) + ")"
     fig, ax = plt.subplots(figsize=(10, 4))
@@ -113,10 +131,13 @@ def fi_vs_signals(tokens: pd.DataFrame, text: str):
     fig, axes = plt.subplots(len(chunks), 2, figsize=(10, 3.6 * len(chunks)), squeeze=False)
     for row, chunk in enumerate(chunks):
         part = tokens[tokens["chunk"] == chunk]
-        for col, (signal, label) in enumerate([("entropy", "top-k entropy H (nats)"), ("attention", "window attention A (mean)")]):
+        for col, (signal, label) in enumerate(
+            [("entropy", "top-k entropy H (nats)"), ("attention", "window attention A (mean)")]
+        ):
             ax = axes[row][col]
-            sns.scatterplot(data=part, x=signal, y="fi", hue="document", s=12, alpha=0.7, ax=ax,
-                            legend=(row == 0 and col == 1))
+            sns.scatterplot(
+                data=part, x=signal, y="fi", hue="document", s=12, alpha=0.7, ax=ax, legend=(row == 0 and col == 1)
+            )
             legend_outside(ax)
             if _spans_decades(part["fi"]):
                 ax.set_yscale("log")
@@ -135,12 +156,23 @@ def rho_heatmap(summary: pd.DataFrame, text: str):
         return None
     chunks = list(dict.fromkeys(layer["chunk"]))
     n_layers = layer["layer"].nunique()
-    fig, axes = plt.subplots(1, len(chunks), figsize=(3.2 * len(chunks) + 1, max(3.5, 0.22 * n_layers + 1.5)), squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(chunks), figsize=(3.2 * len(chunks) + 1, max(3.5, 0.22 * n_layers + 1.5)), squeeze=False
+    )
     for i, chunk in enumerate(chunks):
         grid = layer[layer["chunk"] == chunk].pivot_table(index="layer", columns="signal", values="rho_mean")
         grid.index = grid.index.astype(int)  # read back from CSV as float (the mean rows have no layer)
-        sns.heatmap(grid, cmap="RdBu_r", vmin=-1, vmax=1, center=0, ax=axes[0][i], cbar=(i == len(chunks) - 1),
-                    annot=n_layers <= 8, fmt=".2f")
+        sns.heatmap(
+            grid,
+            cmap="RdBu_r",
+            vmin=-1,
+            vmax=1,
+            center=0,
+            ax=axes[0][i],
+            cbar=(i == len(chunks) - 1),
+            annot=n_layers <= 8,
+            fmt=".2f",
+        )
         axes[0][i].set_title(f"chunk {chunk}", fontsize=10)
     fig.suptitle("Spearman rho of per-token FI with per-layer signals (mean over documents)", fontsize=11)
     return _finish(fig, text)
@@ -157,7 +189,9 @@ def rho_vs_distance(correlations: pd.DataFrame, text: str):
     ax.axhline(0, color="#888", lw=0.8)
     ax.set_xlabel("chunk start - p (tokens)")
     ax.set_ylabel("Spearman rho (FI_j vs signal)")
-    ax.set_title("Correlation of per-token FI with each signal vs chunk distance (band: 1 sd over documents)", fontsize=10)
+    ax.set_title(
+        "Correlation of per-token FI with each signal vs chunk distance (band: 1 sd over documents)", fontsize=10
+    )
     return _finish(fig, text)
 
 
@@ -169,10 +203,20 @@ def estimate_vs_exact(validation: pd.DataFrame, text: str):
     chunks = list(dict.fromkeys(validation["chunk"]))
     fig, axes = plt.subplots(1, len(chunks), figsize=(4.6 * len(chunks), 4.4), squeeze=False)
     for i, chunk in enumerate(chunks):
-        part = validation[(validation["chunk"] == chunk) & (validation["fi_exact"] > 0) & (validation["fi_estimate"] > 0)]
+        part = validation[
+            (validation["chunk"] == chunk) & (validation["fi_exact"] > 0) & (validation["fi_estimate"] > 0)
+        ]
         ax = axes[0][i]
-        sns.scatterplot(data=part, x="fi_exact", y="fi_estimate", hue="document", s=14, alpha=0.8, ax=ax,
-                        legend=(i == len(chunks) - 1))
+        sns.scatterplot(
+            data=part,
+            x="fi_exact",
+            y="fi_estimate",
+            hue="document",
+            s=14,
+            alpha=0.8,
+            ax=ax,
+            legend=(i == len(chunks) - 1),
+        )
         if len(part):
             lo = min(part["fi_exact"].min(), part["fi_estimate"].min())
             hi = max(part["fi_exact"].max(), part["fi_estimate"].max())

@@ -1,4 +1,4 @@
-"""The headroom figure (issue 20): per budget and chunk, each selection's share of the random-to-oracle
+"""The headroom figure: per budget and chunk, each selection's share of the random-to-oracle
 gap (:func:`fi_toolkit.probe.headroom.headroom_table`) with its bootstrap 95 % CI over documents. The
 reference is the FI oracle fitted on the chunk measured (it sees that chunk: an oracle, not a policy);
 oracles fitted on another chunk appear as bars of their own (``oracle fit on A:B``)."""
@@ -45,8 +45,9 @@ def headroom_figure(hr: pd.DataFrame, text: str):
     chunks = list(dict.fromkeys(rows["chunk"]))
     order = rows.groupby("bar")["headroom"].mean().sort_values().index.tolist()
     height = 0.32 * len(order) * len(budgets) + 1.5
-    fig, axes = plt.subplots(len(budgets), len(chunks), figsize=(max(6.0, 4.2 * len(chunks)), height),
-                             squeeze=False, sharey=True)
+    fig, axes = plt.subplots(
+        len(budgets), len(chunks), figsize=(max(6.0, 4.2 * len(chunks)), height), squeeze=False, sharey=True
+    )
     for i, n in enumerate(budgets):
         for j, chunk in enumerate(chunks):
             ax = axes[i][j]

@@ -1,4 +1,4 @@
-"""``fi report`` on lm-evaluation-harness output (issue 22, part 5): what ``fi lm-eval`` wrote.
+"""``fi report`` on lm-evaluation-harness output: what ``fi lm-eval`` wrote.
 
 lm-eval 0.4.x writes ``OUTPUT_PATH/<model>/results_<date>.json`` per run (``results[task]`` holds
 ``"<metric>,<filter>"`` and ``"<metric>_stderr,<filter>"``; ``config`` holds ``model_args`` and,
@@ -44,10 +44,13 @@ def _json(path: Path):
 
 
 def _policy_budget(config: dict, path: Path) -> tuple[str, str]:
-    """``config.fi_policy`` (``infokv@keep=96``, ``none``) -> (policy, budget label); the full cache has budget ``keep=1``."""
+    """``config.fi_policy`` (``infokv@keep=96``, ``none``) -> (policy, budget label); the full cache has budget
+    ``keep=1``."""
     label = config.get("fi_policy") if isinstance(config, dict) else None
     if not isinstance(label, str) or not label.strip():
-        raise FIError(f"'{path}' lacks 'config.fi_policy'; was it written by lm-eval with the toolkit's backend (model fi)?")
+        raise FIError(
+            f"'{path}' lacks 'config.fi_policy'; was it written by lm-eval with the toolkit's backend (model fi)?"
+        )
     if label.strip().lower() == NONE:
         return NONE, "keep=1"
     policy, sep, budget = label.rpartition("@")
@@ -116,30 +119,49 @@ def _read_results(results_file: Path, seen: set) -> tuple[list[dict], list[dict]
             if not sep or metric.endswith("_stderr") or _number(value) is None:
                 continue
             stderr = _number(metrics.get(f"{metric}_stderr,{filt}"))
-            reported.append({**keys, "task": task, "filter": filt, "metric": metric, "value": _number(value),
-                             "stderr": stderr})
+            reported.append(
+                {**keys, "task": task, "filter": filt, "metric": metric, "value": _number(value), "stderr": stderr}
+            )
             for row in rows:
                 v = _number(row.get(metric))
                 if v is not None and row.get("filter", filt) == filt:
-                    per_sample.append({**keys, "task": task, "filter": filt, "metric": metric,
-                                       "doc_id": row.get("doc_id"), "value": v})
+                    per_sample.append(
+                        {
+                            **keys,
+                            "task": task,
+                            "filter": filt,
+                            "metric": metric,
+                            "doc_id": row.get("doc_id"),
+                            "value": v,
+                        }
+                    )
         for row in rows:
             records = row.get("fi_toolkit") or []
             for rec in records if isinstance(records, list) else []:
                 if isinstance(rec, dict):
-                    cache.append({**keys, "task": task, "doc_id": row.get("doc_id"),
-                                  **{k: _number(rec.get(k)) for k in ("cache_entries", "full_entries", "compressions")}})
+                    cache.append(
+                        {
+                            **keys,
+                            "task": task,
+                            "doc_id": row.get("doc_id"),
+                            **{k: _number(rec.get(k)) for k in ("cache_entries", "full_entries", "compressions")},
+                        }
+                    )
     return reported, per_sample, cache
 
 
-def accuracy_table(reported: pd.DataFrame, per_sample: pd.DataFrame, n_resamples: int = 1000, seed: int = 0) -> pd.DataFrame:
+def accuracy_table(
+    reported: pd.DataFrame, per_sample: pd.DataFrame, n_resamples: int = 1000, seed: int = 0
+) -> pd.DataFrame:
     """Per (model, task, filter, metric, policy, budget): ``value`` (the mean over samples where a
     samples file holds them, else lm-eval's), ``value_low``/``value_high`` (bootstrap or ±1.96·stderr:
     ``band``), ``samples``, and the full cache's value beside it (``full_value``)."""
     from fi_toolkit.evaluation.summaries import mean_ci
 
     keys = ["model", "task", "filter", "metric", "policy", "budget"]
-    groups = {k: part["value"].to_numpy() for k, part in per_sample.groupby(keys, sort=False)} if len(per_sample) else {}
+    groups = (
+        {k: part["value"].to_numpy() for k, part in per_sample.groupby(keys, sort=False)} if len(per_sample) else {}
+    )
     rows = []
     for r in reported.drop_duplicates(keys, keep="last").itertuples(index=False):
         key = tuple(getattr(r, k) for k in keys)
@@ -148,31 +170,59 @@ def accuracy_table(reported: pd.DataFrame, per_sample: pd.DataFrame, n_resamples
             mean, low, high = mean_ci(groups[key], n_resamples, seed)
             row.update(samples=len(groups[key]), value=mean, value_low=low, value_high=high, band="bootstrap")
         elif r.stderr is not None and not pd.isna(r.stderr):
-            row.update(samples=np.nan, value=r.value, value_low=r.value - Z95 * r.stderr,
-                       value_high=r.value + Z95 * r.stderr, band="stderr")
+            row.update(
+                samples=np.nan,
+                value=r.value,
+                value_low=r.value - Z95 * r.stderr,
+                value_high=r.value + Z95 * r.stderr,
+                band="stderr",
+            )
         else:
             row.update(samples=np.nan, value=r.value, value_low=np.nan, value_high=np.nan, band="none")
         rows.append(row)
     out = pd.DataFrame(rows, columns=keys + ["samples", "value", "value_low", "value_high", "band"])
     full = out[out["policy"] == NONE].set_index(["model", "task", "filter", "metric"])["value"]
-    out.insert(out.columns.get_loc("value"), "full_value",
-               [full.get(k, np.nan) for k in zip(out["model"], out["task"], out["filter"], out["metric"])])
+    out.insert(
+        out.columns.get_loc("value"),
+        "full_value",
+        [full.get(k, np.nan) for k in zip(out["model"], out["task"], out["filter"], out["metric"])],
+    )
     out["retention"] = [np.nan if p == NONE else budget_position(b) for p, b in zip(out["policy"], out["budget"])]
-    return out.sort_values(["model", "task", "filter", "metric", "policy", "retention"], kind="stable").reset_index(drop=True)
+    return out.sort_values(["model", "task", "filter", "metric", "policy", "retention"], kind="stable").reset_index(
+        drop=True
+    )
 
 
 def cache_table(cache: pd.DataFrame) -> pd.DataFrame:
     """Per (model, task, policy, budget): requests, mean realised cache entries and full-cache entries
     per request, their ratio (``cache_share``), and compressions per request (mean, max)."""
-    cols = ["model", "task", "policy", "budget", "requests", "cache_entries", "full_entries", "cache_share",
-            "compressions", "compressions_max"]
+    cols = [
+        "model",
+        "task",
+        "policy",
+        "budget",
+        "requests",
+        "cache_entries",
+        "full_entries",
+        "cache_share",
+        "compressions",
+        "compressions_max",
+    ]
     if cache.empty:
         return pd.DataFrame(columns=cols)
-    out = (cache.assign(share=cache["cache_entries"] / cache["full_entries"])
-           .groupby(["model", "task", "policy", "budget"], sort=False)
-           .agg(requests=("cache_entries", "size"), cache_entries=("cache_entries", "mean"),
-                full_entries=("full_entries", "mean"), cache_share=("share", "mean"),
-                compressions=("compressions", "mean"), compressions_max=("compressions", "max")).reset_index())
+    out = (
+        cache.assign(share=cache["cache_entries"] / cache["full_entries"])
+        .groupby(["model", "task", "policy", "budget"], sort=False)
+        .agg(
+            requests=("cache_entries", "size"),
+            cache_entries=("cache_entries", "mean"),
+            full_entries=("full_entries", "mean"),
+            cache_share=("share", "mean"),
+            compressions=("compressions", "mean"),
+            compressions_max=("compressions", "max"),
+        )
+        .reset_index()
+    )
     return out[cols]
 
 
@@ -198,27 +248,69 @@ def load_lmeval_run(path: Path) -> dict:
     if not reported:
         raise FIError(f"'{path}': its results files report no numeric metric")
     reported_df = pd.DataFrame(reported)
-    samples = pd.DataFrame(per_sample, columns=["model", "policy", "budget", "task", "filter", "metric", "doc_id", "value"])
-    tables = {"lmeval_accuracy": accuracy_table(reported_df, samples),
-              "lmeval_cache": cache_table(pd.DataFrame(cache, columns=["model", "policy", "budget", "task", "doc_id",
-                                                                       "cache_entries", "full_entries", "compressions"])),
-              "lmeval_samples": samples}
-    text = {name: df.map(lambda v: "" if v is None or (not isinstance(v, str) and pd.isna(v)) else
-                         (repr(v) if isinstance(v, float) else str(v))) for name, df in tables.items()}
+    samples = pd.DataFrame(
+        per_sample, columns=["model", "policy", "budget", "task", "filter", "metric", "doc_id", "value"]
+    )
+    tables = {
+        "lmeval_accuracy": accuracy_table(reported_df, samples),
+        "lmeval_cache": cache_table(
+            pd.DataFrame(
+                cache,
+                columns=[
+                    "model",
+                    "policy",
+                    "budget",
+                    "task",
+                    "doc_id",
+                    "cache_entries",
+                    "full_entries",
+                    "compressions",
+                ],
+            )
+        ),
+        "lmeval_samples": samples,
+    }
+    text = {
+        name: df.map(
+            lambda v: (
+                ""
+                if v is None or (not isinstance(v, str) and pd.isna(v))
+                else (repr(v) if isinstance(v, float) else str(v))
+            )
+        )
+        for name, df in tables.items()
+    }
     models = sorted(set(reported_df["model"]))
-    manifest = {"command": KIND, "model": {"name": ", ".join(models)},
-                "settings": {"results_files": [str(f.relative_to(path)) for f in files]}}
-    return {"label": path.name, "path": path, "manifest": manifest, "kind": KIND, "tables": tables, "text": text,
-            "names": TABLES, "views": [], "computed": True}
+    manifest = {
+        "command": KIND,
+        "model": {"name": ", ".join(models)},
+        "settings": {"results_files": [str(f.relative_to(path)) for f in files]},
+    }
+    return {
+        "label": path.name,
+        "path": path,
+        "manifest": manifest,
+        "kind": KIND,
+        "tables": tables,
+        "text": text,
+        "names": TABLES,
+        "views": [],
+        "computed": True,
+    }
 
 
 def caption(run: dict) -> str:
     acc = run["tables"]["lmeval_accuracy"]
     bands = sorted(set(acc["band"]))
-    return (f"lm-eval output, model {run['manifest']['model']['name']} | {len(run['manifest']['settings']['results_files'])} "
-            f"results file(s) | tasks {', '.join(dict.fromkeys(acc['task']))} | bands: "
-            + "; ".join({"bootstrap": "bootstrap 95% over samples", "stderr": "lm-eval's ±1.96·stderr",
-                         "none": "none"}[b] for b in bands))
+    return (
+        f"lm-eval output, model {run['manifest']['model']['name']} | "
+        f"{len(run['manifest']['settings']['results_files'])} "
+        f"results file(s) | tasks {', '.join(dict.fromkeys(acc['task']))} | bands: "
+        + "; ".join(
+            {"bootstrap": "bootstrap 95% over samples", "stderr": "lm-eval's ±1.96·stderr", "none": "none"}[b]
+            for b in bands
+        )
+    )
 
 
 def headline(run: dict) -> list[str]:
@@ -231,10 +323,14 @@ def headline(run: dict) -> list[str]:
             lines.append(f"{head}: full cache {full['value'].iloc[0]:.4g}")
         best = part[part["policy"] != NONE].sort_values("value", ascending=False).groupby("budget", sort=False).head(1)
         for r in best.itertuples():
-            lines.append(f"{head}, {r.budget}: best {r.policy} {r.value:.4g} [{r.value_low:.4g}, {r.value_high:.4g}] ({r.band})")
+            lines.append(
+                f"{head}, {r.budget}: best {r.policy} {r.value:.4g} [{r.value_low:.4g}, {r.value_high:.4g}] ({r.band})"
+            )
     for r in run["tables"]["lmeval_cache"].itertuples():
-        lines.append(f"{r.task}, {r.policy} {r.budget}: {r.cache_entries:.4g} of {r.full_entries:.4g} cache entries "
-                     f"per request, {r.compressions:.3g} compressions per request")
+        lines.append(
+            f"{r.task}, {r.policy} {r.budget}: {r.cache_entries:.4g} of {r.full_entries:.4g} cache entries "
+            f"per request, {r.compressions:.3g} compressions per request"
+        )
     return lines
 
 
@@ -257,15 +353,18 @@ def accuracy_vs_budget(acc: pd.DataFrame, text: str):
         shares = bool(len(compressed)) and compressed.max() <= 1
         ax.set_xlabel("budget (share of the cache kept)" if shares else "budget (cache entries kept)")
         band = {"bootstrap": "bootstrap band", "stderr": "±1.96·stderr band"}.get(part["band"].iloc[0], "no band")
-        ax.set_title(f"{task} ({filt})" + (f", {model}" if acc["model"].nunique() > 1 else "") + f"; {band}", fontsize=10)
+        ax.set_title(
+            f"{task} ({filt})" + (f", {model}" if acc["model"].nunique() > 1 else "") + f"; {band}", fontsize=10
+        )
     for j in range(len(groups), rows * cols):
         axes[j // cols][j % cols].axis("off")
     fig.suptitle("lm-eval accuracy against budget per policy (95% bands; dashed: full cache)", fontsize=11)
     return _finish(fig, text)
 
 
-def kl_vs_benchmark(replay_summary: pd.DataFrame, accuracy: pd.DataFrame, n_resamples: int = 1000,
-                    seed: int = 0) -> pd.DataFrame:
+def kl_vs_benchmark(
+    replay_summary: pd.DataFrame, accuracy: pd.DataFrame, n_resamples: int = 1000, seed: int = 0
+) -> pd.DataFrame:
     """Does a ``fi eval`` text run's mean replay KL predict the lm-eval value? One row per future x task
     x filter x metric: Spearman across the compressed (policy, budget) cells both hold, bootstrap CI
     (:func:`fi_toolkit.evaluation.summaries.kl_predicts_accuracy`, as for ``fi eval`` tasks). The full
@@ -280,6 +379,9 @@ def kl_vs_benchmark(replay_summary: pd.DataFrame, accuracy: pd.DataFrame, n_resa
         kl = part.groupby(["policy", "budget"])["mean_kl"].mean()
         for (task, filt, metric), b in bench.groupby(["task", "filter", "metric"], sort=False):
             value = b.groupby(["policy", "budget"])["value"].mean()
-            rows.append(kl_predicts_accuracy(kl, value, f"replay KL ({future}) vs lm-eval {task} {metric} ({filt})",
-                                             n_resamples, seed))
+            rows.append(
+                kl_predicts_accuracy(
+                    kl, value, f"replay KL ({future}) vs lm-eval {task} {metric} ({filt})", n_resamples, seed
+                )
+            )
     return pd.DataFrame(rows)

@@ -1,4 +1,4 @@
-"""Sharded runs under ``torchrun`` (issue 11): which rank computes which work unit, and the few
+"""Sharded runs under ``torchrun``: which rank computes which work unit, and the few
 collectives a run needs (a broadcast of the plan, a barrier before rank 0 merges).
 
 The toolkit launches nothing itself. ``torchrun`` (one node or many, elastic restarts) sets
@@ -78,16 +78,26 @@ class World:
         return box
 
     def describe(self) -> dict:
-        return {"world_size": self.size, "rank": self.rank, "local_world_size": self.local_size,
-                "restart": self.restart, "torch_threads": torch.get_num_threads()}
+        return {
+            "world_size": self.size,
+            "rank": self.rank,
+            "local_world_size": self.local_size,
+            "restart": self.restart,
+            "torch_threads": torch.get_num_threads(),
+        }
 
 
 def from_env() -> World:
     """The world torchrun describes in the environment (nothing is initialised)."""
     size = max(1, _env_int("WORLD_SIZE", 1))
     rank = min(max(0, _env_int("RANK", 0)), size - 1)
-    return World(rank=rank, size=size, local_rank=max(0, _env_int("LOCAL_RANK", 0)),
-                 local_size=max(1, _env_int("LOCAL_WORLD_SIZE", 1)), restart=max(0, _env_int("TORCHELASTIC_RESTART_COUNT", 0)))
+    return World(
+        rank=rank,
+        size=size,
+        local_rank=max(0, _env_int("LOCAL_RANK", 0)),
+        local_size=max(1, _env_int("LOCAL_WORLD_SIZE", 1)),
+        restart=max(0, _env_int("TORCHELASTIC_RESTART_COUNT", 0)),
+    )
 
 
 _WORLD: World | None = None

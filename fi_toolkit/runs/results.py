@@ -14,7 +14,7 @@ import secrets
 import shutil
 import sys
 import tempfile
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -71,7 +71,8 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 
 def atomic_copy(src: Path, dst: Path) -> None:
-    """Copy ``src`` to ``dst`` byte for byte through a temporary sibling: ``dst`` is the old file or the whole new one."""
+    """Copy ``src`` to ``dst`` byte for byte through a temporary sibling: ``dst`` is the old file or the whole new
+    one."""
     _atomic(dst, lambda tmp: shutil.copyfile(src, tmp))
 
 
@@ -97,8 +98,9 @@ def check_out_path(path: Path, want_dir: bool = True, option: str = "out_dir") -
     path = Path(path)
     for parent in reversed(path.parents):
         if parent.exists() and not parent.is_dir():
-            raise FIError(f"{option} '{path}' lies under '{parent}', which is a file, not a directory",
-                          parameter=option)
+            raise FIError(
+                f"{option} '{path}' lies under '{parent}', which is a file, not a directory", parameter=option
+            )
     if want_dir and path.exists() and not path.is_dir():
         raise FIError(f"{option} '{path}' is a file, not a directory", parameter=option)
     if not want_dir and path.is_dir():
@@ -165,8 +167,10 @@ def check_results_dir(path: Path, overwrite: bool = False) -> Path:
     if found and not overwrite:
         kind = held_command(path)
         what = f"a '{kind}' run" if kind else ", ".join(found[:4])
-        raise FIError(f"'{path}' already holds results ({what}); choose another out_dir or pass overwrite",
-                      parameter=("out_dir", "overwrite"))
+        raise FIError(
+            f"'{path}' already holds results ({what}); choose another out_dir or pass overwrite",
+            parameter=("out_dir", "overwrite"),
+        )
     return path
 
 
@@ -207,4 +211,4 @@ def versions() -> dict:
 
 
 def now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")

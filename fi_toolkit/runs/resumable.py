@@ -20,7 +20,7 @@ with one ``note:`` line on stderr naming the problem. A settings.json that is no
 is refused with one line (``--overwrite`` starts over). Nothing is created before the first document
 finishes, so a run that fails on bad input leaves no directory and no settings.json behind.
 
-Under ``torchrun`` (issue 11) the units are shared among the ranks (:mod:`fi_toolkit.runs.distributed`):
+Under ``torchrun`` the units are shared among the ranks (:mod:`fi_toolkit.runs.distributed`):
 rank 0 checks what is finished, writes settings.json and broadcasts the plan; every rank computes and
 saves its own units (the same atomic per-unit files); after a barrier rank 0 checks every unit and
 writes the combined tables and the manifest, byte for byte what one process would have written. A
@@ -69,7 +69,7 @@ def document_keys(names: Sequence[str]) -> list[str]:
 
 @dataclass(frozen=True)
 class Part:
-    """Part ``index`` (from 0) of ``count`` of a document: a work unit below the document (issue 11), for
+    """Part ``index`` (from 0) of ``count`` of a document: a work unit below the document, for
     studies whose documents are too few to keep every rank busy. Named ``<document>.part<i>of<n>``, so
     every part has its own directory, done.json and unit-log lines; the parts' tables, concatenated in
     order, are the document's."""
@@ -156,7 +156,9 @@ def _depth(key: str) -> int:
 def _differences(saved: dict, now: dict) -> list[str]:
     """Differing leaves, top-level settings (prefix, chunks...) first, then nested ones by name."""
     a, b = _flatten(saved), _flatten(now)
-    keys = sorted((k for k in set(a) | set(b) if a.get(k, _MISSING) != b.get(k, _MISSING)), key=lambda k: (_depth(k), k))
+    keys = sorted(
+        (k for k in set(a) | set(b) if a.get(k, _MISSING) != b.get(k, _MISSING)), key=lambda k: (_depth(k), k)
+    )
     return [f"{k}: {json.dumps(a.get(k), default=str)} then, {json.dumps(b.get(k), default=str)} now" for k in keys]
 
 
@@ -181,9 +183,14 @@ def _read_settings(saved_file: Path) -> dict:
         saved = json.loads(saved_file.read_text())
     except (ValueError, OSError):
         saved = None
-    if not (isinstance(saved, dict) and isinstance(saved.get("command"), str) and isinstance(saved.get("settings"), dict)):
-        raise FIError(f"cannot resume: '{saved_file}' is not a run's settings (a JSON object with 'command' "
-                      "and 'settings'); pass overwrite to start over", parameter="overwrite")
+    if not (
+        isinstance(saved, dict) and isinstance(saved.get("command"), str) and isinstance(saved.get("settings"), dict)
+    ):
+        raise FIError(
+            f"cannot resume: '{saved_file}' is not a run's settings (a JSON object with 'command' "
+            "and 'settings'); pass overwrite to start over",
+            parameter="overwrite",
+        )
     return saved
 
 
@@ -195,8 +202,11 @@ def check_run_dir(out_dir: Path, command: str, resume: bool = False, overwrite: 
     """
     path = results.check_out_path(out_dir)
     if resume and overwrite:
-        raise FIError("resume and overwrite contradict each other: resume continues the run in out_dir, "
-                      "overwrite replaces it; pass one", parameter=("resume", "overwrite", "out_dir"))
+        raise FIError(
+            "resume and overwrite contradict each other: resume continues the run in out_dir, "
+            "overwrite replaces it; pass one",
+            parameter=("resume", "overwrite", "out_dir"),
+        )
     found = results.held_results(path)
     if not found or overwrite:
         return path
@@ -205,20 +215,31 @@ def check_run_dir(out_dir: Path, command: str, resume: bool = False, overwrite: 
         what = f"a '{holder}' run" if holder else ", ".join(found[:4])
         sizes = sorted(written_world_sizes(path) - {distributed.from_env().size})
         if holder == command and sizes:
-            raise FIError(f"'{path}' already holds results (a '{holder}' run computed with world size "
-                          f"{' and '.join(map(str, sizes))}, this run has {distributed.from_env().size}); pass resume "
-                          "to continue it with any world size or overwrite to replace it", parameter=("resume", "overwrite"))
-        hint = "pass resume to continue it or overwrite to replace it" if holder == command else \
-            "choose another out_dir or pass overwrite to replace it"
+            raise FIError(
+                f"'{path}' already holds results (a '{holder}' run computed with world size "
+                f"{' and '.join(map(str, sizes))}, this run has {distributed.from_env().size}); pass resume "
+                "to continue it with any world size or overwrite to replace it",
+                parameter=("resume", "overwrite"),
+            )
+        hint = (
+            "pass resume to continue it or overwrite to replace it"
+            if holder == command
+            else "choose another out_dir or pass overwrite to replace it"
+        )
         raise FIError(f"'{path}' already holds results ({what}); {hint}", parameter=("resume", "overwrite", "out_dir"))
     if (path / SETTINGS).exists():
         holder = _read_settings(path / SETTINGS)["command"]
     if holder is not None and holder != command:
-        raise FIError(f"cannot resume: '{path}' holds a '{holder}' run, not '{command}' "
-                      "(resume only continues the same command)", parameter="resume")
+        raise FIError(
+            f"cannot resume: '{path}' holds a '{holder}' run, not '{command}' (resume only continues the same command)",
+            parameter="resume",
+        )
     if holder is None and not (path / PER_DOCUMENT).is_dir():
-        raise FIError(f"cannot resume: '{path}' holds other results ({', '.join(found[:4])}), not a stopped run; "
-                      "choose another out_dir or pass overwrite", parameter=("out_dir", "overwrite"))
+        raise FIError(
+            f"cannot resume: '{path}' holds other results ({', '.join(found[:4])}), not a stopped run; "
+            "choose another out_dir or pass overwrite",
+            parameter=("out_dir", "overwrite"),
+        )
     return path
 
 
@@ -247,8 +268,16 @@ class ResumableRun:
     directory and settings.json are written when the first document finishes (:meth:`run`).
     """
 
-    def __init__(self, out_dir: Path, command: str, settings: dict, resume: bool = False, overwrite: bool = False,
-                 note: Callable[[str], None] = _stderr_note, world: distributed.World | None = None):
+    def __init__(
+        self,
+        out_dir: Path,
+        command: str,
+        settings: dict,
+        resume: bool = False,
+        overwrite: bool = False,
+        note: Callable[[str], None] = _stderr_note,
+        world: distributed.World | None = None,
+    ):
         self.world = world or distributed.current()
         if self.world.restart > 0:  # torchrun --max-restarts: the restarted ranks continue what the first ones began
             resume, overwrite = True, False
@@ -260,8 +289,11 @@ class ResumableRun:
         if resume and saved_file.exists():
             diff = _differences(_read_settings(saved_file)["settings"], self.settings)
             if diff:
-                raise FIError(f"cannot resume '{self.path}' with different settings ({_describe_differences(diff)}); "
-                              "use the original settings, a new out_dir, or overwrite", parameter=("out_dir", "overwrite"))
+                raise FIError(
+                    f"cannot resume '{self.path}' with different settings ({_describe_differences(diff)}); "
+                    "use the original settings, a new out_dir, or overwrite",
+                    parameter=("out_dir", "overwrite"),
+                )
         # settings.json missing but per_document/ present: each unit's own settings decide (see _problem)
 
     def _start(self) -> None:
@@ -292,9 +324,14 @@ class ResumableRun:
         except (ValueError, OSError):
             return f"{DONE} is not valid JSON"
         tables = done.get("tables") if isinstance(done, dict) else None
-        if not isinstance(tables, dict) or not tables or not all(
+        if (
+            not isinstance(tables, dict)
+            or not tables
+            or not all(
                 isinstance(t, dict) and isinstance(t.get("rows"), int) and isinstance(t.get("sha256"), str)
-                for t in tables.values()):
+                for t in tables.values()
+            )
+        ):
             return f"{DONE} does not record its tables' row counts and checksums"
         if done.get("settings") != unit:
             diff = _differences(done.get("settings") if isinstance(done.get("settings"), dict) else {}, unit)
@@ -369,8 +406,12 @@ class ResumableRun:
         """Compute one unit, save it, and log who computed it (done.json and this rank's unit log)."""
         t0 = time.perf_counter()
         tables = compute(doc)
-        by = {"rank": self.world.rank, "world_size": self.world.size, "session": self.session,
-              "seconds": round(time.perf_counter() - t0, 3)}
+        by = {
+            "rank": self.world.rank,
+            "world_size": self.world.size,
+            "session": self.session,
+            "seconds": round(time.perf_counter() - t0, 3),
+        }
         self.save(key, tables, {"document": doc.name, "settings": self.unit_settings(doc), "computed_by": by})
         line = json.dumps({"unit": key, "document": doc.name, **by, "finished": results.now()}) + "\n"
         log = self.path / UNIT_LOG / f"{self.session}.rank{self.world.rank}.jsonl"
@@ -380,8 +421,11 @@ class ResumableRun:
             fh.flush()
 
     def run(
-        self, documents: Sequence, compute: Callable[[object], dict[str, pd.DataFrame]],
-        on_skip: Callable[[object], None] | None = None, costs: Sequence[float] | None = None,
+        self,
+        documents: Sequence,
+        compute: Callable[[object], dict[str, pd.DataFrame]],
+        on_skip: Callable[[object], None] | None = None,
+        costs: Sequence[float] | None = None,
         assemble: Callable[[object, dict], dict] | None = None,
     ) -> dict[str, pd.DataFrame] | None:
         """``compute(doc)`` for every document not validly finished, saving each as it finishes; -> combined tables.
@@ -420,8 +464,10 @@ class ResumableRun:
         owner = distributed.assign([costs[i] for i in todo], world.size, [groups[i] for i in todo])
         mine = [i for i, r in zip(todo, owner) if r == world.rank]
         if not mine:
-            self.note(f"note: rank {world.rank} of {world.size} has no unit to compute ({len(todo)} unit(s) to "
-                      f"compute for {world.size} ranks); it waits for the others")
+            self.note(
+                f"note: rank {world.rank} of {world.size} has no unit to compute ({len(todo)} unit(s) to "
+                f"compute for {world.size} ranks); it waits for the others"
+            )
         t0 = time.perf_counter()
         for i in mine:
             self._compute(keys[i], documents[i], compute)
@@ -431,15 +477,22 @@ class ResumableRun:
         self.timing = {"units_s": round(t1 - t0, 3), "wait_s": round(t2 - t1, 3)}
         if not world.main:
             return None
-        missing = [d.name for k, d in zip(keys, documents)
-                   if not (self.doc_dir(k) / DONE).exists() or self._problem(k, self.unit_settings(d)) is not None]
+        missing = [
+            d.name
+            for k, d in zip(keys, documents)
+            if not (self.doc_dir(k) / DONE).exists() or self._problem(k, self.unit_settings(d)) is not None
+        ]
         if missing:
-            raise FIError(f"{len(missing)} unit(s) unfinished after every rank was done ({', '.join(missing[:4])}); "
-                          "rerun with resume", parameter="resume")
+            raise FIError(
+                f"{len(missing)} unit(s) unfinished after every rank was done ({', '.join(missing[:4])}); "
+                "rerun with resume",
+                parameter="resume",
+            )
         return self._merge(keys, documents, assemble, t2)
 
-    def _merge(self, keys: Sequence[str], documents: Sequence, assemble=None,
-               t0: float | None = None) -> dict[str, pd.DataFrame]:
+    def _merge(
+        self, keys: Sequence[str], documents: Sequence, assemble=None, t0: float | None = None
+    ) -> dict[str, pd.DataFrame]:
         """The combined tables from every unit's files (joined per document by ``assemble``, if given);
         ``timing["merge_s"]`` from ``t0`` (the checks of every unit after the barrier, for a sharded
         run) to the tables written."""
@@ -544,8 +597,10 @@ def read_tables(sources: Sequence) -> pd.DataFrame:
     """Result CSVs (paths or text buffers) one after the other, typed once over all of them (:func:`typed`)."""
     sources = [s.read() if hasattr(s, "read") else Path(s) for s in sources]  # a buffer is read twice below
     opened = [(lambda s=s: io.StringIO(s) if isinstance(s, str) else s) for s in sources]
-    return typed(pd.concat([_guessed_table(o()) for o in opened], ignore_index=True),
-                 concat_text([read_text_table(o()) for o in opened]))
+    return typed(
+        pd.concat([_guessed_table(o()) for o in opened], ignore_index=True),
+        concat_text([read_text_table(o()) for o in opened]),
+    )
 
 
 def read_table(path) -> pd.DataFrame:

@@ -1,4 +1,4 @@
-"""Settings objects: small frozen dataclasses that the ``fi`` commands and the Python API share (issue 18).
+"""Settings objects: small frozen dataclasses that the ``fi`` commands and the Python API share.
 
 A field that is a command-line option says so in its ``metadata`` (:func:`option`: flags and help,
 written once); :func:`fi_toolkit.cli.options.settings_options` expands such a dataclass into typer
@@ -63,11 +63,17 @@ class RunSettings:
     """
 
     out: Path = field(default=Path("runs"), metadata=option("--out", "-o", help="Results directory."))
-    resume: bool = field(default=False, metadata=option(
-        "--resume/--no-resume", help="Continue a stopped run of the same command in --out: skip finished documents "
-                                     "(same settings only; a finished document that fails its checks is recomputed)."))
-    overwrite: bool = field(default=False, metadata=option(
-        "--overwrite/--no-overwrite", help="Replace the results already in --out."))
+    resume: bool = field(
+        default=False,
+        metadata=option(
+            "--resume/--no-resume",
+            help="Continue a stopped run of the same command in --out: skip finished documents "
+            "(same settings only; a finished document that fails its checks is recomputed).",
+        ),
+    )
+    overwrite: bool = field(
+        default=False, metadata=option("--overwrite/--no-overwrite", help="Replace the results already in --out.")
+    )
 
     def __post_init__(self):
         if isinstance(self.out, str):
@@ -84,8 +90,11 @@ class RunSettings:
 
             check_run_dir(self.out, command, self.resume, self.overwrite)
         elif self.resume and self.overwrite:
-            raise FIError("resume and overwrite contradict each other: resume continues the run in out, "
-                          "overwrite replaces it; pass one", parameter=("resume", "overwrite", "out"))
+            raise FIError(
+                "resume and overwrite contradict each other: resume continues the run in out, "
+                "overwrite replaces it; pass one",
+                parameter=("resume", "overwrite", "out"),
+            )
         return self
 
 

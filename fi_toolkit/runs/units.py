@@ -15,6 +15,8 @@ def check_unit_size(size: int, option: str) -> int:
     if size < 0:
         raise FIError(f"{option} must be >= 0 (0: one unit per document), got {size}", parameter=option)
     if size > MAX_UNIT_SIZE:
-        raise FIError(f"{option} must be at most {MAX_UNIT_SIZE:,} items per unit (0: one unit per document), got {size}",
-                      parameter=option)
+        raise FIError(
+            f"{option} must be at most {MAX_UNIT_SIZE:,} items per unit (0: one unit per document), got {size}",
+            parameter=option,
+        )
     return size

@@ -23,22 +23,47 @@ class SignalConfig:
 
     OPTION_ORDER: ClassVar[tuple[str, ...]] = ("window", "top_k", "alpha", "tau", "pool_kernel", "entropy_of")
 
-    top_k: int = field(default=256, metadata=option(  # entropy over the k largest logits; k >= V is the full entropy
-        "--top-k", help="Entropy over the k largest logits (k >= vocab: full entropy)."))
-    window: int = field(default=32, metadata=option(  # observation window w: the last w prefix positions
-        "--window", help="Observation window w (last w prefix positions)."))
-    pool_kernel: int = field(default=7, metadata=option(  # average-pool kernel over positions for window attention
-        "--pool", help="Average-pool kernel for window attention (1 = off)."))
-    tau: float = field(default=1.0, metadata=option(  # bias in E = (D + tau) * H
-        "--tau", help="Bias in E = (D + tau) * H."))
-    alpha: float = field(default=0.9, metadata=option(  # InfoKV mix: alpha * attention + (1 - alpha) * softmax(E)
-        "--alpha", help="InfoKV mix: alpha*attention + (1-alpha)*softmax(E)."))
+    top_k: int = field(
+        default=256,
+        metadata=option(  # entropy over the k largest logits; k >= V is the full entropy
+            "--top-k", help="Entropy over the k largest logits (k >= vocab: full entropy)."
+        ),
+    )
+    window: int = field(
+        default=32,
+        metadata=option(  # observation window w: the last w prefix positions
+            "--window", help="Observation window w (last w prefix positions)."
+        ),
+    )
+    pool_kernel: int = field(
+        default=7,
+        metadata=option(  # average-pool kernel over positions for window attention
+            "--pool", help="Average-pool kernel for window attention (1 = off)."
+        ),
+    )
+    tau: float = field(
+        default=1.0,
+        metadata=option(  # bias in E = (D + tau) * H
+            "--tau", help="Bias in E = (D + tau) * H."
+        ),
+    )
+    alpha: float = field(
+        default=0.9,
+        metadata=option(  # InfoKV mix: alpha * attention + (1 - alpha) * softmax(E)
+            "--alpha", help="InfoKV mix: alpha*attention + (1-alpha)*softmax(E)."
+        ),
+    )
     # "produced": H of the distribution that produced x_i (logits at i-1; H_0 = 0);
     # "next": H of the distribution computed at i (predicting x_{i+1}). See docs/method.md, "Which entropy".
-    entropy_of: str = field(default="produced", metadata=option(
-        "--entropy-of",
-        help="Which entropy H_i is: 'produced' = the distribution that produced token i (logits at i-1, the default), "
-             "'next' = the distribution computed at i (predicting token i+1)."))
+    entropy_of: str = field(
+        default="produced",
+        metadata=option(
+            "--entropy-of",
+            help="Which entropy H_i is: 'produced' = the distribution that produced token i (logits at i-1, the "
+            "default), "
+            "'next' = the distribution computed at i (predicting token i+1).",
+        ),
+    )
     final_norm: bool = False  # D against h^(L) after the final norm instead of before it
     prefill_chunk: int = 2048  # tokens per forward while tracing the prefix
     lm_head_block: int = 512  # rows of logits at a time in the streamed LM head
@@ -47,8 +72,9 @@ class SignalConfig:
         """Every option in range, named by its field (the CLI names the flag): one line (FIError) for NaN,
         inf, negatives, wrong types."""
         if self.entropy_of not in ENTROPY_OF:
-            raise FIError(f"entropy_of must be one of {', '.join(ENTROPY_OF)}, got '{self.entropy_of}'",
-                          parameter="entropy_of")
+            raise FIError(
+                f"entropy_of must be one of {', '.join(ENTROPY_OF)}, got '{self.entropy_of}'", parameter="entropy_of"
+            )
         check_int("top_k", self.top_k, 1)
         check_int("window", self.window, 1)
         check_number("tau", self.tau)
@@ -65,4 +91,3 @@ class SignalConfig:
     def validate(self) -> None:
         """Earlier name of :meth:`check`."""
         self.check()
-

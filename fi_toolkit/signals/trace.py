@@ -21,7 +21,7 @@ from fi_toolkit.errors import FIError
 from fi_toolkit.model.architectures import context_limit, context_phrase, decoder_parts  # noqa: F401 (re-exported)
 from fi_toolkit.model.compat import cache_kwargs
 from fi_toolkit.signals import formulas as signals
-from fi_toolkit.signals.config import ENTROPY_OF, SignalConfig  # noqa: F401  (re-exported: their home before issue 18)
+from fi_toolkit.signals.config import ENTROPY_OF, SignalConfig  # noqa: F401  (re-exported: their earlier home)
 from fi_toolkit.signals.formulas import entropy_of_tokens  # noqa: F401  (re-exported)
 from fi_toolkit.signals.tracker import SignalTracker
 
@@ -108,7 +108,9 @@ class Trace:
 
 
 @torch.no_grad()
-def trace_prefix(model: torch.nn.Module, ids: torch.Tensor, prefix_len: int, config: SignalConfig = SignalConfig()) -> Trace:
+def trace_prefix(
+    model: torch.nn.Module, ids: torch.Tensor, prefix_len: int, config: SignalConfig = SignalConfig()
+) -> Trace:
     """Run ``ids[:prefix_len]`` through ``model`` once and collect cache + signals (docs/method.md, "Signals")."""
     config.validate()
     p = prefix_len
@@ -120,14 +122,18 @@ def trace_prefix(model: torch.nn.Module, ids: torch.Tensor, prefix_len: int, con
     if limit is not None and p > limit:
         raise FIError(f"prefix of {p:,} tokens is past the model's {context_phrase(model.config)}")
     device = next(model.parameters()).device
-    tracker = SignalTracker(config, capacity=p, accumulate=True)  # the accumulator at the prefill's end: Trace.accumulated
+    tracker = SignalTracker(
+        config, capacity=p, accumulate=True
+    )  # the accumulator at the prefill's end: Trace.accumulated
     cache = DynamicCache(config=model.config)
     with tracker(model):
         for a in range(0, p, config.prefill_chunk):  # the tracker carries the last w queries across chunks
             b = min(p, a + config.prefill_chunk)
             positions = torch.arange(a, b, device=device).unsqueeze(0)
             hidden = model.base_model(
-                input_ids=ids[a:b].to(device).unsqueeze(0), position_ids=positions, use_cache=True,
+                input_ids=ids[a:b].to(device).unsqueeze(0),
+                position_ids=positions,
+                use_cache=True,
                 **cache_kwargs(model.base_model, cache),
             ).last_hidden_state[0]
             tracker.record(hidden)

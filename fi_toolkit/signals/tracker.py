@@ -32,7 +32,7 @@ from fi_toolkit.model.architectures import apply_rope, decoder_parts, queries
 from fi_toolkit.signals import formulas as signals
 from fi_toolkit.signals.config import SignalConfig
 from fi_toolkit.signals.formulas import entropy_of_tokens
-from fi_toolkit.signals.view import Signals
+from fi_toolkit.signals.policy_view import Signals
 
 
 def window_queries(attn_module, hidden_states, position_embeddings, window: int) -> torch.Tensor:
@@ -116,6 +116,7 @@ class SignalTracker:
     def _input_hook(self, layer_idx: int):
         def hook(_module, args, kwargs):
             self._inputs[layer_idx] = args[0] if args else kwargs["hidden_states"]
+
         return hook
 
     def _norm_hook(self, _module, args):
@@ -128,7 +129,9 @@ class SignalTracker:
         # decoding (the accumulator exists once the prefill is done): every fed row's attention counts,
         # whether the rows come one step at a time or as one block (CompressedDecoder.block)
         accumulate = self.accumulated is not None
-        q = window_queries(module, hs, kwargs["position_embeddings"], hs.shape[1] if accumulate else min(w, hs.shape[1]))
+        q = window_queries(
+            module, hs, kwargs["position_embeddings"], hs.shape[1] if accumulate else min(w, hs.shape[1])
+        )
         prev = self.queries[i]
         self.queries[i] = (q if prev is None else torch.cat([prev, q[:, -w:]], dim=1))[:, -w:]
         if accumulate:
@@ -160,7 +163,9 @@ class SignalTracker:
         # state's, and every signal to the buffers' device (no-ops on one device)
         for i in range(len(layers)):  # layer by layer: no [L, q, d] copy of the hidden states
             layer_input = self._inputs[i][0][None].to(final.device)
-            self.distance[i, start : start + q] = signals.representation_distance(layer_input, final)[0].to(self.distance.device)
+            self.distance[i, start : start + q] = signals.representation_distance(layer_input, final)[0].to(
+                self.distance.device
+            )
         if q == 1 and last_logits is not None:
             self.entropy[start] = signals.topk_entropy(last_logits, self.config.top_k).to(self.entropy.device)
         else:
@@ -190,13 +195,15 @@ class SignalTracker:
             raise FIError("compact() needs start_decoding(cache) first")
         for layer, (idx, cached) in enumerate(zip(keep, self._cache.layers, strict=True)):
             if idx.shape[1] != cached.keys.shape[2]:
-                raise FIError(f"layer {layer}: the cache holds {cached.keys.shape[2]} slots, the keep map "
-                              f"{idx.shape[1]}: compact the cache first (in place), then the tracker")
+                raise FIError(
+                    f"layer {layer}: the cache holds {cached.keys.shape[2]} slots, the keep map "
+                    f"{idx.shape[1]}: compact the cache first (in place), then the tracker"
+                )
         if self.accumulated is not None:
             self.accumulated = [a.gather(1, idx.to(a.device)) for a, idx in zip(self.accumulated, keep)]
 
     def view(self, positions: list[torch.Tensor]) -> Signals:
-        """The :class:`~fi_toolkit.signals.view.Signals` a policy scores now, in slot space.
+        """The :class:`~fi_toolkit.signals.policy_view.Signals` a policy scores now, in slot space.
 
         ``positions``: per layer, the original position of every slot of the bound cache, ``[Hkv, n_l]``
         long tensors. Returns ``window``, ``seen``, ``keys`` (the bound cache's ``[1, Hkv, n_l, hd]``),
@@ -216,7 +223,7 @@ class SignalTracker:
         s.accumulated = self.accumulated
         return s
 
-    def fork(self, token_signals: bool | None = None, accumulate: bool | None = None) -> "SignalTracker":
+    def fork(self, token_signals: bool | None = None, accumulate: bool | None = None) -> SignalTracker:
         """An independent copy of this tracker's state (cloned tensors), for a decoder forked from this
         one; it keeps only what it will track (``token_signals``/``accumulate``: default, as this one;
         neither can be turned on where this tracker did not track it). It reads no cache until its own

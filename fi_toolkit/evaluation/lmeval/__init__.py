@@ -1,4 +1,4 @@
-"""The toolkit as an lm-evaluation-harness backend (issue 22; docs/guides/lm-eval.md).
+"""The toolkit as an lm-evaluation-harness backend (docs/guides/lm-eval.md).
 
 - :mod:`.arguments`: the model arguments, checked before a model loads.
 - :mod:`.requests`: one request on a compressed cache (scoring, generation), without lm-eval.
@@ -19,5 +19,13 @@ def __getattr__(name):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["BackendArgs", "CacheRecord", "CompressedLM", "annotate_samples", "export_tasks", "generate_tokens",
-           "parse_backend_args", "score_continuation"]
+__all__ = [
+    "BackendArgs",
+    "CacheRecord",
+    "CompressedLM",
+    "annotate_samples",
+    "export_tasks",
+    "generate_tokens",
+    "parse_backend_args",
+    "score_continuation",
+]

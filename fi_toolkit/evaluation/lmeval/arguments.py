@@ -61,8 +61,10 @@ def policy_from_spec(spec: str, budget, window: int, options: dict) -> Policy:
     """``infokv``, ``infokv:alpha=0.5:tau=2``, ``kvpress:SnapKVPress`` -> a policy with ``budget``."""
     if spec.strip().lower().startswith("kvpress:"):
         if options:
-            raise FIError(f"policy={spec}: give a press's options after its name (kvpress:NAME:key=value), "
-                          f"not as model arguments ({', '.join(options)})")
+            raise FIError(
+                f"policy={spec}: give a press's options after its name (kvpress:NAME:key=value), "
+                f"not as model arguments ({', '.join(options)})"
+            )
         return named_policy(spec, budget=budget, window=window)
     # lm-eval splits --model_args on commas, so options inside the name are separated by ':' here
     # (infokv:alpha=0.5:tau=2); fi_toolkit.policies.spec reads them as NAME:alpha=0.5,tau=2
@@ -75,8 +77,10 @@ def policy_from_spec(spec: str, budget, window: int, options: dict) -> Policy:
     known = options_of(parse_spec(text, f"policy={spec}").cls)
     unknown = sorted(set(options) - set(known))
     if unknown:
-        raise FIError(f"policy {name} has no option {', '.join(unknown)} "
-                      f"(its options: {', '.join(k for k in known if k != 'window')})")
+        raise FIError(
+            f"policy {name} has no option {', '.join(unknown)} "
+            f"(its options: {', '.join(k for k in known if k != 'window')})"
+        )
     for k, v in options.items():
         _finite(k, v)
     policy = parse_policy(text, budget, window, where=f"policy={spec}", **options)
@@ -135,7 +139,9 @@ def split_model_args(text: str) -> dict:
             continue
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
-            raise FIError(f"model_args: write KEY=VALUE pairs separated by commas, got '{pair}'", parameter="model_args")
+            raise FIError(
+                f"model_args: write KEY=VALUE pairs separated by commas, got '{pair}'", parameter="model_args"
+            )
         out[key.strip()] = _number(value.strip())
     return out
 
@@ -179,8 +185,10 @@ def parse_backend_args(**kwargs) -> BackendArgs:
         args.policy_options = options
         budget = Budget.parse(str(args.budget), "budget=")
         if not budget.is_share and budget.side == "keep" and budget.amount <= args.window:
-            raise FIError(f"budget={budget.label} cannot hold the observation window of {args.window} tokens "
-                          "(keep more than the window)")
+            raise FIError(
+                f"budget={budget.label} cannot hold the observation window of {args.window} tokens "
+                "(keep more than the window)"
+            )
         args.budget = budget.label
         args.make_policy()  # unknown names and options fail here, before the model loads
     return args

@@ -1,4 +1,4 @@
-"""``CompressedLM``: the toolkit as an lm-evaluation-harness model backend (``--model fi``; issue 22).
+"""``CompressedLM``: the toolkit as an lm-evaluation-harness model backend (``--model fi``).
 
 Every request runs on a cache kept to a policy's budget in the paper's regime (InfoKV: compression
 at prefill and every ``interval`` generated tokens; :mod:`.requests`): ``generate_until`` decodes
@@ -51,8 +51,12 @@ class CompressedLM(TemplateLM):
             from fi_toolkit.model.loading import load_model
 
             device = None if self.args.device == "auto" else self.args.device
-            lm = load_model(self.args.pretrained, device=device or ("cuda" if torch.cuda.is_available() else "cpu"),
-                            dtype=self.args.dtype, upcast=self.args.upcast)
+            lm = load_model(
+                self.args.pretrained,
+                device=device or ("cuda" if torch.cuda.is_available() else "cpu"),
+                dtype=self.args.dtype,
+                upcast=self.args.upcast,
+            )
         if lm.tokenizer is None:
             raise FIError("the fi lm-eval backend needs a model with a tokenizer")
         self.lm, self.model, self.tokenizer = lm, lm.model, lm.tokenizer
@@ -60,7 +64,7 @@ class CompressedLM(TemplateLM):
         CompressedLM.all_records.append(self.records)
 
     @classmethod
-    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> "CompressedLM":
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> CompressedLM:
         """``--model_args`` text plus lm-eval's own settings (``--device``, ``--batch_size``); a model argument
         wins over the same lm-eval setting (``device=cpu`` in the model arguments beats ``--device``)."""
         from fi_toolkit.evaluation.lmeval.arguments import split_model_args
@@ -68,7 +72,7 @@ class CompressedLM(TemplateLM):
         return cls.create_from_arg_obj(split_model_args(arg_string), additional_config)
 
     @classmethod
-    def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None) -> "CompressedLM":
+    def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None) -> CompressedLM:
         extra = {k: v for k, v in (additional_config or {}).items() if v is not None and k not in arg_dict}
         return cls(**arg_dict, **extra)
 
@@ -104,8 +108,12 @@ class CompressedLM(TemplateLM):
 
     def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         """The tokenizer's chat template, as text (``--apply_chat_template``)."""
-        return self.tokenizer.apply_chat_template(chat_history, tokenize=False, add_generation_prompt=add_generation_prompt,
-                                                  continue_final_message=not add_generation_prompt)
+        return self.tokenizer.apply_chat_template(
+            chat_history,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=not add_generation_prompt,
+        )
 
     # --- records ------------------------------------------------------------------------------------
     def _log(self, request, record) -> None:
@@ -114,8 +122,9 @@ class CompressedLM(TemplateLM):
 
     # --- scoring ------------------------------------------------------------------------------------
     def _score(self, context: list[int], continuation: list[int]):
-        return score_continuation(self.model, context, continuation, self.policy, self.args.interval,
-                                  prefill_chunk=self.args.prefill_chunk)
+        return score_continuation(
+            self.model, context, continuation, self.policy, self.args.interval, prefill_chunk=self.args.prefill_chunk
+        )
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
         """``requests``: ``((context, continuation), context ids, continuation ids)``; the context is cut on
@@ -123,7 +132,7 @@ class CompressedLM(TemplateLM):
         out = []
         for item in tqdm(requests, desc="Running loglikelihood requests", disable=disable_tqdm or self.rank != 0):
             _, context, continuation = item[:3]
-            context = list(context)[-max(1, self.max_length - len(continuation)):]
+            context = list(context)[-max(1, self.max_length - len(continuation)) :]
             logprob, greedy, record = self._score(context, list(continuation))
             out.append((logprob, greedy))
             if len(item) > 3:  # the Instance, passed along by loglikelihood() below
@@ -150,11 +159,19 @@ class CompressedLM(TemplateLM):
         """The document's log-likelihood over lm-eval's disjoint rolling windows of ``max_length``
         tokens (the first conditioned on the prefix token), each scored on its compressed cache."""
         out = []
-        for request in tqdm(requests, desc="Running loglikelihood_rolling requests", disable=disable_tqdm or self.rank != 0):
+        for request in tqdm(
+            requests, desc="Running loglikelihood_rolling requests", disable=disable_tqdm or self.rank != 0
+        ):
             (string,) = request.args
-            windows = [make_disjoint_window(w) for w in get_rolling_token_windows(
-                token_list=self.tok_encode(string, add_special_tokens=False), prefix_token=self.prefix_token_id,
-                max_seq_len=self.max_length, context_len=1)]
+            windows = [
+                make_disjoint_window(w)
+                for w in get_rolling_token_windows(
+                    token_list=self.tok_encode(string, add_special_tokens=False),
+                    prefix_token=self.prefix_token_id,
+                    max_seq_len=self.max_length,
+                    context_len=1,
+                )
+            ]
             total = 0.0
             for context, continuation in windows:
                 logprob, _, record = self._score(list(context), list(continuation))
@@ -198,20 +215,32 @@ class CompressedLM(TemplateLM):
         a reasoning model (``think_end_token``) only what follows its last end-of-thinking marker is kept."""
         out = []
         eos = self._eos_ids()
-        for i, request in enumerate(tqdm(requests, desc="Running generate_until requests",
-                                         disable=disable_tqdm or self.rank != 0)):
+        for i, request in enumerate(
+            tqdm(requests, desc="Running generate_until requests", disable=disable_tqdm or self.rank != 0)
+        ):
             context, gen_kwargs = request.args
             opts = self._gen_options(gen_kwargs)
             prompt = self.tok_encode(context)
             room = self.max_length - opts["max_new"]
             if room < 1:
-                raise FIError(f"max_gen_toks ({opts['max_new']}) leaves no room for the prompt in max_length "
-                              f"({self.max_length})")
+                raise FIError(
+                    f"max_gen_toks ({opts['max_new']}) leaves no room for the prompt in max_length ({self.max_length})"
+                )
             prompt = prompt[-room:]
             tokens, record = generate_tokens(
-                self.model, prompt, self.policy, self.args.interval, opts["max_new"], eos,
-                stop_checker(self.tokenizer, opts["until"]), opts["do_sample"], opts["temperature"], opts["top_p"],
-                self.args.seed + i, prefill_chunk=self.args.prefill_chunk)
+                self.model,
+                prompt,
+                self.policy,
+                self.args.interval,
+                opts["max_new"],
+                eos,
+                stop_checker(self.tokenizer, opts["until"]),
+                opts["do_sample"],
+                opts["temperature"],
+                opts["top_p"],
+                self.args.seed + i,
+                prefill_chunk=self.args.prefill_chunk,
+            )
             text = self.tokenizer.decode(tokens, skip_special_tokens=False)
             text = postprocess(text, opts["until"], self.args.think_end_token)
             out.append(text)
@@ -222,8 +251,7 @@ class CompressedLM(TemplateLM):
 
     def get_model_info(self) -> dict:
         """What lm-eval records about the model in its results file, with the policy."""
-        return {"fi_policy": self.args.policy_label, "fi_interval": self.args.interval,
-                "fi_model": self.lm.describe()}
+        return {"fi_policy": self.args.policy_label, "fi_interval": self.args.interval, "fi_model": self.lm.describe()}
 
 
 def postprocess(text: str, until: list[str], think_end_token: str | None) -> str:

@@ -20,7 +20,8 @@ from fi_toolkit.evaluation.tasks import TASKS, make_sample
 
 PREFIX = "fi_"
 
-SCORING = '''"""Scoring of the fi_toolkit tasks for lm-eval: the toolkit's exact match (fi_toolkit.evaluation.tasks.score)."""
+SCORING = '''"""Scoring of the fi_toolkit tasks for lm-eval: the toolkit's exact match
+(fi_toolkit.evaluation.tasks.score)."""
 
 from fi_toolkit.evaluation.tasks import score
 
@@ -53,8 +54,16 @@ metadata:
 """
 
 
-def export_tasks(out: Path, tokenizer, tasks: list[str], context_tokens: int, samples: int, seed: int = 0,
-                 max_gen_toks: int = 16, config=None) -> list[Path]:
+def export_tasks(
+    out: Path,
+    tokenizer,
+    tasks: list[str],
+    context_tokens: int,
+    samples: int,
+    seed: int = 0,
+    max_gen_toks: int = 16,
+    config=None,
+) -> list[Path]:
     """Write ``{PREFIX}{task}.jsonl`` and ``{PREFIX}{task}.yaml`` per task (and ``fi_scoring.py``) into
     ``out``; samples use seeds ``seed .. seed + samples - 1``, sized with ``tokenizer`` to at most
     ``context_tokens`` tokens. Returns the YAML paths."""
@@ -63,8 +72,10 @@ def export_tasks(out: Path, tokenizer, tasks: list[str], context_tokens: int, sa
         raise FIError(f"unknown task {', '.join(unknown)} (tasks: {', '.join(TASKS)})")
     if samples < 1 or max_gen_toks < 1 or seed < 0:
         raise FIError(f"need samples >= 1, max_gen_toks >= 1 and seed >= 0, got {samples}, {max_gen_toks}, {seed}")
-    rows = {task: [make_sample(task, tokenizer, context_tokens, s, config, chat=False)
-                   for s in range(seed, seed + samples)] for task in tasks}
+    rows = {
+        task: [make_sample(task, tokenizer, context_tokens, s, config, chat=False) for s in range(seed, seed + samples)]
+        for task in tasks
+    }
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     (out / "fi_scoring.py").write_text(SCORING, encoding="utf-8")
@@ -73,12 +84,34 @@ def export_tasks(out: Path, tokenizer, tasks: list[str], context_tokens: int, sa
         data = out / f"{PREFIX}{task}.jsonl"
         with open(data, "w", encoding="utf-8") as f:
             for s in drawn:
-                f.write(json.dumps({"prompt": s.context + s.asked, "answer": s.answer, "task": task, "seed": s.seed,
-                                    "context_tokens": s.context_tokens, "prompt_tokens": s.prompt_tokens,
-                                    "book": s.book, "depths": s.depths}) + "\n")
+                f.write(
+                    json.dumps(
+                        {
+                            "prompt": s.context + s.asked,
+                            "answer": s.answer,
+                            "task": task,
+                            "seed": s.seed,
+                            "context_tokens": s.context_tokens,
+                            "prompt_tokens": s.prompt_tokens,
+                            "book": s.book,
+                            "depths": s.depths,
+                        }
+                    )
+                    + "\n"
+                )
         yaml = out / f"{PREFIX}{task}.yaml"
-        yaml.write_text(YAML.format(task=task, name=f"{PREFIX}{task}", samples=samples, context=context_tokens,
-                                    first=seed, last=seed + samples - 1, data=json.dumps(str(data)),
-                                    max_gen_toks=max_gen_toks), encoding="utf-8")
+        yaml.write_text(
+            YAML.format(
+                task=task,
+                name=f"{PREFIX}{task}",
+                samples=samples,
+                context=context_tokens,
+                first=seed,
+                last=seed + samples - 1,
+                data=json.dumps(str(data)),
+                max_gen_toks=max_gen_toks,
+            ),
+            encoding="utf-8",
+        )
         written.append(yaml)
     return written

@@ -54,8 +54,15 @@ def _label(policy: Policy | None) -> str:
 
 
 @torch.no_grad()
-def score_continuation(model, context: list[int], continuation: list[int], policy: Policy | None, interval: int,
-                       config: SignalConfig | None = None, prefill_chunk: int = 2048) -> tuple[float, bool, CacheRecord]:
+def score_continuation(
+    model,
+    context: list[int],
+    continuation: list[int],
+    policy: Policy | None,
+    interval: int,
+    config: SignalConfig | None = None,
+    prefill_chunk: int = 2048,
+) -> tuple[float, bool, CacheRecord]:
     """``log P(continuation | context)`` on the compressed cache, teacher-forced, and whether every
     continuation token is the argmax (lm-eval's ``is_greedy``).
 
@@ -101,7 +108,9 @@ def _sampler(do_sample: bool, temperature: float, top_p: float, seed: int, devic
         return lambda logits, ids: int(torch.argmax(logits))
     from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
 
-    warpers = LogitsProcessorList([TemperatureLogitsWarper(temperature)] + ([TopPLogitsWarper(top_p)] if top_p < 1 else []))
+    warpers = LogitsProcessorList(
+        [TemperatureLogitsWarper(temperature)] + ([TopPLogitsWarper(top_p)] if top_p < 1 else [])
+    )
     gen = torch.Generator(device=device).manual_seed(seed)
 
     def sample(logits, ids):
@@ -128,10 +137,21 @@ def stop_checker(tokenizer, until: list[str]) -> Callable[[list[int]], bool]:
 
 
 @torch.no_grad()
-def generate_tokens(model, prompt: list[int], policy: Policy | None, interval: int, max_new: int,
-                    eos: set[int], stop: Callable[[list[int]], bool], do_sample: bool = False,
-                    temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
-                    config: SignalConfig | None = None, prefill_chunk: int = 2048) -> tuple[list[int], CacheRecord]:
+def generate_tokens(
+    model,
+    prompt: list[int],
+    policy: Policy | None,
+    interval: int,
+    max_new: int,
+    eos: set[int],
+    stop: Callable[[list[int]], bool],
+    do_sample: bool = False,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    config: SignalConfig | None = None,
+    prefill_chunk: int = 2048,
+) -> tuple[list[int], CacheRecord]:
     """Generated token ids after ``prompt`` ``[p]`` (an EOS token not included) and the cache record.
 
     The loop of :func:`fi_toolkit.compress.decoder.generate` (prefill compression, a compression back to

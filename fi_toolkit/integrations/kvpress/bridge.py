@@ -81,17 +81,23 @@ def parse_press_spec(rest: str, where: str) -> PressSpec:
     name, at, tail = rest.partition("@")
     names = tuple(n.strip() for n in name.split("/"))
     if not at or not all(names):
-        raise FIError(f"{where}: expected kvpress:NAME@RATIO, e.g. kvpress:SnapKVPress@0.75 "
-                      "(RATIO is kvpress's compression_ratio, the share removed)")
+        raise FIError(
+            f"{where}: expected kvpress:NAME@RATIO, e.g. kvpress:SnapKVPress@0.75 "
+            "(RATIO is kvpress's compression_ratio, the share removed)"
+        )
     ratio_text, _, opts = tail.partition(":")
     try:
         ratio = float(ratio_text)
     except ValueError:
-        raise FIError(f"{where}: the ratio '{ratio_text}' is not a number (kvpress's compression_ratio, "
-                      "the share removed, in (0, 1))") from None
+        raise FIError(
+            f"{where}: the ratio '{ratio_text}' is not a number (kvpress's compression_ratio, "
+            "the share removed, in (0, 1))"
+        ) from None
     if not 0.0 < ratio < 1.0:  # also refuses NaN
-        raise FIError(f"{where}: the ratio {ratio_text} must lie in (0, 1) (kvpress's compression_ratio: "
-                      "the share removed; 0 removes nothing)")
+        raise FIError(
+            f"{where}: the ratio {ratio_text} must lie in (0, 1) (kvpress's compression_ratio: "
+            "the share removed; 0 removes nothing)"
+        )
     options = []
     for part in filter(None, (p.strip() for p in opts.split(","))):
         key, eq, value = part.partition("=")
@@ -115,8 +121,9 @@ def make_press(spec: PressSpec, where: str = ""):
         classes.append(cls)
     fields = [{f.name for f in dataclasses.fields(c)} if dataclasses.is_dataclass(c) else set() for c in classes]
     if "compression_ratio" not in fields[-1]:
-        raise FIError(f"{where}: {spec.names[-1]} takes no compression_ratio; give a press that does, "
-                      "or wrap one: OUTER/INNER")
+        raise FIError(
+            f"{where}: {spec.names[-1]} takes no compression_ratio; give a press that does, or wrap one: OUTER/INNER"
+        )
     for outer, f in zip(spec.names[:-1], fields[:-1]):
         if "press" not in f:
             raise FIError(f"{where}: {outer} does not wrap another press (it has no 'press' field)")
@@ -193,8 +200,10 @@ def _kept(module, keys: torch.Tensor, new_keys: torch.Tensor, tracker: _Position
     if pos is None:
         if new_keys is keys:  # nothing evicted in this layer
             return [torch.arange(keys.shape[2])] * keys.shape[1], None
-        raise FIError(f"{label}: the press changes the kept keys (it merges, re-rotates or rebuilds them), "
-                      "so what it keeps is not a set of prefix entries; it cannot be measured as an eviction")
+        raise FIError(
+            f"{label}: the press changes the kept keys (it merges, re-rotates or rebuilds them), "
+            "so what it keeps is not a set of prefix entries; it cannot be measured as an eviction"
+        )
     order = pos[0].cpu()
     heads = [torch.sort(row).values for row in order]
     if any(bool((h[1:] == h[:-1]).any()) for h in heads):
@@ -234,7 +243,8 @@ def run_press(press, model, ids: torch.Tensor, prefix_len: int, label: str = "kv
         with press(model):
             model.base_model(
                 input_ids=ids[:prefix_len].to(device)[None],
-                position_ids=torch.arange(prefix_len, device=device)[None], use_cache=True,
+                position_ids=torch.arange(prefix_len, device=device)[None],
+                use_cache=True,
                 **cache_kwargs(model.base_model, cache),
             )
     except FIError:
@@ -246,11 +256,14 @@ def run_press(press, model, ids: torch.Tensor, prefix_len: int, label: str = "kv
         del press.compress
         restore(model, attention)
     if len(kept) != len(attention):
-        raise FIError(f"{label}: the press compressed {len(kept)} of {len(attention)} layers; the bridge "
-                      "measures presses that compress every layer at the prefill")
+        raise FIError(
+            f"{label}: the press compressed {len(kept)} of {len(attention)} layers; the bridge "
+            "measures presses that compress every layer at the prefill"
+        )
     layers = [kept[i] for i in range(len(attention))]
-    keep_map = KeepMap.from_heads(label, [heads for heads, _ in layers],
-                                  {"selector": label.split("@")[0], "budget": None})
+    keep_map = KeepMap.from_heads(
+        label, [heads for heads, _ in layers], {"selector": label.split("@")[0], "budget": None}
+    )
     return PressRun(keep_map, cache, [order for _, order in layers])
 
 
@@ -259,11 +272,13 @@ def press_policy(name: str, budget, window: int | None = None, where: str = ""):
     from fi_toolkit.budget import Budget
 
     where = where or f"policy {name}"
-    rest = name.strip()[len("kvpress:"):]
+    rest = name.strip()[len("kvpress:") :]
     press_name, _, opts = rest.partition(":")
     if "@" in press_name:
-        raise FIError(f"{where}: give the budget with the budget argument (kvpress:NAME, without @RATIO)",
-                      parameter={"the budget argument": "budget"})
+        raise FIError(
+            f"{where}: give the budget with the budget argument (kvpress:NAME, without @RATIO)",
+            parameter={"the budget argument": "budget"},
+        )
     spec = parse_press_spec(f"{press_name}@0.5" + (f":{opts}" if opts else ""), where)
     make_press(spec, where)  # validate the name and options now (and that kvpress is installed)
     return PressPolicy(budget=Budget.parse(budget or "keep=0.25"), window=window or 32, spec=spec)
@@ -294,18 +309,25 @@ class PressPolicy(Policy):
     def keep_map(self, signals) -> KeepMap:
         s = signals
         n = s.seen
-        if s.tokens is None or s.model is None or any(
-                not torch.equal(pos, torch.arange(n, device=pos.device).expand_as(pos)) for pos in s.positions):
+        if (
+            s.tokens is None
+            or s.model is None
+            or any(not torch.equal(pos, torch.arange(n, device=pos.device).expand_as(pos)) for pos in s.positions)
+        ):
             raise FIError(f"{self.name}: a kvpress press compresses a prompt right after its prefill only")
         ratio = self.budget.compression_ratio(n)
         if not 0.0 < ratio < 1.0:
-            raise FIError(f"{self.name}: budget {self.budget.label} of {n} tokens is a compression_ratio of "
-                          f"{ratio:g}; kvpress needs one in (0, 1)")
+            raise FIError(
+                f"{self.name}: budget {self.budget.label} of {n} tokens is a compression_ratio of "
+                f"{ratio:g}; kvpress needs one in (0, 1)"
+            )
         spec = dataclasses.replace(self.spec, ratio=ratio)
         keep_map = run_press(make_press(spec), s.model, s.tokens, n, self.label).keep_map
         if keep_map.uneven:
-            raise FIError(f"{self.name} keeps different counts per KV head (AdaKV-style): `fi probe` measures "
-                          "it (masked per head); compressed decoding needs a dense cache and cannot run it")
+            raise FIError(
+                f"{self.name} keeps different counts per KV head (AdaKV-style): `fi probe` measures "
+                "it (masked per head); compressed decoding needs a dense cache and cannot run it"
+            )
         keep_map.keep = [k.to(s.keys[0].device) for k in keep_map.keep]
         keep_map.meta.update(selector=f"policy:{self.name}", budget=self.budget.label, policy=self.name)
         return keep_map

@@ -57,7 +57,8 @@ class InfoKVPress(BasePress):
     entered (``with tracker(model)``) when kvpress's prefill starts, so that its hooks record ``h^(l)``,
     ``h^(L)`` and the last ``window_size`` queries of every layer while the prefill runs; a forward hook
     on the model's decoder stack then records the final hidden states, leaves the tracker's block
-    (removing its hooks), builds the :class:`Trace` (:func:`tracker_trace`, as ``trace_prefix`` does), asks :class:`~fi_toolkit.policies.InfoKV` for its
+    (removing its hooks), builds the :class:`Trace` (:func:`tracker_trace`, as ``trace_prefix`` does), asks
+    :class:`~fi_toolkit.policies.InfoKV` for its
     keep map and gathers every layer of kvpress's cache in place. Within that forward no layer reads
     an earlier layer's cache, so the cache it leaves is the one a per-layer press would; the cost over
     a plain prefill is the streamed LM head for ``H``: 1.3x a plain prefill on the CPU
@@ -81,15 +82,26 @@ class InfoKVPress(BasePress):
     def __post_init__(self):
         if not 0.0 <= self.compression_ratio < 1.0:
             raise ValueError(f"compression_ratio must lie in [0, 1), got {self.compression_ratio}")
-        self.config = SignalConfig(top_k=self.top_k, window=self.window_size, pool_kernel=self.kernel_size,
-                                   tau=self.tau, alpha=self.alpha, entropy_of=self.entropy_of)
+        self.config = SignalConfig(
+            top_k=self.top_k,
+            window=self.window_size,
+            pool_kernel=self.kernel_size,
+            tau=self.tau,
+            alpha=self.alpha,
+            entropy_of=self.entropy_of,
+        )
         self.config.validate()
         self.keep_map: KeepMap | None = None
 
     def policy(self, n: int) -> InfoKV:
         """The project's InfoKV policy for a prefill of ``n`` tokens (kvpress's kept count)."""
-        return InfoKV(budget=Budget("keep", compute_n_kept(n, self.compression_ratio)), window=self.window_size,
-                      alpha=self.alpha, tau=self.tau, top_k=self.top_k)
+        return InfoKV(
+            budget=Budget("keep", compute_n_kept(n, self.compression_ratio)),
+            window=self.window_size,
+            alpha=self.alpha,
+            tau=self.tau,
+            top_k=self.top_k,
+        )
 
     @contextmanager
     def __call__(self, model):
@@ -122,8 +134,10 @@ class InfoKVPress(BasePress):
 
         restore(model, [layer.self_attn for layer in base.layers])  # what earlier kvpress presses left on it
         decoder_parts(model)  # refuses a model the signals cannot be traced on, before any forward
-        hooks = [base.register_forward_pre_hook(start, with_kwargs=True),
-                 base.register_forward_hook(finish, with_kwargs=True)]
+        hooks = [
+            base.register_forward_pre_hook(start, with_kwargs=True),
+            base.register_forward_hook(finish, with_kwargs=True),
+        ]
         try:
             yield
         finally:

@@ -44,7 +44,7 @@ class Signals:
         return int(self.keys[layer].shape[2])
 
     @classmethod
-    def from_trace(cls, trace) -> "Signals":
+    def from_trace(cls, trace) -> Signals:
         """Prefill signals of a :class:`~fi_toolkit.signals.trace.Trace`: slots are prompt positions."""
         p, hkv, device = trace.prefix_len, trace.num_kv_heads, trace.keys[0].device
         positions = torch.arange(p, device=device).expand(hkv, p)

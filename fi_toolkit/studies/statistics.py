@@ -66,7 +66,12 @@ _METHODS = {
 
 
 def correlation(
-    x, y, method: str = "spearman", n_resamples: int = 1000, confidence: float = 0.95, seed: int = 0,
+    x,
+    y,
+    method: str = "spearman",
+    n_resamples: int = 1000,
+    confidence: float = 0.95,
+    seed: int = 0,
     weights=None,
 ) -> dict:
     """Coefficient, p-value and paired percentile bootstrap interval of ``x`` vs ``y`` (non-finite pairs dropped).
@@ -84,8 +89,15 @@ def correlation(
     ok = np.isfinite(x) & np.isfinite(y)
     x, y, w = x[ok], y[ok], w[ok]
     weighted = bool(w.size and np.ptp(w) > 0)
-    row = {"method": method, "weighted": weighted, "rho": np.nan, "p_value": np.nan, "ci_low": np.nan,
-           "ci_high": np.nan, "n": int(x.size)}
+    row = {
+        "method": method,
+        "weighted": weighted,
+        "rho": np.nan,
+        "p_value": np.nan,
+        "ci_low": np.nan,
+        "ci_high": np.nan,
+        "n": int(x.size),
+    }
     if x.size < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
         return row
     point, statistic, vectorized, weighted_statistic = _METHODS[method]
@@ -100,8 +112,14 @@ def correlation(
         with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", stats.DegenerateDataWarning)
             boot = stats.bootstrap(
-                data, stat, paired=True, vectorized=vectorized, n_resamples=n_resamples,
-                confidence_level=confidence, method="percentile", rng=np.random.default_rng(seed),
+                data,
+                stat,
+                paired=True,
+                vectorized=vectorized,
+                n_resamples=n_resamples,
+                confidence_level=confidence,
+                method="percentile",
+                rng=np.random.default_rng(seed),
             )
         row["ci_low"], row["ci_high"] = float(boot.confidence_interval.low), float(boot.confidence_interval.high)
     return row

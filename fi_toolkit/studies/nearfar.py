@@ -1,7 +1,8 @@
 """Near/far set analysis (docs/method.md, "Set-level analysis"): which selector's sets matter for distant chunks?
 
 Equal-size sets (one :class:`~fi_toolkit.budget.Budget`, default ``remove=0.1`` of the prefix) are
-selected by entropy, attention, distance, InfoKV and random (several seeds), each removed at ``p``; FI is measured on chunks ``[p + d, p + d + len)`` at increasing distances
+selected by entropy, attention, distance, InfoKV and random (several seeds), each removed at ``p``; FI is measured on
+chunks ``[p + d, p + d + len)`` at increasing distances
 ``d``, all in one batched pass per batch of sets. Each set is measured with sink protection (the
 first ``s`` positions never picked) and without it (``s = 0``). Derived columns:
 
@@ -25,12 +26,6 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from fi_toolkit.analysis.nearfar_spec import (  # noqa: F401  (nearfar_chunks, parse_distances: importable here too)
-    nearfar_chunks,
-    nearfar_selections,
-    parse_distances,
-)
-from fi_toolkit.analysis.token_classes import token_class_table
 from fi_toolkit.budget import Budget
 from fi_toolkit.probe.chunks import Chunk
 from fi_toolkit.probe.experiment import fi_table
@@ -39,6 +34,12 @@ from fi_toolkit.probe.headroom import ORACLE
 from fi_toolkit.probe.noise_floor import CONTROL
 from fi_toolkit.probe.selections import parse_selections
 from fi_toolkit.signals.trace import Trace
+from fi_toolkit.studies.nearfar_spec import (  # noqa: F401  (nearfar_chunks, parse_distances: importable here too)
+    nearfar_chunks,
+    nearfar_selections,
+    parse_distances,
+)
+from fi_toolkit.studies.token_classes import token_class_table
 
 
 def count_sets(budget: Budget | str, seeds: int, sink_options: Sequence[int]) -> int:
@@ -47,17 +48,26 @@ def count_sets(budget: Budget | str, seeds: int, sink_options: Sequence[int]) ->
 
 
 def nearfar_document(
-    model, doc, trace: Trace, chunks: Sequence[Chunk], budget: Budget | str = "remove=0.1", seeds: int = 3,
-    sink_options: Sequence[int] = (4, 0), batch_size: int | None = None, block: int = 512,
-    token_text: Callable[[int], str] | None = None, on_progress: Callable[[int], None] | None = None,
-    sets: slice = slice(None), reference=None,
+    model,
+    doc,
+    trace: Trace,
+    chunks: Sequence[Chunk],
+    budget: Budget | str = "remove=0.1",
+    seeds: int = 3,
+    sink_options: Sequence[int] = (4, 0),
+    batch_size: int | None = None,
+    block: int = 512,
+    token_text: Callable[[int], str] | None = None,
+    on_progress: Callable[[int], None] | None = None,
+    sets: slice = slice(None),
+    reference=None,
 ) -> dict[str, pd.DataFrame]:
     """FI of every selector's set on every chunk, with and without sink protection, for one document.
 
     Identical sets (a selector that never picks a sink gives the same set for every ``sinks``) are
     measured once. Returns ``{"nearfar": tidy FI table, "token_classes": class shares per set}``.
 
-    ``sets`` measures a block of the sets only (a part of a split document, issue 11): the noise
+    ``sets`` measures a block of the sets only (a part of a split document): the noise
     controls go with the block that starts at 0, and the blocks' tables, concatenated in order, are
     the whole document's; blocks without the controls leave ``below_noise_floor`` to the merge
     (:func:`fi_toolkit.probe.noise_floor.flag_below_noise_floor`). ``reference``: the document's
@@ -79,8 +89,18 @@ def nearfar_document(
         if key not in index:
             index[key] = len(distinct)
             distinct.append(e)
-    result = forward_influence(model, trace, doc.ids, distinct, chunks, batch_size=batch_size, block=block,
-                               on_progress=on_progress, controls=controls, reference=reference)
+    result = forward_influence(
+        model,
+        trace,
+        doc.ids,
+        distinct,
+        chunks,
+        batch_size=batch_size,
+        block=block,
+        on_progress=on_progress,
+        controls=controls,
+        reference=reference,
+    )
     controls = result.control_rows()
     rows = controls + [len(controls) + index[tuple(e.removed.tolist())] for e in evictions]
     measured = result.rows(rows)
@@ -89,11 +109,19 @@ def nearfar_document(
     sinks = pd.array([e.meta.get("sinks") for e in measured.evictions], dtype="Int64")
     table.insert(2, "sinks", np.repeat(sinks, len(chunks)))
     text = token_text or str
-    classes = token_class_table([
-        {"document": doc.name, "sinks": e.meta["sinks"], "selection": e.label, "selector": e.meta["selector"],
-         "seed": e.meta.get("seed"), "texts": [text(int(i)) for i in doc.ids[e.removed]]}
-        for e in evictions
-    ])
+    classes = token_class_table(
+        [
+            {
+                "document": doc.name,
+                "sinks": e.meta["sinks"],
+                "selection": e.label,
+                "selector": e.meta["selector"],
+                "seed": e.meta.get("seed"),
+                "texts": [text(int(i)) for i in doc.ids[e.removed]],
+            }
+            for e in evictions
+        ]
+    )
     classes["seed"] = classes["seed"].astype("Int64")
     return {"nearfar": table, "token_classes": classes}
 
@@ -104,9 +132,7 @@ def add_relative_columns(nf: pd.DataFrame) -> pd.DataFrame:
     random-to-oracle gap each set closes per document (the lowest oracle FI of that document, sinks and
     chunk is the reference; :mod:`fi_toolkit.probe.headroom` gives the across-document version with CIs)."""
     nf = nf.copy()
-    random_mean = (
-        nf[nf.selector == "random"].groupby(["document", "sinks", "chunk"])["fi"].mean().rename("random_fi")
-    )
+    random_mean = nf[nf.selector == "random"].groupby(["document", "sinks", "chunk"])["fi"].mean().rename("random_fi")
     nf = nf.join(random_mean, on=["document", "sinks", "chunk"])
     keys = ["document", "sinks", "selection"]
     nearest = nf.groupby(keys)["distance_from_p"].transform("min") == nf["distance_from_p"]
@@ -138,15 +164,25 @@ def summarize_nearfar(nf: pd.DataFrame, confidence: float = 0.95) -> pd.DataFram
     """Across documents: mean, std and a t-interval of each metric per selector x sinks x distance."""
     per_doc = per_document_selector(nf)
     rows = []
-    for (sinks, selector, dist, chunk), g in per_doc.groupby(["sinks", "selector", "distance_from_p", "chunk"], sort=False):
+    for (sinks, selector, dist, chunk), g in per_doc.groupby(
+        ["sinks", "selector", "distance_from_p", "chunk"], sort=False
+    ):
         row = {"sinks": sinks, "selector": selector, "distance_from_p": dist, "chunk": chunk, "n_documents": len(g)}
         for m in METRICS:
             v = g[m].to_numpy(dtype=float)
             mean, std = float(np.mean(v)), float(np.std(v, ddof=1)) if len(v) > 1 else float("nan")
-            half = float(stats.t.ppf(0.5 + confidence / 2, len(v) - 1) * std / np.sqrt(len(v))) if len(v) > 1 else float("nan")
+            half = (
+                float(stats.t.ppf(0.5 + confidence / 2, len(v) - 1) * std / np.sqrt(len(v)))
+                if len(v) > 1
+                else float("nan")
+            )
             row.update({f"{m}_mean": mean, f"{m}_std": std, f"{m}_ci_low": mean - half, f"{m}_ci_high": mean + half})
         rows.append(row)
-    return pd.DataFrame(rows).sort_values(["sinks", "selector", "distance_from_p"], ascending=[False, True, True]).reset_index(drop=True)
+    return (
+        pd.DataFrame(rows)
+        .sort_values(["sinks", "selector", "distance_from_p"], ascending=[False, True, True])
+        .reset_index(drop=True)
+    )
 
 
 def paired_tests(nf: pd.DataFrame, a: str = "entropy", b: str = "attention") -> pd.DataFrame:
@@ -165,9 +201,15 @@ def paired_tests(nf: pd.DataFrame, a: str = "entropy", b: str = "attention") -> 
                 continue
             pair = w[[a, b]].dropna()
             x, y = pair[a].to_numpy(float), pair[b].to_numpy(float)
-            row = {"sinks": sinks, "distance_from_p": dist, "metric": m, "hypothesis": f"{a} > {b}",
-                   "n_documents": len(x), "a_wins": int((x > y).sum()),
-                   "median_difference": float(np.median(x - y)) if len(x) else float("nan")}
+            row = {
+                "sinks": sinks,
+                "distance_from_p": dist,
+                "metric": m,
+                "hypothesis": f"{a} > {b}",
+                "n_documents": len(x),
+                "a_wins": int((x > y).sum()),
+                "median_difference": float(np.median(x - y)) if len(x) else float("nan"),
+            }
             with np.errstate(divide="ignore", invalid="ignore"):
                 logr = np.log(x / y)
             logr = logr[np.isfinite(logr)]

@@ -1,5 +1,5 @@
 """The studies' options checked without torch, pandas or scipy (the command line refuses a bad one before
-anything heavy is imported; :mod:`fi_toolkit.analysis.study` runs the studies): ``--candidates``,
+anything heavy is imported; :mod:`fi_toolkit.studies.study` runs the studies): ``--candidates``,
 ``--estimator`` with ``--samples`` and ``--validate``, ``--unit-candidates``."""
 
 from __future__ import annotations
@@ -20,8 +20,11 @@ def parse_candidates(spec: str) -> tuple[str, int | None]:
         return "all", None
     m = re.fullmatch(r"(sample|stratified):(\d+)", text)
     if not m or int(m.group(2)) < 1:
-        raise FIError(f"invalid candidates '{spec}': use 'all', 'sample:N' (uniform) or 'stratified:N' "
-                      "(by entropy, reweighted) with N >= 1, e.g. sample:256", parameter="candidates")
+        raise FIError(
+            f"invalid candidates '{spec}': use 'all', 'sample:N' (uniform) or 'stratified:N' "
+            "(by entropy, reweighted) with N >= 1, e.g. sample:256",
+            parameter="candidates",
+        )
     return m.group(1), int(m.group(2))
 
 
@@ -29,8 +32,10 @@ def check_unit_candidates(unit_candidates: int, estimator: str) -> None:
     """``--unit-candidates`` lies in ``[0, MAX_UNIT_SIZE]`` and splits exact per-token FI only."""
     check_unit_size(unit_candidates, "unit_candidates")
     if unit_candidates and estimator != "exact":
-        raise FIError("unit_candidates splits exact per-token FI; the fisher estimate is one unit per document",
-                      parameter="unit_candidates")
+        raise FIError(
+            "unit_candidates splits exact per-token FI; the fisher estimate is one unit per document",
+            parameter="unit_candidates",
+        )
 
 
 def check_estimator(estimator: str, samples: int, validate: int, candidates: int) -> None:
@@ -39,5 +44,7 @@ def check_estimator(estimator: str, samples: int, validate: int, candidates: int
         raise FIError(f"unknown estimator '{estimator}' (choose {' or '.join(ESTIMATORS)})", parameter="estimator")
     check_samples(samples)
     if validate < 0 or validate > candidates:
-        raise FIError(f"validate {validate} must lie in [0, {candidates}], the number of candidate positions",
-                      parameter="validate")
+        raise FIError(
+            f"validate {validate} must lie in [0, {candidates}], the number of candidate positions",
+            parameter="validate",
+        )

@@ -38,17 +38,24 @@ import numpy as np
 import pandas as pd
 import torch
 
-from fi_toolkit.analysis.agreement import estimated_fi
-from fi_toolkit.analysis.per_token import exact_fi, parse_candidates
-from fi_toolkit.analysis.statistics import METHODS, correlation
 from fi_toolkit.errors import FIError
 from fi_toolkit.probe.chunks import Chunk
 from fi_toolkit.probe.noise_floor import flag_below_noise_floor, noise_floor
 from fi_toolkit.signals.trace import Trace
+from fi_toolkit.studies.agreement import estimated_fi
+from fi_toolkit.studies.per_token import exact_fi, parse_candidates
+from fi_toolkit.studies.statistics import METHODS, correlation
 
 # Short signal names of docs/method.md, "Signals" -> columns of Trace.token_table (layer-and-head means).
-MEAN_SIGNALS = {"H": "entropy", "A": "attention", "D": "distance", "E": "layer_entropy", "S": "infokv",
-                "H_produced": "entropy_produced", "H_next": "entropy_next"}
+MEAN_SIGNALS = {
+    "H": "entropy",
+    "A": "attention",
+    "D": "distance",
+    "E": "layer_entropy",
+    "S": "infokv",
+    "H_produced": "entropy_produced",
+    "H_next": "entropy_next",
+}
 LAYER_SIGNALS = ("A", "D", "E", "S")
 HEAD_SIGNALS = ("A",)  # per (layer, KV head): columns A_{layer}_h{head}
 
@@ -71,8 +78,14 @@ def signal_columns(trace: Trace, positions: torch.Tensor) -> pd.DataFrame:
 
 
 def correlate_signals(
-    fi: np.ndarray, signals: pd.DataFrame, chunks: Sequence[Chunk], prefix: int, n_resamples: int = 1000,
-    seed: int = 0, methods: Sequence[str] = METHODS, weights: np.ndarray | None = None,
+    fi: np.ndarray,
+    signals: pd.DataFrame,
+    chunks: Sequence[Chunk],
+    prefix: int,
+    n_resamples: int = 1000,
+    seed: int = 0,
+    methods: Sequence[str] = METHODS,
+    weights: np.ndarray | None = None,
 ) -> pd.DataFrame:
     """Tidy correlations: one row per chunk x signal x (mean, layer or head) x method (``weights``: per candidate).
 
@@ -92,13 +105,20 @@ def correlate_signals(
                 rows.append({**base, "signal": short, "scope": "mean", "layer": pd.NA, "head": pd.NA, **r})
         for short in LAYER_SIGNALS:
             for layer in range(layers):
-                r = correlation(signals[f"{short}_{layer}"].to_numpy(), y, "spearman", n_resamples, seed=seed,
-                                weights=weights)
+                r = correlation(
+                    signals[f"{short}_{layer}"].to_numpy(), y, "spearman", n_resamples, seed=seed, weights=weights
+                )
                 rows.append({**base, "signal": short, "scope": "layer", "layer": layer, "head": pd.NA, **r})
         for short in HEAD_SIGNALS:
             for layer, head in heads:
-                r = correlation(signals[head_column(short, layer, head)].to_numpy(), y, "spearman", n_resamples,
-                                seed=seed, weights=weights)
+                r = correlation(
+                    signals[head_column(short, layer, head)].to_numpy(),
+                    y,
+                    "spearman",
+                    n_resamples,
+                    seed=seed,
+                    weights=weights,
+                )
                 rows.append({**base, "signal": short, "scope": "head", "layer": layer, "head": head, **r})
     table = pd.DataFrame(rows)
     table["layer"] = table["layer"].astype("Int64")
@@ -107,10 +127,23 @@ def correlate_signals(
 
 
 def correlate_document(
-    model, doc, trace: Trace, chunks: Sequence[Chunk], candidates: str = "sample:256", sinks: int = 4,
-    seed: int = 0, n_resamples: int = 1000, batch_size: int | None = None, block: int = 512,
-    token_text: Callable[[int], str] | None = None, on_progress: Callable[[int], None] | None = None,
-    estimator: str = "exact", samples: int = 16, validate: int = 0, part: slice | None = None, reference=None,
+    model,
+    doc,
+    trace: Trace,
+    chunks: Sequence[Chunk],
+    candidates: str = "sample:256",
+    sinks: int = 4,
+    seed: int = 0,
+    n_resamples: int = 1000,
+    batch_size: int | None = None,
+    block: int = 512,
+    token_text: Callable[[int], str] | None = None,
+    on_progress: Callable[[int], None] | None = None,
+    estimator: str = "exact",
+    samples: int = 16,
+    validate: int = 0,
+    part: slice | None = None,
+    reference=None,
 ) -> dict[str, pd.DataFrame]:
     """Per-token FI and its correlations for one document -> ``{"tokens", "correlations", "controls"}``.
 
@@ -118,21 +151,48 @@ def correlate_document(
     (:mod:`fi_toolkit.probe.estimator`, ``samples`` label draws) at every position of ``[sinks, p - w)``,
     with ``validate`` positions also measured exactly (tables ``validation`` and ``agreement``).
 
-    ``part`` (exact only; issue 11): one block of the candidates, sharing the document's ``reference``
+    ``part`` (exact only): one block of the candidates, sharing the document's ``reference``
     run. It returns its ``tokens`` (``below_noise_floor`` empty unless the block holds the controls),
     every signal column at its candidates (``signals``) and, in the first block, ``controls``;
     :func:`assemble_parts` turns the blocks into the whole document's tables.
     """
     if estimator == "fisher":
         if part is not None:
-            raise FIError("unit_candidates splits exact per-token FI; the fisher estimate is one unit per document",
-                          parameter="unit_candidates")
-        m = estimated_fi(model, doc, trace, chunks, sinks, seed, samples, validate, n_resamples, batch_size, block,
-                         token_text, on_progress)
+            raise FIError(
+                "unit_candidates splits exact per-token FI; the fisher estimate is one unit per document",
+                parameter="unit_candidates",
+            )
+        m = estimated_fi(
+            model,
+            doc,
+            trace,
+            chunks,
+            sinks,
+            seed,
+            samples,
+            validate,
+            n_resamples,
+            batch_size,
+            block,
+            token_text,
+            on_progress,
+        )
         sampling = "all"
     elif estimator == "exact":
-        m = exact_fi(model, doc, trace, chunks, candidates, sinks, seed, batch_size, block, on_progress,
-                     slice(None) if part is None else part, reference)
+        m = exact_fi(
+            model,
+            doc,
+            trace,
+            chunks,
+            candidates,
+            sinks,
+            seed,
+            batch_size,
+            block,
+            on_progress,
+            slice(None) if part is None else part,
+            reference,
+        )
         sampling = parse_candidates(candidates)[0]
     else:
         raise FIError(f"unknown estimator '{estimator}' (choose exact or fisher)", parameter="estimator")
@@ -141,12 +201,19 @@ def correlate_document(
     ids = doc.ids[positions].tolist()
     token_rows = []
     for c_idx, chunk in enumerate(chunks):
-        rows = pd.DataFrame({
-            "document": doc.name, "position": positions.numpy(),
-            "token": [token_text(i) if token_text else str(i) for i in ids],
-            "chunk": chunk.label, "chunk_start": chunk.start, "distance_from_p": chunk.start - trace.prefix_len,
-            "fi": fi[:, c_idx], "below_noise_floor": None if m.below is None else m.below[:, c_idx], "weight": weights,
-        })
+        rows = pd.DataFrame(
+            {
+                "document": doc.name,
+                "position": positions.numpy(),
+                "token": [token_text(i) if token_text else str(i) for i in ids],
+                "chunk": chunk.label,
+                "chunk_start": chunk.start,
+                "distance_from_p": chunk.start - trace.prefix_len,
+                "fi": fi[:, c_idx],
+                "below_noise_floor": None if m.below is None else m.below[:, c_idx],
+                "weight": weights,
+            }
+        )
         for column in MEAN_SIGNALS.values():
             rows[column] = signals[column].to_numpy()  # H under both conventions too (entropy_produced, _next)
         for name, values in m.columns.items():
@@ -164,8 +231,15 @@ def correlate_document(
     return out
 
 
-def assemble_parts(doc_name: str, parts: dict[str, pd.DataFrame], chunks: Sequence[Chunk], prefix: int,
-                   n_resamples: int, seed: int, sampling: str) -> dict[str, pd.DataFrame]:
+def assemble_parts(
+    doc_name: str,
+    parts: dict[str, pd.DataFrame],
+    chunks: Sequence[Chunk],
+    prefix: int,
+    n_resamples: int,
+    seed: int,
+    sampling: str,
+) -> dict[str, pd.DataFrame]:
     """A document's ``tokens``, ``correlations`` and ``controls`` from its blocks' tables (concatenated in
     block order), as :func:`correlate_document` computes them in one piece: the token rows chunk by
     chunk, ``below_noise_floor`` against the controls' floor (float32, as the probe flags), and the
@@ -179,8 +253,9 @@ def assemble_parts(doc_name: str, parts: dict[str, pd.DataFrame], chunks: Sequen
     signals = signals.astype({c: np.float32 for c in signals.columns if signals[c].dtype.kind == "f"})
     first = tokens["chunk"] == chunks[0].label
     fi = np.stack([tokens.loc[tokens["chunk"] == c.label, "fi"].to_numpy(dtype=np.float64) for c in chunks], axis=1)
-    corr = correlate_signals(fi, signals, chunks, prefix, n_resamples, seed,
-                             weights=tokens.loc[first, "weight"].to_numpy(dtype=np.float64))
+    corr = correlate_signals(
+        fi, signals, chunks, prefix, n_resamples, seed, weights=tokens.loc[first, "weight"].to_numpy(dtype=np.float64)
+    )
     corr.insert(0, "document", doc_name)
     corr.insert(1, "sampling", sampling)
     return {"tokens": tokens, "correlations": corr, "controls": controls}
@@ -188,8 +263,18 @@ def assemble_parts(doc_name: str, parts: dict[str, pd.DataFrame], chunks: Sequen
 
 def summarize_correlations(corr: pd.DataFrame) -> pd.DataFrame:
     """Across documents: mean, spread (std, min, max) and sign agreement of each coefficient."""
-    keys = ["chunk", "chunk_start", "distance_from_p", "signal", "scope", "layer", "head", "method", "sampling",
-            "weighted"]
+    keys = [
+        "chunk",
+        "chunk_start",
+        "distance_from_p",
+        "signal",
+        "scope",
+        "layer",
+        "head",
+        "method",
+        "sampling",
+        "weighted",
+    ]
     keys = [k for k in keys if k in corr.columns]  # tables saved before the per-head rows have no head column
     grouped = corr.groupby(keys, dropna=False, sort=False)["rho"]
     out = grouped.agg(rho_mean="mean", rho_std="std", rho_min="min", rho_max="max", n_documents="count")

@@ -14,18 +14,6 @@ from typing import Callable, Sequence
 
 import pandas as pd
 
-from fi_toolkit.analysis.agreement import summarize_agreement
-from fi_toolkit.analysis.correlation import assemble_parts, correlate_document, summarize_correlations
-from fi_toolkit.analysis.nearfar import (
-    add_relative_columns,
-    count_sets,
-    nearfar_chunks,
-    nearfar_document,
-    paired_tests,
-    summarize_nearfar,
-    token_class_summary,
-)
-from fi_toolkit.analysis.study_options import check_estimator, check_unit_candidates, parse_candidates
 from fi_toolkit.budget import Budget
 from fi_toolkit.errors import FIError
 from fi_toolkit.model.loading import dtype_name
@@ -44,6 +32,18 @@ from fi_toolkit.runs.resumable import (
 )
 from fi_toolkit.runs.settings import RunSettings, run_settings
 from fi_toolkit.signals.config import SignalConfig
+from fi_toolkit.studies.agreement import summarize_agreement
+from fi_toolkit.studies.correlation import assemble_parts, correlate_document, summarize_correlations
+from fi_toolkit.studies.nearfar import (
+    add_relative_columns,
+    count_sets,
+    nearfar_chunks,
+    nearfar_document,
+    paired_tests,
+    summarize_nearfar,
+    token_class_summary,
+)
+from fi_toolkit.studies.study_options import check_estimator, check_unit_candidates, parse_candidates
 
 Progress = Callable[[str, int, int], None]  # (document name, done, total) after each batch
 
@@ -60,25 +60,45 @@ def _describe(lm, docs, prefix: int, chunks: Sequence[Chunk], config: SignalConf
     if prefix <= config.window:
         raise FIError(f"prefix of {prefix} tokens leaves nothing to score with a window of {config.window}")
     return {
-        "model": lm.name, "dtype": dtype_name(lm.dtype), "compute_dtype": dtype_name(lm.compute_dtype),
+        "model": lm.name,
+        "dtype": dtype_name(lm.dtype),
+        "compute_dtype": dtype_name(lm.compute_dtype),
         "documents": [{"name": d.name, "sha256": d.sha256, "tokens": len(d)} for d in docs],
-        "prefix": prefix, "chunks": [c.label for c in chunks], "signals": asdict(config),
+        "prefix": prefix,
+        "chunks": [c.label for c in chunks],
+        "signals": asdict(config),
     }
 
 
 def _manifest(lm, run: ResumableRun, started: str, seconds: float, keys: list[str], extra: dict) -> dict:
     units = run.units(keys)
     return {
-        "command": run.command, "started": started, "finished": results.now(), "seconds": round(seconds, 2),
+        "command": run.command,
+        "started": started,
+        "finished": results.now(),
+        "seconds": round(seconds, 2),
         "settings": run.settings,
         "computed_this_session": [u["document"] for u in units if u.get("session") == run.session],
-        "model": lm.describe(), "versions": results.versions(), **extra,
-        "world_size": run.world.size, "timing": run.timing, "units": units, "unit_log": run.unit_log(),
+        "model": lm.describe(),
+        "versions": results.versions(),
+        **extra,
+        "world_size": run.world.size,
+        "timing": run.timing,
+        "units": units,
+        "unit_log": run.unit_log(),
     }
 
 
-def execute_run(lm, run: ResumableRun, units, compute, summaries: Callable[[dict], dict],
-                extra: Callable[[dict], dict], costs=None, assemble=None) -> dict | None:
+def execute_run(
+    lm,
+    run: ResumableRun,
+    units,
+    compute,
+    summaries: Callable[[dict], dict],
+    extra: Callable[[dict], dict],
+    costs=None,
+    assemble=None,
+) -> dict | None:
     """Run every unit (document or task sample), write the summaries, then the manifest with
     ``extra(tables)`` in it (the studies: each document's noise floor).
 
@@ -96,8 +116,9 @@ def execute_run(lm, run: ResumableRun, units, compute, summaries: Callable[[dict
         tables[name] = table
     run.timing["summaries_s"] = round(time.perf_counter() - t1, 3)
     keys = document_keys([u.name for u in units])
-    results.write_json(run.path / "manifest.json",
-                       _manifest(lm, run, started, time.perf_counter() - t0, keys, extra(tables)))
+    results.write_json(
+        run.path / "manifest.json", _manifest(lm, run, started, time.perf_counter() - t0, keys, extra(tables))
+    )
     return tables
 
 
@@ -107,10 +128,24 @@ def _floors(controls: str) -> Callable[[dict], dict]:
 
 
 def run_correlate(
-    lm, docs, out_dir: Path | RunSettings, prefix: int, chunks: Sequence[Chunk], candidates: str = "sample:256",
-    sinks: int = 4, seed: int = 0, n_resamples: int = 1000, config: SignalConfig = SignalConfig(),
-    batch_size: int | None = None, block: int = 512, resume: bool = False, overwrite: bool = False,
-    progress: Progress | None = None, estimator: str = "exact", samples: int = 16, validate: int = 0,
+    lm,
+    docs,
+    out_dir: Path | RunSettings,
+    prefix: int,
+    chunks: Sequence[Chunk],
+    candidates: str = "sample:256",
+    sinks: int = 4,
+    seed: int = 0,
+    n_resamples: int = 1000,
+    config: SignalConfig = SignalConfig(),
+    batch_size: int | None = None,
+    block: int = 512,
+    resume: bool = False,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+    estimator: str = "exact",
+    samples: int = 16,
+    validate: int = 0,
     unit_candidates: int = 0,
 ) -> dict[str, pd.DataFrame]:
     """Per-token FI and correlations for every document -> ``tokens``, ``correlations``, ``correlation_summary``.
@@ -123,21 +158,31 @@ def run_correlate(
     N entropy-stratified positions and the tables ``validation``, ``agreement``, ``agreement_summary``.
 
     ``unit_candidates = n > 0`` (exact only) splits every document into blocks of ``n`` candidates,
-    each a unit of its own (issue 11); the coefficients are computed when the blocks are joined, and
+    each a unit of its own; the coefficients are computed when the blocks are joined, and
     the tables are the same as an unsplit run's.
     """
     kind, n_wanted = parse_candidates(candidates)
     config.check()
     if sinks < 0 or n_resamples < 0 or seed < 0 or (batch_size is not None and batch_size < 1):
-        raise FIError("sinks, seed and n_resamples must be >= 0 and batch_size >= 1",
-                      parameter=("sinks", "seed", "n_resamples", "batch_size"))
+        raise FIError(
+            "sinks, seed and n_resamples must be >= 0 and batch_size >= 1",
+            parameter=("sinks", "seed", "n_resamples", "batch_size"),
+        )
     if sinks >= prefix - config.window:
-        raise FIError(f"sinks {sinks} leaves no candidates: the scored prefix [0, {prefix - config.window}) "
-                      f"has {prefix - config.window} positions", parameter="sinks")
+        raise FIError(
+            f"sinks {sinks} leaves no candidates: the scored prefix [0, {prefix - config.window}) "
+            f"has {prefix - config.window} positions",
+            parameter="sinks",
+        )
     check_estimator(estimator, samples, validate, prefix - config.window - sinks)
     check_unit_candidates(unit_candidates, estimator)
-    settings = {**_describe(lm, docs, prefix, chunks, config), "candidates": candidates, "sinks": sinks,
-                "seed": seed, "n_resamples": n_resamples}
+    settings = {
+        **_describe(lm, docs, prefix, chunks, config),
+        "candidates": candidates,
+        "sinks": sinks,
+        "seed": seed,
+        "n_resamples": n_resamples,
+    }
     if estimator != "exact":  # exact runs keep the settings they always had, so their --resume still matches
         settings.update(candidates="all", estimator=estimator, samples=samples, validate=validate)
     if unit_candidates:
@@ -162,9 +207,25 @@ def run_correlate(
             if progress:
                 progress(unit.name, done[0], total)
 
-        return correlate_document(lm.model, doc, trace, chunks, candidates, sinks, seed, n_resamples, batch_size,
-                                  block, _token_text(lm), tick, estimator, samples, validate,
-                                  part_slice(unit, unit_candidates) if unit_candidates else None, reference)
+        return correlate_document(
+            lm.model,
+            doc,
+            trace,
+            chunks,
+            candidates,
+            sinks,
+            seed,
+            n_resamples,
+            batch_size,
+            block,
+            _token_text(lm),
+            tick,
+            estimator,
+            samples,
+            validate,
+            part_slice(unit, unit_candidates) if unit_candidates else None,
+            reference,
+        )
 
     def summaries(tables):
         out = {"correlation_summary": summarize_correlations(tables["correlations"])}
@@ -175,14 +236,27 @@ def run_correlate(
     def assemble(doc, parts):
         return assemble_parts(doc.name, parts, chunks, prefix, n_resamples, seed, kind)
 
-    return execute_run(lm, run, units, compute, summaries, _floors("controls"), costs,
-                       assemble if unit_candidates else None)
+    return execute_run(
+        lm, run, units, compute, summaries, _floors("controls"), costs, assemble if unit_candidates else None
+    )
 
 
 def run_nearfar(
-    lm, docs, out_dir: Path | RunSettings, prefix: int, distances: Sequence[int], chunk_len: int, budget: str = "remove=0.1",
-    seeds: int = 3, sinks: Sequence[int] = (4, 0), config: SignalConfig = SignalConfig(), batch_size: int | None = None,
-    block: int = 512, resume: bool = False, overwrite: bool = False, progress: Progress | None = None,
+    lm,
+    docs,
+    out_dir: Path | RunSettings,
+    prefix: int,
+    distances: Sequence[int],
+    chunk_len: int,
+    budget: str = "remove=0.1",
+    seeds: int = 3,
+    sinks: Sequence[int] = (4, 0),
+    config: SignalConfig = SignalConfig(),
+    batch_size: int | None = None,
+    block: int = 512,
+    resume: bool = False,
+    overwrite: bool = False,
+    progress: Progress | None = None,
     unit_sets: int = 0,
 ) -> dict[str, pd.DataFrame]:
     """Near/far set analysis for every document -> ``nearfar``, ``token_classes`` and their summaries/tests.
@@ -191,7 +265,7 @@ def run_nearfar(
     :func:`run_correlate`).
 
     ``unit_sets = n > 0`` splits every document into parts of ``n`` sets (the controls go with the
-    first), each a unit of its own: torchrun's ranks then share documents when they are few (issue 11).
+    first), each a unit of its own: torchrun's ranks then share documents when they are few.
     Consecutive parts of one document on one rank share its trace and reference run; the tables are
     the same as an unsplit run's.
     """
@@ -200,8 +274,14 @@ def run_nearfar(
     if (batch_size is not None and batch_size < 1) or any(s < 0 for s in sinks):
         raise FIError("batch_size must be >= 1 and sink counts >= 0", parameter="batch_size")
     check_unit_size(unit_sets, "unit_sets")
-    settings = {**_describe(lm, docs, prefix, chunks, config), "distances": sorted(distances),
-                "chunk_len": chunk_len, "budget": Budget.parse(budget).label, "seeds": seeds, "sinks": list(sinks)}
+    settings = {
+        **_describe(lm, docs, prefix, chunks, config),
+        "distances": sorted(distances),
+        "chunk_len": chunk_len,
+        "budget": Budget.parse(budget).label,
+        "seeds": seeds,
+        "sinks": list(sinks),
+    }
     n_sets = count_sets(budget, seeds, sinks)
     units, costs = split_units(docs, n_sets, unit_sets)
     if unit_sets:  # unsplit runs keep the settings they always had, so their --resume still matches
@@ -219,13 +299,30 @@ def run_nearfar(
             if progress:
                 progress(unit.name, done[0], 0)
 
-        return nearfar_document(lm.model, doc, trace, chunks, budget, seeds, tuple(sinks), batch_size, block,
-                                _token_text(lm), tick, part_slice(unit, unit_sets), reference)
+        return nearfar_document(
+            lm.model,
+            doc,
+            trace,
+            chunks,
+            budget,
+            seeds,
+            tuple(sinks),
+            batch_size,
+            block,
+            _token_text(lm),
+            tick,
+            part_slice(unit, unit_sets),
+            reference,
+        )
 
     def summaries(tables):
         nf = add_relative_columns(tables["nearfar"])
-        return {"nearfar": nf, "nearfar_summary": summarize_nearfar(nf), "nearfar_tests": paired_tests(nf),
-                "token_class_summary": token_class_summary(tables["token_classes"])}
+        return {
+            "nearfar": nf,
+            "nearfar_summary": summarize_nearfar(nf),
+            "nearfar_tests": paired_tests(nf),
+            "token_class_summary": token_class_summary(tables["token_classes"]),
+        }
 
     def assemble(doc, parts):
         return {"nearfar": flag_below_noise_floor(parts["nearfar"]), "token_classes": parts["token_classes"]}

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-FUNCTION_WORDS = frozenset("""
+FUNCTION_WORDS = frozenset(
+    """
 a an the this that these those my your his her its our their whose which what whatever
 i me you he him she it we us they them myself yourself himself herself itself ourselves themselves
 mine yours hers ours theirs one ones someone something anyone anything nobody nothing everyone everything
@@ -28,7 +29,8 @@ very too also just only even still again ever never here there where when why ho
 there's it's i'm don't can't won't isn't wasn't didn't doesn't i'll i've you're they're we're
 's 't 'll 're 've 'd 'm n't
 thee thou thy thine ye o oh ah
-""".split())
+""".split()
+)
 
 CLASSES = ("content", "function", "other")
 
@@ -46,8 +48,11 @@ def class_shares(texts: list[str]) -> dict:
     for t in texts:
         counts[token_class(t)] += 1
     total = max(1, len(texts))
-    return {"n_tokens": len(texts), **{f"n_{c}": counts[c] for c in CLASSES},
-            **{f"share_{c}": counts[c] / total for c in CLASSES}}
+    return {
+        "n_tokens": len(texts),
+        **{f"n_{c}": counts[c] for c in CLASSES},
+        **{f"share_{c}": counts[c] / total for c in CLASSES},
+    }
 
 
 def token_class_table(rows: list[dict]) -> pd.DataFrame:

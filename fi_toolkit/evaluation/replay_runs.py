@@ -1,4 +1,4 @@
-"""Evaluation on text (issue 9, parts 1, 2 and 4): per document, one shared prefill and full-cache
+"""Evaluation on text: per document, one shared prefill and full-cache
 reference, then for the full cache and every policy a teacher-forced replay
 (:func:`fi_toolkit.compress.replay.replay`) and a free greedy generation compared with the full cache's.
 
@@ -60,7 +60,9 @@ class TextSetting:
         if self.free_tokens < 0:
             raise FIError(f"free_tokens must be >= 0, got {self.free_tokens}", parameter="free_tokens")
         if self.total() <= self.prompt:
-            raise FIError(f"length {self.length} leaves nothing after the {self.prompt}-token prompt", parameter="length")
+            raise FIError(
+                f"length {self.length} leaves nothing after the {self.prompt}-token prompt", parameter="length"
+            )
 
 
 def policy_columns(policy: Policy | None) -> dict:
@@ -101,31 +103,52 @@ def _segments(result: ReplayResult) -> np.ndarray:
     return np.searchsorted(np.sort(seen), result.positions.numpy(), side="right")
 
 
-def _tables(result: ReplayResult, policy: Policy | None, keys: dict, free: tuple[int, float] | None,
-            free_tokens: int, seconds: float) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+def _tables(
+    result: ReplayResult,
+    policy: Policy | None,
+    keys: dict,
+    free: tuple[int, float] | None,
+    free_tokens: int,
+    seconds: float,
+) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     cols = {**keys, **policy_columns(policy)}
     positions = result.table()
     positions["segment"] = _segments(result)
     for k, v in reversed(list(cols.items())):
         positions.insert(0, k, v)
     steps = [0] + [c.seen for c in result.compressions]
-    seg = positions.groupby("segment", sort=True).agg(
-        first_position=("position", "min"), last_position=("position", "max"), mean_kl=("kl", "mean"),
-        top1_agreement=("top1_agree", "mean"), positions=("kl", "size")).reset_index()
+    seg = (
+        positions.groupby("segment", sort=True)
+        .agg(
+            first_position=("position", "min"),
+            last_position=("position", "max"),
+            mean_kl=("kl", "mean"),
+            top1_agreement=("top1_agree", "mean"),
+            positions=("kl", "size"),
+        )
+        .reset_index()
+    )
     seg.insert(1, "compressed_at_seen", [steps[s] if s else 0 for s in seg["segment"]])
     for k, v in reversed(list(cols.items())):
         seg.insert(0, k, v)
     kl = result.kl.double()
     summary = {
-        **cols, "positions": int(kl.numel()), "compressions": len(result.compressions),
-        "mean_kl": float(kl.mean()), "median_kl": float(kl.median()), "p95_kl": float(torch.quantile(kl, 0.95)),
-        "max_kl": float(kl.max()), "top1_agreement": float(result.top1_agree.double().mean()),
+        **cols,
+        "positions": int(kl.numel()),
+        "compressions": len(result.compressions),
+        "mean_kl": float(kl.mean()),
+        "median_kl": float(kl.median()),
+        "p95_kl": float(torch.quantile(kl, 0.95)),
+        "max_kl": float(kl.max()),
+        "top1_agreement": float(result.top1_agree.double().mean()),
         "mean_nll_full": float(result.nll_full.double().mean()),
         "mean_nll_compressed": float(result.nll_compressed.double().mean()),
         "delta_nll": float((result.nll_compressed.double() - result.nll_full.double()).mean()),
         "kept_share": float((result.entries.double() / (result.positions.double() + 1)).mean()),
-        "free_tokens": free_tokens, "free_first_divergence": free[0] if free else np.nan,
-        "free_agreement": free[1] if free else np.nan, "seconds": round(seconds, 3),
+        "free_tokens": free_tokens,
+        "free_first_divergence": free[0] if free else np.nan,
+        "free_agreement": free[1] if free else np.nan,
+        "seconds": round(seconds, 3),
     }
     return positions, seg, summary
 
@@ -134,7 +157,7 @@ def _tables(result: ReplayResult, policy: Policy | None, keys: dict, free: tuple
 class TextContext:
     """What every policy's replay of one sequence shares: the sequence (with its generated future), the
     prefill and full-cache reference (:class:`~fi_toolkit.compress.replay.SharedPrompt`) and the full cache's
-    free generation. Parts of one document (issue 11) reuse it when they follow each other on a rank."""
+    free generation. Parts of one document reuse it when they follow each other on a rank."""
 
     ids: torch.Tensor
     keys: dict
@@ -144,8 +167,13 @@ class TextContext:
 
 
 def text_context(
-    model, ids: torch.Tensor, name: str, policies: list[Policy], setting: TextSetting,
-    config: SignalConfig | None = None, prefill_chunk: int = 2048,
+    model,
+    ids: torch.Tensor,
+    name: str,
+    policies: list[Policy],
+    setting: TextSetting,
+    config: SignalConfig | None = None,
+    prefill_chunk: int = 2048,
 ) -> TextContext:
     """The shared part of :func:`evaluate_text` for sequence ``ids`` (see there)."""
     setting.check()
@@ -157,25 +185,36 @@ def text_context(
         ids = continue_ids(model, ids[:p], setting.future, prefill_chunk)
     else:
         if ids.numel() < setting.length:
-            raise FIError(f"'{name}' has {ids.numel():,} tokens but length asks for {setting.length:,}", parameter="length")
+            raise FIError(
+                f"'{name}' has {ids.numel():,} tokens but length asks for {setting.length:,}", parameter="length"
+            )
         ids = ids[: setting.length]
     config = config or signal_config_for(policies[0] if policies else None)
     shared = SharedPrompt(model, ids, p, config, prefill_chunk, capacity=p + setting.free_tokens)
-    reference_free = free_generation(shared, None, setting.free_tokens, setting.interval) if setting.free_tokens else None
+    reference_free = (
+        free_generation(shared, None, setting.free_tokens, setting.interval) if setting.free_tokens else None
+    )
     return TextContext(ids, {"document": name, "future": setting.future.label}, config, shared, reference_free)
 
 
 def evaluate_text(
-    model, ids: torch.Tensor, name: str, policies: list[Policy], setting: TextSetting,
-    config: SignalConfig | None = None, prefill_chunk: int = 2048, progress=None,
-    runs: slice = slice(None), context: TextContext | None = None,
+    model,
+    ids: torch.Tensor,
+    name: str,
+    policies: list[Policy],
+    setting: TextSetting,
+    config: SignalConfig | None = None,
+    prefill_chunk: int = 2048,
+    progress=None,
+    runs: slice = slice(None),
+    context: TextContext | None = None,
 ) -> dict[str, pd.DataFrame]:
     """The full cache and every policy on one token sequence -> ``positions``, ``segments``, ``replays``.
 
     ``ids``: the document's tokens (a ``document`` future: the first ``setting.length`` are used) or
     the prompt alone (a generated future: the continuation is generated here). ``config``: the signal
     options every policy shares (by default the first policy's). ``runs``: only that block of
-    ``[full cache, *policies]`` (a part of a document, issue 11), with the document's ``context``
+    ``[full cache, *policies]`` (a part of a document), with the document's ``context``
     (:func:`text_context`) when its parts share one; the blocks' tables, concatenated, are the whole's."""
     context = context or text_context(model, ids, name, policies, setting, config, prefill_chunk)
     ids, p, shared = context.ids, setting.prompt, context.shared
@@ -183,13 +222,17 @@ def evaluate_text(
     block = [None, *policies][runs]
     for i, policy in enumerate(block):
         t0 = time.perf_counter()
-        result = replay(model, ids, p, policy, setting.interval, context.config, prefill_chunk=prefill_chunk,
-                        shared=shared)
+        result = replay(
+            model, ids, p, policy, setting.interval, context.config, prefill_chunk=prefill_chunk, shared=shared
+        )
         free = None
         if context.reference_free is not None and not getattr(policy, "sees_future", False):
             # an oracle has nothing to look ahead to in free generation: its free columns stay empty
-            tokens = context.reference_free if policy is None else \
-                free_generation(shared, policy, setting.free_tokens, setting.interval)
+            tokens = (
+                context.reference_free
+                if policy is None
+                else free_generation(shared, policy, setting.free_tokens, setting.interval)
+            )
             free = divergence(tokens, context.reference_free)
         pos, seg, summary = _tables(result, policy, context.keys, free, setting.free_tokens, time.perf_counter() - t0)
         positions.append(pos)
@@ -197,5 +240,8 @@ def evaluate_text(
         summaries.append(summary)
         if progress:
             progress(i + 1, len(block))
-    return {"positions": pd.concat(positions, ignore_index=True), "segments": pd.concat(segments, ignore_index=True),
-            "replays": pd.DataFrame(summaries)}
+    return {
+        "positions": pd.concat(positions, ignore_index=True),
+        "segments": pd.concat(segments, ignore_index=True),
+        "replays": pd.DataFrame(summaries),
+    }

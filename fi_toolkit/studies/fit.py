@@ -1,4 +1,4 @@
-"""Fit a policy to Forward Influence (issue 21): which compression-time signals, combined how, rank the
+"""Fit a policy to Forward Influence: which compression-time signals, combined how, rank the
 cache entries of each layer and KV head by their FI.
 
 **Rows** (:func:`fit_rows`): one per document, layer ``l``, KV head ``h`` and candidate position
@@ -32,8 +32,8 @@ from fi_toolkit.policies.fitted import FEATURES, FORMAT, feature_matrix
 from fi_toolkit.probe.chunks import Chunk
 from fi_toolkit.probe.estimator import fisher_fi
 from fi_toolkit.signals.formulas import infokv_score
+from fi_toolkit.signals.policy_view import Signals
 from fi_toolkit.signals.trace import Trace
-from fi_toolkit.signals.view import Signals
 
 TARGETS = ("rank", "log")
 DEFAULT_FEATURES = tuple(FEATURES)  # every feature (entropy under the other convention is prefill-only)
@@ -42,8 +42,16 @@ KEYS = ["document", "layer", "head", "position"]
 INFOKV_ALPHA = 0.9  # the InfoKV score cross-validation compares with (the paper's default)
 
 
-def fit_rows(model, doc, trace: Trace, chunks: Sequence[Chunk], sinks: int = 0, samples: int = 16, seed: int = 0,
-             on_progress=None) -> pd.DataFrame:
+def fit_rows(
+    model,
+    doc,
+    trace: Trace,
+    chunks: Sequence[Chunk],
+    sinks: int = 0,
+    samples: int = 16,
+    seed: int = 0,
+    on_progress=None,
+) -> pd.DataFrame:
     """Training rows of one document (module docstring): columns ``document, layer, head, position, fi``
     and one per feature; ``L * H_kv * (p - w - sinks)`` rows."""
     p, w = trace.prefix_len, trace.config.window
@@ -53,12 +61,23 @@ def fit_rows(model, doc, trace: Trace, chunks: Sequence[Chunk], sinks: int = 0, 
     fi = est.head_fi.mean(dim=-1)[..., sinks : p - w]  # [L, H_kv, m]
     s = Signals.from_trace(trace)
     names = list(FEATURES)
-    x = torch.stack([feature_matrix(s, layer, names, trace.config.entropy_of, trace.config.tau)[..., sinks : p - w]
-                     for layer in range(trace.num_layers)])  # [L, F, H_kv, m]
+    x = torch.stack(
+        [
+            feature_matrix(s, layer, names, trace.config.entropy_of, trace.config.tau)[..., sinks : p - w]
+            for layer in range(trace.num_layers)
+        ]
+    )  # [L, F, H_kv, m]
     n_layers, n_heads, m = fi.shape
     grid = np.stack(np.meshgrid(np.arange(n_layers), np.arange(n_heads), np.arange(sinks, p - w), indexing="ij"))
-    table = pd.DataFrame({"document": doc.name, "layer": grid[0].ravel(), "head": grid[1].ravel(),
-                          "position": grid[2].ravel(), "fi": fi.numpy().ravel()})
+    table = pd.DataFrame(
+        {
+            "document": doc.name,
+            "layer": grid[0].ravel(),
+            "head": grid[1].ravel(),
+            "position": grid[2].ravel(),
+            "fi": fi.numpy().ravel(),
+        }
+    )
     for k, name in enumerate(names):
         table[name] = x[:, k].cpu().numpy().ravel()
     return table
@@ -91,7 +110,10 @@ def _fit(rows: pd.DataFrame, features: list[str], target: str, penalty: float):
     scale = xc.std(axis=0)
     flat = [f for f, s in zip(features, scale) if not s > 0]
     if flat:
-        raise FIError(f"feature '{flat[0]}' does not vary within any head of the training rows: leave it out of features", parameter="features")
+        raise FIError(
+            f"feature '{flat[0]}' does not vary within any head of the training rows: leave it out of features",
+            parameter="features",
+        )
     y = _centred(_target(rows, target)[:, None], rows)[:, 0]
     coef = ridge(xc / scale, y, penalty)
     return raw.mean(axis=0), scale, coef
@@ -125,7 +147,9 @@ def _score(rows: pd.DataFrame, features: list[str], mean, scale, coef) -> np.nda
 def check_fit_options(features: Sequence[str], target: str, penalty: float) -> None:
     unknown = [f for f in features if f not in FEATURES]
     if unknown:
-        raise FIError(f"features names an unknown feature '{unknown[0]}' (known: {', '.join(FEATURES)})", parameter="features")
+        raise FIError(
+            f"features names an unknown feature '{unknown[0]}' (known: {', '.join(FEATURES)})", parameter="features"
+        )
     if not features:
         raise FIError("features lists no feature", parameter="features")
     if len(set(features)) != len(features):
@@ -136,33 +160,51 @@ def check_fit_options(features: Sequence[str], target: str, penalty: float) -> N
         raise FIError(f"penalty must be a finite number >= 0, got {penalty}", parameter={"penalty": "ridge"})
 
 
-def fit_policy(rows: pd.DataFrame, features: Sequence[str], target: str = "rank", penalty: float = 1e-3,
-               meta: dict | None = None) -> dict:
+def fit_policy(
+    rows: pd.DataFrame, features: Sequence[str], target: str = "rank", penalty: float = 1e-3, meta: dict | None = None
+) -> dict:
     """The fitted-policy record (what ``policy.json`` holds) from training ``rows`` of several documents:
     standardisation, coefficients, leave-one-document-out scores and ``meta`` (model, signals, settings)."""
     features = list(features)
     check_fit_options(features, target, penalty)
     documents = list(dict.fromkeys(rows["document"]))
     if len(documents) < 2:
-        raise FIError(f"fi fit needs rows of at least two documents to cross-validate (leaving one out), "
-                      f"got {len(documents)}")
+        raise FIError(
+            f"fi fit needs rows of at least two documents to cross-validate (leaving one out), got {len(documents)}"
+        )
     folds = []
     for held in documents:
         train, test = rows[rows["document"] != held], rows[rows["document"] == held]
         mean, scale, coef = _fit(train, features, target, penalty)
-        folds.append({"held_out": held,
-                      "spearman_fitted": within_head_spearman(test, _score(test, features, mean, scale, coef)),
-                      "spearman_snapkv": within_head_spearman(test, test["attention"].to_numpy()),
-                      "spearman_infokv": within_head_spearman(test, _infokv(test))})
+        folds.append(
+            {
+                "held_out": held,
+                "spearman_fitted": within_head_spearman(test, _score(test, features, mean, scale, coef)),
+                "spearman_snapkv": within_head_spearman(test, test["attention"].to_numpy()),
+                "spearman_infokv": within_head_spearman(test, _infokv(test)),
+            }
+        )
     mean, scale, coef = _fit(rows, features, target, penalty)
-    summary = {k: float(np.mean(v)) if None not in (v := [f[k] for f in folds]) else None
-               for k in folds[0] if k != "held_out"}
+    summary = {
+        k: float(np.mean(v)) if None not in (v := [f[k] for f in folds]) else None for k in folds[0] if k != "held_out"
+    }
     return {
-        "format": FORMAT, **(meta or {}),
-        "features": features, "mean": mean.tolist(), "scale": scale.tolist(), "coefficients": coef.tolist(),
-        "target": target, "ridge": penalty, "rows": int(len(rows)), "documents": documents,
-        "cross_validation": {"scheme": "leave one document out", "metric": "mean within-head Spearman with FI",
-                             "folds": folds, "mean": summary},
+        "format": FORMAT,
+        **(meta or {}),
+        "features": features,
+        "mean": mean.tolist(),
+        "scale": scale.tolist(),
+        "coefficients": coef.tolist(),
+        "target": target,
+        "ridge": penalty,
+        "rows": int(len(rows)),
+        "documents": documents,
+        "cross_validation": {
+            "scheme": "leave one document out",
+            "metric": "mean within-head Spearman with FI",
+            "folds": folds,
+            "mean": summary,
+        },
     }
 
 

@@ -1,4 +1,4 @@
-"""``fi view``: one standalone HTML page that shows why a policy evicts what it evicts (issue 21, part 4).
+"""``fi view``: one standalone HTML page that shows why a policy evicts what it evicts.
 
 Every prefix token is shaded by its estimated Forward Influence on one future chunk (the Fisher
 estimate, :func:`fi_toolkit.probe.estimator.fisher_fi`) or, switchable, by the trace's signals H, A,
@@ -67,7 +67,7 @@ def view_data(lm, doc, trace, policies, chunk, samples: int = 16, seed: int = 0)
     show as ids); ``policies``: :class:`~fi_toolkit.policies.base.Policy` objects, window = the trace's."""
     from fi_toolkit.probe.estimator import fisher_fi
     from fi_toolkit.probe.selections import token_scores
-    from fi_toolkit.signals.view import Signals
+    from fi_toolkit.signals.policy_view import Signals
 
     p = trace.prefix_len
     est = fisher_fi(lm.model, trace, doc.ids, [chunk], samples, seed)
@@ -81,11 +81,21 @@ def view_data(lm, doc, trace, policies, chunk, samples: int = 16, seed: int = 0)
         return lm.tokenizer.decode([int(i)]) if lm.tokenizer is not None else f"[{int(i)}]"
 
     return ViewData(
-        document=doc.name, model=lm.name, prefix=p, chunk=chunk.label, tokens=[text(i) for i in doc.ids[:p]],
-        values=values, evicted=evicted, pairs=trace.num_layers * trace.num_kv_heads,
-        future="".join(text(i) for i in doc.ids[chunk.start:chunk.end]),
-        settings={"samples": samples, "seed": seed, "estimate_seconds": round(est.seconds, 2),
-                  **{k: v for k, v in dataclasses.asdict(trace.config).items() if isinstance(v, (int, float, str))}},
+        document=doc.name,
+        model=lm.name,
+        prefix=p,
+        chunk=chunk.label,
+        tokens=[text(i) for i in doc.ids[:p]],
+        values=values,
+        evicted=evicted,
+        pairs=trace.num_layers * trace.num_kv_heads,
+        future="".join(text(i) for i in doc.ids[chunk.start : chunk.end]),
+        settings={
+            "samples": samples,
+            "seed": seed,
+            "estimate_seconds": round(est.seconds, 2),
+            **{k: v for k, v in dataclasses.asdict(trace.config).items() if isinstance(v, (int, float, str))},
+        },
     )
 
 
@@ -101,18 +111,29 @@ def policy_summary(data: ViewData) -> list[dict]:
     rows = []
     for label, counts in data.evicted.items():
         share = counts.double() / data.pairs
-        rows.append({"policy": label, "evicted": float(share.mean()),
-                     "fi_evicted": float((share * fi).sum() / fi.sum()) if fi.sum() > 0 else float("nan")})
+        rows.append(
+            {
+                "policy": label,
+                "evicted": float(share.mean()),
+                "fi_evicted": float((share * fi).sum() / fi.sum()) if fi.sum() > 0 else float("nan"),
+            }
+        )
     return rows
 
 
 def page_json(data: ViewData) -> dict:
     return {
-        "document": data.document, "model": data.model, "prefix": data.prefix, "chunk": data.chunk,
-        "tokens": data.tokens, "pairs": data.pairs,
+        "document": data.document,
+        "model": data.model,
+        "prefix": data.prefix,
+        "chunk": data.chunk,
+        "tokens": data.tokens,
+        "pairs": data.pairs,
         "values": {k: [_short(float(x)) for x in v] for k, v in data.values.items()},
         "evicted": {k: [int(x) for x in v] for k, v in data.evicted.items()},
-        "summary": [{k: (_short(v) if isinstance(v, float) else v) for k, v in r.items()} for r in policy_summary(data)],
+        "summary": [
+            {k: (_short(v) if isinstance(v, float) else v) for k, v in r.items()} for r in policy_summary(data)
+        ],
         "settings": data.settings,
     }
 
@@ -127,14 +148,16 @@ legend{font-size:12px;color:#555}label{margin-right:.7em;white-space:nowrap}
 background:linear-gradient(90deg,rgba(230,85,13,0),rgba(230,85,13,.9))}
 main{padding:1em;max-width:80em}#tokens{white-space:pre-wrap;font-family:ui-monospace,monospace;font-size:13px;line-height:1.9}
 #tokens span{border-radius:2px;cursor:default}#tokens span.ev{color:#888;text-decoration:line-through}
-#tokens span.hl{outline:2px solid #1f77b4}.future{color:#888;white-space:pre-wrap;font-family:ui-monospace,monospace;font-size:13px}
+#tokens span.hl{outline:2px solid #1f77b4}
+.future{color:#888;white-space:pre-wrap;font-family:ui-monospace,monospace;font-size:13px}
 table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px}td.num{text-align:right}"""
 
 SCRIPT = r"""(function(){
 const D=JSON.parse(document.getElementById('fi-data').textContent);
 const box=document.getElementById('tokens'), info=document.getElementById('info');
 const n=D.tokens.length, spans=new Array(n), frag=document.createDocumentFragment();
-for(let i=0;i<n;i++){const s=document.createElement('span');s.textContent=D.tokens[i];s.dataset.i=i;spans[i]=s;frag.appendChild(s);}
+for(let i=0;i<n;i++){const s=document.createElement('span');s.textContent=D.tokens[i];s.dataset.i=i;spans[i]=s;
+  frag.appendChild(s);}
 box.appendChild(frag);
 function ranks(v){const idx=[];for(let i=0;i<n;i++) if(v[i]!==null) idx.push(i);
   idx.sort((a,b)=>v[a]-v[b]);const r=new Float32Array(n).fill(NaN);const m=Math.max(1,idx.length-1);
@@ -142,15 +165,18 @@ function ranks(v){const idx=[];for(let i=0;i<n;i++) if(v[i]!==null) idx.push(i);
 const rank={};for(const k of Object.keys(D.values)) rank[k]=ranks(D.values[k]);
 let shade=null, policy=null;
 function paint(){const r=rank[shade];
-  for(let i=0;i<n;i++){const x=r[i];spans[i].style.backgroundColor=Number.isNaN(x)?'':'rgba(230,85,13,'+(0.9*x).toFixed(3)+')';}
+  for(let i=0;i<n;i++){const x=r[i];
+    spans[i].style.backgroundColor=Number.isNaN(x)?'':'rgba(230,85,13,'+(0.9*x).toFixed(3)+')';}
   box.dataset.shade=shade;}
 function mark(){const e=policy===null?null:D.evicted[policy];
   for(let i=0;i<n;i++){const s=spans[i];if(e===null||e[i]===0){s.style.boxShadow='';s.classList.remove('ev');continue;}
     const f=e[i]/D.pairs;s.style.boxShadow='inset 0 -3px 0 rgba(214,39,40,'+(0.25+0.75*f).toFixed(3)+')';
     s.classList.toggle('ev',e[i]===D.pairs);}
   box.dataset.policy=policy===null?'':policy;}
-function fmt(v){return v===null?'–':(Math.abs(v)>=1e4||(v!==0&&Math.abs(v)<1e-3)?v.toExponential(2):String(Number(v.toPrecision(4))));}
-function show(i){const v=D.values;let t='#'+i+' '+JSON.stringify(D.tokens[i])+' · FI '+fmt(v.FI[i])+(v.FI_se[i]?' ± '+fmt(v.FI_se[i]):'')
+function fmt(v){return v===null?'–':
+  (Math.abs(v)>=1e4||(v!==0&&Math.abs(v)<1e-3)?v.toExponential(2):String(Number(v.toPrecision(4))));}
+function show(i){const v=D.values;
+  let t='#'+i+' '+JSON.stringify(D.tokens[i])+' · FI '+fmt(v.FI[i])+(v.FI_se[i]?' ± '+fmt(v.FI_se[i]):'')
   +' (rank '+(Number.isNaN(rank.FI[i])?'–':Math.round(100*rank.FI[i])+' %')+')';
   for(const k of ['H','A','D','S']) t+=' · '+k+' '+fmt(v[k][i]);
   const ev=Object.keys(D.evicted).map(p=>p+' '+Math.round(100*D.evicted[p][i]/D.pairs)+' %');
@@ -175,32 +201,39 @@ def render(data: ViewData) -> str:
     shade_inputs = "".join(
         f"<label title='{e(SIGNALS[k][0]) if k in SIGNALS else 'estimated Forward Influence (nats)'}'>"
         f"<input type='radio' name='shade' value='{k}'{' checked' if k == 'FI' else ''}> {e(text)}</label>"
-        for k, text in shade)
+        for k, text in shade
+    )
     labels = list(data.evicted)
     evict_inputs = "<label><input type='radio' name='evict' value=''> none</label>" + "".join(
         f"<label><input type='radio' name='evict' value='{e(label)}'{' checked' if i == 0 else ''}> {e(label)}</label>"
-        for i, label in enumerate(labels))
+        for i, label in enumerate(labels)
+    )
     summary = "".join(
         f"<tr><td>{e(r['policy'])}</td><td class='num'>{r['evicted']:.1%}</td><td class='num'>"
         f"{'' if r['fi_evicted'] != r['fi_evicted'] else format(r['fi_evicted'], '.1%')}</td></tr>"
-        for r in policy_summary(data))
+        for r in policy_summary(data)
+    )
     s = data.settings
-    cap = (f"model {data.model} | prefix p = {data.prefix:,} tokens | FI: Fisher estimate on chunk {data.chunk} "
-           f"({s.get('samples')} label draws, seed {s.get('seed')}) | window {s.get('window')} | "
-           f"shade: the token's rank among the prefix tokens | red mark: share of the {data.pairs} layer x KV-head "
-           "pairs that evicted the token (struck through: all of them)")
+    cap = (
+        f"model {data.model} | prefix p = {data.prefix:,} tokens | FI: Fisher estimate on chunk {data.chunk} "
+        f"({s.get('samples')} label draws, seed {s.get('seed')}) | window {s.get('window')} | "
+        f"shade: the token's rank among the prefix tokens | red mark: share of the {data.pairs} layer x KV-head "
+        "pairs that evicted the token (struck through: all of them)"
+    )
     return (
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
         f"<meta name='generator' content='{GENERATOR}'><meta name='fi-view-document' content='{e(data.document)}'>"
         f"<title>fi view: {e(data.document)}</title><style>{CSS}</style></head><body>"
         f"<header><h1>Why these tokens? {e(data.document)}</h1><p class='cap'>{e(cap)}</p>"
-        f"<fieldset id='shade'><legend>shade by</legend>{shade_inputs} <span id='ramp' title='low to high rank'></span></fieldset>"
+        f"<fieldset id='shade'><legend>shade by</legend>{shade_inputs} <span id='ramp' title='low to high "
+        f"rank'></span></fieldset>"
         f"<fieldset id='evict'><legend>evicted by</legend>{evict_inputs}</fieldset>"
         "<div id='info'>hover a token to read its numbers</div></header><main>"
         "<table id='summary'><thead><tr><th>policy</th><th>evicted entries</th><th>share of the summed FI estimate "
         f"on evicted entries</th></tr></thead><tbody>{summary}</tbody></table>"
         f"<h2 style='font-size:1em'>prefix [0, {data.prefix:,})</h2><div id='tokens'></div>"
-        f"<h2 style='font-size:1em'>chunk {e(data.chunk)} (FI is measured on it)</h2><div class='future'>{e(data.future)}</div>"
+        f"<h2 style='font-size:1em'>chunk {e(data.chunk)} (FI is measured on it)</h2><div "
+        f"class='future'>{e(data.future)}</div>"
         f"</main><script type='application/json' id='fi-data'>{payload}</script><script>{SCRIPT}</script></body></html>"
     )
 

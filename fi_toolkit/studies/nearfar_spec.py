@@ -1,5 +1,5 @@
 """The near/far study's parameters, parsed and checked without torch, pandas or scipy (the command line
-checks them before anything heavy is imported; :mod:`fi_toolkit.analysis.nearfar` runs the study):
+checks them before anything heavy is imported; :mod:`fi_toolkit.studies.nearfar` runs the study):
 distances from ``p`` -> chunks, one budget and a number of seeds -> the ``--select`` specs of the sets."""
 
 from __future__ import annotations
@@ -35,8 +35,10 @@ def nearfar_selections(budget: Budget | str, seeds: int) -> list[str]:
     """``--select`` specs of the study: every score-based selector and ``seeds`` random sets, one budget."""
     budget = Budget.parse(budget)
     if budget.kept(1_000_000) in (0, 1_000_000) and budget.is_share:
-        raise FIError(f"budget {budget.label} removes nothing or everything; use a share strictly between 0 and 1",
-                      parameter="budget")
+        raise FIError(
+            f"budget {budget.label} removes nothing or everything; use a share strictly between 0 and 1",
+            parameter="budget",
+        )
     if not 1 <= seeds <= MAX_SEEDS:
         raise FIError(f"seeds must lie in [1, {MAX_SEEDS}], got {seeds}", parameter="seeds")
     return [f"{k}:{budget.label}" for k in SCORE_SELECTORS] + [f"random:{budget.label}@0-{seeds - 1}"]
