@@ -8,15 +8,18 @@ per-sample log) with the tables in ``--golden``, which were written by the code 
     .venv/bin/python benchmarks/pipeline_identity.py --write benchmarks/results/pipeline-golden   # before
     .venv/bin/python benchmarks/pipeline_identity.py --check benchmarks/results/pipeline-golden   # after
 
-Manifests are not compared (they hold times and argv). Exit status 1 when a table differs; the first
-differing line of each is printed. A few minutes on two CPU cores; run it with OMP_NUM_THREADS set the
+Manifests are not compared (they hold times and argv), nor columns of wall time (``seconds``); every
+other byte of every table is. Exit status 1 when a table differs; the first differing line of each is
+printed. A few minutes on two CPU cores; run it with OMP_NUM_THREADS set the
 same both times (float reductions may depend on the thread count).
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import difflib
+import io
 import json
 import os
 import shutil
@@ -100,6 +103,23 @@ def produce(out: Path, fi_bin: str) -> None:
     lmeval_tables(out, fi_bin)
 
 
+TIME_COLUMNS = {"seconds"}  # wall time: differs from run to run by nature
+
+
+def _without_times(path: Path) -> bytes:
+    """The file's bytes; a CSV's without its wall-time columns (the rest of each line kept byte for byte)."""
+    data = path.read_bytes()
+    if path.suffix != ".csv":
+        return data
+    rows = list(csv.reader(io.StringIO(data.decode(), newline="")))
+    drop = {i for i, name in enumerate(rows[0] if rows else []) if name in TIME_COLUMNS}
+    if not drop:
+        return data
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\n").writerows([v for i, v in enumerate(row) if i not in drop] for row in rows)
+    return out.getvalue().encode()
+
+
 def compare(golden: Path, fresh: Path) -> int:
     want = {p.relative_to(golden) for p in golden.rglob("*") if p.is_file()}
     got = {p.relative_to(fresh) for p in fresh.rglob("*") if p.is_file()}
@@ -111,7 +131,7 @@ def compare(golden: Path, fresh: Path) -> int:
             print(f"DIFFERS {rel}: only in {'the golden tables' if rel in want else 'this run'}")
             bad += 1
             continue
-        a, b = (golden / rel).read_bytes(), (fresh / rel).read_bytes()
+        a, b = _without_times(golden / rel), _without_times(fresh / rel)
         if a != b:
             bad += 1
             diff = difflib.unified_diff(a.decode().splitlines(), b.decode().splitlines(), lineterm="", n=0)
