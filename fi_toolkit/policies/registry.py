@@ -182,7 +182,7 @@ def _providers() -> tuple[dict[str, Provider], dict[str, str]]:
         try:
             found[prefix.lower()] = _load(target) if isinstance(target, str) else target.load()
         except Exception as exc:  # an uninstallable plugin: reported when its prefix is named
-            broken[prefix.lower()] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}"
+            broken[prefix.lower()] = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
     return found, broken
 
 
@@ -247,7 +247,7 @@ def _named(name: str) -> Entry | None:
     return entry if entry is not None and entry.kind != WRAPPER else None
 
 
-def unknown(name: str) -> FIError:
+def _unknown(name: str) -> FIError:
     """The one-line refusal of a name the registry does not hold, listing what it holds."""
     names = [e.name for e in entries() if e.kind != WRAPPER]
     wrapped = " or ".join(f"{e.spelling} (alias NAME-{e.name})" for e in _wrappers().values())
@@ -283,7 +283,7 @@ def _entry_of(text: str, where: str) -> tuple[Entry | None, Entry]:
     if entry is None:
         if wrapper is not None and _unwrap(name)[0] is not None:
             raise FIError(f"{where}: '{name}' is {wrapper.name} already; {wrapper.name}(NAME) wraps a plain policy")
-        raise unknown(name if name else text.strip())
+        raise _unknown(name if name else text.strip())
     return wrapper, entry
 
 

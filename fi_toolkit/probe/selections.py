@@ -266,9 +266,7 @@ def parse_selection(spec: str, option: str = "selection") -> list[Selection]:
         raise FIError(f"{where}: expected {kind}:BUDGET, e.g. {kind}:remove=0.1")
     if kind == "positions":
         return [Selection(spec, kind, source=source, positions=_parse_positions(rest, where))]
-    if (
-        kind not in SELECTORS
-    ):  # a provider's (kvpress: its bridge and kvpress import torch, only such a spec needs them)
+    if kind not in SELECTORS:  # a provider's (kvpress: only such a spec imports torch and kvpress)
         return [Selection(spec, kind, source=source, provided=registry.resolve_selection(spec, where))]
     if kind == "policy":
         name, _, tail = rest.partition("@")
