@@ -102,9 +102,11 @@ $(STAMP_DOCS): $(STAMP) pyproject.toml
 	$(BIN)/pip install -q -e '.[docs]'
 	touch $(STAMP_DOCS)
 
-# The documentation site: regenerate the CLI reference from the typer app, then build with warnings as errors.
+# The documentation site: regenerate the CLI reference (typer app) and the policy reference (policy registry),
+# then build with warnings as errors.
 docs: $(STAMP_DOCS)
 	$(BIN)/python docs/gen_cli_reference.py
+	$(BIN)/python docs/gen_policy_reference.py
 	$(BIN)/mkdocs build --strict --site-dir site
 
 # Headless Chromium from Debian's packages for the tests marked `browser` (tests/test_browser.py drives it

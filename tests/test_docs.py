@@ -153,6 +153,24 @@ def test_every_option_of_every_command_is_in_the_cli_reference():
     assert missing_options(CLI_MD.read_text()) == []
 
 
+def test_the_policy_reference_is_what_the_registry_generates():
+    """docs/reference/policies.md equals what docs/gen_policy_reference.py writes from the registry now (a policy
+    registered without regenerating it fails here), and it names every registered policy and option."""
+    import importlib.util
+
+    from fi_toolkit.policies.registry import entries
+
+    spec = importlib.util.spec_from_file_location("gen_policy_reference", DOCS / "gen_policy_reference.py")
+    generator = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generator)
+    committed = (DOCS / "reference" / "policies.md").read_text()
+    assert committed == generator.render(), "run python docs/gen_policy_reference.py"
+    rows = {re.match(r"\| `([^`]*)`", line)[1]: line for line in committed.splitlines() if line.startswith("| `")}
+    assert list(rows) == [e.name for e in entries()]
+    for e in entries():
+        assert all(f"`{o.label}`" in rows[e.name] for o in e.options), e.name
+
+
 def test_the_option_check_fails_on_a_missing_option():
     text = CLI_MD.read_text()
     section = cli_sections(text)["probe"]

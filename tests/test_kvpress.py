@@ -242,9 +242,9 @@ def test_infokv_press_pipeline_answer_equals_the_project_compressor():
 
 def test_a_press_in_fi_eval_compresses_the_prompt_as_the_bridge_does_and_never_again(smollm, alice):
     from fi_toolkit.compress.replay import replay
-    from fi_toolkit.integrations.kvpress.names import named_policy
+    from fi_toolkit.policies.registry import resolve
 
-    policy = named_policy("kvpress:TOVAPress", budget="keep=0.25")
+    policy = resolve("kvpress:TOVAPress", budget="keep=0.25")
     assert policy.name == "kvpress:TOVAPress" and policy.prefill_only
     result = replay(smollm.model, alice.ids[:320], 256, policy, interval=16)
     assert [c.step for c in result.compressions] == [0]  # the prompt only: kvpress presses are prefill presses
@@ -257,10 +257,10 @@ def test_a_press_in_fi_eval_compresses_the_prompt_as_the_bridge_does_and_never_a
 def test_an_adakv_press_in_fi_eval_is_refused_in_one_line(smollm, alice):
     from fi_toolkit.compress.replay import replay
     from fi_toolkit.errors import FIError
-    from fi_toolkit.integrations.kvpress.names import named_policy
+    from fi_toolkit.policies.registry import resolve
 
     # (window 16: with kvpress's default window of 64, a 256-token prompt at keep=0.25 keeps the window alone)
-    policy = named_policy("kvpress:AdaKVPress/SnapKVPress:window_size=16", budget="keep=0.25")
+    policy = resolve("kvpress:AdaKVPress/SnapKVPress:window_size=16", budget="keep=0.25")
     with pytest.raises(FIError, match="different counts per KV head"):
         replay(smollm.model, alice.ids[:320], 256, policy, 16)
 

@@ -306,6 +306,42 @@ def test_compressed_cli_run_writes_results_with_policy_and_records(exported, tmp
 
 @lmeval
 @pytest.mark.lmeval
+def test_records_belong_to_the_backend_and_reach_only_the_run_that_built_it():
+    """A backend keeps its own records (no class-level list); one built inside samples_annotated() has them added
+    to the samples lm-eval's tracker saves in that block, one built outside does not, and after the block the
+    tracker is lm-eval's own again."""
+    from types import SimpleNamespace
+
+    from lm_eval.loggers.evaluation_tracker import EvaluationTracker
+
+    from fi_toolkit.evaluation.lmeval.backend import CompressedLM, samples_annotated
+
+    def record(entries: int):
+        return SimpleNamespace(as_dict=lambda: {"cache_entries": entries})
+
+    def request(doc_id: int):
+        return SimpleNamespace(task_name="t", doc_id=doc_id, idx=0)
+
+    fake = SimpleNamespace(model=None, tokenizer=object())  # the records need no model
+    original = EvaluationTracker.save_results_samples
+    outside = CompressedLM(lm=fake, policy="none")
+    outside._log(request(1), record(7))
+    with samples_annotated() as run:
+        inside = CompressedLM(lm=fake, policy="none")
+        inside._log(request(0), record(5))
+        assert run == [inside.records] and run[0] is inside.records
+        samples = [{"doc_id": 0}, {"doc_id": 1}]
+        EvaluationTracker().save_results_samples("t", samples)  # no output path: annotates, writes nothing
+    assert samples == [{"doc_id": 0, "fi_toolkit": [{"idx": 0, "cache_entries": 5}]}, {"doc_id": 1}]
+    assert not hasattr(CompressedLM, "all_records") and EvaluationTracker.save_results_samples is original
+    later = [{"doc_id": 0}]
+    CompressedLM(lm=fake, policy="none")._log(request(0), record(9))
+    EvaluationTracker().save_results_samples("t", later)
+    assert later == [{"doc_id": 0}]
+
+
+@lmeval
+@pytest.mark.lmeval
 def test_cli_help_adds_the_model_arguments(capsys):
     from cli_runner import run_cli
 

@@ -16,7 +16,7 @@ from fi_toolkit.policies import FIOracle, parse_policy
 from fi_toolkit.probe.chunks import Chunk
 from fi_toolkit.probe.estimator import fisher_fi
 from fi_toolkit.probe.experiment import probe_document
-from fi_toolkit.probe.oracle import oracle_keep_map
+from fi_toolkit.probe.oracle import oracle_keep_map, oracle_scores
 from fi_toolkit.probe.selections import parse_selection
 from fi_toolkit.signals.trace import trace_prefix
 
@@ -78,8 +78,10 @@ def test_exact_oracle_keeps_the_top_k_of_leave_one_out_by_deletion(tiny, tiny_id
     for layer in keep_map.keep:
         for head in layer:
             assert set(head.tolist()) == expected
-    # its scores are the deletion values (masking equals deletion)
-    torch.testing.assert_close(oracle.estimates[0][0, : P - W].double(), fi[: P - W], rtol=1e-3, atol=1e-6)
+    # its scores (the estimates the probe gives it) are the deletion values (masking equals deletion)
+    none = torch.zeros(trace.num_layers, trace.num_kv_heads, P, dtype=torch.bool)
+    scores = oracle_scores(oracle, tiny.model, trace, tiny_ids, CHUNK, none)
+    torch.testing.assert_close(scores[0, 0, : P - W], fi[: P - W], rtol=1e-3, atol=1e-6)
 
 
 def test_fisher_oracle_keeps_the_top_k_per_layer_and_head(tiny, tiny_ids, trace):

@@ -21,7 +21,6 @@ from fi_toolkit.errors import FIError
 from fi_toolkit.model.loading import tiny_model
 from fi_toolkit.policies import (
     H2O,
-    POLICIES,
     RPC,
     Adaptive,
     InfoKV,
@@ -32,6 +31,7 @@ from fi_toolkit.policies import (
     SnapKV,
     StreamingLLM,
     allocate,
+    entries,
     make_policy,
     parse_policy,
     split_policies,
@@ -42,6 +42,7 @@ from fi_toolkit.probe.selections import parse_selection
 from fi_toolkit.signals.trace import SignalConfig, trace_prefix
 
 P, W = 200, 16
+POLICIES = {e.name: e.cls for e in entries() if e.kind == "policy"}  # those that compress from their name alone
 
 
 @pytest.fixture(scope="module")
@@ -498,11 +499,15 @@ def test_bad_policy_lists(text, message):
 
 
 def test_every_policy_file_cites_its_paper_and_scores_state_their_shapes():
+    """Each registered policy's module docstring cites a paper, and the one the registry names for it."""
     from fi_toolkit.policies import base
 
-    for cls in [*POLICIES.values(), Adaptive]:
-        doc = sys.modules[cls.__module__].__doc__
-        assert re.search(r"arXiv \d{4}\.\d{4,5}", doc), cls.__module__
+    for entry in entries():
+        if entry.cls is None:
+            continue
+        doc = sys.modules[entry.cls.__module__].__doc__
+        assert re.search(r"arXiv \d{4}\.\d{4,5}", doc), entry.cls.__module__
+        assert not entry.paper or f"arXiv {entry.paper}" in doc, (entry.name, entry.paper)
     assert all(s in base.Policy.scores.__doc__ for s in ("[Hkv, n_l]", "layer", "higher = keep"))
 
 

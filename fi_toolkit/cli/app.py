@@ -31,6 +31,7 @@ from fi_toolkit.cli.options import (
 )
 from fi_toolkit.errors import FIError
 from fi_toolkit.model.settings import ModelSettings
+from fi_toolkit.policies.registry import policy_help
 from fi_toolkit.signals.config import SignalConfig
 
 app = typer.Typer(
@@ -67,15 +68,15 @@ def probe(
         "--select",
         "-s",
         help="entropy:B, attention:B, distance:B, infokv:B, random:B@SEED, positions:A-B,C remove a token set; "
-        "policy:NAME@B[:key=value,...] evicts what a compression policy would "
-        "(policy:infokv@0.25:alpha=0.5,tau=2; adaptive(NAME) for adaptive layer budgets, infokv-adaptive = "
-        "adaptive(infokv)); policy:fi-oracle@B[:chunk=A:B,rounds=R,estimator=fisher|exact] is the FI ORACLE: it "
-        "keeps per layer and KV head by estimated FI on a future chunk (default: the first --chunk), so it sees "
-        "the future; a ceiling for the heuristics, not a policy; kvpress:NAME@RATIO what a kvpress press keeps "
-        "(RATIO is kvpress's compression_ratio: the share REMOVED, so kvpress:SnapKVPress@0.75 keeps 25 %; "
-        "options after a colon, kvpress:SnapKVPress@0.75:window_size=32; needs the kvpress extra: pip install "
-        "'fi_toolkit\\[kvpress]'). B is a budget: remove=X or keep=X (a bare X is keep=X), X a share of the "
-        "prefix [0, p) (0.1) or a token count (100). Repeatable.",
+        "a policy evicts what it would: "
+        + policy_help(selection=True)
+        + ". E.g. policy:infokv@0.25:alpha=0.5,tau=2. The FI ORACLE (estimator=fisher|exact, chunk=A:B) keeps per "
+        "layer and KV head by estimated FI on a future chunk (default: the first --chunk), so it sees the future: a "
+        "ceiling for the heuristics, not a policy. A kvpress press's RATIO is its compression_ratio, the share "
+        "REMOVED (kvpress:SnapKVPress@0.75 keeps 25 %); needs the kvpress extra: pip install "
+        "'fi_toolkit\\[kvpress]'. "
+        "B is a budget: remove=X or keep=X (a bare X is keep=X), X a share of the prefix [0, p) (0.1) or a token "
+        "count (100). Repeatable.",
     ),
     prefix: Optional[int] = typer.Option(None, help="Compression point p (default: smallest chunk start)."),
     sinks: int = typer.Option(4, help="First N positions are never picked by score-based or random selectors."),

@@ -18,7 +18,6 @@ from fi_toolkit.cli.options import (
     check_resamples,
     err,
     first_repeat,
-    named_policy,
     out,
     settings_options,
     unit_progress,
@@ -26,6 +25,7 @@ from fi_toolkit.cli.options import (
 from fi_toolkit.cli.study import _read_documents
 from fi_toolkit.errors import FIError
 from fi_toolkit.model.settings import ModelSettings
+from fi_toolkit.policies.registry import policy_help
 from fi_toolkit.runs.settings import RunSettings
 from fi_toolkit.signals.config import SignalConfig
 
@@ -63,7 +63,7 @@ def make_policies(names: str, budgets: str, window: int, alpha: float, tau: floa
     """The policy x budget list; ``future``: a replay of known text, where the FI oracle may look ahead
     (refused otherwise, and with the prefill oracle's options)."""
     from fi_toolkit.budget import Budget
-    from fi_toolkit.policies import split_policies
+    from fi_toolkit.policies.registry import resolve, split_policies
 
     spelled = split_list(budgets, "--budget")
     parsed = [Budget.parse(b, "--budget") for b in spelled]
@@ -74,7 +74,7 @@ def make_policies(names: str, budgets: str, window: int, alpha: float, tau: floa
     names = split_policies(names, "--policy")
     policies = [
         [
-            named_policy(
+            resolve(
                 name,
                 b,
                 window,
@@ -117,14 +117,12 @@ def eval_(
         DEFAULT_POLICIES,
         "--policy",
         "-p",
-        help="Comma-separated policies (the full cache is always measured beside them), each NAME[:key=value,...] "
-        "(infokv:alpha=0.5,tau=2; --alpha/--tau set the defaults; --window and --top-k are shared by all); "
-        "adaptive(NAME) gives a scored policy adaptive layer budgets (infokv-adaptive = adaptive(infokv)); "
-        "fi-oracle[:samples=N,rounds=R] is an ORACLE that sees the future text: at each compression it keeps the "
-        "entries with the highest estimated FI on the next INTERVAL tokens of the document (documents only, not "
-        "--task; no free generation; marked oracle in the tables); kvpress:NAME is a kvpress press (the kvpress "
-        "extra) with --budget as its compression_ratio, applied to the prompt only (kvpress's prefill presses "
-        "never compress while decoding).",
+        help="Comma-separated policies (the full cache is always measured beside them), each "
+        + policy_help()
+        + ". E.g. infokv:alpha=0.5,tau=2; --alpha/--tau set the defaults; --window and --top-k are shared by all. "
+        "fi-oracle looks ahead: at each compression it keeps the entries with the highest estimated FI on the next "
+        "INTERVAL tokens of the document (documents only, not --task; no free generation; marked oracle in the "
+        "tables). A kvpress press takes the share --budget removes as its compression_ratio.",
     ),
     budget: str = typer.Option(
         "0.1,0.25,0.5",

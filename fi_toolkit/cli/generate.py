@@ -13,9 +13,10 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from fi_toolkit.cli.options import check_entropy_of, check_finite, err, named_policy, settings_options
+from fi_toolkit.cli.options import check_entropy_of, check_finite, err, settings_options
 from fi_toolkit.errors import FIError
 from fi_toolkit.model.settings import ModelSettings
+from fi_toolkit.policies.registry import policy_help
 from fi_toolkit.signals.config import SignalConfig
 
 
@@ -72,9 +73,8 @@ def generate(
         "infokv",
         "--policy",
         "-p",
-        help="infokv, snapkv, pyramidkv, streaming, h2o, knorm, random, rpc, each NAME[:key=value,...] "
-        "(infokv:alpha=0.5,top_k=64 overrides --alpha, --top-k, ...); adaptive(NAME) for adaptive layer budgets "
-        "(infokv-adaptive = adaptive(infokv)); kvpress:NAME[:key=value,...]; or none (full cache). Not fi-oracle: "
+        help=policy_help(oracles=False)
+        + "; or none (full cache). infokv:alpha=0.5,top_k=64 overrides --alpha, --top-k, ... Not fi-oracle: "
         "an oracle that sees the future text (fi eval on documents).",
     ),
     budget: str = typer.Option(
@@ -122,7 +122,9 @@ def generate(
             raise FIError(f"cannot read --file '{file}': {exc.strerror}") from None
     chosen = None
     if policy.strip().lower() not in ("none", "full"):
-        chosen = named_policy(
+        from fi_toolkit.policies.registry import resolve
+
+        chosen = resolve(
             policy,
             budget,
             signals.window,

@@ -21,8 +21,7 @@ lm-eval.
 
 --model fi --model_args KEY=VALUE,... (checked before the model loads):
   pretrained=NAME        smollm2-135m (embedded, default), a local model directory or a cached HF id
-  policy=NAME            none (full cache, default), infokv, infokv-adaptive, snapkv, pyramidkv, streaming,
-                         h2o, knorm, random, rpc, or kvpress:PRESS[:key=value] (needs fi_toolkit[kvpress]);
+  policy=NAME            {policies};
                          options inside the name (infokv:alpha=0.5:tau=2) or as model args (alpha=0.5)
   budget=B               keep=X or remove=X, X a share (0.25) or a token count (2048); default keep=0.25
   interval=N             generated/scored tokens between compressions back to the budget (default 1024)
@@ -39,6 +38,16 @@ Example: fi lm-eval --model fi --model_args pretrained=meta-llama/Llama-3.1-8B-I
 budget=keep=2048,interval=1024,dtype=bfloat16 --tasks ifeval,gsm8k --apply_chat_template --output_path runs/lmeval
 Recipes: docs/guides/lm-eval.md. lm-eval's own options follow.
 """
+
+
+def _policy_list() -> str:
+    """The registry's names (no oracle: nothing is known of a task's future), wrapped under ``policy=NAME``."""
+    import textwrap
+
+    from fi_toolkit.policies.registry import policy_names
+
+    names = ", ".join(["none (full cache, default)", *policy_names(oracles=False)])
+    return textwrap.fill(names, 105, initial_indent=" " * 25, subsequent_indent=" " * 25)[25:]
 
 
 def _model_args(argv: list[str]) -> tuple[str | None, str | None]:
@@ -73,25 +82,6 @@ def check_model_args(argv: list[str]) -> None:
     parse_backend_args(**parsed)
 
 
-def _annotate_samples_on_save() -> None:
-    """Make lm-eval's EvaluationTracker add the backend's cache records to each sample it writes."""
-    from lm_eval.loggers.evaluation_tracker import EvaluationTracker
-
-    from fi_toolkit.evaluation.lmeval.backend import CompressedLM, annotate_samples
-
-    original = EvaluationTracker.save_results_samples
-    if getattr(original, "fi_annotates", False):
-        return
-
-    def save_results_samples(self, task_name, samples):
-        for records in CompressedLM.all_records:
-            annotate_samples({task_name: samples}, records)
-        return original(self, task_name, samples)
-
-    save_results_samples.fi_annotates = True
-    EvaluationTracker.save_results_samples = save_results_samples
-
-
 def run_lm_eval(argv: list[str]) -> int:
     """lm-eval's command line on ``argv`` with ``fi`` registered; returns its exit status."""
     helping = not argv or any(a in ("-h", "--help") for a in argv)
@@ -102,17 +92,16 @@ def run_lm_eval(argv: list[str]) -> int:
         from lm_eval.__main__ import cli_evaluate
     except ImportError as exc:
         raise FIError(f"lm-eval is not installed ({exc}); pip install 'fi_toolkit[lmeval]'") from None
-    import fi_toolkit.evaluation.lmeval.backend  # noqa: F401  (registers --model fi)
+    from fi_toolkit.evaluation.lmeval.backend import samples_annotated  # (importing it registers --model fi)
 
     if helping:
-        out.print(BACKEND_HELP, markup=False, highlight=False)
+        out.print(BACKEND_HELP.format(policies=_policy_list()), markup=False, highlight=False)
         argv = ["run", "--help"]
-    else:
-        _annotate_samples_on_save()
     saved = sys.argv
     sys.argv = ["lm-eval", *argv]
     try:
-        cli_evaluate()
+        with samples_annotated():  # each backend lm-eval builds hands its cache records to this run's samples
+            cli_evaluate()
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     finally:

@@ -19,7 +19,6 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from fi_toolkit.errors import FIError
-from fi_toolkit.integrations.kvpress.names import named_policy  # noqa: F401  (the commands' import)
 
 out = Console(emoji=False)
 err = Console(stderr=True, emoji=False, soft_wrap=True)  # messages stay one line at any terminal width

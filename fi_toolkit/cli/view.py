@@ -15,6 +15,7 @@ import typer
 from fi_toolkit.cli.options import _progress, check_prefix, err, settings_options
 from fi_toolkit.errors import FIError
 from fi_toolkit.model.settings import ModelSettings
+from fi_toolkit.policies.registry import policy_help
 from fi_toolkit.signals.config import SignalConfig
 
 SPECIAL_TOKENS = 2  # a tokenizer may add BOS/EOS; every other token covers at least one byte of the text
@@ -24,12 +25,11 @@ def make_policies(names: str, budget: str, config: SignalConfig, prefix: int) ->
     """``--policy a,b`` with one ``--budget`` -> policies on the trace's window; each budget is checked
     against the prefix now (it must fit the compressible tokens and exceed the window)."""
     from fi_toolkit.budget import Budget
-    from fi_toolkit.integrations.kvpress.names import named_policy
-    from fi_toolkit.policies import split_policies
+    from fi_toolkit.policies.registry import resolve, split_policies
 
     parsed = Budget.parse(budget, "--budget")
     policies = [
-        named_policy(
+        resolve(
             name,
             parsed,
             config.window,
@@ -56,9 +56,9 @@ def view(
         "infokv,snapkv",
         "--policy",
         "-p",
-        help="Comma-separated policies as fi eval names them (infokv, snapkv, pyramidkv, streaming, h2o, knorm, "
-        "random, rpc, adaptive(NAME), kvpress:NAME, each NAME[:key=value,...]): the page marks, per token, the "
-        "share of layers x KV heads that evicted it.",
+        help="Comma-separated policies, each "
+        + policy_help(oracles=False)
+        + ". The page marks, per token, the share of layers x KV heads that evicted it.",
     ),
     budget: str = typer.Option(
         "keep=0.25",

@@ -32,7 +32,7 @@ from typing import Callable
 import torch
 from transformers import DynamicCache
 
-from fi_toolkit.compress.lookahead import Lookahead, set_estimates
+from fi_toolkit.compress.lookahead import Lookahead, lookahead_estimates
 from fi_toolkit.errors import FIError
 from fi_toolkit.eviction import KeepMap, gather_cache
 from fi_toolkit.model.architectures import check_model, context_limit, context_phrase, decoder_parts
@@ -339,9 +339,12 @@ class CompressedDecoder:
             return None
         _sync(self.device)
         t0 = time.perf_counter()
-        if getattr(self.policy, "sees_future", False) and not set_estimates(self, k, protected):
-            return None  # an oracle with nothing left to look ahead to (fi_toolkit.compress.lookahead)
-        keep_map = self.policy.keep_map(self.signals())
+        estimates = None
+        if getattr(self.policy, "sees_future", False):  # an oracle: its scores are the look-ahead's estimates
+            estimates = lookahead_estimates(self, k, protected)
+            if estimates is None:
+                return None  # nothing left to look ahead to (fi_toolkit.compress.lookahead)
+        keep_map = self.policy.keep_map(replace(self.signals(), fi_estimates=estimates))
         kept = gather_cache(
             [l.keys for l in self.cache.layers], [l.values for l in self.cache.layers], keep_map, self.model.config
         )

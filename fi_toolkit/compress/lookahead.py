@@ -11,6 +11,10 @@ policy's rule (:meth:`~fi_toolkit.policies.base.Policy.keep_map`: budget, protec
 ``rounds=R`` removes the budget in ``R`` rounds, re-estimating after each with the earlier removals
 masked, as the prefill oracle does (:mod:`fi_toolkit.probe.oracle`).
 
+The scores reach the policy as a signal: :func:`lookahead_estimates` computes them for the decoder's current
+cache and the decoder gives them to the policy in its :class:`~fi_toolkit.signals.policy_view.Signals`
+(``fi_estimates``), as it gives every policy its tracked signals.
+
 It sees the future, so it exists only where the future is known: a replay sets
 :attr:`CompressedDecoder.lookahead <fi_toolkit.compress.decoder.CompressedDecoder.lookahead>`; free
 generation, tasks and ``fi generate`` have none and refuse it. A compression after the last fed token
@@ -92,9 +96,10 @@ def lookahead_scores(
         return remove_in_rounds(score, shape, kept, policy.rounds, protected, window)[0]
 
 
-def set_estimates(decoder, kept: int, protected: int) -> bool:
-    """Give ``decoder.policy`` (an :class:`FIOracle`) its look-ahead scores for the decoder's current cache;
-    False when there is nothing left to look ahead to (the compression is skipped)."""
+def lookahead_estimates(decoder, kept: int, protected: int) -> list[torch.Tensor] | None:
+    """The look-ahead scores of ``decoder.policy`` (an :class:`FIOracle`) for the decoder's current cache, per
+    layer ``[H_kv, n_l]`` float32 (its ``Signals.fi_estimates``); None when there is nothing left to look ahead
+    to (the compression is skipped)."""
     if decoder.lookahead is None:
         raise FIError(
             "fi-oracle is an oracle that sees the future text: only a replay of known text "
@@ -102,7 +107,7 @@ def set_estimates(decoder, kept: int, protected: int) -> bool:
         )
     cont = decoder.lookahead.continuation(decoder.seen)
     if cont.numel() == 0:
-        return False
+        return None
     check_decoding_oracle(decoder.policy)
     layers = decoder.cache.layers
     scores = lookahead_scores(
@@ -116,5 +121,4 @@ def set_estimates(decoder, kept: int, protected: int) -> bool:
         protected,
         decoder.config.window,
     )
-    decoder.policy.estimates = [s.float() for s in scores]
-    return True
+    return [s.float() for s in scores]

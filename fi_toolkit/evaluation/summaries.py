@@ -69,9 +69,9 @@ REPLAY_METRICS = {
 
 def is_oracle(policy: str) -> bool:
     """Whether a result row's ``policy`` names an oracle that sees the future (``fi-oracle[:...]``)."""
-    from fi_toolkit.policies.spec import ORACLES
+    from fi_toolkit.policies.registry import is_oracle as named_oracle
 
-    return str(policy).split(":")[0] in ORACLES
+    return named_oracle(str(policy))
 
 
 def summarise_replays(replays: pd.DataFrame, n_resamples: int = 1000, seed: int = 0) -> pd.DataFrame:

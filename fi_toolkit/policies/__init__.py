@@ -1,8 +1,8 @@
 """Eviction policies, one small dataclass per file (kvpress style), behind one contract:
 ``policy.keep_map(signals) -> KeepMap`` where ``signals`` is a prefill :class:`~fi_toolkit.signals.trace.Trace`
 or the decoding :class:`Signals`. ``Adaptive(policy)`` gives a scored policy adaptive layer budgets.
-Policies are named ``NAME[:key=value,...]`` (:mod:`fi_toolkit.policies.spec`). Add a policy: add a
-file and one line in ``POLICIES`` (spec.py).
+Every policy is named in one registry (:mod:`fi_toolkit.policies.registry`: ``NAME[:key=value,...]``,
+``resolve``, ``entries``); add a policy: add a file and one ``register(...)`` line there.
 """
 
 from __future__ import annotations
@@ -17,13 +17,20 @@ from fi_toolkit.policies.infokv import InfoKV
 from fi_toolkit.policies.knorm import KNorm
 from fi_toolkit.policies.pyramidkv import PyramidKV
 from fi_toolkit.policies.random import RandomPolicy
+from fi_toolkit.policies.registry import (
+    entries,
+    make_policy,
+    parse_policy,
+    policy_help,
+    register,
+    resolve,
+    split_policies,
+)
 from fi_toolkit.policies.rpc import RPC
 from fi_toolkit.policies.snapkv import SnapKV
-from fi_toolkit.policies.spec import POLICIES, PolicySpec, make_policy, parse_policy, parse_spec, split_policies
 from fi_toolkit.policies.streaming import StreamingLLM
 
 __all__ = [
-    "POLICIES",
     "Adaptive",
     "Budget",
     "FIOracle",
@@ -32,7 +39,6 @@ __all__ = [
     "InfoKV",
     "KNorm",
     "Policy",
-    "PolicySpec",
     "PyramidKV",
     "RPC",
     "RandomPolicy",
@@ -40,9 +46,12 @@ __all__ = [
     "SnapKV",
     "StreamingLLM",
     "allocate",
+    "entries",
     "make_policy",
     "parse_policy",
-    "parse_spec",
+    "policy_help",
+    "register",
+    "resolve",
     "select",
     "split_policies",
 ]

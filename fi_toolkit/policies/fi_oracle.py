@@ -5,12 +5,13 @@ after the compression point. It bounds what any heuristic could reach at the sam
 *headroom*, :mod:`fi_toolkit.probe.headroom`). "Oracle" as in H2O's heavy-hitter oracle (arXiv 2306.14048),
 but scored by the quantity the toolkit measures instead of attention.
 
-Scores come from outside: policies sit below the probe (tests/test_layers.py), so
-:func:`fi_toolkit.probe.oracle.oracle_keep_map` (the probe) or, while a replay decodes known text,
-:mod:`fi_toolkit.compress.lookahead` (the next ``interval`` tokens, every cache slot) estimates them (the Fisher
-estimate per layer and KV head,
-``head_fi [L, H_kv, p, K]`` of :func:`fi_toolkit.probe.estimator.fisher_fi`, or exact leave-one-out FI
-per position, shared by every head) and sets :attr:`FIOracle.estimates`. Selection is every policy's
+Its scores are a signal like the others, read from the :class:`~fi_toolkit.signals.policy_view.Signals` it is
+given (``fi_estimates``, per layer ``[H_kv, n_l]``), which only what knows the future can fill: policies sit below
+the probe (tests/test_layers.py), so :func:`fi_toolkit.probe.oracle.oracle_keep_map` (the probe) or, while a
+replay decodes known text, :mod:`fi_toolkit.compress.lookahead` (the next ``interval`` tokens, every cache slot)
+estimates them (the Fisher estimate per layer and KV head, ``head_fi [L, H_kv, p, K]`` of
+:func:`fi_toolkit.probe.estimator.fisher_fi`, or exact leave-one-out FI per position, shared by every head).
+Selection is every policy's
 (:meth:`Policy.keep_map`: same budget meaning and window rule; higher = keep). Options (spelled
 ``fi-oracle:chunk=A:B,rounds=R,estimator=fisher|exact``): ``chunk`` the future chunk scored (default: the
 first probed chunk), ``rounds`` removes the budget in that many rounds, re-estimating after each with the
@@ -20,7 +21,7 @@ earlier removals masked, ``estimator``, ``samples`` (label draws of the Fisher e
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, ClassVar
 
 from fi_toolkit.errors import FIError
@@ -70,7 +71,6 @@ class FIOracle(Policy):
     rounds: int = 1
     estimator: Spelled = Spelled("fisher")
     samples: int = 16
-    estimates: list | None = field(default=None, init=False, repr=False)  # per layer, tensors [H_kv, p]
 
     name: ClassVar[str] = "fi-oracle"
     sees_future: ClassVar[bool] = (
@@ -97,15 +97,15 @@ class FIOracle(Policy):
         return parse_span(self.chunk)
 
     def scores(self, s: Signals, layer: int) -> torch.Tensor:
-        """The estimated FI of each entry of ``layer`` on the oracle's chunk ``[H_kv, p]`` (set by
-        :func:`fi_toolkit.probe.oracle.oracle_keep_map`; entries already removed score -1)."""
-        if self.estimates is None:
+        """The estimated FI of each entry of ``layer`` on the future the signals' giver knows, ``[H_kv, n_l]``
+        (``s.fi_estimates[layer]``; entries removed in an earlier round score ``REMOVED_SCORE``)."""
+        if s.fi_estimates is None:
             raise FIError(
                 "fi-oracle sees the future: its scores are FI estimates that only the probe computes "
                 "(a probe selection policy:fi-oracle@BUDGET), or a replay of known text (fi eval on "
                 "documents); it cannot compress while generating"
             )
-        return self.estimates[layer].to(s.keys[layer].device)
+        return s.fi_estimates[layer].to(s.keys[layer].device)
 
 
 def check_decoding_oracle(policy, where: str = "") -> None:

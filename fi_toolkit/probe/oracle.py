@@ -1,7 +1,7 @@
 """The FI oracle's scores: estimated Forward Influence of every (layer, KV head, position) on a
-future chunk, handed to :class:`~fi_toolkit.policies.fi_oracle.FIOracle`, which keeps per head by every
-policy's selection (:func:`~fi_toolkit.policies.base.select`). It sees the future: an upper reference for
-the heuristics (the headroom, :mod:`fi_toolkit.probe.headroom`), not a policy.
+future chunk, given to :class:`~fi_toolkit.policies.fi_oracle.FIOracle` as a signal (``Signals.fi_estimates``),
+by which it keeps per head with every policy's selection (:func:`~fi_toolkit.policies.base.select`). It sees
+the future: an upper reference for the heuristics (the headroom, :mod:`fi_toolkit.probe.headroom`), not a policy.
 
 - ``estimator=fisher``: the per-(layer, KV head) Fisher estimate ``head_fi`` of
   :func:`~fi_toolkit.probe.estimator.fisher_fi` (one forward, ``samples`` backwards).
@@ -141,7 +141,7 @@ def oracle_keep_map(
     policy: FIOracle, model, trace: Trace, ids: torch.Tensor, chunks: Sequence[Chunk] | None = None, block: int = 512
 ) -> KeepMap:
     """The oracle's keep map for ``trace`` (a prefill of ``ids[:p]``), per layer and KV head, at the
-    policy's budget; the policy's ``estimates`` are set to the last round's scores."""
+    policy's budget: the policy scores the trace's signals with the last round's estimates as ``fi_estimates``."""
     p = trace.prefix_len
     chunk = oracle_chunk(policy, chunks, p, ids.numel(), context_limit(model.config))
     signals = Signals.from_trace(trace)
@@ -156,8 +156,8 @@ def oracle_keep_map(
         0,
         policy.window,
     )
-    policy.estimates = [s.float() for s in scores]
-    keep_map = policy.keep_map(trace)
+    signals.fi_estimates = [s.float() for s in scores]
+    keep_map = policy.keep_map(signals)
     if not torch.equal(~keep_map.visible(p), removed):  # pragma: no cover - the last round is the policy's selection
         raise FIError("fi-oracle: the keep map differs from the last round's selection")
     label = f"policy:{policy.label}"

@@ -3,13 +3,15 @@
 ``KIND:BUDGET`` removes the top positions by a signal (``entropy``, ``attention``, ``distance``,
 ``infokv``), ``random:BUDGET@SEED`` (or ``@A-B`` for seeds A..B) removes a uniform sample,
 ``positions:A-B,C`` removes named positions (inclusive ranges), ``policy:NAME@BUDGET[:key=value,...]``
-evicts what a compression policy would (per layer and head; options as in :mod:`fi_toolkit.policies.spec`,
+evicts what a compression policy would (per layer and head; names and options as the registry,
+:mod:`fi_toolkit.policies.registry`, spells them:
 ``policy:infokv@keep=0.25:alpha=0.5,tau=2``, ``policy:adaptive(infokv)@0.25``;
 ``policy:fi-oracle@0.25[:chunk=A:B,rounds=R,estimator=fisher|exact]`` is the FI oracle, which sees the
 future chunk it scores (:mod:`fi_toolkit.probe.oracle`; default chunk: the first probed); the signal options
-``window`` and ``top_k`` are the trace's, ``--window`` and ``--top-k``), ``kvpress:NAME@RATIO`` what a kvpress press
-keeps
-(:mod:`fi_toolkit.integrations.kvpress.bridge`; ``RATIO`` is kvpress's compression_ratio, the share removed).
+``window`` and ``top_k`` are the trace's, ``--window`` and ``--top-k``). A selection may also start with the prefix
+of a provider of the registry: ``kvpress:NAME@RATIO`` is what a kvpress press keeps (``RATIO`` is kvpress's
+compression_ratio, the share removed), resolved by the registry
+(:func:`~fi_toolkit.policies.registry.resolve_selection`).
 ``BUDGET`` has one meaning everywhere
 (:mod:`fi_toolkit.budget`): ``keep=X`` or ``remove=X``, a bare ``X`` being ``keep=X``; a share
 (``0.1``) is of the whole prefix ``[0, p)``, window and sinks included, else a token count; so
@@ -25,20 +27,19 @@ from typing import TYPE_CHECKING
 
 from fi_toolkit.budget import Budget
 from fi_toolkit.errors import FIError
-from fi_toolkit.policies import Policy, parse_policy
+from fi_toolkit.policies import Policy, registry
+from fi_toolkit.policies.fi_oracle import FIOracle
 
-if TYPE_CHECKING:  # parsing and checking a spec imports no torch; resolving one (and kvpress) does
+if TYPE_CHECKING:  # parsing and checking a spec imports no torch; resolving one (and a provider's) does
     import torch
 
     from fi_toolkit.eviction import KeepMap, TokenSet
-    from fi_toolkit.integrations.kvpress.bridge import PressSpec
+    from fi_toolkit.policies.registry import ProvidedSelection
     from fi_toolkit.probe.chunks import Chunk
     from fi_toolkit.signals.trace import Trace
 
-from fi_toolkit.policies.fi_oracle import FIOracle
-
 SCORE_SELECTORS = ("entropy", "attention", "distance", "infokv")
-SELECTORS = SCORE_SELECTORS + ("random", "positions", "policy", "kvpress")
+SELECTORS = SCORE_SELECTORS + ("random", "positions", "policy")  # and the registry's provider prefixes (kvpress)
 MAX_SEEDS = 1000  # random sets per spec: more is a typo, not a study
 MAX_POSITION = 1 << 22  # past any model's context: refused before anything is expanded
 TRACE_OPTIONS = ("window", "top_k")  # policy options the trace fixes for every selection (--window, --top-k)
@@ -61,6 +62,11 @@ def token_scores(trace: Trace, kind: str, alpha: float | None = None) -> torch.T
     raise FIError(f"unknown selector '{kind}' (choose from {', '.join(SELECTORS)})")
 
 
+def selectors() -> tuple[str, ...]:
+    """Every selection kind: the probe's own, then the registry's provider prefixes (``kvpress``)."""
+    return SELECTORS + registry.prefixes()
+
+
 @dataclass(frozen=True)
 class Selection:
     """A parsed ``--select`` spec; ``resolve`` turns it into a :class:`TokenSet` or :class:`KeepMap` for one trace."""
@@ -73,7 +79,7 @@ class Selection:
     policy: str | None = None  # kind "policy": the policy's name (NAME-adaptive for adaptive(NAME))
     options: str = ""  # kind "policy": its options as labels spell them (alpha=0.5,tau=2.0)
     source: str | None = None  # the option that made it, for messages (default: selection SPEC)
-    press: PressSpec | None = None  # kind "kvpress": the press, its ratio and options
+    provided: ProvidedSelection | None = None  # kind PREFIX of a provider (kvpress): what the provider resolved
 
     @property
     def option(self) -> str:
@@ -85,8 +91,8 @@ class Selection:
             return self.spec
         if self.kind == "policy":
             return f"policy:{self.policy}@{self.budget.label}" + (f":{self.options}" if self.options else "")
-        if self.kind == "kvpress":
-            return self.press.label
+        if self.provided is not None:
+            return self.provided.label
         return f"{self.kind}:{self.budget.label}" + (f"@{self.seed}" if self.seed is not None else "")
 
     def check(self, prefix_len: int, window: int, sinks: int) -> int:
@@ -97,8 +103,8 @@ class Selection:
         if self.kind == "policy":
             self._check_oracle_chunk(p)
             return p - self._checked_policy_budget(p, window)
-        if self.kind == "kvpress":
-            kept = self.press.n_kept(p)
+        if self.provided is not None:
+            kept = self.provided.n_kept(p)
             if kept >= p:
                 raise FIError(f"{self.option} keeps all {p:,} prefix positions: nothing to measure")
             return p - kept
@@ -126,7 +132,7 @@ class Selection:
         ids: torch.Tensor | None = None,
         chunks: list[Chunk] | None = None,
     ) -> TokenSet | KeepMap:
-        """``model`` and the document's ``ids`` are needed by ``kvpress:`` selections (the press runs
+        """``model`` and the document's ``ids`` are needed by a provider's selections (a kvpress press runs
         its own prefill of ``ids[:p]``) and the FI oracle (which estimates FI on a chunk of ``ids``;
         ``chunks``: the probed chunks, the first of which it scores unless told another)."""
         import torch
@@ -136,8 +142,8 @@ class Selection:
         p, scored = trace.prefix_len, trace.scored
         if self.kind == "policy":
             return self._policy_keep_map(trace, alpha, model, ids, chunks)
-        if self.kind == "kvpress":
-            return self._press_keep_map(p, model, ids)
+        if self.provided is not None:
+            return self._provided_keep_map(p, model, ids)
         meta = {
             "selection": self.label,
             "selector": self.kind,
@@ -177,7 +183,9 @@ class Selection:
         """The policy of a ``policy:`` selection: its budget, the trace's ``window``, and the options
         spelled, which override ``defaults`` (the trace's alpha, tau, top_k)."""
         text = self.policy + (f":{self.options}" if self.options else "")
-        return parse_policy(text, self.budget, window, where=self.option, shared=TRACE_OPTIONS, future=True, **defaults)
+        return registry.resolve(
+            text, self.budget, window, where=self.option, shared=TRACE_OPTIONS, future=True, **defaults
+        )
 
     def _check_oracle_chunk(self, prefix_len: int) -> None:
         """The FI oracle's chunk must start at or after p (its end is checked against the document later)."""
@@ -214,19 +222,12 @@ class Selection:
         keep_map.meta.update(selection=self.label, seed=None)
         return keep_map
 
-    def _press_keep_map(self, prefix_len: int, model, ids: torch.Tensor | None) -> KeepMap:
-        from fi_toolkit.integrations.kvpress.bridge import make_press, run_press
-
+    def _provided_keep_map(self, prefix_len: int, model, ids: torch.Tensor | None) -> KeepMap:
         if model is None or ids is None:
-            raise FIError(f"{self.option}: a kvpress selection needs the model and the document's tokens")
+            raise FIError(f"{self.option}: a {self.kind} selection needs the model and the document's tokens")
         self.check(prefix_len, 0, 0)
-        keep_map = run_press(make_press(self.press, self.option), model, ids, prefix_len, self.label).keep_map
-        keep_map.meta.update(
-            selection=self.label,
-            selector=f"kvpress:{'/'.join(self.press.names)}",
-            budget=f"compression_ratio={self.press.ratio:g}",
-            seed=None,
-        )
+        keep_map = self.provided.keep_map(model, ids, prefix_len, self.option)
+        keep_map.meta.update(selection=self.label, seed=None)
         return keep_map
 
 
@@ -259,18 +260,14 @@ def parse_selection(spec: str, option: str = "selection") -> list[Selection]:
     source = None if option == "selection" else where
     kind, sep, rest = spec.partition(":")
     kind = kind.strip().lower()
-    if kind not in SELECTORS:
-        raise FIError(f"unknown selector '{kind}' in {where} (choose from {', '.join(SELECTORS)})")
+    if kind not in SELECTORS and kind not in registry.prefixes():
+        raise FIError(f"unknown selector '{kind}' in {where} (choose from {', '.join(selectors())})")
     if not sep or not rest:
         raise FIError(f"{where}: expected {kind}:BUDGET, e.g. {kind}:remove=0.1")
     if kind == "positions":
         return [Selection(spec, kind, source=source, positions=_parse_positions(rest, where))]
-    if kind == "kvpress":  # the bridge (and kvpress) import torch: only a kvpress spec needs them
-        from fi_toolkit.integrations.kvpress.bridge import make_press, parse_press_spec
-
-        press = parse_press_spec(rest, f"{where}")
-        make_press(press, f"{where}")  # validate the press now (and that kvpress is installed)
-        return [Selection(spec, kind, source=source, press=press)]
+    if kind not in SELECTORS:  # a provider's (kvpress: only such a spec imports torch and kvpress)
+        return [Selection(spec, kind, source=source, provided=registry.resolve_selection(spec, where))]
     if kind == "policy":
         name, _, tail = rest.partition("@")
         amount, _, options = tail.partition(":")
@@ -280,7 +277,7 @@ def parse_selection(spec: str, option: str = "selection") -> list[Selection]:
             )
         budget = Budget.parse(amount, f"{where}")
         # validate the name and options now, before any model work; the label spells them as parsed
-        policy = parse_policy(
+        policy = registry.resolve(
             f"{name}:{options}" if options else name, budget, where=f"{where}", shared=TRACE_OPTIONS, future=True
         )
         base, _, spelled = policy.name.partition(":")

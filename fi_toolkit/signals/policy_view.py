@@ -29,6 +29,9 @@ class Signals:
     attention: list[torch.Tensor] | None = None  # window attention of the last `window` queries (pooled)
     accumulated: list[torch.Tensor] | None = None  # attention received so far, summed, unpooled (H2O)
     protected: list[int] = field(default_factory=list)  # leading slots never evicted
+    # estimated FI of removing each slot on the known future (the FI oracle's scores); only a probe (a future
+    # chunk, fi_toolkit.probe.oracle) or a replay's look-ahead (fi_toolkit.compress.lookahead) can give them
+    fi_estimates: list[torch.Tensor] | None = None
     tokens: torch.Tensor | None = None  # the token ids fed so far, by position (kvpress presses re-run on them)
     model: object = None  # the model whose cache this is (kvpress presses run their own prefill on it)
 

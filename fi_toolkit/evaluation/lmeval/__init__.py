@@ -12,7 +12,7 @@ from fi_toolkit.evaluation.lmeval.requests import CacheRecord, generate_tokens, 
 
 
 def __getattr__(name):
-    if name in ("CompressedLM", "annotate_samples"):  # lm-eval is an optional dependency
+    if name in ("CompressedLM", "annotate_samples", "samples_annotated"):  # lm-eval is an optional dependency
         from fi_toolkit.evaluation.lmeval import backend
 
         return getattr(backend, name)
@@ -27,5 +27,6 @@ __all__ = [
     "export_tasks",
     "generate_tokens",
     "parse_backend_args",
+    "samples_annotated",
     "score_continuation",
 ]

@@ -4,8 +4,9 @@ checked before any model loads: one :class:`~fi_toolkit.errors.FIError` line for
 lm-eval splits ``--model_args`` at commas and the first ``=`` of each pair, and turns numbers and
 ``true``/``false`` into Python values (``nan`` becomes a float NaN), so every value here may arrive
 as a string, a number or a bool. Policy options are model arguments of their own (``alpha=0.5``) or
-written into the policy's name (``policy=infokv:alpha=0.5:tau=2``); ``kvpress:NAME`` is a kvpress
-press through :func:`fi_toolkit.integrations.kvpress.names.named_policy` (its options after a colon).
+written into the policy's name (``policy=infokv:alpha=0.5:tau=2``); every name resolves in the policy
+registry (:mod:`fi_toolkit.policies.registry`), a provider's too: ``kvpress:NAME`` is a kvpress press (its
+options after a colon).
 """
 
 from __future__ import annotations
@@ -15,9 +16,8 @@ from dataclasses import dataclass, field, fields
 
 from fi_toolkit.budget import Budget
 from fi_toolkit.errors import FIError
-from fi_toolkit.integrations.kvpress.names import named_policy
 from fi_toolkit.policies import Policy
-from fi_toolkit.policies.spec import options_of, parse_policy, parse_spec
+from fi_toolkit.policies.registry import lookup, resolve
 
 NONE = ("none", "full")  # the full cache
 # Accepted and not used: what lm-eval passes to every backend (simple_evaluate's additional config), and
@@ -59,22 +59,23 @@ class BackendArgs:
 
 def policy_from_spec(spec: str, budget, window: int, options: dict) -> Policy:
     """``infokv``, ``infokv:alpha=0.5:tau=2``, ``kvpress:SnapKVPress`` -> a policy with ``budget``."""
-    if spec.strip().lower().startswith("kvpress:"):
+    entry = lookup(spec, f"policy={spec}")
+    if entry.cls is None:  # a provider's family (kvpress:NAME): its options are spelled after a colon
         if options:
             raise FIError(
-                f"policy={spec}: give a press's options after its name (kvpress:NAME:key=value), "
+                f"policy={spec}: give a press's options after its name ({entry.name}:key=value), "
                 f"not as model arguments ({', '.join(options)})"
             )
-        return named_policy(spec, budget=budget, window=window)
+        return resolve(spec, budget=budget, window=window)
     # lm-eval splits --model_args on commas, so options inside the name are separated by ':' here
-    # (infokv:alpha=0.5:tau=2); fi_toolkit.policies.spec reads them as NAME:alpha=0.5,tau=2
+    # (infokv:alpha=0.5:tau=2); the registry reads them as NAME:alpha=0.5,tau=2
     name, *parts = spec.strip().split(":")
     for part in parts:
         key, sep, _ = part.partition("=")
         if not sep or not key.strip():
             raise FIError(f"policy={spec}: write options as NAME:key=value, got '{part}'")
     text = name + (":" + ",".join(p.strip() for p in parts) if parts else "")
-    known = options_of(parse_spec(text, f"policy={spec}").cls)
+    known = [o.name for o in entry.options]
     unknown = sorted(set(options) - set(known))
     if unknown:
         raise FIError(
@@ -83,7 +84,7 @@ def policy_from_spec(spec: str, budget, window: int, options: dict) -> Policy:
         )
     for k, v in options.items():
         _finite(k, v)
-    policy = parse_policy(text, budget, window, where=f"policy={spec}", **options)
+    policy = resolve(text, budget, window, where=f"policy={spec}", **options)
     from fi_toolkit.compress.decoder import signal_config_for
 
     signal_config_for(policy)  # top_k, tau, alpha, window: validated now

@@ -6,17 +6,23 @@ with the compressed decoder, ``loglikelihood`` scores the continuation teacher-f
 cache of the context, ``loglikelihood_rolling`` does so over lm-eval's rolling windows. Requests run
 one at a time (``batch_size`` is accepted and ignored: each request has its own cache and compressions).
 
-Per-request cache records (:class:`~.requests.CacheRecord`) are kept in ``records`` under
-``(task, doc_id)``; :func:`annotate_samples` puts them into lm-eval's per-sample log (key
-``fi_toolkit``); ``fi lm-eval`` does so before lm-eval writes its ``samples_*.jsonl``. lm-eval 0.4.x
-has no per-response extra-info field, and changing an ``Instance``'s arguments would break its
-request cache (it hashes them again after the run), hence this side channel.
+Per-request cache records (:class:`~.requests.CacheRecord`) belong to the backend: its ``records``, under
+``(task, doc_id)``; :func:`annotate_samples` puts them into lm-eval's per-sample log (key ``fi_toolkit``).
+lm-eval 0.4.x has no per-response extra-info field, and changing an ``Instance``'s arguments would break its
+request cache (it hashes them again after the run), hence this side channel. A caller that built the backend
+annotates ``simple_evaluate``'s samples with its ``records``; where lm-eval builds the backend itself from its
+registry (``fi lm-eval``: its command line, which drops the model before it writes the samples), the run
+opens :func:`samples_annotated`: each backend built inside the block hands its ``records`` to that run, and
+the run adds them to each task's samples as lm-eval's tracker saves them. Nothing outlives the block.
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 from lm_eval.api.model import TemplateLM
@@ -31,6 +37,8 @@ from fi_toolkit.model.architectures import context_limit
 
 NAME = "fi"
 MAX_GEN_ALIASES = ("max_gen_toks", "max_new_tokens", "max_tokens", "max_completion_tokens")
+# the records of the backends built inside the current samples_annotated() block (None: outside any)
+_RUN: ContextVar[list[dict] | None] = ContextVar("fi_lmeval_run", default=None)
 
 
 @register_model(NAME)
@@ -38,10 +46,6 @@ class CompressedLM(TemplateLM):
     """``CompressedLM(pretrained=..., policy="infokv", budget="keep=2048", interval=1024, ...)``; the
     arguments are :class:`~.arguments.BackendArgs` (checked before the model loads), or pass a loaded
     model as ``lm=`` (a :class:`~fi_toolkit.model.loading.LoadedModel`)."""
-
-    # every backend's records (small dicts, kept after the backend is gone: lm-eval drops the model it
-    # built before it writes the samples, and fi lm-eval annotates them then)
-    all_records: list[dict] = []
 
     def __init__(self, lm=None, **kwargs):
         super().__init__()
@@ -61,7 +65,9 @@ class CompressedLM(TemplateLM):
             raise FIError("the fi lm-eval backend needs a model with a tokenizer")
         self.lm, self.model, self.tokenizer = lm, lm.model, lm.tokenizer
         self.records: dict[tuple, list[dict]] = defaultdict(list)
-        CompressedLM.all_records.append(self.records)
+        run = _RUN.get()
+        if run is not None:  # built inside samples_annotated(): the run writes these records into the samples
+            run.append(self.records)
 
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> CompressedLM:
@@ -263,6 +269,30 @@ def postprocess(text: str, until: list[str], think_end_token: str | None) -> str
         if stop:
             text = text.split(stop)[0]
     return text
+
+
+@contextmanager
+def samples_annotated() -> Iterator[list[dict]]:
+    """Within the block, the ``records`` of every :class:`CompressedLM` built (by lm-eval, from its registry)
+    go into each task's samples as lm-eval's ``EvaluationTracker`` saves them (``fi lm-eval`` runs lm-eval's
+    command line inside it). Yields the list of those backends' records; the tracker is restored after."""
+    from lm_eval.loggers.evaluation_tracker import EvaluationTracker
+
+    run: list[dict] = []
+    original = EvaluationTracker.save_results_samples
+
+    def save_results_samples(tracker, task_name, samples):
+        for records in run:
+            annotate_samples({task_name: samples}, records)
+        return original(tracker, task_name, samples)
+
+    token = _RUN.set(run)
+    EvaluationTracker.save_results_samples = save_results_samples
+    try:
+        yield run
+    finally:
+        EvaluationTracker.save_results_samples = original
+        _RUN.reset(token)
 
 
 def annotate_samples(samples: dict, records: dict) -> int:

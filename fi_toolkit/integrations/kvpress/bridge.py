@@ -68,6 +68,13 @@ class PressSpec:
         """Entries per head a ``ScorerPress`` keeps out of ``n`` (kvpress's ``compute_n_kept``: truncation)."""
         return max(1, int(n * (1 - self.ratio)))
 
+    def keep_map(self, model, ids: torch.Tensor, p: int, where: str = "") -> KeepMap:
+        """What the press keeps of the prefix ``ids[:p]`` (a probe selection; :func:`run_press`), labelled
+        :attr:`label`, its ``selector`` the press and its ``budget`` kvpress's ``compression_ratio``."""
+        keep_map = run_press(make_press(self, where or self.label), model, ids, p, self.label).keep_map
+        keep_map.meta.update(selector=f"kvpress:{'/'.join(self.names)}", budget=f"compression_ratio={self.ratio:g}")
+        return keep_map
+
 
 def _value(text: str):
     try:
