@@ -478,6 +478,8 @@ class CompressedDecoder:
     def feed(self, ids: torch.Tensor, max_block: int | None = None, prompt: int = 0) -> torch.Tensor:
         """:meth:`feed_blocks`, every row's float32 logits in one tensor ``[q, V]``."""
         rows = [block.logits for block in self.feed_blocks(ids, max_block, prompt)]
+        if len(rows) == 1:
+            return rows[0]
         return torch.cat(rows) if rows else torch.empty(0, self.lm_head.weight.shape[0], device=self.device)
 
     block = feed  # the earlier name

@@ -4,10 +4,10 @@ cache exactly as compressed decoding would see it, teacher-forced, scored agains
 ``ids [N]`` splits into a prompt ``ids[:p]`` and a continuation. :func:`replay` treats the
 continuation as if :func:`fi_toolkit.compress.decoder.generate` had produced it with ``max_new_tokens =
 N - p``: :meth:`~fi_toolkit.compress.decoder.CompressedDecoder.prefill` on the prompt (compressed or kept
-by the policy's rule), then the continuation in blocks, one forward per block
-(:meth:`~fi_toolkit.compress.decoder.CompressedDecoder.block`), compressing back to the budget after every
-``interval`` fed tokens, where ``generate`` would. The same steps as ``generate``: the points are
-:func:`~fi_toolkit.compress.decoder.compression_points`'s, and the block forward records the signals that
+by the policy's rule), then the continuation through the decoder's
+:meth:`~fi_toolkit.compress.decoder.CompressedDecoder.feed_blocks`: one forward per block, the decoder
+compressing back to the budget after every ``interval`` fed tokens, where ``generate`` would (its
+:class:`~fi_toolkit.compress.decoder.Schedule`'s points), and the block forward records the signals that
 single steps record.
 
 Positions (the convention): row ``r`` of every per-position tensor is position ``t = p - 1 + r``,
