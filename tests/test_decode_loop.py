@@ -107,6 +107,8 @@ def test_no_interval_and_prompt_only_policies_compress_the_prompt_alone():
 @pytest.mark.parametrize("fed, point", [(0, 8), (7, 8), (8, 16), (9, 16), (-5, 8), (-20, 8)])
 def test_next_point_is_the_next_multiple_after_the_prompt(fed, point):
     assert Schedule.of(None, 8).next_point(fed) == point
+    assert Schedule.of(None, 8).reaches_point(fed) == (fed >= 8)  # a task's answer feeding fed tokens
+    assert Schedule.of(None, None).next_point(fed) is None and not Schedule.of(None, None).reaches_point(fed)
 
 
 # --- what real runs record ---------------------------------------------------------------------------
