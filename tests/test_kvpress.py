@@ -208,6 +208,7 @@ def test_infokv_press_pipeline_answer_equals_the_project_compressor():
     CompressedDecoder with InfoKV at the same budget, question-agnostic (the context is compressed before
     the question is seen), greedy, kvpress's default 50 new tokens."""
     from fi_toolkit.compress.decoder import CompressedDecoder
+    from fi_toolkit.compress.sampling import GREEDY
     from fi_toolkit.documents import bundled_path
     from fi_toolkit.model.attention import ragged_attention
 
@@ -229,7 +230,7 @@ def test_infokv_press_pipeline_answer_equals_the_project_compressor():
         eos = model.generation_config.eos_token_id
         eos = set(eos) if isinstance(eos, list) else {eos}  # kvpress stops on these, the token included
         with ragged_attention(model):
-            tokens = decoder.greedy(decoder.block(q)[-1], new, interval=10**6, stop=lambda t: t[-1] in eos)
+            tokens = decoder.decode(decoder.feed(q, prompt=q.numel())[-1], GREEDY, new, eos).tokens
     finally:
         decoder.close()
     ours = lm.tokenizer.decode(tokens, skip_special_tokens=True)

@@ -1,20 +1,25 @@
-"""Compressed generation (docs/method.md, "Decoding compression"): prefill compression, then periodic
-compression while decoding, with signals tracked online.
+"""Compressed decoding (docs/method.md, "Decoding compression"): one loop that feeds tokens to a cache kept
+to a policy's budget, compressing it where its :class:`Schedule` says, with signals tracked online.
 
-Flow of :func:`generate`: encode the prompt (chat template for instruct models) ->
-:meth:`CompressedDecoder.prefill` (one chunked forward; hooks record H, D^(l) and the last ``w``
-queries of every layer) -> the policy's keep map -> a physical gather of the cache (per layer and
-KV head; RoPE positions kept, later tokens fed with explicit position ids) -> one token at a time
-(:meth:`CompressedDecoder.step`), compressing back to the budget every ``interval`` generated tokens.
+Everything that decodes drives this loop; none of it decides when to compress:
 
-Budget: a ratio ``r`` keeps ``round(r * n)`` entries per layer and head at a compression point that
-has seen ``n`` tokens (the prompt at prefill, prompt + generated later); a count keeps that many.
-A ratio whose prompt share does not exceed the window leaves the prompt as it is (too short to
+* :meth:`CompressedDecoder.prefill` runs the prompt (one chunked forward; hooks record H, D^(l) and the
+  last ``w`` queries of every layer), then compresses it when the schedule compresses prompts;
+* :meth:`CompressedDecoder.feed_blocks` / :meth:`~CompressedDecoder.feed` feed known tokens (a replay, lm-eval's
+  continuations, a task's question and answer) in forwards that end at the schedule's points, compressing
+  there; :meth:`~CompressedDecoder.step` feeds one token;
+* :meth:`CompressedDecoder.decode` samples (:mod:`fi_toolkit.compress.sampling`), feeds and stops (EOS, a
+  stop rule, ``max_new``): :func:`generate`, free generation, tasks and lm-eval's ``generate_until``.
+
+Compressing is a physical gather of the cache per layer and KV head (RoPE positions kept, later tokens fed
+with explicit position ids). Budget: a ratio ``r`` keeps ``round(r * n)`` entries per layer and head at a
+compression point that has seen ``n`` tokens (the prompt at prefill, prompt + fed later); a count keeps
+that many. A ratio whose prompt share does not exceed the window leaves the prompt as it is (too short to
 compress) and only decoding compresses.
 
-Memory: logits are computed for one row at a time while decoding (top-k entropy of the prompt is
-streamed in blocks of ``SignalConfig.lm_head_block`` rows); hidden states are held for one prefill
-chunk (``prefill_chunk`` tokens x L layers x d) and never for more; per-token signals cost
+Memory: logits are computed for the fed rows of one forward (one row while generating; top-k entropy of
+the prompt is streamed in blocks of ``SignalConfig.lm_head_block`` rows); hidden states are held for one
+prefill chunk (``prefill_chunk`` tokens x L layers x d) and never for more; per-token signals cost
 ``(L + 1) x (prompt + max_new)`` float32; window attention reads ``w`` queries per layer, never an
 ``N x N`` matrix. Uneven per-layer budgets (adaptive InfoKV, PyramidKV) run through
 :func:`fi_toolkit.model.attention.ragged_attention`.
@@ -22,17 +27,17 @@ chunk (``prefill_chunk`` tokens x L layers x d) and never for more; per-token si
 
 from __future__ import annotations
 
-import math
 import resource
 import time
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field, replace
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 from transformers import DynamicCache
 
 from fi_toolkit.compress.lookahead import Lookahead, lookahead_estimates
+from fi_toolkit.compress.sampling import Sampling
 from fi_toolkit.errors import FIError
 from fi_toolkit.eviction import KeepMap, gather_cache
 from fi_toolkit.model.architectures import check_model, context_limit, context_phrase, decoder_parts
@@ -52,6 +57,142 @@ def signal_config_for(policy: Policy | None, **overrides) -> SignalConfig:
     config = SignalConfig(**{**base, **{k: v for k, v in overrides.items() if v is not None}})
     config.validate()
     return config
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """When a decoder compresses its cache back to the policy's budget: the prompt once, after its
+    prefill, when ``compress_prompt``; then after every ``interval`` tokens fed after the prompt
+    (generated or teacher-forced; ``None``: never), unless the policy compresses prompts only (kvpress
+    presses). Feeds are cut at these points whether or not anything is evicted there, so that a replay's
+    forwards are the same under every policy and the full cache. ``policy=None``: the full cache."""
+
+    policy: Policy | None = None
+    interval: int | None = None
+    compress_prompt: bool = False
+
+    @classmethod
+    def of(cls, policy: Policy | None, interval: int | None = None, compress_prompt: bool | None = None) -> Schedule:
+        """``compress_prompt=None``: the policy's own (RPC: False)."""
+        if interval is not None and interval < 1:
+            raise FIError(f"interval must be >= 1 fed tokens, got {interval}")
+        if compress_prompt is None:
+            compress_prompt = policy is not None and policy.compress_prompt
+        return cls(policy, interval, bool(compress_prompt))
+
+    @property
+    def compresses_prompt(self) -> bool:
+        return self.policy is not None and self.compress_prompt
+
+    def next_point(self, fed: int) -> int | None:
+        """The first point after ``fed`` tokens fed after the prompt (None: there is none)."""
+        if self.interval is None:
+            return None
+        return max(self.interval, (fed // self.interval + 1) * self.interval)
+
+    def reaches_point(self, fed: int) -> bool:
+        """Whether feeding ``fed`` tokens after the prompt reaches a point (evicting there or not)."""
+        return self.interval is not None and fed >= self.interval
+
+    def compresses_at(self, fed: int) -> bool:
+        """Whether the cache is compressed after the ``fed``-th token fed after the prompt."""
+        if self.policy is None or self.policy.prefill_only or self.interval is None:
+            return False
+        return fed > 0 and fed % self.interval == 0
+
+    def kept(self, seen: int, protected: int, window: int) -> int | None:
+        """The budget rule: entries per layer and head kept at a compression that has seen ``seen`` tokens
+        of which the first ``protected`` stay; None when only the window (or less) would fit."""
+        k = self.policy.kept_total(seen, protected)
+        return None if k - protected <= window else k
+
+    def points(self, prompt_len: int, max_new_tokens: int) -> list[int]:
+        """Tokens fed after the prompt at which a generation of ``max_new_tokens`` evicts something (0: the
+        prompt at prefill), unless an EOS stops it first: :meth:`CompressedDecoder.compress`'s arithmetic,
+        without a model (the last token is sampled, never fed)."""
+        protected = 0 if self.compress_prompt else prompt_len
+        held, last, points = prompt_len, 0, []
+        candidates = [0] if self.compresses_prompt else []
+        fed = self.next_point(0)
+        while fed is not None and fed < max_new_tokens:
+            candidates += [fed] if self.compresses_at(fed) else []
+            fed = self.next_point(fed)
+        for fed in candidates:
+            held, last = held + fed - last, fed
+            k = self.kept(prompt_len + fed, protected, self.policy.window)
+            if k is not None and held > k:
+                points.append(fed)
+                held = k
+        return points
+
+
+@dataclass
+class Compression:
+    """One compression that evicted something. ``step``: tokens fed after the prompt when it fired (0: the
+    prompt, at prefill), as in ``GenerationStats.compression_steps``; ``seen``: tokens in the sequence so far:
+    queries at positions ``>= seen`` no longer see what it evicted. Kept only by a decoder that keeps maps
+    (a replay's log): ``keep``, the policy's keep map in *slot* space (the cache before it), and
+    ``positions[l]`` ``[Hkv, k_l]``, the original positions each head holds after it."""
+
+    step: int
+    seen: int
+    keep: KeepMap | None = None
+    positions: list[torch.Tensor] | None = None
+
+    def counts(self) -> list[int]:
+        return self.keep.counts()
+
+
+@dataclass
+class RowState:
+    """One sequence's decoding state, all of it in one place (a batched decoder holds one per row).
+
+    ``seen``: tokens fed; ``prompt_len``: the prompt's tokens (prefilled, or fed after the prefill as its
+    tail), from which the schedule counts; ``positions[l]`` ``[Hkv, n_l]``: the original position of every
+    cache slot; ``protected[l]``: leading slots never evicted (the prompt, when it is not compressible);
+    ``tokens`` ``[capacity]``: fed ids by position (kvpress presses read them); ``lookahead``: the known
+    future of a replay (what an oracle policy looks ahead to). The record: ``compressions`` (those that
+    evicted), ``cache_lengths`` (the longest layer after each token fed after the prefill, before any
+    compression), ``peak_cache_bytes`` (keys + values, from the prompt's compression on) and
+    ``compression_seconds`` (scoring + gather, prefill and decoding)."""
+
+    schedule: Schedule
+    tokens: torch.Tensor
+    lookahead: Lookahead | None = None
+    keep_maps: bool = False  # whether compressions keep their keep maps and positions
+    seen: int = 0
+    prompt_len: int = 0
+    positions: list[torch.Tensor] = field(default_factory=list)
+    protected: list[int] = field(default_factory=list)
+    compressions: list[Compression] = field(default_factory=list)
+    cache_lengths: list[int] = field(default_factory=list)
+    peak_cache_bytes: int = 0
+    compression_seconds: float = 0.0
+
+    @property
+    def fed(self) -> int:
+        """Tokens fed after the prompt: what the schedule counts."""
+        return self.seen - self.prompt_len
+
+
+@dataclass(frozen=True)
+class FedBlock:
+    """One forward of :meth:`CompressedDecoder.feed_blocks`: float32 ``logits [q, V]`` of its rows (row ``i``
+    predicts the token after ``ids[start + i]``), ``start``: its first id's index in the fed ids, ``lengths``:
+    every layer's cache length before it."""
+
+    logits: torch.Tensor
+    start: int
+    lengths: list[int]
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """What :meth:`CompressedDecoder.decode` sampled (an EOS id included when it stopped there) and why it
+    stopped: ``"eos"``, ``"stop"`` (the stop rule) or ``"max_new_tokens"``."""
+
+    tokens: list[int]
+    stop_reason: str
 
 
 @dataclass
@@ -130,15 +271,17 @@ def _sync(device: torch.device) -> None:
 
 
 class CompressedDecoder:
-    """A model plus a cache that a policy keeps within its budget.
+    """A model plus a cache that a policy keeps within its budget, compressed where ``schedule`` says.
 
-    ``positions[l]`` ``[Hkv, n_l]``: the original position of every cache slot. ``protected[l]``:
-    leading slots never evicted (the prompt, when it is not compressible). ``tracker``: the
+    ``row``: the sequence's :class:`RowState` (positions, protected slots, the schedule, the record);
+    ``seen``, ``positions``, ``protected``, ``lookahead`` read it. ``tracker``: the
     :class:`~fi_toolkit.signals.tracker.SignalTracker` of the signals the policy reads (None when it
     reads none); the decoder drives it through its public steps only, and its hooks stay on the model
     from construction to :meth:`close`. The ``tracker`` argument is :meth:`shared`'s and :meth:`fork`'s:
     by default the policy's needs decide what is tracked. ``cache`` stays one object for the decoder's
-    life (compactions gather it in place): the tracker reads keys from it."""
+    life (compactions gather it in place): the tracker reads keys from it. ``interval=None`` never
+    compresses while decoding (only the prompt, by the policy's rule); ``keep_maps``: the record keeps
+    every compression's keep map and positions (a replay's log)."""
 
     def __init__(
         self,
@@ -149,27 +292,39 @@ class CompressedDecoder:
         compress_prompt: bool | None = None,
         prefill_chunk: int = 2048,
         tracker: SignalTracker | None = None,
+        *,
+        interval: int | None = None,
+        lookahead: Lookahead | None = None,
+        keep_maps: bool = False,
     ):
         self.model, self.policy = model, policy
         self.device = next(model.parameters()).device
         self.config = config or signal_config_for(policy)
-        self.compress_prompt = policy.compress_prompt if compress_prompt is None and policy else bool(compress_prompt)
+        self.schedule = Schedule.of(policy, interval, compress_prompt)
         self.prefill_chunk = prefill_chunk
         self.lm_head = decoder_parts(model)[2]
         self.cache = DynamicCache(config=model.config)
-        self.seen = 0
-        self.tokens = torch.zeros(capacity, dtype=torch.long)  # fed token ids by position (for kvpress presses)
-        self.positions: list[torch.Tensor] = []
-        self.protected: list[int] = []
-        self.compression_seconds = 0.0
+        self.row = RowState(self.schedule, torch.zeros(capacity, dtype=torch.long), lookahead, keep_maps)
         self.sharing = False  # CompressedDecoder.shared: prefilled once, then forked per policy
-        self.lookahead: Lookahead | None = None  # the known future of a replay: what an oracle policy looks ahead to
         if tracker is None and policy is not None and policy.needs_signals:
             tracker = SignalTracker(self.config, capacity, policy.tracks_accumulated, policy.needs_token_signals)
         self.tracker = tracker
         self._hooks = ExitStack()  # the tracker's hooks, held until close()
         if tracker is not None:
             self._hooks.enter_context(tracker(model))
+
+    # what the row holds, under the names policies, the look-ahead and tests read
+    seen = property(lambda self: self.row.seen)
+    positions = property(lambda self: self.row.positions)
+    protected = property(lambda self: self.row.protected)
+    lookahead = property(lambda self: self.row.lookahead)
+    compressions = property(lambda self: self.row.compressions)
+    compression_seconds = property(lambda self: self.row.compression_seconds)
+
+    @property
+    def compression_steps(self) -> list[int]:
+        """Tokens fed after the prompt at each compression that evicted something (0: the prompt)."""
+        return [c.step for c in self.row.compressions]
 
     def close(self) -> None:
         """Remove the tracker's hooks from the model (idempotent)."""
@@ -192,12 +347,19 @@ class CompressedDecoder:
 
     @torch.no_grad()
     def fork(
-        self, policy: Policy | None, compress_prompt: bool | None = None, lookahead: Lookahead | None = None
+        self,
+        policy: Policy | None,
+        compress_prompt: bool | None = None,
+        lookahead: Lookahead | None = None,
+        *,
+        interval: int | None = None,
+        keep_maps: bool = False,
     ) -> tuple[CompressedDecoder, KeepMap | None]:
         """A decoder for ``policy`` in the state :meth:`prefill` would have left it in on the same prompt:
         the cache and the tracked signals copied from this prefilled :meth:`shared` decoder, then the
         prompt compressed by the policy's rule. Returns it with the prefill keep map (None: not compressed).
-        ``lookahead``: the known future of a replay, for an oracle policy (:mod:`fi_toolkit.compress.lookahead`).
+        ``lookahead``: the known future of a replay, for an oracle policy (:mod:`fi_toolkit.compress.lookahead`);
+        ``interval``, ``keep_maps``: the fork's schedule and record (as in the constructor).
 
         The shared decoder's hooks were removed at the end of its prefill (they would record other
         decoders' forwards), so it stays a source for further forks. The fork must be closed by the caller."""
@@ -205,10 +367,7 @@ class CompressedDecoder:
             raise FIError("only a CompressedDecoder.shared(...) decoder can be forked")
         if self.seen == 0 or any(l.keys.shape[2] != self.seen for l in self.cache.layers):
             raise FIError("fork a shared decoder right after its prefill, before it feeds anything else")
-        for name in (
-            "window",
-            "top_k",
-        ):  # what the shared signals were computed with (tau, alpha: the policy's scoring)
+        for name in ("window", "top_k"):  # what the shared signals were computed with (tau, alpha: the policy's)
             if policy is not None and hasattr(policy, name) and getattr(policy, name) != getattr(self.config, name):
                 raise FIError(
                     f"the policy's {name} ({getattr(policy, name)}) differs from the shared prefill's "
@@ -218,23 +377,31 @@ class CompressedDecoder:
         if policy is not None and policy.needs_signals:  # only what the policy reads
             tracker = self.tracker.fork(token_signals=policy.needs_token_signals, accumulate=policy.tracks_accumulated)
         child = CompressedDecoder(
-            self.model, policy, self.capacity, self.config, compress_prompt, self.prefill_chunk, tracker=tracker
+            self.model,
+            policy,
+            self.capacity,
+            self.config,
+            compress_prompt,
+            self.prefill_chunk,
+            tracker=tracker,
+            interval=interval,
+            lookahead=lookahead,
+            keep_maps=keep_maps,
         )
         for i, layer in enumerate(self.cache.layers):
             child.cache.update(layer.keys.clone(), layer.values.clone(), i)
-        p = child.seen = self.seen
-        child.tokens[:p] = self.tokens[:p]
-        child.lookahead = lookahead
+        p = child.row.seen = self.seen
+        child.row.tokens[:p] = self.row.tokens[:p]
         return child, child._end_prompt()
 
     def _forward(self, ids: torch.Tensor, every_row: bool = False) -> torch.Tensor:
         """Feed ``ids [q]`` at the next positions; returns float32 logits of the last one ``[V]``
         (``every_row``: of every one, ``[q, V]``)."""
-        q = ids.numel()
-        positions = torch.arange(self.seen, self.seen + q, device=self.device)[None]
-        if self.seen + q > self.tokens.numel():  # past the capacity the caller gave: grow the record
-            self.tokens = torch.cat([self.tokens, self.tokens.new_zeros(self.seen + q - self.tokens.numel())])
-        self.tokens[self.seen : self.seen + q] = ids.cpu()
+        row, q = self.row, ids.numel()
+        positions = torch.arange(row.seen, row.seen + q, device=self.device)[None]
+        if row.seen + q > row.tokens.numel():  # past the capacity the caller gave: grow the record
+            row.tokens = torch.cat([row.tokens, row.tokens.new_zeros(row.seen + q - row.tokens.numel())])
+        row.tokens[row.seen : row.seen + q] = ids.cpu()
         hidden = self.model.base_model(
             input_ids=ids[None].to(self.device),
             position_ids=positions,
@@ -244,12 +411,13 @@ class CompressedDecoder:
         logits = self.lm_head(hidden if every_row else hidden[-1:]).float()
         if self.tracker:
             self.tracker.record(hidden, logits[-1] if q == 1 else None)
-        self.seen += q
+        row.seen += q
         return logits if every_row else logits[0]
 
     @torch.no_grad()
     def prefill(self, ids: torch.Tensor) -> tuple[torch.Tensor, KeepMap | None]:
-        """Run the prompt (in chunks), then compress it if the policy and budget say so."""
+        """Run the prompt (in chunks), then compress it if the schedule says so -> the last row's float32
+        logits ``[V]`` (before the compression) and the prompt's keep map (None: not compressed)."""
         for a in range(0, ids.numel(), self.prefill_chunk):
             logits = self._forward(ids[a : a + self.prefill_chunk])
         keep = self._end_prompt()
@@ -262,53 +430,106 @@ class CompressedDecoder:
         prompt is protected unless compressible, H2O's accumulator starts from the window queries'
         attention (the tracker's :meth:`~SignalTracker.start_decoding`), then the prompt is compressed by the
         policy's rule (its keep map, or None)."""
-        hkv = self.cache.layers[0].keys.shape[1]
-        p = self.seen
-        self.positions = [torch.arange(p, device=self.device).expand(hkv, p) for _ in self.cache.layers]
-        self.protected = [0 if self.compress_prompt else p] * len(self.cache.layers)
+        row, hkv = self.row, self.cache.layers[0].keys.shape[1]
+        p = row.prompt_len = row.seen
+        row.positions = [torch.arange(p, device=self.device).expand(hkv, p) for _ in self.cache.layers]
+        row.protected = [0 if self.schedule.compress_prompt else p] * len(self.cache.layers)
         if self.tracker:
             self.tracker.start_decoding(self.cache)
-        return self.compress(prompt=True) if self.policy and self.compress_prompt else None
-
-    def _append_slots(self, q: int) -> None:
-        new = torch.arange(self.seen, self.seen + q, device=self.device).expand(self.positions[0].shape[0], q)
-        self.positions = [torch.cat([pos, new], dim=1) for pos in self.positions]
+        keep = self.compress(prompt=True) if self.schedule.compresses_prompt else None
+        row.peak_cache_bytes = cache_bytes(self.cache)
+        return keep
 
     @torch.no_grad()
+    def feed_blocks(
+        self, ids: torch.Tensor, max_block: int | None = None, prompt: int = 0, compress_at_end: bool = True
+    ) -> Iterator[FedBlock]:
+        """Feed ``ids [q]`` (tokens that decoding would feed one at a time) in forwards that end at the
+        schedule's points, compressing there -> one :class:`FedBlock` per forward, yielded before the
+        compression that follows it (iterate to the end: the last one's compression runs then).
+
+        Each forward equals single steps on the same tokens, the tracked signals included (H, D^(l), the
+        last ``w`` queries, H2O's accumulator, which adds the attention of every row of the block).
+        ``max_block``: forwards of at most that many tokens (the same result, less memory). ``prompt``: the
+        first ``prompt`` ids end the prompt (a question fed after the prefill's compression): the schedule
+        counts from after them. ``compress_at_end=False``: no compression after the last id (nothing fed
+        after it will read the cache)."""
+        ids, row = ids.flatten(), self.row
+        if max_block is not None and max_block < 1:
+            raise FIError(f"max_block must be >= 1, got {max_block}")
+        if prompt:
+            if row.fed or not 0 < prompt <= ids.numel():
+                raise FIError(f"only the first ids fed after the prefill can end the prompt, got {prompt}")
+            row.prompt_len += prompt
+        start = 0
+        while start < ids.numel():
+            end = ids.numel()
+            point = self.schedule.next_point(row.fed)
+            if point is not None:
+                end = min(end, start + point - row.fed)
+            if max_block is not None:
+                end = min(end, start + max_block)
+            lengths = self.lengths()
+            yield FedBlock(self._feed(ids[start:end]), start, lengths)
+            start = end
+            if (start < ids.numel() or compress_at_end) and self.schedule.compresses_at(row.fed):
+                self.compress()
+
+    def feed(self, ids: torch.Tensor, max_block: int | None = None, prompt: int = 0) -> torch.Tensor:
+        """:meth:`feed_blocks`, every row's float32 logits in one tensor ``[q, V]``."""
+        rows = [block.logits for block in self.feed_blocks(ids, max_block, prompt)]
+        if len(rows) == 1:
+            return rows[0]
+        return torch.cat(rows) if rows else torch.empty(0, self.lm_head.weight.shape[0], device=self.device)
+
+    block = feed  # the earlier name
+
     def step(self, token: int) -> torch.Tensor:
-        """Feed one generated token; its slot is appended to every head of every layer."""
-        self._append_slots(1)
-        return self._forward(torch.tensor([token], device=self.device))
+        """Feed one token (compressing after it where the schedule says) -> float32 logits ``[V]``."""
+        return self.feed(torch.tensor([token], device=self.device))[0]
+
+    def _feed(self, ids: torch.Tensor) -> torch.Tensor:
+        """One forward of ``ids [q]`` after the prompt: their slots appended to every head of every layer,
+        the cache's growth recorded -> float32 logits ``[q, V]``."""
+        row, q = self.row, ids.numel()
+        new = torch.arange(row.seen, row.seen + q, device=self.device).expand(row.positions[0].shape[0], q)
+        row.positions = [torch.cat([pos, new], dim=1) for pos in row.positions]
+        logits = self._forward(ids, every_row=True)
+        longest = max(self.lengths())
+        row.cache_lengths.extend(range(longest - q + 1, longest + 1))
+        row.peak_cache_bytes = max(row.peak_cache_bytes, cache_bytes(self.cache))
+        return logits
 
     @torch.no_grad()
-    def block(self, ids: torch.Tensor) -> torch.Tensor:
-        """Feed ``ids [q]`` (tokens that decoding would feed one at a time) as one forward -> float32
-        logits of every row ``[q, V]``. Equal to ``q`` calls of :meth:`step` on the same tokens, the
-        tracked signals included (H, D^(l), the last ``w`` queries, H2O's accumulator, which adds the
-        attention of every row of the block); it never compresses (the caller does, between blocks)."""
-        ids = ids.flatten()
-        if ids.numel() == 0:
-            return torch.empty(0, self.lm_head.weight.shape[0], device=self.device)
-        self._append_slots(ids.numel())
-        return self._forward(ids, every_row=True)
-
-    @torch.no_grad()
-    def greedy(
-        self, logits: torch.Tensor, max_new: int, interval: int, stop: Callable[[list[int]], bool] | None = None
-    ) -> list[int]:
-        """Greedy tokens from the next-token ``logits`` on, as :func:`generate` decodes them: at most
-        ``max_new`` (EOS does not stop it; ``stop(tokens)`` may), compressing every ``interval``
-        generated tokens. Run it inside :func:`~fi_toolkit.model.attention.ragged_attention`."""
+    def decode(
+        self,
+        logits: torch.Tensor,
+        sampling: Sampling,
+        max_new: int,
+        eos: set[int] | frozenset[int] = frozenset(),
+        stop: Callable[[list[int]], bool] | None = None,
+        on_token: Callable[[int], None] | None = None,
+    ) -> Decoded:
+        """Tokens sampled from the next-token ``logits [V]`` on, each fed (and the cache compressed where the
+        schedule says) until one stops it: an ``eos`` id (kept in the tokens), ``max_new`` tokens, or
+        ``stop(tokens)`` (checked in that order after each token, before it is fed; the last token is never
+        fed). ``on_token(token)``: called with each as it is sampled (streaming). Run it inside
+        :func:`~fi_toolkit.model.attention.ragged_attention`."""
         if max_new < 1:
             raise FIError(f"max_new must be >= 1 tokens, got {max_new}")
+        sample = sampling.sampler(self.device)
         tokens: list[int] = []
         while True:
-            tokens.append(int(torch.argmax(logits)))
-            if len(tokens) == max_new or (stop is not None and stop(tokens)):
-                return tokens
+            tokens.append(sample(logits, self.row.tokens[: self.row.seen]))
+            if on_token is not None:
+                on_token(tokens[-1])
+            if tokens[-1] in eos:
+                return Decoded(tokens, "eos")
+            if len(tokens) == max_new:
+                return Decoded(tokens, "max_new_tokens")
+            if stop is not None and stop(tokens):
+                return Decoded(tokens, "stop")
             logits = self.step(tokens[-1])
-            if self.policy is not None and len(tokens) % interval == 0:
-                self.compress()
 
     def lengths(self) -> list[int]:
         return [int(l.keys.shape[2]) for l in self.cache.layers]
@@ -316,26 +537,30 @@ class CompressedDecoder:
     def signals(self) -> Signals:
         """The policy's view of the current cache, in slot space: the tracker's view (none without one),
         with the decoder's protected slots, token ids and model."""
-        mine = {"protected": list(self.protected), "tokens": self.tokens[: self.seen], "model": self.model}
+        row = self.row
+        mine = {"protected": list(row.protected), "tokens": row.tokens[: row.seen], "model": self.model}
         if self.tracker:
-            return replace(self.tracker.view(self.positions), **mine)
+            return replace(self.tracker.view(row.positions), **mine)
         return Signals(
             window=self.config.window,
-            seen=self.seen,
+            seen=row.seen,
             keys=[l.keys for l in self.cache.layers],
-            positions=self.positions,
+            positions=row.positions,
             **mine,
         )
 
     @torch.no_grad()
     def compress(self, prompt: bool = False) -> KeepMap | None:
-        """Back to the budget with the policy; None when nothing had to go (or only the window would fit,
-        or the policy compresses the prompt only and this is not the ``prompt``'s compression)."""
-        if self.policy.prefill_only and not prompt:
+        """Back to the budget with the policy now (the schedule calls it; tests may too): the keep map, or
+        None when nothing had to go (or only the window would fit, or the policy compresses the prompt
+        only and this is not the ``prompt``'s compression, or an oracle has nothing left to look ahead to).
+        A compression that evicted is added to the record."""
+        row = self.row
+        if self.policy is None or (self.policy.prefill_only and not prompt):
             return None
-        protected = max(self.protected)
-        k = self.policy.kept_total(self.seen, protected)
-        if k - protected <= self.config.window or max(self.lengths()) <= k:
+        protected = max(row.protected)
+        k = self.schedule.kept(row.seen, protected, self.config.window)
+        if k is None or max(self.lengths()) <= k:
             return None
         _sync(self.device)
         t0 = time.perf_counter()
@@ -350,11 +575,13 @@ class CompressedDecoder:
         )
         for layer, gathered in zip(self.cache.layers, kept.layers):  # in place: the tracker reads this cache
             layer.keys, layer.values = gathered.keys, gathered.values
-        self.positions = [pos.gather(1, idx) for pos, idx in zip(self.positions, keep_map.keep)]
+        row.positions = [pos.gather(1, idx) for pos, idx in zip(row.positions, keep_map.keep)]
         if self.tracker:
             self.tracker.compact(keep_map.keep)
         _sync(self.device)
-        self.compression_seconds += time.perf_counter() - t0
+        row.compression_seconds += time.perf_counter() - t0
+        maps = (keep_map, row.positions) if row.keep_maps else ()
+        row.compressions.append(Compression(row.fed, row.seen, *maps))
         return keep_map
 
 
@@ -386,16 +613,8 @@ def compression_points(
     policy: Policy, prompt_len: int, max_new_tokens: int, interval: int, compress_prompt: bool
 ) -> list[int]:
     """Generated-token counts at which :func:`generate` evicts something (0: the prompt at prefill),
-    unless an EOS stops it first; the arithmetic of :meth:`CompressedDecoder.compress`, without a model."""
-    protected = 0 if compress_prompt else prompt_len
-    held, last, points = prompt_len, 0, []
-    for generated in ([0] if compress_prompt else []) + list(range(interval, max_new_tokens, interval)):
-        held, last = held + generated - last, generated
-        k = policy.kept_total(prompt_len + generated, protected)
-        if k - protected > policy.window and held > k:
-            points.append(generated)
-            held = k
-    return points
+    unless an EOS stops it first (:meth:`Schedule.points`)."""
+    return Schedule.of(policy, interval, compress_prompt).points(prompt_len, max_new_tokens)
 
 
 def check_budget(policy: Policy, prompt_len: int, max_new_tokens: int, compress_prompt: bool) -> None:
@@ -437,21 +656,24 @@ class _Streamer:
             self.streamer.end()
 
 
-def _sampler(temperature: float, top_p: float, seed: int, device):
-    if temperature == 0:
-        return lambda logits, _ids: int(torch.argmax(logits))
-    from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
-
-    warpers = LogitsProcessorList(
-        [TemperatureLogitsWarper(temperature)] + ([TopPLogitsWarper(top_p)] if top_p < 1 else [])
+def _check_generation(model, ids: torch.Tensor, policy, max_new_tokens: int, schedule: Schedule) -> str:
+    """Refuse what can never run (one FIError line) -> the note for a budget that never evicts ("": none)."""
+    if ids.numel() == 0:
+        raise FIError("the prompt is empty")
+    p = ids.numel()
+    check_model(model)
+    limit = context_limit(model.config)
+    if limit is not None and p + max_new_tokens > limit:
+        raise FIError(f"prompt ({p}) + max-new ({max_new_tokens}) exceeds the model's {context_phrase(model.config)}")
+    if policy is None:
+        return ""
+    check_budget(policy, p, max_new_tokens, schedule.compress_prompt)
+    if schedule.points(p, max_new_tokens):
+        return ""
+    return (
+        f"nothing evicted: with budget {policy.budget.label}, --interval {schedule.interval} and "
+        f"{max_new_tokens} new tokens the cache never exceeds its budget"
     )
-    gen = torch.Generator(device=device).manual_seed(seed)
-
-    def sample(logits, ids):
-        scores = warpers(ids[None], logits[None])
-        return int(torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=gen))
-
-    return sample
 
 
 @torch.no_grad()
@@ -480,33 +702,19 @@ def generate(
     """
     if max_new_tokens < 1:
         raise FIError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if interval < 1:
-        raise FIError(f"interval must be >= 1 generated tokens, got {interval}")
-    if not (math.isfinite(temperature) and temperature >= 0) or not 0 < top_p <= 1:
-        raise FIError(f"need a finite temperature >= 0 and 0 < top_p <= 1, got {temperature} and {top_p}")
+    schedule = Schedule.of(policy, interval, compress_prompt)
+    sampling = Sampling(temperature, top_p, seed)
     ids = prompt.flatten().long() if isinstance(prompt, torch.Tensor) else encode_prompt(tokenizer, prompt, chat)
-    if ids.numel() == 0:
-        raise FIError("the prompt is empty")
-    p = ids.numel()
-    check_model(model)
-    limit = context_limit(model.config)
-    if limit is not None and p + max_new_tokens > limit:
-        raise FIError(f"prompt ({p}) + max-new ({max_new_tokens}) exceeds the model's {context_phrase(model.config)}")
-    if policy is not None:
-        cp = policy.compress_prompt if compress_prompt is None else compress_prompt
-        check_budget(policy, p, max_new_tokens, cp)
-        planned = compression_points(policy, p, max_new_tokens, interval, cp)
+    note = _check_generation(model, ids, policy, max_new_tokens, schedule)
     device = next(model.parameters()).device
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     cpu_reset = device.type == "cpu" and _reset_cpu_peak()
-    stats = GenerationStats(prompt_tokens=p)
-    decoder = CompressedDecoder(model, policy, p + max_new_tokens, config, compress_prompt, prefill_chunk)
-    streamer = _Streamer(tokenizer, on_text)
-    sample = _sampler(temperature, top_p, seed, device)
-    eos = _eos_ids(model, tokenizer, eos_token_id)
-    all_ids = ids.to(device)
-    tokens: list[int] = []
+    stats = GenerationStats(prompt_tokens=ids.numel(), note=note)
+    decoder = CompressedDecoder(
+        model, policy, ids.numel() + max_new_tokens, config, compress_prompt, prefill_chunk, interval=interval
+    )
+    streamer, eos = _Streamer(tokenizer, on_text), _eos_ids(model, tokenizer, eos_token_id)
     try:
         with ragged_attention(model):
             _sync(device)
@@ -514,46 +722,33 @@ def generate(
             logits, keep = decoder.prefill(ids)
             _sync(device)
             stats.prefill_seconds = time.perf_counter() - t0
-            stats.prefill_compressed = keep is not None
-            if policy is not None and not planned:
-                stats.note = (
-                    f"nothing evicted: with budget {policy.budget.label}, --interval {interval} and "
-                    f"{max_new_tokens} new tokens the cache never exceeds its budget"
-                )
-            elif policy is not None and decoder.compress_prompt and keep is None:
+            if not note and policy is not None and schedule.compress_prompt and keep is None:
                 stats.note = "prompt not compressed: its budget share is not between the window and its length"
-            stats.peak_cache_bytes = cache_bytes(decoder.cache)
             t0 = time.perf_counter()
-            stats.stop_reason = "max_new_tokens"
-            while True:
-                token = sample(logits, all_ids)
-                tokens.append(token)
-                streamer.put(token)
-                if token in eos:
-                    stats.stop_reason = "eos"
-                    break
-                if len(tokens) == max_new_tokens:
-                    break
-                all_ids = torch.cat([all_ids, torch.tensor([token], device=device)])
-                logits = decoder.step(token)
-                stats.peak_cache_bytes = max(stats.peak_cache_bytes, cache_bytes(decoder.cache))
-                stats.cache_lengths.append(max(decoder.lengths()))
-                if policy is not None and len(tokens) % interval == 0 and decoder.compress() is not None:
-                    stats.compressions += 1
-                    stats.compression_steps.append(len(tokens))
+            decoded = decoder.decode(logits, sampling, max_new_tokens, eos, on_token=streamer.put)
             _sync(device)
             stats.decode_seconds = time.perf_counter() - t0
     finally:
         decoder.close()
         streamer.end()
-    stats.new_tokens = len(tokens)
-    stats.compression_seconds = decoder.compression_seconds
+    _fill_stats(stats, decoder, decoded, keep, cpu_reset)
+    text = tokenizer.decode(decoded.tokens, skip_special_tokens=True) if tokenizer is not None else ""
+    return GenerationResult(text, decoded.tokens, ids, stats, keep)
+
+
+def _fill_stats(stats: GenerationStats, decoder: CompressedDecoder, decoded: Decoded, keep, cpu_reset: bool) -> None:
+    """What the decoder's record and the device say about a finished generation."""
+    row, device = decoder.row, decoder.device
+    stats.new_tokens, stats.stop_reason = len(decoded.tokens), decoded.stop_reason
+    stats.prefill_compressed = keep is not None
+    stats.compression_steps = [c.step for c in row.compressions if c.step > 0]  # decoding's (0: the prompt)
+    stats.compressions = len(stats.compression_steps)
+    stats.cache_lengths, stats.peak_cache_bytes = row.cache_lengths, row.peak_cache_bytes
+    stats.compression_seconds = row.compression_seconds
     per_token = sum(2 * l.keys.shape[1] * l.keys.shape[3] * l.keys.element_size() for l in decoder.cache.layers)
-    stats.cache_bytes_full = per_token * decoder.seen
+    stats.cache_bytes_full = per_token * row.seen
     stats.cache_bytes_kept = cache_bytes(decoder.cache)
     if device.type == "cuda":
         stats.peak_memory_bytes, stats.peak_memory_kind = torch.cuda.max_memory_allocated(device), "cuda max allocated"
     else:
         stats.peak_memory_bytes, stats.peak_memory_kind = _cpu_peak(cpu_reset)
-    text = tokenizer.decode(tokens, skip_special_tokens=True) if tokenizer is not None else ""
-    return GenerationResult(text, tokens, ids, stats, keep)

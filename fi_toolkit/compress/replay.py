@@ -4,10 +4,10 @@ cache exactly as compressed decoding would see it, teacher-forced, scored agains
 ``ids [N]`` splits into a prompt ``ids[:p]`` and a continuation. :func:`replay` treats the
 continuation as if :func:`fi_toolkit.compress.decoder.generate` had produced it with ``max_new_tokens =
 N - p``: :meth:`~fi_toolkit.compress.decoder.CompressedDecoder.prefill` on the prompt (compressed or kept
-by the policy's rule), then the continuation in blocks, one forward per block
-(:meth:`~fi_toolkit.compress.decoder.CompressedDecoder.block`), compressing back to the budget after every
-``interval`` fed tokens, where ``generate`` would. The same steps as ``generate``: the points are
-:func:`~fi_toolkit.compress.decoder.compression_points`'s, and the block forward records the signals that
+by the policy's rule), then the continuation through the decoder's
+:meth:`~fi_toolkit.compress.decoder.CompressedDecoder.feed_blocks`: one forward per block, the decoder
+compressing back to the budget after every ``interval`` fed tokens, where ``generate`` would (its
+:class:`~fi_toolkit.compress.decoder.Schedule`'s points), and the block forward records the signals that
 single steps record.
 
 Positions (the convention): row ``r`` of every per-position tensor is position ``t = p - 1 + r``,
@@ -29,10 +29,9 @@ import pandas as pd
 import torch
 from transformers import DynamicCache
 
-from fi_toolkit.compress.decoder import CompressedDecoder, check_budget
+from fi_toolkit.compress.decoder import CompressedDecoder, Compression, check_budget
 from fi_toolkit.compress.lookahead import Lookahead
 from fi_toolkit.errors import FIError
-from fi_toolkit.eviction import KeepMap
 from fi_toolkit.model.architectures import check_model, context_limit, context_phrase, decoder_parts
 from fi_toolkit.model.attention import ragged_attention
 from fi_toolkit.model.compat import cache_kwargs
@@ -40,23 +39,6 @@ from fi_toolkit.policies import Policy
 from fi_toolkit.policies.fi_oracle import check_decoding_oracle
 from fi_toolkit.probe.kl import kl_from_reference, log_sum_exp, reference_terms
 from fi_toolkit.signals.trace import SignalConfig
-
-
-@dataclass
-class Compression:
-    """One compression that evicted something. ``step``: fed continuation tokens when it fired (0: the
-    prompt, at prefill), as in ``GenerationStats.compression_steps``; ``seen``: tokens in the sequence
-    so far (``p + step``): queries at positions ``>= seen`` no longer see what it evicted.
-    ``keep``: the policy's keep map in *slot* space (the cache before it); ``positions[l]``
-    ``[Hkv, k_l]``: the original positions each head holds after it."""
-
-    step: int
-    seen: int
-    keep: KeepMap
-    positions: list[torch.Tensor]
-
-    def counts(self) -> list[int]:
-        return self.keep.counts()
 
 
 @dataclass
@@ -141,6 +123,73 @@ def _reference_hidden(model, ids: torch.Tensor, first: int, chunk: int) -> torch
     return torch.cat(out)
 
 
+def _check(model, ids: torch.Tensor, p: int, policy, interval: int, compress_prompt, max_block, shared) -> None:
+    """Refuse a replay that cannot run (one FIError line each) before any model work."""
+    n = ids.numel()
+    if not 1 <= p < n:
+        raise FIError(f"the prompt length must lie in [1, {n - 1}] for a {n}-token sequence, got {p}")
+    if interval < 1:
+        raise FIError(f"interval must be >= 1 fed tokens, got {interval}")
+    if max_block is not None and max_block < 1:
+        raise FIError(f"max_block must be >= 1, got {max_block}")
+    check_model(model)
+    limit = context_limit(model.config)
+    if limit is not None and n - 1 > limit:
+        raise FIError(f"the sequence ({n - 1} fed tokens) exceeds the model's {context_phrase(model.config)}")
+    if policy is not None:  # the continuation as generate(max_new_tokens=n - p) would produce it
+        check_budget(policy, p, n - p, policy.compress_prompt if compress_prompt is None else compress_prompt)
+        check_decoding_oracle(policy)
+    if shared is not None and (shared.prompt_len != p or not torch.equal(shared.ids.cpu(), ids)):
+        raise FIError("the shared prompt was prefilled for other token ids or another prompt length")
+
+
+class _Scores:
+    """The per-row measures of a replay, block by block (float32 logits ``[q, V]`` of the compressed run
+    against the reference's final hidden states ``[N - p, d]``), concatenated at the end."""
+
+    def __init__(self, lm_head, reference: torch.Tensor, targets: torch.Tensor, keep_logits: bool):
+        self.lm_head, self.reference, self.targets, self.keep_logits = lm_head, reference, targets, keep_logits
+        self.out: dict[str, list[torch.Tensor]] = {
+            k: [] for k in ("kl", "top1", "nll_c", "nll_f", "entries", "lf", "lc")
+        }
+
+    def add(self, logits: torch.Tensor, first: int, lengths: list[int]) -> None:
+        """Rows ``first .. first + q - 1``; ``lengths``: every layer's cache length before them."""
+        rows = slice(first, first + logits.shape[0])
+        full = self.lm_head(self.reference[rows]).float()
+        ref_p, ref_logits, ref_lse = reference_terms(full)
+        nll_f = _nll(full, ref_lse, self.targets[rows])
+        logits = logits.float()
+        lse = log_sum_exp(logits)  # once, for the NLL and the KL
+        out = self.out
+        out["kl"].append(kl_from_reference(ref_p, ref_logits, ref_lse, logits[None], lse[None])[0])
+        out["top1"].append(full.argmax(-1) == logits.argmax(-1))
+        out["nll_f"].append(nll_f)
+        out["nll_c"].append(_nll(logits, lse, self.targets[rows]))
+        out["entries"].append(sum(lengths) / len(lengths) + 1 + torch.arange(logits.shape[0], dtype=torch.float32))
+        if self.keep_logits:
+            out["lf"].append(full.cpu())
+            out["lc"].append(logits.cpu())
+
+    def result(self, p: int, n: int, interval: int, policy, compressions: list[Compression]) -> ReplayResult:
+        cat = {k: torch.cat(v).cpu() if v else None for k, v in self.out.items()}
+        return ReplayResult(
+            prompt_len=p,
+            interval=interval,
+            label=policy.label if policy is not None else "full",
+            positions=torch.arange(p - 1, n - 1),
+            targets=self.targets.cpu(),
+            kl=cat["kl"],
+            top1_agree=cat["top1"],
+            nll_full=cat["nll_f"],
+            nll_compressed=cat["nll_c"],
+            entries=cat["entries"],
+            compressions=compressions,
+            logits_full=cat["lf"],
+            logits_compressed=cat["lc"],
+        )
+
+
 @torch.no_grad()
 def replay(
     model,
@@ -159,107 +208,36 @@ def replay(
 
     ``policy=None`` is the full cache. ``compress_prompt`` defaults to the policy's own (RPC: False).
     An oracle policy (``fi-oracle``) looks ahead to the next ``interval`` tokens of ``ids`` at each
-    compression (:mod:`fi_toolkit.compress.lookahead`). ``max_block`` splits a block between two compression points
-    into forwards of at most that many
-    tokens (the same result, less memory); by default each block is one forward. ``shared``: a
-    :class:`SharedPrompt` of the same ``ids`` and prompt, whose prefill and reference are reused
-    (bitwise the same result as without it).
+    compression (:mod:`fi_toolkit.compress.lookahead`). ``max_block`` splits a block between two compression
+    points into forwards of at most that many tokens (the same result, less memory); by default each block
+    is one forward. ``shared``: a :class:`SharedPrompt` of the same ``ids`` and prompt, whose prefill and
+    reference are reused (bitwise the same result as without it).
     """
-    ids = torch.as_tensor(ids).flatten().long()
-    n, p = ids.numel(), prompt_len
-    if not 1 <= p < n:
-        raise FIError(f"the prompt length must lie in [1, {n - 1}] for a {n}-token sequence, got {p}")
-    if interval < 1:
-        raise FIError(f"interval must be >= 1 fed tokens, got {interval}")
-    if max_block is not None and max_block < 1:
-        raise FIError(f"max_block must be >= 1, got {max_block}")
-    check_model(model)
-    limit = context_limit(model.config)
-    if limit is not None and n - 1 > limit:
-        raise FIError(f"the sequence ({n - 1} fed tokens) exceeds the model's {context_phrase(model.config)}")
-    new = n - p  # what generate(max_new_tokens=new) would produce; it feeds new - 1 of them
-    if policy is not None:
-        check_budget(policy, p, new, policy.compress_prompt if compress_prompt is None else compress_prompt)
-        check_decoding_oracle(policy)
-    device = next(model.parameters()).device
-    ids = ids.to(device)
-    targets = ids[p:]
-    lm_head = decoder_parts(model)[2]
-
-    if shared is not None and (shared.prompt_len != p or not torch.equal(shared.ids, ids)):
-        raise FIError("the shared prompt was prefilled for other token ids or another prompt length")
-    decoder = None if shared else CompressedDecoder(model, policy, n, config, compress_prompt, prefill_chunk)
+    ids, p = torch.as_tensor(ids).flatten().long(), prompt_len
+    n = ids.numel()
+    _check(model, ids, p, policy, interval, compress_prompt, max_block, shared)
+    ids = ids.to(next(model.parameters()).device)
     lookahead = Lookahead(ids, interval, n - 1)  # what an oracle policy may read: the tokens this replay feeds
-    if decoder is not None:
-        decoder.lookahead = lookahead
-    compressions: list[Compression] = []
-    out: dict[str, list[torch.Tensor]] = {k: [] for k in ("kl", "top1", "nll_c", "nll_f", "entries", "lf", "lc")}
+    options = dict(interval=interval, lookahead=lookahead, keep_maps=True)
+    decoder = None
     try:
-        if shared:
-            reference = shared.reference
-            decoder, keep = shared.decoder.fork(policy, compress_prompt, lookahead)
+        if shared is not None:
+            reference, logits = shared.reference, shared.logits
+            decoder, _ = shared.decoder.fork(policy, compress_prompt, **options)
         else:
+            decoder = CompressedDecoder(model, policy, n, config, compress_prompt, prefill_chunk, **options)
             reference = _reference_hidden(model, ids[: n - 1], p - 1, prefill_chunk)
-
-        def score(logits: torch.Tensor, rows: slice, lengths: list[int]) -> None:
-            full = lm_head(reference[rows]).float()
-            ref_p, ref_logits, ref_lse = reference_terms(full)
-            nll_f = _nll(full, ref_lse, targets[rows])
-            logits = logits.float()
-            lse = log_sum_exp(logits)  # once, for the NLL and the KL
-            nll_c = _nll(logits, lse, targets[rows])
-            out["kl"].append(kl_from_reference(ref_p, ref_logits, ref_lse, logits[None], lse[None])[0])
-            out["top1"].append(full.argmax(-1) == logits.argmax(-1))
-            out["nll_f"].append(nll_f)
-            out["nll_c"].append(nll_c)
-            out["entries"].append(sum(lengths) / len(lengths) + 1 + torch.arange(logits.shape[0], dtype=torch.float32))
-            if keep_logits:
-                out["lf"].append(full.cpu())
-                out["lc"].append(logits.cpu())
-
-        def log(keep: KeepMap | None, step: int) -> None:
-            if keep is not None:
-                compressions.append(Compression(step, decoder.seen, keep, [pos.clone() for pos in decoder.positions]))
-
+        scores = _Scores(decoder_parts(model)[2], reference, ids[p:], keep_logits)
         with ragged_attention(model):
-            if shared:
-                logits = shared.logits
-            else:
-                logits, keep = decoder.prefill(ids[:p])
-            prompt_lengths = [p - 1] * len(decoder.lengths())  # the last prompt row saw p entries
-            score(logits[None], slice(0, 1), prompt_lengths)
-            log(keep, 0)
-            fed = 0
-            while fed < new - 1:
-                stop = min(new - 1, (fed // interval + 1) * interval)
-                while fed < stop:
-                    b = stop if max_block is None else min(stop, fed + max_block)
-                    lengths = decoder.lengths()
-                    logits = decoder.block(ids[p + fed : p + b])
-                    score(logits, slice(fed + 1, b + 1), lengths)
-                    fed = b
-                if policy is not None and fed % interval == 0:
-                    log(decoder.compress(), fed)
+            if shared is None:
+                logits, _ = decoder.prefill(ids[:p])
+            scores.add(logits[None], 0, [p - 1] * len(decoder.lengths()))  # the last prompt row saw p entries
+            for block in decoder.feed_blocks(ids[p : n - 1], max_block):
+                scores.add(block.logits, block.start + 1, block.lengths)
     finally:
         if decoder is not None:
             decoder.close()
-
-    cat = {k: torch.cat(v).cpu() if v else None for k, v in out.items()}
-    return ReplayResult(
-        prompt_len=p,
-        interval=interval,
-        label=policy.label if policy is not None else "full",
-        positions=torch.arange(p - 1, n - 1),
-        targets=targets.cpu(),
-        kl=cat["kl"],
-        top1_agree=cat["top1"],
-        nll_full=cat["nll_f"],
-        nll_compressed=cat["nll_c"],
-        entries=cat["entries"],
-        compressions=compressions,
-        logits_full=cat["lf"],
-        logits_compressed=cat["lc"],
-    )
+    return scores.result(p, n, interval, policy, decoder.compressions)
 
 
 class SharedPrompt:

@@ -30,6 +30,7 @@ import torch
 from fi_toolkit.compress.decoder import signal_config_for
 from fi_toolkit.compress.future import DOCUMENT, Future, continue_ids
 from fi_toolkit.compress.replay import ReplayResult, SharedPrompt, replay
+from fi_toolkit.compress.sampling import GREEDY
 from fi_toolkit.errors import FIError
 from fi_toolkit.model.attention import ragged_attention
 from fi_toolkit.policies import Policy
@@ -80,10 +81,10 @@ def policy_columns(policy: Policy | None) -> dict:
 def free_generation(shared: SharedPrompt, policy: Policy | None, tokens: int, interval: int) -> list[int]:
     """Greedy tokens after the shared prompt under ``policy``, as :func:`fi_toolkit.compress.decoder.generate`
     decodes them (EOS does not stop it; compression every ``interval`` generated tokens)."""
-    decoder, _ = shared.decoder.fork(policy)
+    decoder, _ = shared.decoder.fork(policy, interval=interval)
     try:
         with ragged_attention(decoder.model):
-            return decoder.greedy(shared.logits, tokens, interval)
+            return decoder.decode(shared.logits, GREEDY, tokens).tokens
     finally:
         decoder.close()
 

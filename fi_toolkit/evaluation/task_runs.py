@@ -22,7 +22,8 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-from fi_toolkit.compress.decoder import CompressedDecoder, _eos_ids, signal_config_for
+from fi_toolkit.compress.decoder import CompressedDecoder, Schedule, _eos_ids, signal_config_for
+from fi_toolkit.compress.sampling import GREEDY
 from fi_toolkit.errors import FIError
 from fi_toolkit.evaluation.replay_runs import divergence, policy_columns
 from fi_toolkit.evaluation.tasks import TASKS, TaskSample, check_protocol, encode_split, make_sample, score
@@ -95,14 +96,15 @@ def _answer(
     tokenizer,
     eos: set[int],
 ) -> tuple[list[int], list[int]]:
-    """Greedy answer under ``policy`` (forked from the shared prefill), as generate() decodes, and the
-    entries per layer kept of the prefill."""
-    decoder, keep = shared.fork(policy)
+    """Greedy answer under ``policy`` (forked from the shared prefill; the question ends the prompt), as
+    generate() decodes, and the entries per layer kept of the prefill."""
+    decoder, keep = shared.fork(policy, interval=interval)
     kept = keep.counts() if keep is not None else [shared.seen]
     try:
         with ragged_attention(shared.model):
-            logits = decoder.block(question)[-1] if question.numel() else prefill_logits
-            return decoder.greedy(logits, max_new, interval, lambda tokens: _stops(tokenizer, tokens, eos)), kept
+            logits = decoder.feed(question, prompt=question.numel())[-1] if question.numel() else prefill_logits
+            decoded = decoder.decode(logits, GREEDY, max_new, stop=lambda tokens: _stops(tokenizer, tokens, eos))
+            return decoded.tokens, kept
     finally:
         decoder.close()
 
@@ -114,19 +116,20 @@ def _forced(
     question: torch.Tensor,
     answer: list[int],
     prefill_logits: torch.Tensor,
+    interval: int,
 ) -> torch.Tensor:
     """Float32 logits ``[len(answer), V]`` of the positions predicting ``answer``, teacher-forced on it
-    (one block: exact while no compression falls inside the answer, which the caller ensures)."""
-    decoder, _ = shared.fork(policy)
+    after the question (which ends the prompt), compressed where the schedule says."""
+    decoder, _ = shared.fork(policy, interval=interval)
     try:
         with ragged_attention(shared.model):
             fed = torch.cat(
                 [question.to(decoder.device), torch.tensor(answer[:-1], dtype=torch.long, device=decoder.device)]
             )
-            rows = decoder.block(fed)[question.numel() - 1 :] if question.numel() else decoder.block(fed)
-            if not question.numel():
-                rows = torch.cat([prefill_logits[None].float(), rows])
-            return rows.float()
+            rows = decoder.feed(fed, prompt=question.numel())
+            if question.numel():
+                return rows[question.numel() - 1 :].float()
+            return torch.cat([prefill_logits[None].float(), rows]).float()
     finally:
         decoder.close()
 
@@ -178,8 +181,10 @@ def evaluate_sample(
             tokens, kept = _answer(shared, policy, question, prefill_logits, max_new, interval, tokenizer, eos)
             if policy is None:
                 full_answer = tokens
-            forced_ok = len(full_answer) <= interval or policy is None
-            rows_c = _forced(shared, policy, question, full_answer, prefill_logits) if forced_ok else None
+            # teacher forcing where the free generation of the full answer compressed nowhere (it would
+            # have reached a point: its KL is left empty)
+            forced = policy is None or not Schedule.of(policy, interval).reaches_point(len(full_answer) - 1)
+            rows_c = _forced(shared, policy, question, full_answer, prefill_logits, interval) if forced else None
             if policy is None:
                 full_rows = rows_c
             answer_kl, answer_top1 = _kl_top1(full_rows, rows_c) if rows_c is not None else (float("nan"),) * 2

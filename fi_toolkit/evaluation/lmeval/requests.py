@@ -11,13 +11,13 @@ room beyond the window) evicts nothing for that request, as :meth:`CompressedDec
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from typing import Callable
 
 import torch
 
 from fi_toolkit.compress.decoder import CompressedDecoder
+from fi_toolkit.compress.sampling import GREEDY, Sampling
 from fi_toolkit.errors import FIError
 from fi_toolkit.model.attention import ragged_attention
 from fi_toolkit.policies import Policy
@@ -45,12 +45,10 @@ class CacheRecord:
         return asdict(self)
 
 
-def _record(kind: str, decoder: CompressedDecoder, context: int, new: int, steps: list[int], label: str) -> CacheRecord:
+def _record(kind: str, decoder: CompressedDecoder, context: int, new: int) -> CacheRecord:
+    label = "none" if decoder.policy is None else decoder.policy.label
+    steps = decoder.compression_steps
     return CacheRecord(kind, context, new, max(decoder.lengths()), decoder.seen, len(steps), steps, label)
-
-
-def _label(policy: Policy | None) -> str:
-    return "none" if policy is None else policy.label
 
 
 @torch.no_grad()
@@ -67,57 +65,33 @@ def score_continuation(
     continuation token is the argmax (lm-eval's ``is_greedy``).
 
     ``context`` ``[p >= 1]`` and ``continuation`` ``[m >= 1]`` token ids. The context's last logits score
-    ``continuation[0]``; ``continuation[:-1]`` is fed in blocks ending at multiples of ``interval``, each
-    followed by a compression (so the positions a block scores saw the cache a decoder would have had).
-    Log-probabilities are float32 log-softmax of float32 logits, summed in float64."""
+    ``continuation[0]``; ``continuation[:-1]`` is fed through the decoder's schedule (forwards that end at
+    its compression points, each followed by a compression, none after the last token: nothing reads it).
+    Log-probabilities are float32 log-softmax of float32 logits, summed in float64 per forward."""
     if not context or not continuation:
         raise FIError("a log-likelihood request needs a non-empty context and continuation")
     ids = torch.tensor(list(context) + list(continuation), dtype=torch.long)
     p, m = len(context), len(continuation)
     device = next(model.parameters()).device
     targets = ids[p:].to(device)
-    decoder = CompressedDecoder(model, policy, p + m, config, prefill_chunk=prefill_chunk)
-    total, greedy, steps = 0.0, True, []
+    decoder = CompressedDecoder(model, policy, p + m, config, prefill_chunk=prefill_chunk, interval=interval)
+    total, greedy = 0.0, True
+
+    def add(rows: torch.Tensor, scored: torch.Tensor) -> None:
+        nonlocal total, greedy
+        logp = torch.log_softmax(rows.float(), dim=-1)
+        total += float(logp.gather(1, scored[:, None]).double().sum())
+        greedy = greedy and bool((rows.argmax(-1) == scored).all())
+
     try:
         with ragged_attention(model):
-            logits, keep = decoder.prefill(ids[:p].to(device))
-            if keep is not None:
-                steps.append(0)
-            rows, fed = logits[None], 0
-            while True:
-                logp = torch.log_softmax(rows.float(), dim=-1)
-                scored = targets[fed - rows.shape[0] + 1 : fed + 1] if fed else targets[:1]
-                total += float(logp.gather(1, scored[:, None]).double().sum())
-                greedy = greedy and bool((rows.argmax(-1) == scored).all())
-                if fed == m - 1:
-                    break
-                stop = min(m - 1, (fed // interval + 1) * interval)
-                rows = decoder.block(ids[p + fed : p + stop].to(device))
-                fed = stop
-                if policy is not None and fed % interval == 0 and fed < m - 1 and decoder.compress() is not None:
-                    steps.append(fed)
+            logits, _ = decoder.prefill(ids[:p].to(device))
+            add(logits[None], targets[:1])
+            for block in decoder.feed_blocks(ids[p : p + m - 1].to(device), compress_at_end=False):
+                add(block.logits, targets[block.start + 1 : block.start + 1 + block.logits.shape[0]])
     finally:
         decoder.close()
-    return total, greedy, _record("loglikelihood", decoder, p, m, steps, _label(policy))
-
-
-def _sampler(do_sample: bool, temperature: float, top_p: float, seed: int, device) -> Callable:
-    """Greedy (argmax) unless ``do_sample``; otherwise transformers' temperature and top-p warpers and a
-    multinomial draw from a generator seeded with ``seed`` (what ``model.generate`` does, on one row)."""
-    if not do_sample or temperature == 0:
-        return lambda logits, ids: int(torch.argmax(logits))
-    from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
-
-    warpers = LogitsProcessorList(
-        [TemperatureLogitsWarper(temperature)] + ([TopPLogitsWarper(top_p)] if top_p < 1 else [])
-    )
-    gen = torch.Generator(device=device).manual_seed(seed)
-
-    def sample(logits, ids):
-        scores = warpers(ids[None], logits[None].float())
-        return int(torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=gen))
-
-    return sample
+    return total, greedy, _record("loglikelihood", decoder, p, m)
 
 
 def stop_checker(tokenizer, until: list[str]) -> Callable[[list[int]], bool]:
@@ -154,36 +128,24 @@ def generate_tokens(
 ) -> tuple[list[int], CacheRecord]:
     """Generated token ids after ``prompt`` ``[p]`` (an EOS token not included) and the cache record.
 
-    The loop of :func:`fi_toolkit.compress.decoder.generate` (prefill compression, a compression back to
-    the budget every ``interval`` generated tokens) with lm-eval's stops: at most ``max_new`` tokens, an
-    EOS id, or ``stop(tokens)`` (a stop string; the text is cut at it afterwards)."""
+    The decoder's loop (:meth:`~fi_toolkit.compress.decoder.CompressedDecoder.decode`: prefill compression,
+    a compression back to the budget every ``interval`` generated tokens) with lm-eval's stops: at most
+    ``max_new`` tokens, an EOS id, or ``stop(tokens)`` (a stop string; the text is cut at it afterwards).
+    Greedy unless ``do_sample`` (then ``temperature`` and ``top_p`` from ``seed``)."""
     if not prompt:
         raise FIError("a generation request needs a non-empty prompt")
-    if not (math.isfinite(temperature) and temperature >= 0) or not 0 < top_p <= 1:
-        raise FIError(f"need a finite temperature >= 0 and 0 < top_p <= 1, got {temperature} and {top_p}")
+    sampling = Sampling(temperature, top_p, seed)
+    if not do_sample:
+        sampling = GREEDY
     device = next(model.parameters()).device
-    ids = torch.tensor(prompt, dtype=torch.long, device=device)
-    sample = _sampler(do_sample, temperature, top_p, seed, device)
-    decoder = CompressedDecoder(model, policy, len(prompt) + max_new, config, prefill_chunk=prefill_chunk)
-    tokens: list[int] = []
-    steps: list[int] = []
+    decoder = CompressedDecoder(
+        model, policy, len(prompt) + max_new, config, prefill_chunk=prefill_chunk, interval=interval
+    )
     try:
         with ragged_attention(model):
-            logits, keep = decoder.prefill(ids)
-            if keep is not None:
-                steps.append(0)
-            while True:
-                token = sample(logits, ids)
-                if token in eos:
-                    break
-                tokens.append(token)
-                if len(tokens) == max_new or stop(tokens):
-                    break
-                if do_sample:
-                    ids = torch.cat([ids, torch.tensor([token], device=device)])
-                logits = decoder.step(token)
-                if policy is not None and len(tokens) % interval == 0 and decoder.compress() is not None:
-                    steps.append(len(tokens))
+            logits, _ = decoder.prefill(torch.tensor(prompt, dtype=torch.long, device=device))
+            decoded = decoder.decode(logits, sampling, max_new, eos, stop)
     finally:
         decoder.close()
-    return tokens, _record("generate_until", decoder, len(prompt), len(tokens), steps, _label(policy))
+    tokens = decoded.tokens[:-1] if decoded.stop_reason == "eos" else decoded.tokens
+    return tokens, _record("generate_until", decoder, len(prompt), len(tokens))
