@@ -213,15 +213,27 @@ class Words:
         return ("\n" if i % 29 == 0 else " ") + WORDS[i % len(WORDS)]
 
 
-def _page(tiny, tmp: Path, prefix: int, chunk: int = 64, name: str = "view.html") -> Path:
+class Whitespace:
+    """Words, and tokens that are only a newline, two newlines, or a space (what a pointer most often misses)."""
+
+    def decode(self, ids):
+        i = int(ids[0])
+        return {0: "\n", 1: "\n\n", 2: " "}.get(i % 9, " " + WORDS[i % len(WORDS)])
+
+
+def _page(tiny, tmp: Path, prefix: int, chunk: int = 64, name: str = "view.html", tokenizer=None) -> Path:
     """A page of the tiny model on ``prefix`` tokens (words as token text), infokv and snapkv at keep=0.25."""
     cfg = SignalConfig(window=8, prefill_chunk=1024)
-    lm = LoadedModel(tiny.model, Words(), "tiny-llama", tiny.device, tiny.dtype)
+    lm = LoadedModel(tiny.model, tokenizer or Words(), "tiny-llama", tiny.device, tiny.dtype)
     ids = torch.randint(0, 256, (prefix + chunk,), generator=torch.Generator().manual_seed(2))
     doc = Document("words", "text", ids, "test")
     trace = trace_prefix(lm.model, ids, prefix, cfg)
     policies = [parse_policy(n, "keep=0.25", cfg.window) for n in ("infokv", "snapkv")]
     return write_view(tmp / name, view_data(lm, doc, trace, policies, Chunk(prefix, prefix + chunk), samples=2))
+
+
+DATA = "JSON.parse(document.getElementById('fi-data').textContent)"
+MARKS = "Array.from(document.querySelectorAll('#tokens span'), s => s.style.boxShadow)"
 
 
 def test_view_page_in_chromium(browser, tiny, tmp_path):
@@ -230,30 +242,71 @@ def test_view_page_in_chromium(browser, tiny, tmp_path):
     browser.open(page)
     assert browser.errors() == []  # (a) no console error, no exception
     assert browser.js("document.querySelectorAll('#tokens span').length") == 256  # (b) every prefix token
+    data = browser.js(DATA)
+    label = browser.js("document.getElementById('cbar-label').textContent")  # (c) the colour bar says what it shows
+    assert label.startswith("estimated FI on 256:320 (nats): lower = ") and "safer to evict" in label
+    ticks = browser.js("Array.from(document.querySelectorAll('#ticks span'), t => t.textContent)")
+    fi = sorted(v for v in data["values"]["FI"] if v is not None)
+    assert len(ticks) == 5 and float(ticks[0]) == pytest.approx(fi[0], rel=1e-3)
+    assert float(ticks[-1]) == pytest.approx(fi[-1], rel=1e-3)  # its ends are the smallest and largest FI
     colors = "Array.from(document.querySelectorAll('#tokens span'), s => s.style.backgroundColor).join('|')"
     before = browser.js(colors)
     assert browser.js("document.getElementById('tokens').dataset.shade") == "FI"
-    browser.click("input[name=shade][value=H]")  # (c) a real click on the toggle changes the shading
+    browser.click("input[name=shade][value=H]")  # a real click on the toggle changes the shading and the bar
     assert browser.js("document.getElementById('tokens').dataset.shade") == "H"
     after = browser.js(colors)
-    assert after != before and after.count("rgba") == 256
-    marked = "document.querySelectorAll('#tokens span.ev').length"
-    browser.click("input[name=evict][value='snapkv@keep=0.25']")
-    assert browser.js("document.getElementById('tokens').dataset.policy") == "snapkv@keep=0.25"
-    evicted = json.loads(browser.js("document.getElementById('fi-data').textContent"))["evicted"]["snapkv@keep=0.25"]
-    pairs = json.loads(browser.js("document.getElementById('fi-data').textContent"))["pairs"]
-    assert browser.js(marked) == sum(1 for c in evicted if c == pairs)  # struck through: evicted everywhere
-    x, y = browser.center("#tokens span[data-i='40']")  # (d) hover a token and read its numbers
+    assert after != before and after.count("rgb(") == 256
+    assert browser.js("document.getElementById('cbar-label').textContent").startswith("H: top-k entropy")
+    # (d) a policy's strips appear only where it evicts the token from at least half of the pairs
+    pairs, infokv, snapkv = data["pairs"], data["evicted"]["infokv@keep=0.25"], data["evicted"]["snapkv@keep=0.25"]
+    marks = browser.js(MARKS)
+    assert [bool(m) for m in marks] == [c / pairs >= 0.5 for c in infokv]  # infokv's toggle is on at load
+    assert 0 < sum(map(bool, marks)) < 256
+    browser.click("input[name=evict][value='snapkv@keep=0.25']")  # one toggle per policy: both on now
+    strips = [m.count("px 0px") for m in browser.js(MARKS)]
+    assert strips == [(a / pairs >= 0.5) + (b / pairs >= 0.5) for a, b in zip(infokv, snapkv)]
+    browser.click("input[name=evict][value='infokv@keep=0.25']")  # infokv off: snapkv's alone
+    assert [bool(m) for m in browser.js(MARKS)] == [c / pairs >= 0.5 for c in snapkv]
+    x, y = browser.center("#tokens span[data-i='40']")  # (e) hover a token and read its numbers
     browser.mouse("mouseMoved", x, y)
     info = browser.js("document.getElementById('info').textContent")
-    data = json.loads(browser.js("document.getElementById('fi-data').textContent"))
     assert info.startswith(f"#40 {json.dumps(data['tokens'][40])} · FI ")
-    assert f"snapkv@keep=0.25 {round(100 * evicted[40] / pairs)} %" in info
+    assert f"snapkv@keep=0.25: evicted from {round(100 * snapkv[40] / pairs)} %, score " in info  # its own score
     h = data["values"]["H"][40]
     assert f"H {float(f'{h:.4g}'):g}" in info or f"H {h:.2e}" in info
+    title = browser.js("document.querySelector('button.policy').title")  # (f) a policy's name leads to its score
+    assert title.startswith("infokv@keep=0.25: evicts 75.0% of the") and "lower is better" in title
+    browser.click("button.policy[data-shade='score:snapkv@keep=0.25']")
+    assert browser.js("document.getElementById('tokens').dataset.shade") == "score:snapkv@keep=0.25"
     assert browser.errors() == []
     if _shots():
+        browser.click("input[name=shade][value=FI]")
         browser.screenshot(_shots() / "view.png")
+
+
+def test_every_token_is_the_one_under_the_pointer(browser, tiny, tmp_path):
+    """Newlines, double newlines and spaces included: at the centre of each token's first box the page finds
+    that token, and a real pointer there shows its number; beyond a line's end it shows none."""
+    page = _page(tiny, tmp_path, 192, tokenizer=Whitespace(), name="spaces.html")
+    browser.open(page)
+    tokens = browser.js(DATA)["tokens"]
+    assert {"\n", "\n\n", " "} <= set(tokens)
+    hit = """(i => {const s = document.querySelector(`#tokens span[data-i="${i}"]`);
+      s.scrollIntoView({block: 'center'}); const r = Array.from(s.getClientRects()).find(r => r.width > 0);
+      const x = r.x + r.width / 2, y = r.y + r.height / 2;
+      return [x, y, document.elementFromPoint(x, y).dataset.i];})"""
+    for i, text in enumerate(tokens):
+        x, y, found = browser.js(f"({hit})({i})")
+        assert found == str(i), (i, text)
+        if not text.strip() or i % 16 == 0:  # a real pointer on every whitespace token and on some words
+            browser.mouse("mouseMoved", x, y)
+            assert browser.js("document.getElementById('info').textContent").startswith(f"#{i} "), (i, text)
+    newline = tokens.index("\n")
+    x, y, _ = browser.js(f"({hit})({newline})")
+    right = browser.js("document.getElementById('tokens').getBoundingClientRect().right")
+    browser.mouse("mouseMoved", right - 2, y)  # past the newline's mark, still inside the text box
+    assert browser.js("document.getElementById('info').textContent") == "hover a token to read its numbers"
+    assert browser.errors() == []
 
 
 def test_view_page_of_8192_tokens_stays_responsive(browser, tmp_path):
