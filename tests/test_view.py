@@ -90,10 +90,11 @@ def test_colours_stay_apart_under_deuteranopia():
     """The shade at ranks 0, 1/4, 1/2, 3/4, 1 and the policies' mark colours, passed through the Machado et al.
     (2009) deuteranopia simulation (colour-science): every pair of marks, and each shade step, differ by CIEDE2000
     >= 10 (a clearly visible difference), and the shade's lightness falls monotonically (it reads as an order)."""
-    import colour
     import numpy as np
 
     from fi_toolkit.report.token_page import MARKS, SHADE
+
+    colour = pytest.importorskip("colour", reason="colour-science (the dev extra) simulates colour vision")
 
     def deuteranope_lab(hexes):
         srgb = np.array([[int(h[i : i + 2], 16) / 255 for i in (1, 3, 5)] for h in hexes])
