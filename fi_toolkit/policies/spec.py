@@ -104,7 +104,19 @@ def _value(text: str, kind: type, key: str, where: str):
 
 
 def parse_spec(text: str, where: str = "") -> PolicySpec:
-    """``"adaptive(infokv):alpha=0.5"`` -> :class:`PolicySpec`; refuses unknown names and options in one line."""
+    """``"adaptive(infokv):alpha=0.5"`` -> :class:`PolicySpec`; refuses unknown names and options in one line.
+
+    Args:
+        text: ``NAME[:key=value,...]``, ``adaptive(NAME)`` or ``NAME-adaptive``; ``kvpress:PRESS`` for a
+            kvpress press.
+        where: how error messages name the option (default: ``policy TEXT``).
+
+    Returns:
+        The :class:`PolicySpec`: the policy's name, its options as typed values, and whether it is adaptive.
+
+    Raises:
+        FIError: an unknown name, an option the policy lacks, or a value of the wrong type (one line).
+    """
     where = where or f"policy {text}"
     head, colon, tail = text.strip().partition(":")
     head = head.strip().lower()
@@ -148,14 +160,27 @@ def parse_policy(
 ) -> Policy:
     """A policy from its spelling: ``parse_policy("infokv:alpha=0.5", budget="keep=0.25", window=32)``.
 
-    ``budget`` and ``window`` (None: the policy's default) and ``defaults`` (the command line's global
-    ``--alpha``, ``--tau``, ``--top-k``: values for whichever of these fields the policy has; the others
-    are not its options and are not passed) are overridden by the options spelled in ``text``. ``shared``
-    names options the caller fixes for every policy of a run (the signals' ``window`` and ``top_k``, which
-    one trace serves to all): spelling them per policy is refused. ``where`` names the option in messages.
-    ``future``: the caller can give a policy that sees the future (the FI oracle) its scores: the probe
-    (a future chunk) and replays of known text (``fi eval`` on documents: the next interval); elsewhere
-    (generation, tasks: no continuation is known) such a policy is refused.
+    The options spelled in ``text`` override ``budget``, ``window`` and ``defaults``.
+
+    Args:
+        text: ``NAME[:key=value,...]`` (``adaptive(NAME)``, ``kvpress:PRESS`` too; :func:`parse_spec`).
+        budget: ``keep=X`` or ``remove=X``, a share or a count (None: the policy's default).
+        window: the observation window ``w`` (None: the policy's default).
+        where: how error messages name the option.
+        shared: options the caller fixes for every policy of a run (the signals' ``window`` and ``top_k``,
+            which one trace serves to all): spelling them per policy is refused.
+        future: whether the caller can give a policy that sees the future (the FI oracle) its scores: the
+            probe (a future chunk) and replays of known text (``fi eval`` on documents); elsewhere
+            (generation, tasks: no continuation is known) such a policy is refused.
+        **defaults: the command line's global ``--alpha``, ``--tau``, ``--top-k``: values for whichever
+            of these fields the policy has (the others are not its options and are not passed).
+
+    Returns:
+        The :class:`~fi_toolkit.policies.base.Policy`.
+
+    Raises:
+        FIError: an unknown name or option, a bad value, a shared option spelled per policy, or a policy
+            that sees the future where none is known.
     """
     where = where or f"policy {text}"
     spec = parse_spec(text, where)
@@ -190,7 +215,20 @@ def parse_policy(
 
 def make_policy(name: str, **kwargs) -> Policy:
     """``make_policy("infokv", budget="keep=0.25", alpha=0.9)`` (``name`` may spell options too:
-    ``"infokv:alpha=0.9"``); a keyword the policy has no field for is refused (None: the default)."""
+    ``"infokv:alpha=0.9"``); a keyword the policy has no field for is refused (None: the default).
+
+    Args:
+        name: a policy's name, with options as the command line spells them (``"snapkv:window=16"``).
+        **kwargs: the policy's fields: ``budget`` (``"keep=0.25"``, ``0.25``, ``512``), ``window``, and its
+            own (``alpha``, ``tau``, ``top_k``, ``beta``, ``sinks``, ``seed``, ...); None keeps the default.
+
+    Returns:
+        The :class:`~fi_toolkit.policies.base.Policy`; ``policy.keep_map(trace)`` gives its
+        :class:`~fi_toolkit.eviction.KeepMap` (``keep[l]``: ``[Hkv, k_l]``).
+
+    Raises:
+        FIError: an unknown name or a keyword the policy has no field for.
+    """
     spec = parse_spec(name)
     known = {"budget", *options_of(spec.cls)}
     unknown = [k for k in kwargs if k not in known]
@@ -202,7 +240,18 @@ def make_policy(name: str, **kwargs) -> Policy:
 def split_policies(text: str, option: str = "policies") -> list[str]:
     """``infokv:alpha=0.5,tau=2,snapkv`` -> ``["infokv:alpha=0.5,tau=2", "snapkv"]``: a comma-separated
     list whose items may carry options (an item ``key=value`` continues the previous item's options).
-    An empty item or an item given twice is refused."""
+    An empty item or an item given twice is refused.
+
+    Args:
+        text: the comma-separated list, as ``--policy`` takes it.
+        option: the option's name in error messages.
+
+    Returns:
+        One spec per policy, in order, each for :func:`parse_policy`.
+
+    Raises:
+        FIError: an empty item or a repeated one.
+    """
     items: list[str] = []
     for part in (t.strip() for t in text.split(",")):
         if not part or not text.strip():

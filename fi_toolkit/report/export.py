@@ -141,6 +141,17 @@ TABLE_TITLES = {
 
 
 def parse_formats(text: str) -> list[str]:
+    """``"html,md"`` -> ``["html", "md"]``: the report formats ``--format`` names.
+
+    Args:
+        text: comma-separated formats, any of :data:`FORMATS` (``html``, ``md``, ``csv``, ``json``).
+
+    Returns:
+        The formats, lower-cased, in order.
+
+    Raises:
+        FIError: an unknown format, or none.
+    """
     formats = [f.strip().lower() for f in text.split(",") if f.strip()]
     bad = [f for f in formats if f not in FORMATS]
     if bad or not formats:
@@ -177,7 +188,21 @@ def _check_manifest(manifest, manifest_file: Path) -> str:
 
 
 def load_run(path: Path) -> dict:
-    """A finished result directory -> {label, path, manifest, kind, tables (DataFrames), text (str cells)}."""
+    """A finished result directory, read and checked, as the report uses it.
+
+    Args:
+        path: the ``--out`` directory of ``fi probe``, ``fi correlate``, ``fi nearfar`` or ``fi eval`` (it
+            holds ``manifest.json``), or an lm-eval output directory (``results_*.json`` below it).
+
+    Returns:
+        A dict: ``label`` (the directory's name), ``path``, ``manifest``, ``kind`` (``probe``, ``correlate``,
+        ``nearfar``, ``eval-text``, ``eval-tasks`` or ``lm-eval``), ``tables`` (name -> ``pandas.DataFrame``
+        as typed), ``text`` (name -> the same cells as CSV text), ``names`` (``(table, shown)`` in display
+        order) and ``views`` (the ``fi view`` pages of its documents).
+
+    Raises:
+        FIError: no manifest, an unreadable manifest or table, or a table missing (an interrupted run).
+    """
     path = Path(path)
     manifest_file = path / "manifest.json"
     if lmeval.is_lmeval_dir(path):  # lm-eval's output (fi lm-eval): tables computed from its JSON files
@@ -401,10 +426,25 @@ def _remove_stale(out_dir: Path, written: list[Path]) -> None:
 def build_report(
     run_dirs: Sequence[Path], out_dir: Path, formats: Sequence[str] = FORMATS, overwrite: bool = False
 ) -> list[Path]:
-    """Write the report of ``run_dirs`` into ``out_dir`` in ``formats``; returns the files written.
+    """Write the report of ``run_dirs`` into ``out_dir`` in ``formats``.
 
     Everything is read and checked before the first file is written; an ``out_dir`` holding a report
-    or other results is refused unless ``overwrite``."""
+    or other results is refused unless ``overwrite``.
+
+    Args:
+        run_dirs: result directories (:func:`load_run`), reported in order.
+        out_dir: the report directory: ``report.html``, ``report.md``, ``report.json``, ``tables/*.csv``,
+            ``figures/*.png`` and ``views/*.html``.
+        formats: any of :data:`FORMATS`.
+        overwrite: replace a report (or other results) already in ``out_dir``; its stale files are removed.
+
+    Returns:
+        The files written.
+
+    Raises:
+        FIError: a directory that is not a finished run, an ``out_dir`` that is one of them, or an
+            ``out_dir`` holding results without ``overwrite``.
+    """
     if not run_dirs:
         raise FIError("no result directory given: fi report RUN_DIR [RUN_DIR ...]")
     runs = [load_run(p) for p in run_dirs]

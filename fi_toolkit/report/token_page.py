@@ -108,7 +108,8 @@ def view_data(lm, doc, trace, policies, chunk, samples: int = 16, seed: int = 0)
         trace: :func:`~fi_toolkit.signals.trace.trace_prefix` of ``doc.ids`` at ``p``.
         policies: :class:`~fi_toolkit.policies.base.Policy` objects whose window is the trace's.
         chunk: the future :class:`~fi_toolkit.probe.chunks.Chunk` FI is estimated on (``chunk.start >= p``).
-        samples, seed: label draws of the Fisher estimate and their seed.
+        samples: label draws of the Fisher estimate.
+        seed: the seed of the label draws.
 
     Returns:
         :class:`ViewData`: per-token values ``[p]``, evicted counts ``[p]`` per policy, the policies' own
