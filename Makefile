@@ -106,10 +106,12 @@ $(STAMP_DOCS): $(STAMP) pyproject.toml
 	$(BIN)/pip install -q -e '.[docs]'
 	touch $(STAMP_DOCS)
 
-# The documentation site: regenerate the CLI reference from the typer app, then build with warnings as errors.
+# The documentation site: regenerate the CLI reference from the typer app, build with warnings as errors, then
+# open the built site from its files in Chromium (navigation, search, a formula; skipped without chromium).
 docs: $(STAMP_DOCS)
 	$(BIN)/python docs/gen_cli_reference.py
 	$(BIN)/mkdocs build --strict --site-dir site
+	FI_SITE=site $(BIN)/python -m pytest -q -m browser tests/test_browser.py -k "docs_site or cli_reference"
 
 # Headless Chromium from Debian's packages for the tests marked `browser` (tests/test_browser.py drives it
 # over its DevTools pipe; no network at test time). Needs root, or sudo.

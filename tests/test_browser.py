@@ -14,6 +14,7 @@ import os
 import select
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -139,6 +140,16 @@ class Chromium:
                 raise TimeoutError(f"{path} was not ready within {timeout} s")
             time.sleep(0.02)
         return time.perf_counter() - t0
+
+    def open_plain(self, path: Path, timeout: float = 30) -> None:
+        """Load a file that has no ready flag of its own (a report, the docs) and wait for its load event."""
+        self.page("Page.navigate", {"url": path.resolve().as_uri()})
+        t0 = time.perf_counter()
+        while self.js("document.readyState") != "complete":
+            if time.perf_counter() - t0 > timeout:
+                raise TimeoutError(f"{path} did not load within {timeout} s")
+            time.sleep(0.02)
+        time.sleep(0.3)  # scripts run on load (KaTeX, search) finish
 
     def errors(self) -> list[str]:
         """Console errors and uncaught exceptions seen so far."""
@@ -400,3 +411,90 @@ def test_report_tables_fit_their_container(browser, report, width):
     browser.page(
         "Emulation.setDeviceMetricsOverride", {"width": 1280, "height": 900, "deviceScaleFactor": 1, "mobile": False}
     )
+
+
+def test_report_leads_with_results_a_reader_can_read(browser, report):
+    """What a reader sees first in each run's part is its result table; every figure is titled; no cell says nan."""
+    browser.open_plain(report)
+    seen = browser.js(
+        """(() => Array.from(document.querySelectorAll('h2')).map(h => {
+          let e = h.nextElementSibling;
+          while (e && !e.querySelector('table') && e.tagName !== 'H2') e = e.nextElementSibling;
+          return {run: h.textContent, first: e ? e.className : null,
+                  title: e && e.querySelector('h3') ? e.querySelector('h3').textContent : null};
+        }))()"""
+    )
+    assert len(seen) == 2 and all(s["first"] == "lead" and s["title"].startswith("Result: ") for s in seen), seen
+    captions = browser.js(
+        "Array.from(document.querySelectorAll('figure'), f => f.querySelector('figcaption').textContent)"
+    )
+    assert len(captions) >= 5 and all(c and not c.replace(" ", "").isidentifier() for c in captions)
+    cells = browser.js("Array.from(document.querySelectorAll('td'), td => td.textContent)")
+    assert len(cells) > 100 and not [c for c in cells if c.strip().lower() == "nan" or "nan " in c.lower()]
+    assert browser.errors() == []
+
+
+def _site(tmp_path_factory) -> Path:
+    """The built documentation: FI_SITE (make docs passes its site/), else built here with mkdocs (docs extra)."""
+    if os.environ.get("FI_SITE"):
+        return Path(os.environ["FI_SITE"]).resolve()
+    pytest.importorskip("mkdocs", reason="the docs extra (mkdocs) builds the site: make docs")
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path_factory.mktemp("site")
+    subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "--site-dir", str(out)],
+        cwd=root,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(root), "NO_MKDOCS_2_WARNING": "1", "DISABLE_MKDOCS_2_WARNING": "true"},
+        capture_output=True,
+    )
+    return out
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    return _site(tmp_path_factory)
+
+
+def test_docs_site_reads_from_its_files(browser, site):
+    """Opened from site/index.html with no server: a formula is typeset by KaTeX, a navigation click lands on a
+    page (not a directory listing), search is there and finds pages, and nothing is fetched from the network."""
+    browser.events.clear()
+    browser.open_plain(site / "index.html")
+    assert browser.js("document.querySelectorAll('.katex-display').length") >= 1  # the FI definition
+    text = browser.js("document.querySelector('.md-content').innerText")
+    assert "\\frac" not in text and "$$" not in text and "FI(e;C)" in text.replace(" ", "").replace("\n", "")
+    browser.click(".md-nav__link[href='install.html']")
+    t0 = time.perf_counter()
+    while not browser.js("location.href").endswith("/install.html") or browser.js("document.readyState") != "complete":
+        assert time.perf_counter() - t0 < 20
+        time.sleep(0.05)
+    assert browser.js("document.querySelector('.md-content h1').textContent").startswith("Install")
+    assert browser.js("getComputedStyle(document.querySelector('.md-search')).display") != "none"
+    browser.click(".md-search__input")
+    browser.page("Input.insertText", {"text": "noise floor"})
+    t0 = time.perf_counter()
+    while not browser.js("document.querySelectorAll('.md-search-result__link').length"):
+        assert time.perf_counter() - t0 < 20, "search found nothing"
+        time.sleep(0.1)
+    first = browser.js("document.querySelector('.md-search-result__link').href")
+    assert first.startswith("file://") and Path(first[len("file://") :].split("#")[0]).is_file()
+    if _shots():
+        browser.screenshot(_shots() / "docs_search.png")
+    assert browser.errors() == []  # no failed fetch (a CDN would fail here: no network)
+
+
+def test_cli_reference_reads_on_a_laptop_screen(browser, site):
+    """At 1280 pixels every option's spelling stays on one line and its help gets most of the text column."""
+    browser.open_plain(site / "reference" / "cli.html")
+    found = browser.js(
+        """(() => Array.from(document.querySelectorAll('.options dt')).map(dt => ({
+          lines: dt.querySelector('code').getClientRects().length,
+          help: dt.nextElementSibling.getBoundingClientRect().width,
+          column: dt.closest('.md-content').getBoundingClientRect().width})))()"""
+    )
+    assert len(found) > 150
+    assert all(f["lines"] == 1 for f in found), [f for f in found if f["lines"] != 1][:3]
+    assert all(f["help"] > 0.8 * f["column"] - 40 for f in found)
+    if _shots():
+        browser.screenshot(_shots() / "docs_cli.png")
