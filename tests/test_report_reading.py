@@ -119,6 +119,81 @@ def axis_faults(fig) -> list[str]:
     return faults
 
 
+GAP = 4  # pixels (at the figure's dpi) around each text: two texts closer than 2 x GAP read as one
+
+
+def overlapping_labels(fig) -> list[str]:
+    """Pairs of texts of different axes (axis labels, titles, tick labels) whose drawn boxes overlap or run
+    together (closer than 2 x GAP pixels)."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    texts = []
+    for i, ax in enumerate(fig.axes):
+        if ax.get_label() == "<colorbar>":
+            continue
+        ticks = [  # the tick labels drawn: those of ticks inside the axis's view
+            t.label1
+            for axis, (lo, hi) in ((ax.xaxis, ax.get_xlim()), (ax.yaxis, ax.get_ylim()))
+            for t in axis.get_major_ticks()
+            if min(lo, hi) <= t.get_loc() <= max(lo, hi)
+        ]
+        own = [ax.xaxis.label, ax.yaxis.label, ax.title, *ticks]
+        texts += [
+            (i, t.get_text(), t.get_window_extent(renderer).padded(GAP))
+            for t in own
+            if t.get_visible() and t.get_text()
+        ]
+    return [
+        f"axes {a} {ta!r} overlaps axes {b} {tb!r}"
+        for n, (a, ta, ba) in enumerate(texts)
+        for b, tb, bb in texts[n + 1 :]
+        if a != b and ba.overlaps(bb)
+    ]
+
+
+def test_the_overlap_check_fails_on_labels_that_run_together():
+    fig, (a, b) = plt.subplots(1, 2, figsize=(6, 2))
+    for ax in (a, b):
+        ax.plot([0, 1], [0, 1])
+        ax.set_xlabel("a long label that is wider than its own panel of the figure")
+    assert overlapping_labels(fig) != []
+    plt.close(fig)
+
+
+def test_headroom_figure_labels_do_not_overlap():
+    """Two chunks side by side (as notebooks/04_headroom.ipynb draws them): no label runs into the other panel."""
+    from fi_toolkit.report.headroom import headroom_figure
+
+    rows = []
+    for chunk in ("128:160", "224:256"):
+        for sel, value in (
+            ("policy:fi-oracle@keep=0.25", 1.0),
+            ("policy:fi-oracle@keep=0.25:chunk=224:256", 0.88),
+            ("policy:fi-oracle@keep=0.25:rounds=2", 1.0),
+            ("policy:h2o@keep=0.25", 0.88),
+            ("policy:infokv@keep=0.25", 0.06),
+            ("policy:snapkv@keep=0.25", 0.03),
+            ("policy:streaming@keep=0.25", -0.22),
+        ):
+            rows.append(
+                {
+                    "oracle": "policy:fi-oracle@keep=0.25",
+                    "fit_chunk": chunk,
+                    "chunk": chunk,
+                    "selection": sel,
+                    "selector": "oracle:fi-oracle" if "fi-oracle" in sel else "policy:h2o",
+                    "n_removed": 96.0,
+                    "n_documents": 2,
+                    "headroom": value,
+                    "ci_low": value - 0.12,
+                    "ci_high": value + 0.1,
+                }
+            )
+    fig = headroom_figure(pd.DataFrame(rows), "caption")
+    assert overlapping_labels(fig) == []
+    plt.close(fig)
+
+
 def test_the_axis_check_fails_on_a_flattened_axis():
     fig, (a, b, c) = plt.subplots(1, 3)
     a.plot([0, 1, 2], [1.0, 1.2, 1300.0])  # one line 1,300x the others: flattened
@@ -164,6 +239,7 @@ def test_every_report_figure_fits_its_data(one_document):
     for name in ("corr", "nf", "text"):
         for fig_name, fig in _figures(load_run(root / name)):
             assert axis_faults(fig) == [], (name, fig_name)
+            assert overlapping_labels(fig) == [], (name, fig_name)
             assert fig.get_suptitle(), (name, fig_name)  # titled by what it shows
             plt.close(fig)
             drawn += 1

@@ -14,6 +14,7 @@ if "ipykernel" not in sys.modules:  # in a notebook, keep its inline backend so 
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from fi_toolkit.probe.headroom import ORACLE, fit_chunk  # noqa: E402
 from fi_toolkit.report.figures import colors  # noqa: E402
@@ -62,11 +63,13 @@ def headroom_figure(hr: pd.DataFrame, text: str):
             ax.axvline(1, color=oracle_color, lw=0.8, ls="--")
             ax.set_yticks(y, order, fontsize=8)
             ax.set_title(f"chunk {chunk}, {n:g} removed per head", fontsize=9)
-            ax.set_xlabel("share of the random-to-oracle FI gap closed")
+            ax.xaxis.set_major_locator(MaxNLocator(nbins=5))  # ticks far enough apart beside the next panel
+            if i == len(budgets) - 1:  # the bottom row only, on two lines: side by side, labels never run together
+                ax.set_xlabel("share of the random-to-oracle\nFI gap closed", fontsize=9)
     fig.suptitle(
         "Headroom: share of the random-to-oracle FI gap each set closes (0: random, 1: the FI oracle; 95% CI)",
         fontsize=10,
     )
     fig.text(0.5, 0.005, text, ha="center", va="bottom", fontsize=7, color="#444", wrap=True)
-    fig.tight_layout(rect=(0, min(0.3, 0.45 / height), 1, 1))  # room for a caption of up to three lines
+    fig.tight_layout(rect=(0, min(0.3, 0.45 / height), 1, 1), w_pad=2.0)  # room for a caption of up to three lines
     return fig
