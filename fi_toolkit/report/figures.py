@@ -26,8 +26,8 @@ from fi_toolkit.studies.nearfar import per_document_selector  # noqa: E402
 
 SELECTOR_ORDER = ["entropy", "attention", "distance", "infokv", "random"]
 # The Okabe-Ito colours (Wong, Nature Methods 8:441, 2011), distinguishable with the common colour-vision
-# deficiencies; ordered so that the first few differ most (yellow, weak on white, last).
-PALETTE = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#000000", "#F0E442"]
+# deficiencies, ordered so that the first few differ most; grey in place of its yellow, which is faint on white.
+PALETTE = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#000000", "#7F7F7F"]
 MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*", "<", ">"]
 DECADES = 100.0  # an axis whose positive values span more than this ratio is drawn on a log scale
 
@@ -112,7 +112,7 @@ def log_where_decades(ax) -> None:
 def _finish(fig, text: str):
     for ax in fig.axes:
         log_where_decades(ax)
-    width = int(fig.get_figwidth() * 13)  # characters of an 11-point title that fit the figure
+    width = int(fig.get_figwidth() * 10)  # characters of an 11-point title that fit the figure, with margins
     if hasattr(fig, "get_suptitle") and len(fig.get_suptitle()) > width:
         fig.suptitle("\n".join(textwrap.wrap(fig.get_suptitle(), width)), fontsize=11)
     fig.text(0.5, 0.005, "\n".join(textwrap.wrap(text, 150)), ha="center", va="bottom", fontsize=7, color="#444")

@@ -63,7 +63,9 @@ def headroom_figure(hr: pd.DataFrame, text: str):
             ax.axvline(1, color=oracle_color, lw=0.8, ls="--")
             ax.set_yticks(y, order, fontsize=8)
             ax.set_title(f"chunk {chunk}, {n:g} removed per head", fontsize=9)
-            ax.xaxis.set_major_locator(MaxNLocator(nbins=5))  # ticks far enough apart beside the next panel
+            ax.xaxis.set_major_locator(
+                MaxNLocator(nbins=5, steps=[1, 2.5, 5, 10])
+            )  # apart, and 1 (the oracle) labelled
             if i == len(budgets) - 1:  # the bottom row only, on two lines: side by side, labels never run together
                 ax.set_xlabel("share of the random-to-oracle\nFI gap closed", fontsize=9)
     fig.suptitle(
