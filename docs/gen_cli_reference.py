@@ -33,6 +33,26 @@ def command_tree():
     return root, root.context_class(root, info_name="fi")
 
 
+def _parameters(cmd, ctx) -> list[str]:
+    """A command's arguments, then its options, as definition lists: the spelling on a line of its own (never
+    squeezed into a narrow table column), the help indented below it."""
+    groups: dict[str, list[str]] = {"Arguments": [], "Options": []}
+    for param in cmd.params:
+        record = param.get_help_record(ctx)
+        if record is None:
+            continue
+        spelled, help_text = record
+        group = groups["Arguments" if param.param_type_name == "argument" else "Options"]
+        group += [f"`{spelled}`", f":   {_text(help_text)}", ""]
+    if not any(groups.values()):
+        return ["No arguments or options."]
+    lines = []
+    for title, items in groups.items():
+        if items:
+            lines += [f"**{title}**", "", '<div class="options" markdown>', "", *items, "</div>", ""]
+    return lines[:-1]
+
+
 def render() -> str:
     root, root_ctx = command_tree()
     lines = [
@@ -63,18 +83,7 @@ def render() -> str:
         ]
         for para in (cmd.help or "").strip().split("\n\n"):
             lines += [_text(para), ""]
-        rows = []
-        for param in cmd.params:
-            record = param.get_help_record(ctx)
-            if record is None:
-                continue
-            spelled, help_text = record
-            kind = "argument" if param.param_type_name == "argument" else "option"
-            rows.append(f"| `{spelled}` | {kind} | {_text(help_text)} |")
-        if rows:
-            lines += ["| spelling | kind | help |", "|---|---|---|", *rows]
-        else:
-            lines.append("No arguments or options.")
+        lines += _parameters(cmd, ctx)
     return "\n".join(lines) + "\n"
 
 

@@ -14,6 +14,7 @@ import os
 import select
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -140,6 +141,16 @@ class Chromium:
             time.sleep(0.02)
         return time.perf_counter() - t0
 
+    def open_plain(self, path: Path, timeout: float = 30) -> None:
+        """Load a file that has no ready flag of its own (a report, the docs) and wait for its load event."""
+        self.page("Page.navigate", {"url": path.resolve().as_uri()})
+        t0 = time.perf_counter()
+        while self.js("document.readyState") != "complete":
+            if time.perf_counter() - t0 > timeout:
+                raise TimeoutError(f"{path} did not load within {timeout} s")
+            time.sleep(0.02)
+        time.sleep(0.3)  # scripts run on load (KaTeX, search) finish
+
     def errors(self) -> list[str]:
         """Console errors and uncaught exceptions seen so far."""
         bad = []
@@ -213,15 +224,27 @@ class Words:
         return ("\n" if i % 29 == 0 else " ") + WORDS[i % len(WORDS)]
 
 
-def _page(tiny, tmp: Path, prefix: int, chunk: int = 64, name: str = "view.html") -> Path:
+class Whitespace:
+    """Words, and tokens that are only a newline, two newlines, or a space (what a pointer most often misses)."""
+
+    def decode(self, ids):
+        i = int(ids[0])
+        return {0: "\n", 1: "\n\n", 2: " "}.get(i % 9, " " + WORDS[i % len(WORDS)])
+
+
+def _page(tiny, tmp: Path, prefix: int, chunk: int = 64, name: str = "view.html", tokenizer=None) -> Path:
     """A page of the tiny model on ``prefix`` tokens (words as token text), infokv and snapkv at keep=0.25."""
     cfg = SignalConfig(window=8, prefill_chunk=1024)
-    lm = LoadedModel(tiny.model, Words(), "tiny-llama", tiny.device, tiny.dtype)
+    lm = LoadedModel(tiny.model, tokenizer or Words(), "tiny-llama", tiny.device, tiny.dtype)
     ids = torch.randint(0, 256, (prefix + chunk,), generator=torch.Generator().manual_seed(2))
     doc = Document("words", "text", ids, "test")
     trace = trace_prefix(lm.model, ids, prefix, cfg)
     policies = [parse_policy(n, "keep=0.25", cfg.window) for n in ("infokv", "snapkv")]
     return write_view(tmp / name, view_data(lm, doc, trace, policies, Chunk(prefix, prefix + chunk), samples=2))
+
+
+DATA = "JSON.parse(document.getElementById('fi-data').textContent)"
+MARKS = "Array.from(document.querySelectorAll('#tokens span'), s => s.style.boxShadow)"
 
 
 def test_view_page_in_chromium(browser, tiny, tmp_path):
@@ -230,30 +253,71 @@ def test_view_page_in_chromium(browser, tiny, tmp_path):
     browser.open(page)
     assert browser.errors() == []  # (a) no console error, no exception
     assert browser.js("document.querySelectorAll('#tokens span').length") == 256  # (b) every prefix token
+    data = browser.js(DATA)
+    label = browser.js("document.getElementById('cbar-label').textContent")  # (c) the colour bar says what it shows
+    assert label.startswith("estimated FI on 256:320 (nats): lower = ") and "safer to evict" in label
+    ticks = browser.js("Array.from(document.querySelectorAll('#ticks span'), t => t.textContent)")
+    fi = sorted(v for v in data["values"]["FI"] if v is not None)
+    assert len(ticks) == 5 and float(ticks[0]) == pytest.approx(fi[0], rel=1e-3)
+    assert float(ticks[-1]) == pytest.approx(fi[-1], rel=1e-3)  # its ends are the smallest and largest FI
     colors = "Array.from(document.querySelectorAll('#tokens span'), s => s.style.backgroundColor).join('|')"
     before = browser.js(colors)
     assert browser.js("document.getElementById('tokens').dataset.shade") == "FI"
-    browser.click("input[name=shade][value=H]")  # (c) a real click on the toggle changes the shading
+    browser.click("input[name=shade][value=H]")  # a real click on the toggle changes the shading and the bar
     assert browser.js("document.getElementById('tokens').dataset.shade") == "H"
     after = browser.js(colors)
-    assert after != before and after.count("rgba") == 256
-    marked = "document.querySelectorAll('#tokens span.ev').length"
-    browser.click("input[name=evict][value='snapkv@keep=0.25']")
-    assert browser.js("document.getElementById('tokens').dataset.policy") == "snapkv@keep=0.25"
-    evicted = json.loads(browser.js("document.getElementById('fi-data').textContent"))["evicted"]["snapkv@keep=0.25"]
-    pairs = json.loads(browser.js("document.getElementById('fi-data').textContent"))["pairs"]
-    assert browser.js(marked) == sum(1 for c in evicted if c == pairs)  # struck through: evicted everywhere
-    x, y = browser.center("#tokens span[data-i='40']")  # (d) hover a token and read its numbers
+    assert after != before and after.count("rgb(") == 256
+    assert browser.js("document.getElementById('cbar-label').textContent").startswith("H: top-k entropy")
+    # (d) a policy's strips appear only where it evicts the token from at least half of the pairs
+    pairs, infokv, snapkv = data["pairs"], data["evicted"]["infokv@keep=0.25"], data["evicted"]["snapkv@keep=0.25"]
+    marks = browser.js(MARKS)
+    assert [bool(m) for m in marks] == [c / pairs >= 0.5 for c in infokv]  # infokv's toggle is on at load
+    assert 0 < sum(map(bool, marks)) < 256
+    browser.click("input[name=evict][value='snapkv@keep=0.25']")  # one toggle per policy: both on now
+    strips = [m.count("px 0px") for m in browser.js(MARKS)]
+    assert strips == [(a / pairs >= 0.5) + (b / pairs >= 0.5) for a, b in zip(infokv, snapkv)]
+    browser.click("input[name=evict][value='infokv@keep=0.25']")  # infokv off: snapkv's alone
+    assert [bool(m) for m in browser.js(MARKS)] == [c / pairs >= 0.5 for c in snapkv]
+    x, y = browser.center("#tokens span[data-i='40']")  # (e) hover a token and read its numbers
     browser.mouse("mouseMoved", x, y)
     info = browser.js("document.getElementById('info').textContent")
-    data = json.loads(browser.js("document.getElementById('fi-data').textContent"))
     assert info.startswith(f"#40 {json.dumps(data['tokens'][40])} · FI ")
-    assert f"snapkv@keep=0.25 {round(100 * evicted[40] / pairs)} %" in info
+    assert f"snapkv@keep=0.25: evicted from {round(100 * snapkv[40] / pairs)} %, score " in info  # its own score
     h = data["values"]["H"][40]
     assert f"H {float(f'{h:.4g}'):g}" in info or f"H {h:.2e}" in info
+    title = browser.js("document.querySelector('button.policy').title")  # (f) a policy's name leads to its score
+    assert title.startswith("infokv@keep=0.25: evicts 75.0% of the") and "lower is better" in title
+    browser.click("button.policy[data-shade='score:snapkv@keep=0.25']")
+    assert browser.js("document.getElementById('tokens').dataset.shade") == "score:snapkv@keep=0.25"
     assert browser.errors() == []
     if _shots():
+        browser.click("input[name=shade][value=FI]")
         browser.screenshot(_shots() / "view.png")
+
+
+def test_every_token_is_the_one_under_the_pointer(browser, tiny, tmp_path):
+    """Newlines, double newlines and spaces included: at the centre of each token's first box the page finds
+    that token, and a real pointer there shows its number; beyond a line's end it shows none."""
+    page = _page(tiny, tmp_path, 192, tokenizer=Whitespace(), name="spaces.html")
+    browser.open(page)
+    tokens = browser.js(DATA)["tokens"]
+    assert {"\n", "\n\n", " "} <= set(tokens)
+    hit = """(i => {const s = document.querySelector(`#tokens span[data-i="${i}"]`);
+      s.scrollIntoView({block: 'center'}); const r = Array.from(s.getClientRects()).find(r => r.width > 0);
+      const x = r.x + r.width / 2, y = r.y + r.height / 2;
+      return [x, y, document.elementFromPoint(x, y).dataset.i];})"""
+    for i, text in enumerate(tokens):
+        x, y, found = browser.js(f"({hit})({i})")
+        assert found == str(i), (i, text)
+        if not text.strip() or i % 16 == 0:  # a real pointer on every whitespace token and on some words
+            browser.mouse("mouseMoved", x, y)
+            assert browser.js("document.getElementById('info').textContent").startswith(f"#{i} "), (i, text)
+    newline = tokens.index("\n")
+    x, y, _ = browser.js(f"({hit})({newline})")
+    right = browser.js("document.getElementById('tokens').getBoundingClientRect().right")
+    browser.mouse("mouseMoved", right - 2, y)  # past the newline's mark, still inside the text box
+    assert browser.js("document.getElementById('info').textContent") == "hover a token to read its numbers"
+    assert browser.errors() == []
 
 
 def test_view_page_of_8192_tokens_stays_responsive(browser, tmp_path):
@@ -347,3 +411,90 @@ def test_report_tables_fit_their_container(browser, report, width):
     browser.page(
         "Emulation.setDeviceMetricsOverride", {"width": 1280, "height": 900, "deviceScaleFactor": 1, "mobile": False}
     )
+
+
+def test_report_leads_with_results_a_reader_can_read(browser, report):
+    """What a reader sees first in each run's part is its result table; every figure is titled; no cell says nan."""
+    browser.open_plain(report)
+    seen = browser.js(
+        """(() => Array.from(document.querySelectorAll('h2')).map(h => {
+          let e = h.nextElementSibling;
+          while (e && !e.querySelector('table') && e.tagName !== 'H2') e = e.nextElementSibling;
+          return {run: h.textContent, first: e ? e.className : null,
+                  title: e && e.querySelector('h3') ? e.querySelector('h3').textContent : null};
+        }))()"""
+    )
+    assert len(seen) == 2 and all(s["first"] == "lead" and s["title"].startswith("Result: ") for s in seen), seen
+    captions = browser.js(
+        "Array.from(document.querySelectorAll('figure'), f => f.querySelector('figcaption').textContent)"
+    )
+    assert len(captions) >= 5 and all(c and not c.replace(" ", "").isidentifier() for c in captions)
+    cells = browser.js("Array.from(document.querySelectorAll('td'), td => td.textContent)")
+    assert len(cells) > 100 and not [c for c in cells if c.strip().lower() == "nan" or "nan " in c.lower()]
+    assert browser.errors() == []
+
+
+def _site(tmp_path_factory) -> Path:
+    """The built documentation: FI_SITE (make docs passes its site/), else built here with mkdocs (docs extra)."""
+    if os.environ.get("FI_SITE"):
+        return Path(os.environ["FI_SITE"]).resolve()
+    pytest.importorskip("mkdocs", reason="the docs extra (mkdocs) builds the site: make docs")
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path_factory.mktemp("site")
+    subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "--site-dir", str(out)],
+        cwd=root,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(root), "NO_MKDOCS_2_WARNING": "1", "DISABLE_MKDOCS_2_WARNING": "true"},
+        capture_output=True,
+    )
+    return out
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    return _site(tmp_path_factory)
+
+
+def test_docs_site_reads_from_its_files(browser, site):
+    """Opened from site/index.html with no server: a formula is typeset by KaTeX, a navigation click lands on a
+    page (not a directory listing), search is there and finds pages, and nothing is fetched from the network."""
+    browser.events.clear()
+    browser.open_plain(site / "index.html")
+    assert browser.js("document.querySelectorAll('.katex-display').length") >= 1  # the FI definition
+    text = browser.js("document.querySelector('.md-content').innerText")
+    assert "\\frac" not in text and "$$" not in text and "FI(e;C)" in text.replace(" ", "").replace("\n", "")
+    browser.click(".md-nav__link[href='install.html']")
+    t0 = time.perf_counter()
+    while not browser.js("location.href").endswith("/install.html") or browser.js("document.readyState") != "complete":
+        assert time.perf_counter() - t0 < 20
+        time.sleep(0.05)
+    assert browser.js("document.querySelector('.md-content h1').textContent").startswith("Install")
+    assert browser.js("getComputedStyle(document.querySelector('.md-search')).display") != "none"
+    browser.click(".md-search__input")
+    browser.page("Input.insertText", {"text": "noise floor"})
+    t0 = time.perf_counter()
+    while not browser.js("document.querySelectorAll('.md-search-result__link').length"):
+        assert time.perf_counter() - t0 < 20, "search found nothing"
+        time.sleep(0.1)
+    first = browser.js("document.querySelector('.md-search-result__link').href")
+    assert first.startswith("file://") and Path(first[len("file://") :].split("#")[0]).is_file()
+    if _shots():
+        browser.screenshot(_shots() / "docs_search.png")
+    assert browser.errors() == []  # no failed fetch (a CDN would fail here: no network)
+
+
+def test_cli_reference_reads_on_a_laptop_screen(browser, site):
+    """At 1280 pixels every option's spelling stays on one line and its help gets most of the text column."""
+    browser.open_plain(site / "reference" / "cli.html")
+    found = browser.js(
+        """(() => Array.from(document.querySelectorAll('.options dt')).map(dt => ({
+          lines: dt.querySelector('code').getClientRects().length,
+          help: dt.nextElementSibling.getBoundingClientRect().width,
+          column: dt.closest('.md-content').getBoundingClientRect().width})))()"""
+    )
+    assert len(found) > 150
+    assert all(f["lines"] == 1 for f in found), [f for f in found if f["lines"] != 1][:3]
+    assert all(f["help"] > 0.8 * f["column"] - 40 for f in found)
+    if _shots():
+        browser.screenshot(_shots() / "docs_cli.png")

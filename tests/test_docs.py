@@ -112,7 +112,7 @@ def missing_options(text: str) -> list[str]:
             continue
         for param in cmd.params:
             spellings = [*param.opts, *param.secondary_opts] if param.param_type_name == "option" else [param.name]
-            cells = re.findall(r"^\| `([^`]*)` \|", section, flags=re.M)
+            cells = re.findall(r"^`([^`]*)`$", section, flags=re.M)  # each spelling on a line of its own
             for spelling in spellings:
                 if not any(re.search(rf"(?<![\w-]){re.escape(spelling)}(?![\w-])", cell) for cell in cells):
                     missing.append(f"fi {name} {spelling}")

@@ -141,7 +141,7 @@ def test_correlate_with_the_estimator_writes_agreement_and_resumes(tiny, tmp_pat
 
     build_report([tmp_path / "r"], tmp_path / "rep", ["md", "csv"])
     report = (tmp_path / "rep" / "report.md").read_text()
-    assert "estimate_vs_exact" in report and "top10_overlap" in report and "fisher estimate vs exact FI" in report
+    assert "estimate_vs_exact" in report and "top10_overlap" in report and "Fisher estimate vs exact FI" in report
     again = run_correlate(tiny, [doc], tmp_path / "r", 128, chunks, resume=True, **kw)
     assert again["tokens"].equals(tables["tokens"])
     with pytest.raises(FIError, match="different settings"):

@@ -70,10 +70,26 @@ def test_tables_carry_exactly_the_result_numbers(runs):
                     assert _same(rec[col], row[col]), (name, col, rec[col], row[col])
 
 
-def _md_rows(md: str, title: str) -> list[list[str]]:
-    """The cells of the Markdown table under ``### title`` (header first), unescaped."""
-    lines = md.split(f"### {title}\n\n", 1)[1].split("\n\n", 1)[0].splitlines()
+def _md_section(md: str, name: str) -> str:
+    """The Markdown of the shown table made from ``name``.csv: from its 'From `name.csv`.' line to the next heading."""
+    return md.split(f"From `{name}.csv`.\n\n", 1)[1].split("\n#", 1)[0]
+
+
+def _md_rows(md: str, name: str) -> list[list[str]]:
+    """The cells of the Markdown table made from ``name``.csv (header first), unescaped."""
+    lines = [line for line in _md_section(md, name).splitlines() if line.startswith("|")]
     return [[html.unescape(c.strip()) for c in line.strip("|").split(" | ")] for line in [lines[0]] + lines[2:]]
+
+
+def _md_settings(md: str, name: str) -> dict[str, str]:
+    """The 'Same in every row' line above that table: {column: value} (columns sharing a value each get it)."""
+    line = next((x for x in _md_section(md, name).splitlines() if x.startswith("*Same in every row:*")), "")
+    found = {}
+    for part in html.unescape(line.removeprefix("*Same in every row:* ")).split("; "):
+        if part:
+            names, value = part.rsplit(": ", 1)
+            found.update({n: value for n in names.split(", ")})
+    return found
 
 
 def _significant(text: str) -> int:
@@ -102,19 +118,22 @@ def test_markdown_tables_show_the_csv_numbers_to_4_significant_digits(runs):
     head = rows[0]
     assert head[:3] == ["sinks", "distance from p", "metric"] and "Wilcoxon p" in head
     assert len(rows) - 1 == len(text)
+    assert _md_settings(md, "nearfar_tests") == {"hypothesis": "entropy > attention", "documents": "2"}
+    assert set(text["hypothesis"]) == {"entropy > attention"} and set(text["n_documents"]) == {"2"}
     columns = {
         "sinks": "sinks",
         "distance from p": "distance_from_p",
         "metric": "metric",
-        "hypothesis": "hypothesis",
         "Wilcoxon p": "wilcoxon_p",
         "median difference": "median_difference",
     }
     for shown, (_, row) in zip(rows[1:], text.iterrows()):
         for name, col in columns.items():
             cell = shown[head.index(name)]
-            if col in ("metric", "hypothesis"):
-                assert cell == row[col]  # text as the CSV has it ("entropy > attention")
+            if col == "metric":
+                assert cell == row[col]  # text as the CSV has it
+            elif col == "wilcoxon_p" and row[col] == "":
+                assert cell == "n/a"  # a test that could not be computed (every difference 0)
             else:
                 assert _reads_as(cell, row[col]), (name, cell, row[col])
     summary = pd.read_csv(root / "corr" / "correlation_summary.csv", dtype=str, keep_default_na=False)
@@ -123,7 +142,7 @@ def test_markdown_tables_show_the_csv_numbers_to_4_significant_digits(runs):
     cell = shown[1][shown[0].index("ρ mean (range)")]  # "0.1087 (-0.1174 .. 0.3348)"
     mean, low, high = cell.replace("(", "").replace(")", "").replace("..", " ").split()
     assert _reads_as(mean, first["rho_mean"]) and _reads_as(low, first["rho_min"]) and _reads_as(high, first["rho_max"])
-    assert shown[1][shown[0].index("documents")] == str(int(float(first["n_documents"])))
+    assert _md_settings(md, "correlation_summary")["documents"] == str(int(float(first["n_documents"])))
     nf = _md_rows(md, "nearfar_summary")
     assert "FI mean [95 % CI]" in nf[0] and "fi_mean" not in nf[0]
     csv = pd.read_csv(root / "nf" / "nearfar_summary.csv", dtype=str, keep_default_na=False).iloc[0]
@@ -132,7 +151,8 @@ def test_markdown_tables_show_the_csv_numbers_to_4_significant_digits(runs):
     )
     assert _reads_as(value, csv["fi_mean"]) and _reads_as(low, csv["fi_ci_low"]) and _reads_as(high, csv["fi_ci_high"])
     assert len(csv["fi_mean"].replace(".", "").lstrip("0-")) > 5  # ...while the CSV keeps every digit
-    numbers = re.findall(r"(?<![\w.:=+-])-?\d+\.\d+(?:e[-+]\d+)?(?![\w.:])", md.split("### ", 1)[1])
+    tables = "\n".join(line for line in md.splitlines() if line.startswith("|"))
+    numbers = re.findall(r"(?<![\w.:=+-])-?\d+\.\d+(?:e[-+]\d+)?(?![\w.:])", tables)
     assert len(numbers) > 50
     for number in numbers:
         assert _significant(number) <= 4, number  # every decimal number in the tables
@@ -158,8 +178,8 @@ def test_display_table_reads_like_a_person_writes():
     )
     shown = display_table(text)
     assert list(shown.columns) == ["sinks", "FI mean [95 % CI]", "note", "flag", "token"]
-    assert shown.iloc[0].tolist() == ["4", "0.02664 [0.0213, 0.03115]", "a_b", "True", " 1.50"]
-    assert shown.iloc[1].tolist() == ["0", "1.5e-07", "1e3x", "False", "2"]
+    assert shown.iloc[0].tolist() == ["4", "0.02664 [0.0213, 0.03115]", "a_b", "yes", " 1.50"]
+    assert shown.iloc[1].tolist() == ["0", "1.5e-07", "1e3x", "no", "2"]
     assert shown.attrs["numeric"] == ["sinks", "FI mean [95 % CI]"]
 
 
@@ -214,7 +234,7 @@ def test_markdown_escapes_document_text(runs):
     _, out, _ = runs
     md = (out / "report.md").read_text()
     assert "<script" not in md and "<img" not in md  # raw HTML in Markdown runs in most renderers
-    assert html.escape(EVIL) in md  # shown as text, in captions, headings and table cells
+    assert html.escape(EVIL, quote=False) in md  # shown as text, in captions, headings and table cells
 
 
 def test_markdown_image_links_are_url_encoded(runs, tmp_path):
@@ -226,7 +246,7 @@ def test_markdown_image_links_are_url_encoded(runs, tmp_path):
     md = (out / "report.md").read_text()
     assert "](figures/my%20run%20%231%20%3Cb%3E__fi_vs_distance.png)" in md
     assert (out / "figures" / "my run #1 <b>__fi_vs_distance.png").is_file()
-    assert "## my run #1 &lt;b&gt; (nearfar)" in md
+    assert "## Forward Influence of equal-size sets, near and far (fi nearfar): my run #1 &lt;b&gt;" in md
 
 
 def _snapshot(root):
@@ -330,5 +350,5 @@ def test_view_pages_of_the_runs_documents_are_linked(runs, tmp_path):
     assert sorted(p.name for p in (out / "views").iterdir()) == ["nf__doc1.html"]
     assert (out / "views" / "nf__doc1.html").read_bytes() == (run / "doc1.html").read_bytes()
     assert out / "views" / "nf__doc1.html" in written
-    assert f"- [{html.escape(EVIL)} doc1](views/nf__doc1.html)" in (out / "report.md").read_text()
+    assert f"- [{html.escape(EVIL, quote=False)} doc1](views/nf__doc1.html)" in (out / "report.md").read_text()
     assert "<a href='views/nf__doc1.html'>" in (out / "report.html").read_text()

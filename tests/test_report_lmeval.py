@@ -274,7 +274,8 @@ def test_report_of_lmeval_output_writes_every_format(lmeval_dir, tmp_path, capsy
     csv = pd.read_csv(r / "tables" / "lmeval__lmeval_accuracy.csv")
     assert csv["value"].tolist() == pytest.approx(load_run(lmeval_dir)["tables"]["lmeval_accuracy"]["value"].tolist())
     md = html.unescape((r / "report.md").read_text())
-    assert "## lmeval (lm-eval)" in md and "figures/lmeval__accuracy_vs_budget.png" in md
+    assert "## lm-evaluation-harness under compression (fi lm-eval): lmeval" in md
+    assert "figures/lmeval__accuracy_vs_budget.png" in md
     assert "bootstrap 95% over samples" in md and "lm-eval's ±1.96·stderr" in md
     assert CROSS_TITLE not in md  # no fi eval text run given
     data = json.loads((r / "report.json").read_text())

@@ -1,4 +1,5 @@
-"""fi view (issue 21, part 4): the page's numbers are the keep maps' and the estimate's; text stays text."""
+"""fi view: the page's numbers are the keep maps', the estimate's and the policies' own scores; text stays text;
+its colours stay apart under a simulated deuteranopia."""
 
 from __future__ import annotations
 
@@ -63,6 +64,61 @@ def test_evicted_share_is_the_keep_maps(page):
         assert torch.allclose(page_share, share.double(), atol=0, rtol=0), policy.label
         assert 0 < float(share.mean()) < 1
     assert shown["evicted"]["pyramidkv@keep=0.5"] != shown["evicted"]["snapkv@keep=0.5"]
+
+
+def test_policy_scores_budget_and_noise_floor(page):
+    """Each policy's score on the page is the mean over layers and KV heads of what it ranks by, computed here
+    from the trace (SnapKV and PyramidKV: window attention ``A``); the summary names the budget, and the
+    noise floor is the controls' (float32 rounding: far below any FI)."""
+    _, _, trace, _, data, html_text = page
+    shown = _payload(html_text)
+    attention = trace.attention.double().mean(dim=(0, 1))  # [L, Hkv, p] -> [p]
+    for label in ("snapkv@keep=0.5", "pyramidkv@keep=0.5"):
+        score = torch.tensor(shown["scores"][label], dtype=torch.float64)
+        assert torch.allclose(score, attention, rtol=5e-4, atol=1e-12), label
+    assert set(shown["scores"]) == {"infokv@keep=0.5", "snapkv@keep=0.5", "pyramidkv@keep=0.5"}
+    assert data.settings["budgets"] == ["keep=0.5"]
+    assert 0 <= data.settings["noise_floor"] < 1e-6
+    fi = torch.tensor(shown["values"]["FI"], dtype=torch.float64)
+    assert fi.max() > 1e3 * data.settings["noise_floor"]
+    summary = html_text.split("<table id='summary'>", 1)[1].split("</table>", 1)[0]
+    assert "Budget keep=0.5" in summary and "Noise floor of FI on 96:128" in summary and "lower is better" in summary
+    assert [e["label"] for e in shown["policies"]] == ["infokv@keep=0.5", "snapkv@keep=0.5", "pyramidkv@keep=0.5"]
+
+
+def test_colours_stay_apart_under_deuteranopia():
+    """The shade at ranks 0, 1/4, 1/2, 3/4, 1 and the policies' mark colours, passed through the Machado et al.
+    (2009) deuteranopia simulation (colour-science): every pair of marks, and each shade step, differ by CIEDE2000
+    >= 10 (a clearly visible difference), and the shade's lightness falls monotonically (it reads as an order)."""
+    import numpy as np
+
+    from fi_toolkit.report.token_page import MARKS, SHADE
+
+    colour = pytest.importorskip("colour", reason="colour-science (the dev extra) simulates colour vision")
+
+    def deuteranope_lab(hexes):
+        srgb = np.array([[int(h[i : i + 2], 16) / 255 for i in (1, 3, 5)] for h in hexes])
+        linear = colour.models.eotf_sRGB(srgb)
+        seen = np.clip(linear @ colour.blindness.matrix_cvd_Machado2009("Deuteranomaly", 1.0).T, 0, 1)
+        xyz = colour.RGB_to_XYZ(seen, colour.RGB_COLOURSPACES["sRGB"], apply_cctf_decoding=False)
+        return colour.XYZ_to_Lab(xyz)
+
+    def at(q):  # the page's interpolation between the stops, in sRGB
+        stops = np.array([[int(h[i : i + 2], 16) for i in (1, 3, 5)] for h in SHADE], dtype=float)
+        t = q * (len(stops) - 1)
+        j = min(len(stops) - 2, int(t))
+        rgb = np.round(stops[j] + (stops[j + 1] - stops[j]) * (t - j)).astype(int)
+        return "#" + "".join(f"{c:02x}" for c in rgb)
+
+    shade = deuteranope_lab([at(q) for q in (0, 0.25, 0.5, 0.75, 1)])
+    steps = [float(colour.delta_E(shade[i], shade[i + 1], method="CIE 2000")) for i in range(4)]
+    assert min(steps) >= 10, steps
+    assert all(np.diff(shade[:, 0]) < 0)  # lightness L* falls from rank 0 to rank 1
+    marks = deuteranope_lab(MARKS[:4])  # the first four policies on a page
+    pairs = [float(colour.delta_E(marks[i], marks[j], method="CIE 2000")) for i in range(4) for j in range(i + 1, 4)]
+    assert min(pairs) >= 10, pairs
+    old = deuteranope_lab(["#D62728", "#E6550D"])  # the former red mark on the former orange shade
+    assert float(colour.delta_E(old[0], old[1], method="CIE 2000")) < 10  # ...which this check would have failed
 
 
 def test_values_are_the_estimate_and_the_signals(page):

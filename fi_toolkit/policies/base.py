@@ -45,6 +45,15 @@ def allocate(weights: torch.Tensor, total: int, lo: list[int], hi: list[int]) ->
 
     Shares are ``clamp(lambda * w_l, lo_l, hi_l)`` with ``lambda`` found by bisection so that they
     sum to ``total``; they are then rounded by largest remainder, so the total is exact.
+
+    Args:
+        weights: ``[L]`` non-negative weights, one per layer.
+        total: entries to split, ``sum(lo) <= total <= sum(hi)``.
+        lo: per-layer lower bounds, ``L`` ints.
+        hi: per-layer upper bounds, ``L`` ints.
+
+    Returns:
+        ``L`` ints, each in ``[lo_l, hi_l]``, summing to ``total``.
     """
     import torch
 
@@ -76,7 +85,14 @@ def allocate(weights: torch.Tensor, total: int, lo: list[int], hi: list[int]) ->
 def select(scores: torch.Tensor, keep: int, protected: int, window: int) -> torch.Tensor:
     """Sorted slots ``[Hkv, keep]``: the protected slots, the window, and the top-scored of the rest.
 
-    ``scores [Hkv, n]`` (only slots ``[protected, n - window)`` are read); ties go to the earlier slot.
+    Args:
+        scores: ``[Hkv, n]``, higher = keep; only slots ``[protected, n - window)`` are read.
+        keep: slots kept per head, ``protected + window <= keep <= n``.
+        protected: the first slots, always kept (RPC's prompt; 0 otherwise).
+        window: the last slots, always kept.
+
+    Returns:
+        ``[Hkv, keep]`` int64 slot indices, sorted per head; ties go to the earlier slot.
     """
     import torch
 

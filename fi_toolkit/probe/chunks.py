@@ -25,7 +25,17 @@ class Chunk:
 
 
 def parse_chunk(spec: str) -> Chunk:
-    """``"2048:4096"`` -> ``Chunk(2048, 4096)`` with a clear error for anything else."""
+    """``"2048:4096"`` -> ``Chunk(2048, 4096)`` with a clear error for anything else.
+
+    Args:
+        spec: ``"START:END"``, two integers with ``0 <= START < END``.
+
+    Returns:
+        The :class:`Chunk` ``[START, END)``.
+
+    Raises:
+        FIError: anything else, in one line naming the spec.
+    """
     parts = spec.split(":")
     try:
         if len(parts) != 2:

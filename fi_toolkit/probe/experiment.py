@@ -27,7 +27,23 @@ def max_context(lm: LoadedModel) -> int | None:
 
 
 def trace_document(lm: LoadedModel, doc: Document, prefix: int, config: SignalConfig = SignalConfig()) -> Trace:
-    """Trace ``doc[:prefix]`` with clear errors for documents or models too short for it."""
+    """Trace ``doc[:prefix]`` with clear errors for documents or models too short for it.
+
+    Args:
+        lm: the model, from :func:`~fi_toolkit.model.loading.load_model`.
+        doc: the document; ``doc.ids`` ``[N]`` must hold at least ``prefix`` tokens.
+        prefix: the compression point ``p`` (``config.window < p <= N``, within the model's context).
+        config: the signal options (window, top-k, ...).
+
+    Returns:
+        The :class:`~fi_toolkit.signals.trace.Trace` of ``doc.ids[:prefix]``: the prefix cache
+        (``keys[l]``, ``values[l]``: ``[1, Hkv, p, head_dim]``) and every signal (``entropy [p]``,
+        ``attention [L, Hkv, p]``, ...).
+
+    Raises:
+        FIError: the document or the model's context is shorter than ``prefix``, or ``prefix`` is not
+            above the window.
+    """
     limit = max_context(lm)
     if limit is not None and prefix > limit:
         raise FIError(f"prefix {prefix:,} is past the model's context of {limit:,} tokens")
@@ -101,7 +117,31 @@ def probe_document(
     trace: Trace | None = None,
     on_progress: Callable[[int], None] | None = None,
 ) -> pd.DataFrame:
-    """The ``fi probe`` job for one document -> tidy FI table. ``prefix`` defaults to the smallest chunk start."""
+    """The ``fi probe`` job for one document: trace the prefix, resolve the selections, measure FI.
+
+    Args:
+        lm: the model, from :func:`~fi_toolkit.model.loading.load_model`.
+        doc: the document; ``doc.ids`` ``[N]`` must reach the last chunk's end.
+        chunks: future chunks ``[start, end)``, each ``p <= start < end <= N``.
+        selections: ``--select`` specs (``"attention:remove=0.1"``, ``"random:remove=0.1@0-2"``,
+            ``"policy:snapkv@keep=0.25"``) or parsed :class:`~fi_toolkit.probe.selections.Selection` objects.
+        prefix: the compression point ``p``; default the smallest chunk start.
+        sinks: the first ``sinks`` positions are never picked by score-based or random selectors.
+        config: the signal options (window, top-k, alpha, tau, pooling, entropy convention).
+        batch_size: evictions per batched forward (default: 1 on CPU, 8 on CUDA).
+        block: query positions per block of the continuation forward.
+        trace: a :class:`~fi_toolkit.signals.trace.Trace` of ``doc.ids[:p]`` to reuse (else traced here).
+        on_progress: called with the number of evictions finished after each batch.
+
+    Returns:
+        A tidy ``pandas.DataFrame``, one row per eviction x chunk, the two noise controls first
+        (``control:null``, ``control:reorder``): ``document``, ``selection``, ``selector``, ``n_removed``,
+        ``n_kept`` (per layer and KV head), ``chunk``, ``fi`` (nats, float32), ``below_noise_floor``,
+        and the removed set's mean signals (:func:`fi_table`).
+
+    Raises:
+        FIError: a spec, chunk or prefix that does not fit the document or the model (one line).
+    """
     chunks = list(chunks)
     if not chunks:
         raise FIError("no chunk given: pass at least one START:END in chunks", parameter="chunks")

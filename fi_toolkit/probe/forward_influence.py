@@ -196,13 +196,28 @@ def forward_influence(
 ) -> ProbeResult:
     """FI of every eviction on every chunk (docs/method.md, "Forward Influence").
 
-    ``ids`` is the whole document (1-D). One forward over ``[p, max r_c)`` per batch of
-    ``batch_size`` token sets serves all chunks (default: :func:`default_batch_size`). An empty token
-    set runs through the same masked path as any other (no shortcut). ``controls`` puts the two
-    :func:`noise_controls` first, so the result carries its own noise floor
-    (:meth:`ProbeResult.noise_floor`); every CLI command asks for them. ``reference``
-    (:func:`chunk_reference` of the same trace, chunks and block) lets several calls on one document
-    share the full-cache run, as the parts of a split document do.
+    One forward over ``[p, max r_c)`` per batch of ``batch_size`` token sets serves all chunks. An empty
+    token set runs through the same masked path as any other (no shortcut).
+
+    Args:
+        model: the causal LM the trace was made with.
+        trace: :func:`~fi_toolkit.signals.trace.trace_prefix` of ``ids[:p]``: the prefix cache
+            (``keys[l]``: ``[1, Hkv, p, head_dim]``).
+        ids: the whole document, ``[N]`` token ids (``N >= max r_c``).
+        evictions: :class:`~fi_toolkit.eviction.TokenSet` (positions removed in every layer and head) or
+            :class:`~fi_toolkit.eviction.KeepMap` (``keep[l]``: ``[Hkv, k_l]`` positions kept) objects.
+        chunks: future chunks ``[l_c, r_c)``, ``p <= l_c``.
+        batch_size: token sets per batched forward (default: :func:`default_batch_size`).
+        block: query positions per block of the continuation forward.
+        on_progress: called with the number of evictions finished after each batch.
+        controls: put the two :func:`~fi_toolkit.probe.noise_floor.noise_controls` first, so the result
+            carries its own noise floor (:meth:`ProbeResult.noise_floor`); every CLI command asks for them.
+        reference: :func:`chunk_reference` of the same trace, chunks and block, so several calls on one
+            document share the full-cache run (as the parts of a split document do).
+
+    Returns:
+        :class:`ProbeResult`: ``kl [E, T]`` float32 per eviction at the ``T`` measured positions, and
+        ``fi()`` ``[E, C]``, the mean KL (nats) per eviction and chunk; with ``controls``, ``E`` counts them.
     """
     p = trace.prefix_len
     device = trace.keys[0].device
@@ -253,7 +268,17 @@ def forward_influence_by_deletion(
     """The exactness oracle: delete ``removed`` from a copy of the cache, re-run ``[p, max r_c)`` in one
     forward with original position ids, and compare full-vocabulary distributions.
 
-    Independent of the masked path: no shared cache, no prefix mask, its own reference run. Returns FI per chunk.
+    Independent of the masked path: no shared cache, no prefix mask, its own reference run.
+
+    Args:
+        model: the causal LM the trace was made with.
+        trace: the prefix trace (its cache is copied, never changed).
+        ids: the whole document, ``[N]`` token ids.
+        removed: positions to delete, ``[k]`` int64 in ``[0, p)``.
+        chunks: future chunks ``[l_c, r_c)``, ``p <= l_c``.
+
+    Returns:
+        ``[C]`` float64: FI (nats) per chunk.
     """
     p = trace.prefix_len
     device = trace.keys[0].device

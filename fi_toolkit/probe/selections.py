@@ -304,7 +304,19 @@ def parse_selection(spec: str, option: str = "selection") -> list[Selection]:
 
 def parse_selections(specs: list[str], option: str = "selection") -> list[Selection]:
     """Every spec's selections; two specs that parse to one selection (equal labels: ``entropy:0.1`` and
-    ``entropy:keep=0.1``, a random seed in two ranges) are refused in one line naming both."""
+    ``entropy:keep=0.1``, a random seed in two ranges) are refused in one line naming both.
+
+    Args:
+        specs: ``--select`` specs, e.g. ``["attention:remove=0.1", "random:remove=0.1@0-2",
+            "policy:snapkv@keep=0.25"]``; a seed range gives one selection per seed.
+        option: the option's name in error messages.
+
+    Returns:
+        The :class:`Selection` objects in order (resolved against a trace later, with
+        :meth:`Selection.resolve`).
+
+    Raises:
+        FIError: an unknown selector or policy, a bad budget or seed, or a duplicate (one line)."""
     selections, by_label = [], {}
     for spec in specs:
         for sel in parse_selection(spec, option):

@@ -3,7 +3,11 @@
 The CSV and JSON files keep every digit; the page shows each number with at most
 :data:`SIGNIFICANT` significant digits, whole-number columns as integers (``4``, not ``4.0``),
 a value and its bootstrap bounds in one column (``FI mean [95 % CI]``: ``0.02664 [0.0213, 0.0311]``),
-a minimum and maximum as one range, and column names in words. Text cells stay as the CSV has them.
+a minimum and maximum as one range, booleans as ``yes``/``no``, and column names in words. Text cells stay as
+the CSV has them. A statistic over documents that one document cannot give (a spread, a confidence
+interval, a paired test) reads ``n/a (needs ≥ 2 documents)``, never ``nan``. :func:`split_settings` moves
+the columns that hold one value in every row out of the table, into a "settings" line above it, so the
+columns that vary (the results) come first on the screen.
 """
 
 from __future__ import annotations
@@ -42,6 +46,12 @@ NAMES = {  # whole names where the words alone read badly
     "a_wins": "entropy wins",
     "wilcoxon_p": "Wilcoxon p",
 }
+NEEDS_TWO = "needs ≥ 2 documents"
+NEEDS_DOCUMENTS = f"n/a ({NEEDS_TWO})"
+# Columns that are statistics over documents: empty where a row covers fewer than two documents.
+OVER_DOCUMENTS = ("_std", "_sd", "_low", "_high", "wilcoxon_statistic", "wilcoxon_p", "ttest_log_ratio_p")
+DOCUMENT_COUNTS = ("n_documents", "documents")
+BOOLEANS = {"true": "yes", "false": "no"}
 # (suffix of the low bound, suffix of the high bound, what the pair is): checked in this order
 BOUNDS = [("_ci_low", "_ci_high", "95 % CI"), ("_low", "_high", "95 % CI"), ("_min", "_max", "range")]
 
@@ -55,6 +65,19 @@ def number_text(value: float, integer: bool = False) -> str:
         return str(int(round(value)))
     text = f"{value:.{SIGNIFICANT}g}"
     return "0" if text in ("0", "-0") else text
+
+
+def _over_documents(column: str) -> bool:
+    return column.endswith(OVER_DOCUMENTS) or column in OVER_DOCUMENTS
+
+
+def _single_document_rows(text: pd.DataFrame) -> pd.Series | None:
+    """True for the rows that cover fewer than two documents (a ``n_documents``/``documents`` column below 2);
+    None for a table without such a column (its statistics are not over documents)."""
+    count = next((c for c in DOCUMENT_COUNTS if c in text.columns), None)
+    if count is None:
+        return None
+    return pd.to_numeric(text[count].astype(str), errors="coerce").lt(2)
 
 
 def _numeric(cells: pd.Series) -> pd.Series | None:
@@ -89,8 +112,8 @@ def _pairs(columns: list[str]) -> dict[str, tuple[str, str, str]]:
         stem = col.rsplit("_", 1)[0]  # rho_mean beside rho_min/rho_max: the range of the means
         if col not in found and col.endswith("_mean") and f"{stem}_min" in columns and f"{stem}_max" in columns:
             found[col] = (f"{stem}_min", f"{stem}_max", "range")
-    if "ci_low" in columns and "ci_high" in columns and not found:  # kl_accuracy: rho, ci_low, ci_high
-        value = next((c for c in columns if c not in ("ci_low", "ci_high") and c in ("rho", "value", "mean")), None)
+    if "ci_low" in columns and "ci_high" in columns and not found:  # kl_accuracy, headroom: VALUE, ci_low, ci_high
+        value = next((c for c in ("rho", "value", "mean", "headroom") if c in columns), None)
         if value:
             found[value] = ("ci_low", "ci_high", "95 % CI")
     return found
@@ -105,13 +128,32 @@ def display_table(text: pd.DataFrame) -> pd.DataFrame:
     Returns a frame of ``str`` with the same rows; bounds columns are folded into their value's column
     and numbers shortened (module docstring); columns with no value at all are left out. ``attrs['numeric']`` lists the
     columns that hold numbers."""
-    columns = [c for c in text.columns if (text[c].astype(str).str.strip() != "").any()]  # all-empty: dropped
-    numbers = {c: None if c in TEXT_COLUMNS else _numeric(text[c].astype(str)) for c in columns}
+    single = _single_document_rows(text)
+    filled = {c: (text[c].astype(str).str.strip() != "").any() for c in text.columns}
+    # all-empty columns are dropped, except a statistic over documents that one document left empty (it says why)
+    columns = [c for c in text.columns if filled[c] or (_over_documents(c) and single is not None and single.any())]
+    numbers = {
+        c: None
+        if c in TEXT_COLUMNS
+        else _numeric(text[c].astype(str))
+        if filled[c]
+        else pd.Series(math.nan, text.index)
+        for c in columns
+    }
     integer = {c: v is not None and bool(((v.dropna() % 1) == 0).all()) for c, v in numbers.items()}
 
     def cells(c: str) -> pd.Series:
         v = numbers[c]
-        return text[c].astype(str) if v is None else v.map(lambda x: number_text(x, integer[c]))
+        raw = text[c].astype(str)
+        shown = (
+            raw.map(lambda x: BOOLEANS.get(x.strip().lower(), x))
+            if v is None
+            else v.map(lambda x: number_text(x, integer[c]))
+        )
+        if _over_documents(c) and single is not None:  # a spread, CI or test one document cannot give; else n/a
+            empty = raw.str.strip() == ""
+            shown = shown.where(~(single & empty), NEEDS_DOCUMENTS).where(~(~single & empty), "n/a")
+        return shown
 
     pairs = {
         v: b
@@ -126,12 +168,24 @@ def display_table(text: pd.DataFrame) -> pd.DataFrame:
         if c in pairs:
             lo, hi, kind = pairs[c]
             value, low, high = cells(c), cells(lo), cells(hi)
-            if kind == "range" and c.endswith("_mean"):
+            low, high = low.replace(NEEDS_DOCUMENTS, ""), high.replace(NEEDS_DOCUMENTS, "")
+            if kind != "range" and not (low + high).str.strip().any() and _over_documents(lo):
+                out[reader_name(c)] = list(value)  # no interval in any row: the value alone, the reason beside it
+                out[f"{reader_name(c)} {kind}"] = list(cells(lo))
+                numeric.append(reader_name(c))
+                continue
+            if kind == "range" and single is not None and single.all():  # one document's range: its value
+                name = reader_name(c)
+                out[name] = list(value)
+            elif kind == "range" and c.endswith("_mean"):
                 name = f"{reader_name(c)} ({kind})"
                 out[name] = [f"{v} ({a} .. {b})" if a or b else v for v, a, b in zip(value, low, high)]
             else:
                 name = f"{reader_name(c)} [{kind}]"
-                out[name] = [f"{v} [{a}, {b}]" if a or b else v for v, a, b in zip(value, low, high)]
+                out[name] = [
+                    f"{v} [n/a]" if a == b == "n/a" else f"{v} [{a}, {b}]" if a or b else v
+                    for v, a, b in zip(value, low, high)
+                ]
         else:
             name = reader_name(c)
             out[name] = list(cells(c))
@@ -140,3 +194,23 @@ def display_table(text: pd.DataFrame) -> pd.DataFrame:
     shown = pd.DataFrame(out, index=text.index, dtype=object)
     shown.attrs["numeric"] = numeric
     return shown
+
+
+def split_settings(shown: pd.DataFrame) -> tuple[pd.DataFrame, list[tuple[str, str]]]:
+    """A shown table -> (the table without the columns that hold one value in every row, [(names, value)]).
+
+    Such columns are the run's settings, not its results (``documents: 1``, ``method: spearman``); columns that
+    share a value are listed together. A table of fewer than two rows, or one whose every column is constant,
+    is returned whole."""
+    if len(shown) < 2:
+        return shown, []
+    constant = [c for c in shown.columns if shown[c].astype(str).nunique() == 1]
+    varying = [c for c in shown.columns if c not in constant]
+    if not varying:
+        return shown, []
+    table = shown[varying].copy()
+    table.attrs["numeric"] = [c for c in shown.attrs.get("numeric", []) if c in varying]
+    by_value: dict[str, list[str]] = {}
+    for c in constant:
+        by_value.setdefault(str(shown[c].iloc[0]), []).append(c)
+    return table, [(", ".join(names), value) for value, names in by_value.items()]

@@ -1,13 +1,14 @@
 """Figures of ``fi eval`` runs: kvpress-style metric against retention (one line per
 policy, bootstrap 95 % bands, the full cache as a dashed line) and KL over position with the
-compression points marked.
+compression points marked. Colours and markers as in :mod:`fi_toolkit.report.figures` (colour-blind
+safe); axes that span decades are drawn on a log scale there (:func:`~fi_toolkit.report.figures.log_where_decades`).
 """
 
 from __future__ import annotations
 
 import pandas as pd
 
-from fi_toolkit.report.figures import _finish, _spans_decades, plt, sns
+from fi_toolkit.report.figures import MARKERS, _finish, colors, plt
 
 LEGEND_OUTSIDE = {"loc": "upper left", "bbox_to_anchor": (1.02, 1.0), "frameon": False, "fontsize": 8}
 
@@ -45,16 +46,13 @@ def _order(policies) -> list[str]:
 def _against_retention(ax, part: pd.DataFrame, metric: str, label: str, legend: bool) -> None:
     full = part[part["policy"] == "full"]
     rows = part[(part["policy"] != "full") & part["retention"].notna()]
-    colors = dict(zip(_order(rows["policy"]), sns.color_palette("tab10")))
-    for policy, color in colors.items():
+    for i, (policy, color) in enumerate(colors(_order(rows["policy"])).items()):
         p = rows[rows["policy"] == policy].sort_values("retention")
-        ax.plot(p["retention"], p[metric], marker="o", color=color, label=policy)
+        ax.plot(p["retention"], p[metric], marker=MARKERS[i % len(MARKERS)], color=color, label=policy)
         if f"{metric}_low" in p and p[f"{metric}_low"].notna().any():
             ax.fill_between(p["retention"], p[f"{metric}_low"], p[f"{metric}_high"], color=color, alpha=0.15, lw=0)
     if len(full) and metric in full and metric != "mean_kl":  # the full cache's KL is the noise floor (caption)
         ax.axhline(float(full[metric].mean()), color="#333", ls="--", lw=1, label="full cache")
-    if metric == "mean_kl" and _spans_decades(rows[metric]):
-        ax.set_yscale("log")
     ax.set_xlabel("retention (share of the cache kept)")
     ax.set_ylabel(label)
     if legend:  # right of the panel, outside the data
@@ -76,7 +74,11 @@ def replay_vs_retention(summary: pd.DataFrame, text: str):
         for c, (metric, label) in enumerate(metrics):
             _against_retention(axes[r][c], summary[summary["future"] == future], metric, label, r == 0 and c == 2)
             axes[r][c].set_title(f"future: {future}", fontsize=10)
-    fig.suptitle("Decoding replay against retention (mean over documents, bootstrap 95% bands)", fontsize=11)
+    fig.suptitle(
+        "Decoding replay against retention: mean KL (nats; lower is better), top-1 agreement, ΔNLL (nats) "
+        "(mean over documents, bootstrap 95% bands)",
+        fontsize=11,
+    )
     return _finish(fig, text)
 
 
@@ -95,7 +97,11 @@ def accuracy_vs_retention(summary: pd.DataFrame, text: str):
         ax.set_title(f"{task}, {context} tokens, {protocol}", fontsize=10)
     for j in range(len(groups), rows * cols):
         axes[j // cols][j % cols].axis("off")
-    fig.suptitle("Task accuracy against retention (bootstrap 95% bands over samples; dashed: full cache)", fontsize=11)
+    fig.suptitle(
+        "Exact-match accuracy (higher is better) against retention "
+        "(bootstrap 95% bands over samples; dashed: full cache)",
+        fontsize=11,
+    )
     return _finish(fig, text)
 
 
@@ -109,22 +115,21 @@ def kl_over_position(positions: pd.DataFrame, segments: pd.DataFrame, text: str,
     if not budgets:
         return None
     fig, axes = plt.subplots(len(budgets), 1, figsize=(12, 3.4 * len(budgets)), squeeze=False, sharex=True)
-    colors = dict(zip(_order(part["policy"]), sns.color_palette("tab10")))
+    palette = colors(_order(part["policy"]))
     for i, budget in enumerate(budgets):
         ax = axes[i][0]
         b = part[part["budget"] == budget]
-        for policy, color in colors.items():
+        for policy, color in palette.items():
             p = b[b["policy"] == policy].sort_values("position")
-            if len(p):
-                ax.plot(p["position"], p["kl"].rolling(smooth, min_periods=1).mean(), color=color, lw=1, label=policy)
+            if len(p):  # KL >= 0; float rounding can leave -1e-9, drawn as 0 so a log axis keeps the line
+                kl = p["kl"].clip(lower=0).rolling(smooth, min_periods=1).mean()
+                ax.plot(p["position"], kl, color=color, lw=1, label=policy)
         seg = segments[(segments["document"] == doc) & (segments["future"] == future) & (segments["budget"] == budget)]
         for seen in sorted(set(seg["compressed_at_seen"]) - {0}):
             ax.axvline(seen, color="#999", ls=":", lw=0.8)
-        if _spans_decades(b["kl"].clip(lower=1e-12)):
-            ax.set_yscale("log")
         ax.set_ylabel(f"KL (nats), {budget}")
         if i == 0:
             ax.legend(**LEGEND_OUTSIDE)
     axes[-1][0].set_xlabel(f"position (dotted: compressions; rolling mean over {smooth} positions)")
-    fig.suptitle(f"Replay KL over position: {doc}, future {future}", fontsize=11)
+    fig.suptitle(f"Replay KL(full ‖ compressed) (nats) over position: {doc}, future {future}", fontsize=11)
     return _finish(fig, text)

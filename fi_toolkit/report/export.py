@@ -28,8 +28,10 @@ import pandas as pd
 
 from fi_toolkit.errors import FIError
 from fi_toolkit.report import eval_figures, figures, lmeval
-from fi_toolkit.report.display import display_table
+from fi_toolkit.report.display import display_table, split_settings
+from fi_toolkit.report.headline import headline
 from fi_toolkit.report.headroom import headroom_figure
+from fi_toolkit.report.lead import LeadTable, lead_table
 from fi_toolkit.report.token_page import read_view_meta
 from fi_toolkit.runs import results
 from fi_toolkit.runs.resumable import read_table
@@ -61,23 +63,95 @@ OPTIONAL_TABLES = {
     "correlate": [("agreement", True), ("agreement_summary", True), ("validation", False)],
     "probe": [("headroom", True)],
 }  # fi probe beside an FI oracle and random sets
-SHOWN_COLUMNS = {  # columns shown in HTML/Markdown (all columns stay in CSV/JSON); correlation_summary: its mean rows
+SHOWN_COLUMNS = {  # columns shown in HTML/Markdown, results first (all columns stay in CSV/JSON)
     "correlation_summary": [
         "chunk",
         "signal",
         "method",
-        "sampling",
-        "weighted",
         "rho_mean",
         "rho_std",
         "rho_min",
         "rho_max",
+        "share_positive",
+        "n_documents",
+        "sampling",
+        "weighted",
+    ],
+    "fi": [
+        "chunk",
+        "selection",
+        "document",
+        "n_removed",
+        "fi",
+        "below_noise_floor",
+        "n_kept",
+        "mean_entropy",
+        "mean_attention",
+        "mean_distance",
+        "mean_infokv",
+        "prefix",
+        "entropy_of",
+    ],
+    "headroom": [
+        "chunk",
+        "n_removed",
+        "selection",
+        "headroom",
+        "ci_low",
+        "ci_high",
+        "fi_policy",
+        "fi_random",
+        "fi_oracle",
+        "oracle",
+        "fit_chunk",
         "n_documents",
     ],
+}
+# What each run kind answers (the heading of its part) and what each shown table holds, with units.
+KIND_TITLES = {
+    "probe": "Forward Influence of token sets (fi probe)",
+    "correlate": "Which signal predicts a token's Forward Influence? (fi correlate)",
+    "nearfar": "Forward Influence of equal-size sets, near and far (fi nearfar)",
+    "eval-text": "Compressed decoding against the full cache (fi eval, text)",
+    "eval-tasks": "Task accuracy under compression (fi eval, tasks)",
+    lmeval.KIND: "lm-evaluation-harness under compression (fi lm-eval)",
+}
+TABLE_TITLES = {
+    "fi": "FI (nats) of each token set, per chunk and document; controls first (their FI is the noise floor)",
+    "headroom": "Headroom: the share of the random-to-oracle FI gap each set closes (0: random, 1: the FI oracle), "
+    "bootstrap 95 % CI over documents; FI columns in nats",
+    "correlation_summary": "Correlation of per-token FI with each signal per chunk: mean ρ over documents, its range "
+    "and sd, and the share of documents with ρ > 0",
+    "agreement": "Fisher estimate against exact leave-one-out FI, per document (bootstrap 95 % CI)",
+    "agreement_summary": "Fisher estimate against exact leave-one-out FI: mean over documents",
+    "nearfar_summary": "Equal-size sets per selector and chunk distance: FI (nats), FI / random FI and FI / FI on the "
+    "nearest chunk, mean over documents [bootstrap 95 % CI]",
+    "nearfar_tests": "Does entropy beat attention? One-sided paired tests over documents per chunk distance "
+    "(Wilcoxon signed-rank; t-test of the log ratio)",
+    "token_class_summary": "Word classes in each selector's set: share of content words, function words and other "
+    "tokens",
+    "replay_summary": "Decoding replay per policy and budget: mean KL(full ‖ compressed) (nats), top-1 agreement, "
+    "ΔNLL (nats), first divergence of free generation (tokens), kept share [bootstrap 95 % CI over documents]",
+    "task_summary": "Task accuracy per policy and budget (exact match) and the answer's KL (nats) [bootstrap 95 % "
+    "CI over samples]",
+    "kl_accuracy": "Does the answer's KL predict accuracy? Spearman across cells [bootstrap 95 % CI]",
+    lmeval.TABLES[0][0]: "lm-eval score per task, metric, policy and budget [95 % band]",
+    lmeval.TABLES[1][0]: "Realised cache per request: entries kept and in the full cache, their share, compressions",
 }
 
 
 def parse_formats(text: str) -> list[str]:
+    """``"html,md"`` -> ``["html", "md"]``: the report formats ``--format`` names.
+
+    Args:
+        text: comma-separated formats, any of :data:`FORMATS` (``html``, ``md``, ``csv``, ``json``).
+
+    Returns:
+        The formats, lower-cased, in order.
+
+    Raises:
+        FIError: an unknown format, or none.
+    """
     formats = [f.strip().lower() for f in text.split(",") if f.strip()]
     bad = [f for f in formats if f not in FORMATS]
     if bad or not formats:
@@ -114,7 +188,21 @@ def _check_manifest(manifest, manifest_file: Path) -> str:
 
 
 def load_run(path: Path) -> dict:
-    """A finished result directory -> {label, path, manifest, kind, tables (DataFrames), text (str cells)}."""
+    """A finished result directory, read and checked, as the report uses it.
+
+    Args:
+        path: the ``--out`` directory of ``fi probe``, ``fi correlate``, ``fi nearfar`` or ``fi eval`` (it
+            holds ``manifest.json``), or an lm-eval output directory (``results_*.json`` below it).
+
+    Returns:
+        A dict: ``label`` (the directory's name), ``path``, ``manifest``, ``kind`` (``probe``, ``correlate``,
+        ``nearfar``, ``eval-text``, ``eval-tasks`` or ``lm-eval``), ``tables`` (name -> ``pandas.DataFrame``
+        as typed), ``text`` (name -> the same cells as CSV text), ``names`` (``(table, shown)`` in display
+        order) and ``views`` (the ``fi view`` pages of its documents).
+
+    Raises:
+        FIError: no manifest, an unreadable manifest or table, or a table missing (an interrupted run).
+    """
     path = Path(path)
     manifest_file = path / "manifest.json"
     if lmeval.is_lmeval_dir(path):  # lm-eval's output (fi lm-eval): tables computed from its JSON files
@@ -214,6 +302,12 @@ def cross_run_tables(runs: list[dict]) -> pd.DataFrame | None:
     return pd.concat(parts, ignore_index=True)
 
 
+def _figure_title(fig, name: str) -> str:
+    """What a figure shows: its suptitle (which names the quantities and their units), else its name."""
+    title = fig.get_suptitle() if hasattr(fig, "get_suptitle") else ""
+    return title or name.replace("_", " ")
+
+
 def _png(fig) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")  # legends outside the axes stay in
@@ -232,12 +326,16 @@ def _records(df: pd.DataFrame) -> list[dict]:
 
 
 def _shown(run: dict, name: str) -> pd.DataFrame:
-    """The table as shown: its CSV text in :func:`~fi_toolkit.report.display.display_table`'s reading form."""
+    """The table as shown: its CSV text in :func:`~fi_toolkit.report.display.display_table`'s reading form,
+    the columns of :data:`SHOWN_COLUMNS` first (the others follow; chunk bounds the chunk label already says
+    are left out)."""
     df = run["text"][name]
-    cols = [c for c in SHOWN_COLUMNS.get(name, df.columns) if c in df.columns]
+    first = [c for c in SHOWN_COLUMNS.get(name, []) if c in df.columns]
+    derived = {"chunk_start", "chunk_end"} if "chunk" in df.columns else set()
+    rest = [c for c in df.columns if c not in first and c not in derived and name not in SHOWN_COLUMNS]
     if name == "correlation_summary":  # the per-layer rows live in the heatmap and the CSV
         df = df[df["scope"] == "mean"]
-    return display_table(df[cols])
+    return display_table(df[first + rest])
 
 
 def _text_frame(df: pd.DataFrame) -> pd.DataFrame:
@@ -247,7 +345,7 @@ def _text_frame(df: pd.DataFrame) -> pd.DataFrame:
 
 def _md(text) -> str:
     """Markdown-safe text: HTML-escaped (renderers pass raw HTML through), one line, no cell breaks."""
-    return html.escape(str(text)).replace("|", "\\|").replace("\n", " ").replace("\r", " ")
+    return html.escape(str(text), quote=False).replace("|", "\\|").replace("\n", " ").replace("\r", " ")
 
 
 def _md_table(df: pd.DataFrame) -> str:
@@ -286,86 +384,11 @@ def _top_tokens(run: dict, n: int = 12) -> pd.DataFrame | None:
     return display_table(part.loc[order, ["document", "position", "token", "chunk", "fi", "entropy", "attention"]])
 
 
-def _headline(run: dict) -> list[str]:
-    """A few plain sentences of what the tables say (numbers from the tables, nothing new)."""
-    t = run["tables"]
-    lines = []
-    if run["kind"] == lmeval.KIND:
-        return lmeval.headline(run)
-    if run["kind"] == "eval-text":
-        s = t["replay_summary"]
-        for future, part in s.groupby("future", sort=False):
-            best = part[part["policy"] != "full"].sort_values("mean_kl").groupby("budget", sort=False).head(1)
-            for r in best.itertuples():
-                lines.append(
-                    f"{future}, {r.budget}: lowest mean replay KL {r.policy} ({r.mean_kl:.3g} nats, "
-                    f"top-1 agreement {r.top1_agreement:.3f}); noise floor {r.noise_floor:.1g}"
-                )
-        return lines
-    if run["kind"] == "eval-tasks":
-        for r in t["kl_accuracy"].itertuples():
-            lines.append(
-                f"{r.comparison}: Spearman {r.rho:+.2f} (95% CI {r.ci_low:+.2f} .. {r.ci_high:+.2f}, {r.cells} cells)"
-            )
-        full = t["task_summary"][t["task_summary"]["policy"] == "full"]
-        for r in full.itertuples():
-            lines.append(
-                f"full cache, {r.task} at {r.context} tokens ({r.protocol}): accuracy {r.accuracy:.2f} "
-                f"over {r.samples} samples"
-            )
-        return lines
-    if run["kind"] == "probe":
-        return _probe_headline(t)
-    if run["kind"] == "nearfar":
-        tests = t["nearfar_tests"]
-        far = tests[
-            (tests["metric"].isin(["fi", "fi_share_near"]))
-            & (tests["distance_from_p"] == tests["distance_from_p"].max())
-        ]
-        for r in far.itertuples():
-            lines.append(
-                f"sinks={int(r.sinks)}, farthest chunk (+{int(r.distance_from_p)}), {r.metric}: entropy beats "
-                f"attention in "
-                f"{r.a_wins}/{r.n_documents} documents, one-sided Wilcoxon p = {r.wilcoxon_p:.3g}"
-            )
-    else:
-        for r in t.get("agreement_summary", pd.DataFrame()).itertuples():
-            lines.append(
-                f"chunk {r.chunk}: fisher estimate vs exact FI, {r.metric} = {r.value_mean:.3f} "
-                f"(range {r.value_min:.3f} .. {r.value_max:.3f} over {r.n_documents} document(s))"
-            )
-        s = t["correlation_summary"]
-        m = s[(s["scope"] == "mean") & (s["method"] == "spearman")]
-        for r in m.itertuples():
-            lines.append(
-                f"chunk {r.chunk}: Spearman rho(FI, {r.signal}) = {r.rho_mean:.3f} "
-                f"(range {r.rho_min:.3f} .. {r.rho_max:.3f} over {r.n_documents} document(s))"
-            )
-    return lines
-
-
-def _probe_headline(t: dict) -> list[str]:
-    """fi probe: the mean FI of each selection per chunk; beside an FI oracle, each selection's headroom."""
-    fi = t["fi"][t["fi"]["selector"] != "control"]
-    lines = [
-        f"chunk {chunk}: mean FI over documents, lowest {r.selection} ({r.fi:.3g} nats), highest "
-        f"{h.selection} ({h.fi:.3g} nats)"
-        for chunk, g in fi.groupby("chunk", sort=False)
-        for means in [g.groupby("selection", sort=False)["fi"].mean().reset_index().sort_values("fi")]
-        for r, h in [(means.iloc[0], means.iloc[-1])]
-    ]
-    hr = t.get("headroom")
-    if hr is not None:
-        own = hr[(hr["fit_chunk"] == hr["chunk"]) & (hr["selection"] != hr["oracle"])]
-        for r in own.sort_values("headroom", ascending=False).itertuples():
-            lines.append(
-                f"chunk {r.chunk}, {r.n_removed:.0f} removed: {r.selection} closes {r.headroom:.2f} of the gap "
-                f"between random sets and the FI oracle (which saw the chunk)"
-            )
-    return lines
-
-
 CSS = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
+h2{margin-top:2em;border-bottom:2px solid #ddd}h3{font-size:1.02em;margin:1.2em 0 .3em}.src{font-weight:normal;
+color:#777;font-size:12px;font-family:ui-monospace,monospace}.lead{background:#f6f8fb;border-left:4px solid #0072b2;
+padding:.2em 1em .6em;margin:1em 0}.lead table{font-size:13px}.settings,.note{font-size:13px;color:#444;margin:.2em 0}
+figcaption{font-size:13px;color:#333;margin:.3em 0}
 .table-wrap{max-width:100%;overflow-x:auto;margin:0.5em 0 1.5em}
 table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px;white-space:nowrap}
 th{background:#f3f3f3;position:sticky;top:0}td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
@@ -403,10 +426,25 @@ def _remove_stale(out_dir: Path, written: list[Path]) -> None:
 def build_report(
     run_dirs: Sequence[Path], out_dir: Path, formats: Sequence[str] = FORMATS, overwrite: bool = False
 ) -> list[Path]:
-    """Write the report of ``run_dirs`` into ``out_dir`` in ``formats``; returns the files written.
+    """Write the report of ``run_dirs`` into ``out_dir`` in ``formats``.
 
     Everything is read and checked before the first file is written; an ``out_dir`` holding a report
-    or other results is refused unless ``overwrite``."""
+    or other results is refused unless ``overwrite``.
+
+    Args:
+        run_dirs: result directories (:func:`load_run`), reported in order.
+        out_dir: the report directory: ``report.html``, ``report.md``, ``report.json``, ``tables/*.csv``,
+            ``figures/*.png`` and ``views/*.html``.
+        formats: any of :data:`FORMATS`.
+        overwrite: replace a report (or other results) already in ``out_dir``; its stale files are removed.
+
+    Returns:
+        The files written.
+
+    Raises:
+        FIError: a directory that is not a finished run, an ``out_dir`` that is one of them, or an
+            ``out_dir`` holding results without ``overwrite``.
+    """
     if not run_dirs:
         raise FIError("no result directory given: fi report RUN_DIR [RUN_DIR ...]")
     runs = [load_run(p) for p in run_dirs]
@@ -418,7 +456,7 @@ def build_report(
             run["label"] = f"{run['label']}-{labels[run['label']]}"
     written: list[Path] = []
     figs = (
-        {run["label"]: [(name, _png(fig)) for name, fig in _figures(run)] for run in runs}
+        {run["label"]: [(name, _figure_title(fig, name), _png(fig)) for name, fig in _figures(run)] for run in runs}
         if {"html", "md"} & set(formats)
         else {}
     )
@@ -474,31 +512,68 @@ def build_report(
 
 
 CROSS_TITLE = "Does mean replay KL predict task accuracy? (Spearman across policy x budget cells, bootstrap 95% CI)"
+TOP_TOKENS_TITLE = "Tokens with the largest per-token FI (nats), first chunk"
+
+
+def _blocks(run: dict, figs: list[tuple[str, str, bytes]]) -> list[tuple]:
+    """What a run's part of the report says, in order, for both writers: its answer first (the lead table and
+    the headline), then the figures, then the detail tables, each titled by what it shows."""
+    title = f"{KIND_TITLES.get(run['kind'], run['kind'])}: {run['label']}"
+    blocks: list[tuple] = [("h2", title), ("caption", _caption(run))]
+    lead = lead_table(run)
+    if lead is not None:
+        blocks.append(("lead", lead))
+    blocks.append(("list", headline(run)))
+    blocks += [("figure", name, fig_title, png) for name, fig_title, png in figs]
+    for name, shown in run["names"]:
+        if shown:
+            table, settings = split_settings(_shown(run, name))
+            blocks.append(("table", TABLE_TITLES.get(name, name), f"{name}.csv", table, settings))
+    top = _top_tokens(run)
+    if top is not None:
+        table, settings = split_settings(top)
+        blocks.append(("table", TOP_TOKENS_TITLE, "tokens.csv", table, settings))
+    if run.get("view_copies"):
+        blocks.append(("views", run["view_copies"]))
+    return blocks
+
+
+def _settings_text(settings: list[tuple[str, str]]) -> str:
+    return "; ".join(f"{names}: {value}" for names, value in settings)
+
+
+def _md_block(block: tuple, run: dict, out_dir: Path, pngs: list[Path]) -> list[str]:
+    kind = block[0]
+    if kind == "h2":
+        return [f"## {_md(block[1])}", ""]
+    if kind == "caption":
+        return [_md(block[1]), ""]
+    if kind == "lead":
+        lead: LeadTable = block[1]
+        note = [f"*{_md(lead.note)}*", ""] if lead.note else []
+        return [f"### Result: {_md(lead.title)}", "", _md_table(lead.table), "", *note]
+    if kind == "list":
+        return [f"- {_md(line)}" for line in block[1]] + [""]
+    if kind == "figure":
+        _, name, title, png = block
+        f = out_dir / "figures" / f"{run['label']}__{name}.png"
+        results.atomic_write_bytes(f, png)
+        pngs.append(f)
+        return [f"![{_md(title)}](figures/{urllib.parse.quote(f.name)})", "", f"*Figure: {_md(title)}*", ""]
+    if kind == "table":
+        _, title, source, table, settings = block
+        same = [f"*Same in every row:* {_md(_settings_text(settings))}", ""] if settings else []
+        return [f"### {_md(title)}", "", f"From `{_md(source)}`.", "", *same, _md_table(table), ""]
+    links = [f"- [{_md(read_view_meta(f)['document'])}](views/{urllib.parse.quote(f.name)})" for f in block[1]]
+    return ["### Token pages (fi view): each prefix token shaded by its estimated FI", "", *links, ""]
 
 
 def _write_markdown(runs, figs, out_dir: Path, cross: pd.DataFrame | None = None) -> list[Path]:
     """report.md and its figure files (listed after it)."""
     parts, pngs = ["# Forward Influence report", ""], []
     for run in runs:
-        parts += [f"## {_md(run['label'])} ({_md(run['kind'])})", "", _md(_caption(run)), ""]
-        parts += [f"- {_md(line)}" for line in _headline(run)] + [""]
-        for name, png in figs.get(run["label"], []):
-            f = out_dir / "figures" / f"{run['label']}__{name}.png"
-            results.atomic_write_bytes(f, png)
-            pngs.append(f)
-            parts += [f"![{_md(name)}](figures/{urllib.parse.quote(f.name)})", ""]
-        for name, shown in run["names"]:
-            if shown:
-                parts += [f"### {_md(name)}", "", _md_table(_shown(run, name)), ""]
-        top = _top_tokens(run)
-        if top is not None:
-            parts += ["### tokens with the largest per-token FI (first chunk)", "", _md_table(top), ""]
-        if run.get("view_copies"):
-            parts += ["### token views (fi view)", ""] + [
-                f"- [{_md(read_view_meta(f)['document'])}](views/{urllib.parse.quote(f.name)})"
-                for f in run["view_copies"]
-            ]
-            parts += [""]
+        for block in _blocks(run, figs.get(run["label"], [])):
+            parts += _md_block(block, run, out_dir, pngs)
         parts += [f"Full tables: {_md(run['path'])} (CSV), and tables/, report.json here.", ""]
     if cross is not None:
         parts += [f"## {_md(CROSS_TITLE)}", "", _md_table(display_table(_text_frame(cross))), ""]
@@ -507,31 +582,49 @@ def _write_markdown(runs, figs, out_dir: Path, cross: pd.DataFrame | None = None
     return [path] + pngs
 
 
+def _html_block(block: tuple) -> str:
+    e, kind = html.escape, block[0]
+    if kind == "h2":
+        return f"<h2>{e(block[1])}</h2>"
+    if kind == "caption":
+        return f"<p class='cap'>{e(block[1])}</p>"
+    if kind == "lead":
+        lead: LeadTable = block[1]
+        note = f"<p class='note'>{e(lead.note)}</p>" if lead.note else ""
+        return f"<section class='lead'><h3>Result: {e(lead.title)}</h3>{_html_table(lead.table)}{note}</section>"
+    if kind == "list":
+        return "<ul class='headline'>" + "".join(f"<li>{e(line)}</li>" for line in block[1]) + "</ul>"
+    if kind == "figure":
+        _, name, title, png = block
+        return (
+            f"<figure><img alt='{e(title)}' src='data:image/png;base64,{base64.b64encode(png).decode()}'/>"
+            f"<figcaption>{e(title)}</figcaption></figure>"
+        )
+    if kind == "table":
+        _, title, source, table, settings = block
+        same = (
+            "<p class='settings'><b>Same in every row:</b> "
+            + "; ".join(f"{e(names)}: <b>{e(value)}</b>" for names, value in settings)
+            + "</p>"
+            if settings
+            else ""
+        )
+        return f"<h3>{e(title)} <span class='src'>{e(source)}</span></h3>{same}{_html_table(table)}"
+    links = "".join(
+        f"<li><a href='views/{e(urllib.parse.quote(f.name))}'>{e(read_view_meta(f)['document'])}</a></li>"
+        for f in block[1]
+    )
+    return f"<h3>Token pages (fi view): each prefix token shaded by its estimated FI</h3><ul>{links}</ul>"
+
+
 def _write_html(runs, figs, out_dir: Path, cross: pd.DataFrame | None = None) -> Path:
     e = html.escape
     parts = [
-        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>Forward Influence report</title>"
+        f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>Forward Influence report</title>"
         f"<style>{CSS}</style></head><body><h1>Forward Influence report</h1>"
     ]
     for run in runs:
-        parts.append(f"<h2>{e(run['label'])} ({e(run['kind'])})</h2><p class='cap'>{e(_caption(run))}</p>")
-        parts.append("<ul>" + "".join(f"<li>{e(line)}</li>" for line in _headline(run)) + "</ul>")
-        for name, png in figs.get(run["label"], []):
-            parts.append(
-                f"<figure><img alt='{e(name)}' src='data:image/png;base64,{base64.b64encode(png).decode()}'/></figure>"
-            )
-        for name, shown in run["names"]:
-            if shown:
-                parts.append(f"<h3>{e(name)}</h3>{_html_table(_shown(run, name))}")
-        top = _top_tokens(run)
-        if top is not None:
-            parts.append(f"<h3>tokens with the largest per-token FI (first chunk)</h3>{_html_table(top)}")
-        if run.get("view_copies"):
-            links = "".join(
-                f"<li><a href='views/{e(urllib.parse.quote(f.name))}'>{e(read_view_meta(f)['document'])}</a></li>"
-                for f in run["view_copies"]
-            )
-            parts.append(f"<h3>token views (fi view)</h3><ul>{links}</ul>")
+        parts += [_html_block(block) for block in _blocks(run, figs.get(run["label"], []))]
     if cross is not None:
         parts.append(f"<h2>{e(CROSS_TITLE)}</h2>{_html_table(display_table(_text_frame(cross)))}")
     parts.append("</body></html>")

@@ -1,7 +1,11 @@
 """Seaborn figures of correlate and nearfar result tables (matplotlib Agg backend outside notebooks, no display needed).
 
 Each function takes the run's tables and a caption (model, documents, prefix, chunk settings) and
-returns a Figure, or None when the tables hold nothing to draw.
+returns a Figure, or None when the tables hold nothing to draw. Every figure is titled by what it
+shows, in which unit; its colours are the colour-blind-safe Okabe-Ito palette (:data:`PALETTE`), lines
+also differ by marker; and :func:`_finish` puts every axis whose drawn values are positive and span more
+than two decades on a log scale, so one large line (sets that remove the attention sinks) cannot
+flatten the others.
 """
 
 from __future__ import annotations
@@ -21,6 +25,17 @@ import seaborn as sns  # noqa: E402
 from fi_toolkit.studies.nearfar import per_document_selector  # noqa: E402
 
 SELECTOR_ORDER = ["entropy", "attention", "distance", "infokv", "random"]
+# The Okabe-Ito colours (Wong, Nature Methods 8:441, 2011), distinguishable with the common colour-vision
+# deficiencies, ordered so that the first few differ most; grey in place of its yellow, which is faint on white.
+PALETTE = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#000000", "#7F7F7F"]
+MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*", "<", ">"]
+DECADES = 100.0  # an axis whose positive values span more than this ratio is drawn on a log scale
+
+
+def colors(names) -> dict:
+    """A colour of :data:`PALETTE` for each name, in order (repeating past eight names)."""
+    names = list(dict.fromkeys(names))
+    return {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(names)}
 
 
 def caption(manifest: dict) -> str:
@@ -60,7 +75,46 @@ def _sinks_title(s) -> str:
     return f"sinks protected (first {int(s)})" if s else "no sink protection"
 
 
+def _drawn(ax, axis: str) -> np.ndarray:
+    """Every data value drawn along ``axis`` ('x' or 'y'): lines (reference lines across the axes too), markers,
+    bands and bars."""
+    i = 0 if axis == "x" else 1
+    across = ax.get_yaxis_transform() if axis == "x" else ax.get_xaxis_transform()  # axhline/axvline: other axis
+    values = [line.get_xydata()[:, i] for line in ax.get_lines() if line.get_transform() != across]
+    for coll in ax.collections:
+        offsets = np.asarray(coll.get_offsets())
+        if len(offsets) and coll.get_offset_transform() == ax.transData:
+            values.append(offsets[:, i])
+        if coll.get_transform() == ax.transData:  # fill_between bands, error bars
+            values += [np.asarray(path.vertices)[:, i] for path in coll.get_paths()]
+    for patch in ax.patches:
+        x, y, w, h = patch.get_x(), patch.get_y(), patch.get_width(), patch.get_height()
+        values.append(np.array([x, x + w] if axis == "x" else [y, y + h], dtype=float))
+    v = np.concatenate(values) if values else np.array([])
+    return v[np.isfinite(v)]
+
+
+def log_where_decades(ax) -> None:
+    """A log scale on each axis of ``ax`` that autoscales and whose drawn values are never negative and,
+    where positive, span more than :data:`DECADES` (zeros then fall off the axis, as a log scale must)."""
+    for axis, autoscale, set_scale in (
+        ("x", ax.get_autoscalex_on(), ax.set_xscale),
+        ("y", ax.get_autoscaley_on(), ax.set_yscale),
+    ):
+        if not autoscale or getattr(ax, f"get_{axis}scale")() != "linear":
+            continue
+        v = _drawn(ax, axis)
+        positive = v[v > 0]
+        if len(positive) > 1 and (v >= 0).all() and positive.max() / positive.min() > DECADES:
+            set_scale("log")
+
+
 def _finish(fig, text: str):
+    for ax in fig.axes:
+        log_where_decades(ax)
+    width = int(fig.get_figwidth() * 10)  # characters of an 11-point title that fit the figure, with margins
+    if hasattr(fig, "get_suptitle") and len(fig.get_suptitle()) > width:
+        fig.suptitle("\n".join(textwrap.wrap(fig.get_suptitle(), width)), fontsize=11)
     fig.text(0.5, 0.005, "\n".join(textwrap.wrap(text, 150)), ha="center", va="bottom", fontsize=7, color="#444")
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     return fig
@@ -70,7 +124,7 @@ def _spans_decades(values) -> bool:
     """True when every value is positive and max/min exceeds 100 (a log axis reads better)."""
     v = np.asarray(values, dtype=float)
     v = v[np.isfinite(v)]
-    return v.size > 1 and v.min() > 0 and v.max() / v.min() > 100
+    return v.size > 1 and v.min() > 0 and v.max() / v.min() > DECADES
 
 
 def nearfar_distance(nf: pd.DataFrame, text: str):
@@ -90,18 +144,24 @@ def nearfar_distance(nf: pd.DataFrame, text: str):
                 y=metric,
                 hue="selector",
                 hue_order=hue_order,
+                palette=colors(hue_order),
+                style="selector",
+                style_order=hue_order,
+                markers=MARKERS[: len(hue_order)],
+                dashes=False,
                 errorbar=("ci", 95),
-                marker="o",
                 ax=ax,
                 legend=(row == 0 and col == len(sinks) - 1),
             )
             legend_outside(ax)
-            if metric == "fi" and _spans_decades(part[metric]):
-                ax.set_yscale("log")
             ax.set_xlabel("chunk start - p (tokens)")
             ax.set_ylabel(label)
             ax.set_title(_sinks_title(s), fontsize=10)
-    fig.suptitle("Forward Influence of equal-size sets vs chunk distance (mean over documents, 95% CI)", fontsize=11)
+    fig.suptitle(
+        "FI (nats) of equal-size sets, and its ratios to random sets and to the nearest chunk, against chunk "
+        "distance (mean over documents, 95% CI)",
+        fontsize=11,
+    )
     return _finish(fig, text)
 
 
@@ -117,11 +177,16 @@ def token_classes(summary: pd.DataFrame, text: str):
     long["class"] = long["class"].str.removeprefix("share_")
     long["set"] = long["selector"] + " (sinks=" + long["sinks"].astype(int).astype(str) + ")"
     fig, ax = plt.subplots(figsize=(10, 4))
-    sns.barplot(data=long, x="set", y="share", hue="class", ax=ax)
+    sns.barplot(data=long, x="set", y="share", hue="class", palette=colors(long["class"]), ax=ax)
     legend_outside(ax)
     ax.tick_params(axis="x", rotation=30, labelsize=8)
+    for label in ax.get_xticklabels():
+        label.set_horizontalalignment("right")
     ax.set_xlabel("")
-    ax.set_title("Token classes in each selector's set (closed-class function-word list)", fontsize=11)
+    ax.set_ylabel("share of the set's tokens")
+    fig.suptitle(
+        "Word classes in each selector's set: share of its tokens (closed-class function-word list)", fontsize=11
+    )
     return _finish(fig, text)
 
 
@@ -136,16 +201,22 @@ def fi_vs_signals(tokens: pd.DataFrame, text: str):
         ):
             ax = axes[row][col]
             sns.scatterplot(
-                data=part, x=signal, y="fi", hue="document", s=12, alpha=0.7, ax=ax, legend=(row == 0 and col == 1)
+                data=part,
+                x=signal,
+                y="fi",
+                hue="document",
+                palette=colors(tokens["document"]),
+                s=12,
+                alpha=0.7,
+                ax=ax,
+                legend=(row == 0 and col == 1),
             )
             legend_outside(ax)
-            if _spans_decades(part["fi"]):
-                ax.set_yscale("log")
-            if _spans_decades(part[signal]):
-                ax.set_xscale("log")
             ax.set_xlabel(label)
             ax.set_ylabel(f"per-token FI on {chunk} (nats)")
-    fig.suptitle("Leave-one-out Forward Influence of each candidate token", fontsize=11)
+    fig.suptitle(
+        "Per-token FI (nats, leave-one-out) of each candidate token against its entropy and attention", fontsize=11
+    )
     return _finish(fig, text)
 
 
@@ -174,7 +245,7 @@ def rho_heatmap(summary: pd.DataFrame, text: str):
             fmt=".2f",
         )
         axes[0][i].set_title(f"chunk {chunk}", fontsize=10)
-    fig.suptitle("Spearman rho of per-token FI with per-layer signals (mean over documents)", fontsize=11)
+    fig.suptitle("Spearman ρ of per-token FI with each layer's signal (mean over documents; -1 to 1)", fontsize=11)
     return _finish(fig, text)
 
 
@@ -184,13 +255,27 @@ def rho_vs_distance(correlations: pd.DataFrame, text: str):
     if mean.empty:
         return None
     fig, ax = plt.subplots(figsize=(7, 4))
-    sns.lineplot(data=mean, x="distance_from_p", y="rho", hue="signal", errorbar="sd", marker="o", ax=ax)
+    order = list(dict.fromkeys(mean["signal"]))
+    sns.lineplot(
+        data=mean,
+        x="distance_from_p",
+        y="rho",
+        hue="signal",
+        hue_order=order,
+        palette=colors(order),
+        style="signal",
+        style_order=order,
+        markers=MARKERS[: len(order)],
+        dashes=False,
+        errorbar="sd",
+        ax=ax,
+    )
     legend_outside(ax)
     ax.axhline(0, color="#888", lw=0.8)
     ax.set_xlabel("chunk start - p (tokens)")
-    ax.set_ylabel("Spearman rho (FI_j vs signal)")
-    ax.set_title(
-        "Correlation of per-token FI with each signal vs chunk distance (band: 1 sd over documents)", fontsize=10
+    ax.set_ylabel("Spearman ρ (per-token FI vs signal)")
+    fig.suptitle(
+        "Spearman ρ of per-token FI with each signal against chunk distance (band: 1 sd over documents)", fontsize=11
     )
     return _finish(fig, text)
 
@@ -212,6 +297,7 @@ def estimate_vs_exact(validation: pd.DataFrame, text: str):
             x="fi_exact",
             y="fi_estimate",
             hue="document",
+            palette=colors(validation["document"]),
             s=14,
             alpha=0.8,
             ax=ax,
@@ -226,5 +312,5 @@ def estimate_vs_exact(validation: pd.DataFrame, text: str):
         ax.set_xlabel(f"exact per-token FI on {chunk} (nats)")
         ax.set_ylabel("Fisher estimate (nats)")
         legend_outside(ax)
-    fig.suptitle("Gradient (Fisher) estimate against exact leave-one-out FI (dashed: identity)", fontsize=11)
+    fig.suptitle("Fisher estimate of per-token FI against exact leave-one-out FI (nats; dashed: identity)", fontsize=11)
     return _finish(fig, text)

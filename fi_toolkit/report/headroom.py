@@ -14,8 +14,10 @@ if "ipykernel" not in sys.modules:  # in a notebook, keep its inline backend so 
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from fi_toolkit.probe.headroom import ORACLE, fit_chunk  # noqa: E402
+from fi_toolkit.report.figures import colors  # noqa: E402
 
 
 def reference_rows(hr: pd.DataFrame, rounds: bool = True) -> pd.DataFrame:
@@ -48,19 +50,28 @@ def headroom_figure(hr: pd.DataFrame, text: str):
     fig, axes = plt.subplots(
         len(budgets), len(chunks), figsize=(max(6.0, 4.2 * len(chunks)), height), squeeze=False, sharey=True
     )
+    policy_color, oracle_color = colors(["policy", "oracle"]).values()  # colour-blind-safe blue and orange
     for i, n in enumerate(budgets):
         for j, chunk in enumerate(chunks):
             ax = axes[i][j]
             g = rows[(rows["n_removed"] == n) & (rows["chunk"] == chunk)].set_index("bar").reindex(order)
             y = np.arange(len(order))
             err = np.vstack([g["headroom"] - g["ci_low"], g["ci_high"] - g["headroom"]])
-            colors = ["#c44" if b.startswith("ORACLE") else "#47a" for b in order]
-            ax.barh(y, g["headroom"], xerr=np.where(np.isfinite(err), err, 0), color=colors, capsize=2)
+            shade = [oracle_color if b.startswith("ORACLE") else policy_color for b in order]
+            ax.barh(y, g["headroom"], xerr=np.where(np.isfinite(err), err, 0), color=shade, capsize=2)
             ax.axvline(0, color="k", lw=0.8)
-            ax.axvline(1, color="#c44", lw=0.8, ls="--")
+            ax.axvline(1, color=oracle_color, lw=0.8, ls="--")
             ax.set_yticks(y, order, fontsize=8)
             ax.set_title(f"chunk {chunk}, {n:g} removed per head", fontsize=9)
-            ax.set_xlabel("share of the random-to-oracle FI gap closed")
+            ax.xaxis.set_major_locator(
+                MaxNLocator(nbins=5, steps=[1, 2.5, 5, 10])
+            )  # apart, and 1 (the oracle) labelled
+            if i == len(budgets) - 1:  # the bottom row only, on two lines: side by side, labels never run together
+                ax.set_xlabel("share of the random-to-oracle\nFI gap closed", fontsize=9)
+    fig.suptitle(
+        "Headroom: share of the random-to-oracle FI gap each set closes (0: random, 1: the FI oracle; 95% CI)",
+        fontsize=10,
+    )
     fig.text(0.5, 0.005, text, ha="center", va="bottom", fontsize=7, color="#444", wrap=True)
-    fig.tight_layout(rect=(0, min(0.3, 0.45 / height), 1, 1))  # room for a caption of up to three lines
+    fig.tight_layout(rect=(0, min(0.3, 0.45 / height), 1, 1), w_pad=2.0)  # room for a caption of up to three lines
     return fig

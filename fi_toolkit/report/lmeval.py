@@ -323,9 +323,12 @@ def headline(run: dict) -> list[str]:
             lines.append(f"{head}: full cache {full['value'].iloc[0]:.4g}")
         best = part[part["policy"] != NONE].sort_values("value", ascending=False).groupby("budget", sort=False).head(1)
         for r in best.itertuples():
-            lines.append(
-                f"{head}, {r.budget}: best {r.policy} {r.value:.4g} [{r.value_low:.4g}, {r.value_high:.4g}] ({r.band})"
+            band = (
+                "no band"
+                if pd.isna(r.value_low) or pd.isna(r.value_high)
+                else f"[{r.value_low:.4g}, {r.value_high:.4g}]"
             )
+            lines.append(f"{head}, {r.budget}: best {r.policy} {r.value:.4g} {band} ({r.band})")
     for r in run["tables"]["lmeval_cache"].itertuples():
         lines.append(
             f"{r.task}, {r.policy} {r.budget}: {r.cache_entries:.4g} of {r.full_entries:.4g} cache entries "
@@ -358,7 +361,9 @@ def accuracy_vs_budget(acc: pd.DataFrame, text: str):
         )
     for j in range(len(groups), rows * cols):
         axes[j // cols][j % cols].axis("off")
-    fig.suptitle("lm-eval accuracy against budget per policy (95% bands; dashed: full cache)", fontsize=11)
+    fig.suptitle(
+        "lm-eval score (higher is better) against budget per policy (95% bands; dashed: full cache)", fontsize=11
+    )
     return _finish(fig, text)
 
 

@@ -111,7 +111,21 @@ class Trace:
 def trace_prefix(
     model: torch.nn.Module, ids: torch.Tensor, prefix_len: int, config: SignalConfig = SignalConfig()
 ) -> Trace:
-    """Run ``ids[:prefix_len]`` through ``model`` once and collect cache + signals (docs/method.md, "Signals")."""
+    """Run ``ids[:prefix_len]`` through ``model`` once and collect cache + signals (docs/method.md, "Signals").
+
+    One chunked forward (``config.prefill_chunk`` tokens at a time); the LM head is streamed
+    (``config.lm_head_block`` rows), so ``[p, V]`` logits are never held.
+
+    Args:
+        model: a causal LM of a supported family (Llama, Qwen2/3, Mistral, Phi-3, SmolLM2).
+        ids: token ids, ``[N]`` (1-D, ``N >= prefix_len``).
+        prefix_len: the compression point ``p`` (``config.window < p``).
+        config: the signal options; validated first.
+
+    Returns:
+        :class:`Trace`: ``keys[l]``/``values[l]`` ``[1, Hkv, p, head_dim]`` on the model's device, and float32
+        CPU signals ``entropy [p]``, ``distance [L, p]``, ``attention [L, Hkv, p]``, ``accumulated [L, Hkv, p]``.
+    """
     config.validate()
     p = prefix_len
     if p <= config.window:
