@@ -344,16 +344,29 @@ def resolve(
     **defaults,
 ) -> Policy:
     """A policy from its spelling: ``resolve("infokv:alpha=0.5", budget="keep=0.25", window=32)``, a provider's
-    (``resolve("kvpress:TOVAPress", "keep=0.25")``) included.
+    (``resolve("kvpress:TOVAPress", "keep=0.25")``) included. The options spelled in ``text`` override
+    ``budget``, ``window`` and ``defaults``.
 
-    ``budget`` and ``window`` (None: the policy's default) and ``defaults`` (the command line's global
-    ``--alpha``, ``--tau``, ``--top-k``: values for whichever of these fields the policy has; the others
-    are not its options and are not passed) are overridden by the options spelled in ``text``. ``shared``
-    names options the caller fixes for every policy of a run (the signals' ``window`` and ``top_k``, which
-    one trace serves to all): spelling them per policy is refused. ``where`` names the option in messages.
-    ``future``: the caller can give a policy that sees the future (the FI oracle) its scores: the probe
-    (a future chunk) and replays of known text (``fi eval`` on documents: the next interval); elsewhere
-    (generation, tasks: no continuation is known) such a policy is refused.
+    Args:
+        text: ``NAME[:key=value,...]``, ``adaptive(NAME)[:...]`` (alias ``NAME-adaptive``) or a provider's
+            ``PREFIX:NAME[:...]`` (``kvpress:PRESS``).
+        budget: ``keep=X`` or ``remove=X``, a share or a count (None: the policy's default).
+        window: the observation window ``w`` (None: the policy's default).
+        where: how error messages name the option.
+        shared: options the caller fixes for every policy of a run (the signals' ``window`` and ``top_k``,
+            which one trace serves to all): spelling them per policy is refused.
+        future: whether the caller can give a policy that sees the future (the FI oracle) its scores: the
+            probe (a future chunk) and replays of known text (``fi eval`` on documents); elsewhere
+            (generation, tasks: no continuation is known) such a policy is refused.
+        **defaults: the command line's global ``--alpha``, ``--tau``, ``--top-k``: values for whichever of
+            these fields the policy has (the others are not its options and are not passed).
+
+    Returns:
+        The :class:`~fi_toolkit.policies.base.Policy`.
+
+    Raises:
+        FIError: an unknown name or option, a bad value, a shared option spelled per policy, or a policy
+            that sees the future where none is known (one line).
     """
     where = where or f"policy {text}"
     provider = _provider_of(text, where)
