@@ -99,6 +99,8 @@ class Selection:
             return p - self._checked_policy_budget(p, window)
         if self.kind == "kvpress":
             kept = self.press.n_kept(p)
+            if kept is None:  # a press without a ratio: what it removes is known once it has run
+                return 0
             if kept >= p:
                 raise FIError(f"{self.option} keeps all {p:,} prefix positions: nothing to measure")
             return p - kept
@@ -224,7 +226,7 @@ class Selection:
         keep_map.meta.update(
             selection=self.label,
             selector=f"kvpress:{'/'.join(self.press.names)}",
-            budget=f"compression_ratio={self.press.ratio:g}",
+            budget="the press's own" if self.press.ratio is None else f"compression_ratio={self.press.ratio:g}",
             seed=None,
         )
         return keep_map
