@@ -41,23 +41,27 @@ def render(outcomes, kvpress_version: str, transformers_version: str) -> str:
         "wrappers wrap `SnapKVPress`). Written by `docs/gen_kvpress_presses.py` in `.venv-kvpress`;",
         "`make test-kvpress` checks that it is current.",
         "",
-        "| press | kind | spec tried | `fi probe`, near/far | kept of 256 (mean per layer and KV head) |",
-        "|---|---|---|---|---:|",
+        "| press | kind | spec tried | `fi probe`, near/far | kept of 256 (mean per layer and KV head) "
+        "| `fi eval` compresses |",
+        "|---|---|---|---|---:|---|",
     ]
     ordered = sorted(outcomes, key=lambda o: (KIND_ORDER.index(o.kind), o.name))
     for o in ordered:
         spec = f"`kvpress:{_cell(o.spec)}`" if o.spec else ""
         status = "measured" if o.measured else f"refused: {_cell(o.reason)}"
         kept = f"{o.kept:.1f}" if o.kept is not None else ""
-        lines.append(f"| `{o.name}` | {o.kind} | {spec} | {status} | {kept} |")
+        use = o.decoding if o.measured or o.kind == "decoding" else ""
+        lines.append(f"| `{o.name}` | {o.kind} | {spec} | {status} | {kept} | {use} |")
     lines += [
         "",
         "Kinds: *scorer*, a `ScorerPress` (scores entries, keeps the top ones per layer and KV head); *wrapper*, a",
         "press around another (per-head or per-layer budgets, chunks, blocks, two stages); *after the prefill*,",
         "KVzip and its kin, which score each entry by replaying the context through the model once the prefill is",
         "done and mask entries per layer and head; *decoding*, presses that compress only while tokens are",
-        "generated. How the bridge reads what a press kept, and why a press is refused:",
-        "[kvpress](../guides/kvpress.md).",
+        "generated. In `fi eval --policy kvpress:NAME --interval N` a `ScorerPress` compresses the prompt with",
+        "kvpress's prefill, then back to the budget at every interval with its own `compress` on what kvpress's",
+        "`DecodingPress` gives it; any other press compresses the prompt only, as kvpress applies it. How the",
+        "bridge reads what a press kept, and why a press is refused: [kvpress](../guides/kvpress.md).",
         "",
     ]
     return "\n".join(lines)

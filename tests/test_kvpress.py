@@ -273,18 +273,21 @@ def test_infokv_press_pipeline_answer_equals_the_project_compressor():
 # --- presses in fi eval ----------------------------------------------------------------------------
 
 
-def test_a_press_in_fi_eval_compresses_the_prompt_as_the_bridge_does_and_never_again(smollm, alice):
+def test_a_press_in_fi_eval_compresses_the_prompt_as_the_bridge_does_then_at_every_interval(smollm, alice):
     from fi_toolkit.compress.replay import replay
     from fi_toolkit.integrations.kvpress.names import named_policy
 
     policy = named_policy("kvpress:TOVAPress", budget="keep=0.25")
-    assert policy.name == "kvpress:TOVAPress" and policy.prefill_only
+    assert policy.name == "kvpress:TOVAPress" and not policy.prefill_only
     result = replay(smollm.model, alice.ids[:320], 256, policy, interval=16)
-    assert [c.step for c in result.compressions] == [0]  # the prompt only: kvpress presses are prefill presses
+    assert [c.step for c in result.compressions] == [0, 16, 32, 48]  # the prompt, then every interval
     run = run_press(make_press(parse_press_spec("TOVAPress@0.75", "t")), smollm.model, alice.ids, 256, "t")
     assert per_head_equal(result.compressions[0].keep, run.keep_map) == (90, 90)
     assert run.keep_map.counts() == [64] * 30
+    assert [c.keep.counts()[0] for c in result.compressions[1:]] == [68, 72, 76]  # a quarter of 272, 288, 304
     assert float(result.kl.mean()) > 0
+    masking = named_policy("kvpress:AdaKVPress/SnapKVPress", budget="keep=0.25")
+    assert masking.prefill_only  # kvpress applies it at the prefill only
 
 
 def test_an_adakv_press_in_fi_eval_is_refused_in_one_line(smollm, alice):
@@ -464,3 +467,119 @@ def test_nearfar_measures_a_press_beside_its_sets(smollm, alice):
     assert len(rows) == 2 and (rows > 0).all()
     for chunk, fi in rows.items():
         assert fi == pytest.approx(probe[(spec, chunk)], rel=1e-6)
+
+
+# --- presses in decoding -------------------------------------------------------------------------
+
+
+def kvpress_decoding(model, ids, prompt: int, steps: int, press) -> list[torch.Tensor]:
+    """kvpress's own loop: prefill ``ids[:prompt]`` and feed the next ``steps`` tokens one at a time, all under
+    ``press`` (kvpress compresses inside its hooks) -> per layer the positions its cache holds at the end
+    ``[Hkv, k]`` (sorted), followed with the bridge's tracker (a decoded token's slot gets its position)."""
+    from fi_toolkit.integrations.kvpress.tracking import Positions
+
+    cache = DynamicCache(config=model.config)
+    tracker = Positions()
+
+    def positions(module, _args, kwargs, output):  # before the press's hook: the slots this forward appended
+        layer = cache.layers[module.layer_idx]
+        keys, values = layer.keys, layer.values
+        known = tracker.positions(keys)
+        if known is None:  # the prefill
+            tracker.register(keys)
+            tracker.register(values)
+        else:  # a decoded token: its slot is the last
+            pos = known.clone()
+            pos[..., -1] = int(kwargs["position_ids"][0, -1])
+            tracker.shadow[id(keys)], tracker.shadow[id(values)] = (keys, pos), (values, pos.clone())
+        return output
+
+    attention = [layer.self_attn for layer in model.model.layers]
+    hooks = [m.register_forward_hook(positions, with_kwargs=True) for m in attention]
+    try:
+        with torch.no_grad(), tracker, press(model):
+            model.model(input_ids=ids[:prompt][None], position_ids=torch.arange(prompt)[None], past_key_values=cache)
+            for t in range(prompt, prompt + steps):
+                model.model(input_ids=ids[t : t + 1][None], position_ids=torch.tensor([[t]]), past_key_values=cache)
+    finally:
+        for h in hooks:
+            h.remove()
+        restore(model, attention)
+    return [torch.sort(tracker.positions(layer.keys)[0], dim=-1).values for layer in cache.layers]
+
+
+@pytest.mark.parametrize("name", ["TOVAPress", "KnormPress"])
+def test_a_press_in_the_decode_loop_keeps_what_kvpress_decoding_press_keeps(name, smollm, alice):
+    """keep 25 %, compressing every 32 tokens: the decode loop with the press's own ``compress`` at each interval
+    against kvpress's PrefillDecodingPress (the press at the prefill, CompressionRatioDecodingPress around it
+    while decoding): the same entries in every layer and KV head after the prompt and three intervals."""
+    from fi_toolkit.compress.decoder import CompressedDecoder
+    from fi_toolkit.integrations.kvpress.bridge import press_policy
+
+    model, ids, prompt, steps, interval = smollm.model, alice.ids, 128, 96, 32
+    cls = getattr(kvpress, name)
+    theirs = kvpress_decoding(
+        model,
+        ids,
+        prompt,
+        steps,
+        kvpress.PrefillDecodingPress(
+            prefilling_press=cls(compression_ratio=0.75),
+            decoding_press=kvpress.CompressionRatioDecodingPress(
+                base_press=cls(), target_compression_ratio=0.75, compression_interval=interval
+            ),
+        ),
+    )
+    policy = press_policy(f"kvpress:{name}", "keep=0.25", window=8)
+    assert policy.decodes and not policy.prefill_only
+    decoder = CompressedDecoder(model, policy, capacity=prompt + steps)
+    try:
+        decoder.prefill(ids[:prompt])
+        compressions = [decoder.lengths()[0]]
+        for i, t in enumerate(ids[prompt : prompt + steps].tolist()):
+            decoder.step(t)
+            if (i + 1) % interval == 0:
+                assert decoder.compress() is not None
+                compressions.append(decoder.lengths()[0])
+        ours = decoder.positions
+    finally:
+        decoder.close()
+    assert compressions == [32, 40, 48, 56]  # a quarter of 128, 160, 192, 224
+    for layer, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+        assert torch.equal(a.cpu(), b.cpu()), layer
+
+
+def test_a_press_in_decoding_at_full_budget_decodes_as_the_model_does(smollm, alice):
+    from fi_toolkit.compress.decoder import CompressedDecoder
+    from fi_toolkit.integrations.kvpress.bridge import press_policy
+    from fi_toolkit.model.attention import ragged_attention
+
+    model, prompt = smollm.model, alice.ids[:96]
+    decoder = CompressedDecoder(model, press_policy("kvpress:SnapKVPress", "keep=1.0", window=8), capacity=140)
+    try:
+        logits, keep = decoder.prefill(prompt)
+        with ragged_attention(model):
+            ours = decoder.greedy(logits, 40, interval=8)
+    finally:
+        decoder.close()
+    with torch.no_grad():
+        want = model.generate(prompt[None], max_new_tokens=40, do_sample=False, min_new_tokens=40)[0, 96:].tolist()
+    assert keep is None and ours == want and decoder.lengths() == [96 + 39] * 30
+
+
+@pytest.mark.parametrize("name", ["ExpectedAttentionPress", "SnapKVPress"])
+def test_presses_that_read_many_rows_compress_at_every_interval(name, smollm, alice):
+    """SnapKV's window (64 rows) and ExpectedAttention's query statistics read the rows decoded since the last
+    compression: at an interval of 96 both compress back to the budget; at 32, SnapKV's window cannot fit the
+    rows an interval decodes and the replay stops with one line (kvpress's DecodingPress asserts the same)."""
+    from fi_toolkit.compress.replay import replay
+    from fi_toolkit.errors import FIError
+    from fi_toolkit.integrations.kvpress.names import named_policy
+
+    policy = named_policy(f"kvpress:{name}", budget="keep=0.25")
+    result = replay(smollm.model, alice.ids[:448], 256, policy, interval=96)
+    assert [c.step for c in result.compressions] == [0, 96] and result.compressions[1].keep.counts() == [88] * 30
+    assert bool(torch.isfinite(result.kl).all())
+    if name == "SnapKVPress":
+        with pytest.raises(FIError, match="at a compression while decoding .32 rows.*window size 64"):
+            replay(smollm.model, alice.ids[:320], 256, policy, interval=32)

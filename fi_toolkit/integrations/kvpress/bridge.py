@@ -1,25 +1,19 @@
 """Any kvpress press as an eviction: ``--select kvpress:NAME@RATIO`` (docs/method.md, "Budgets").
 
-kvpress (NVIDIA/kvpress, the ``kvpress`` extra) compresses the cache in a forward hook on every
-attention layer during the prefill. :func:`run_press` runs the press on the prefix ``[0, p)``
-through kvpress's own hooks (``with press(model)``, one prefill from an empty cache, as kvpress's
-pipeline does) and records, per layer, which prefix positions the press kept:
+kvpress (NVIDIA/kvpress, the ``kvpress`` extra) compresses the cache in forward hooks during the prefill, and
+some presses after it (KVzip and KVgrad replay the context, KVCompose rebuilds the cache). :func:`run_press` runs
+the press on the prefix ``[0, p)`` through kvpress's own hooks (``with press(model)``, one prefill from an empty
+cache, as kvpress's pipeline does) and reads, per layer and KV head, which prefix positions the cache it leaves
+holds (:mod:`~fi_toolkit.integrations.kvpress.tracking`: followed through kvpress's own indices, never found by
+comparing keys), less the entries the press masks per head (``module.masked_key_indices``: AdaKV and its kin,
+KVzip, DMS), which gives keep maps whose heads keep different counts (``KeepMap.uneven``; the probe masks per
+head). A press whose cache holds keys or values it computed is refused in one line: it is not an eviction; so is
+one that cannot run here (:mod:`~fi_toolkit.integrations.kvpress.failures` says why).
 
-* presses that evict by gathering the cache (every ``ScorerPress``: SnapKV, TOVA, StreamingLLM,
-  ExpectedAttention, KNorm, ...): while the press's ``compress`` runs, a torch function mode follows
-  the original keys tensor through ``gather``/``index_select`` (and ``contiguous``/``clone``) and
-  carries each entry's position along, so the positions come from the index kvpress used, never
-  from comparing keys;
-* presses that keep the cache and mask entries per head during attention (``AdaKVPress`` and its
-  kin set ``module.masked_key_indices``): the complement of the masked entries, per head, which
-  gives keep maps whose heads keep different counts (``KeepMap.uneven``; the probe masks per head).
-
-A press that rewrites the kept keys (merging, re-rotation) is refused in one line: it is not an
-eviction. ``RATIO`` is kvpress's ``compression_ratio``, the share *removed*: ``kvpress:TOVAPress@0.75``
-keeps ``int(p * 0.25)`` entries per head (kvpress's own count), like ``policy:NAME@keep=0.25``
-up to rounding. ``NAME`` is a press class exported by kvpress; ``OUTER/INNER`` wraps one press in
-another that takes a ``press`` (``AdaKVPress/SnapKVPress``); options after a second colon set the
-presses' fields: ``kvpress:SnapKVPress@0.75:window_size=32,kernel_size=7``.
+``RATIO`` is kvpress's ``compression_ratio``, the share *removed*: ``kvpress:TOVAPress@0.75`` keeps
+``int(p * 0.25)`` entries per head (kvpress's own count), like ``policy:NAME@keep=0.25`` up to rounding.
+Spelling: :mod:`~fi_toolkit.integrations.kvpress.spec`. :class:`PressPolicy` is a press as a decode-loop
+policy (``fi eval``), :func:`press_policy` its entry point.
 """
 
 from __future__ import annotations
@@ -199,27 +193,37 @@ def press_policy(name: str, budget, window: int | None = None, where: str = ""):
             parameter={"the budget argument": "budget"},
         )
     spec = parse_press_spec(f"{press_name}@0.5" + (f":{opts}" if opts else ""), where)
-    make_press(spec, where)  # validate the name and options now (and that kvpress is installed)
-    return PressPolicy(budget=Budget.parse(budget or "keep=0.25"), window=window or 32, spec=spec)
+    press = make_press(spec, where)  # validate the name and options now (and that kvpress is installed)
+    decodes = isinstance(press, require_kvpress().ScorerPress)
+    return PressPolicy(budget=Budget.parse(budget or "keep=0.25"), window=window or 32, spec=spec, decodes=decodes)
 
 
 @dataclass
 class PressPolicy(Policy):
-    """A kvpress press as a compression policy (``fi eval``, ``fi generate``): at the prompt's compression
-    the press runs its own prefill of the prompt's tokens through kvpress's hooks (:func:`run_press`;
-    one extra forward per prompt) and its keep map is gathered from the decoder's cache. kvpress applies
-    such presses during the prefill only, so the cache is never compressed again while decoding
-    (``prefill_only``: ``--interval`` does not apply to it). The budget's removed share of the prompt
-    is the press's ``compression_ratio``; the press keeps kvpress's count of it."""
+    """A kvpress press as a compression policy (``fi eval``, ``fi generate``).
+
+    At the prompt's compression the press runs its own prefill of the prompt's tokens through kvpress's hooks
+    (:func:`run_press`; one extra forward per prompt), and its keep map is gathered from the decoder's cache;
+    the budget's removed share of the prompt is the press's ``compression_ratio`` (kvpress's count of it).
+    A ``ScorerPress`` (``decodes``) then compresses back to the budget at every ``--interval`` of the decode
+    loop with its own ``compress`` on what kvpress's ``DecodingPress`` gives it: the attention inputs of the
+    rows decoded since the last compression (at most ``hidden_buffer``), the layer's keys and values
+    (:func:`~fi_toolkit.integrations.kvpress.decoding.decoding_keep_map`, which says where the conventions
+    differ). Other presses (AdaKV-style masks, KVzip, wrappers that need the whole prompt's hidden states)
+    compress the prompt only (``prefill_only``), as kvpress applies them."""
 
     spec: PressSpec | None = None
-    prefill_only = True
-    needs_signals = False
+    decodes: bool = False
+    hidden_buffer: int = 256  # kvpress's DecodingPress default (hidden_states_buffer_size)
     no_layer_weight = "keeps what kvpress decides (for adaptive budgets wrap the press: kvpress:AdaKVPress/NAME)"
 
     def __post_init__(self):
         super().__post_init__()
         self.name = self.spec.label.split("@")[0]  # kvpress:NAME, as result tables name a policy
+        self.prefill_only = not self.decodes
+        self.needs_signals = self.decodes  # the tracker buffers the rows a decoding compression scores with
+        if not self.decodes:
+            self.hidden_buffer = 0
 
     @property
     def label(self) -> str:
@@ -227,6 +231,17 @@ class PressPolicy(Policy):
 
     def keep_map(self, signals) -> KeepMap:
         s = signals
+        if s.inputs is not None and any(h is not None for h in s.inputs):  # rows decoded since a compression
+            from fi_toolkit.integrations.kvpress.decoding import decoding_keep_map
+
+            k = self.kept_total(s.seen, max(s.protected))
+            keep_map = decoding_keep_map(require_kvpress(), make_press(self.spec), s, k, self.label)
+        else:
+            keep_map = self._prompt_keep_map(s)
+        keep_map.meta.update(selector=f"policy:{self.name}", budget=self.budget.label, policy=self.name)
+        return keep_map
+
+    def _prompt_keep_map(self, s) -> KeepMap:
         n = s.seen
         if (
             s.tokens is None
@@ -248,5 +263,4 @@ class PressPolicy(Policy):
                 "it (masked per head); compressed decoding needs a dense cache and cannot run it"
             )
         keep_map.keep = [k.to(s.keys[0].device) for k in keep_map.keep]
-        keep_map.meta.update(selector=f"policy:{self.name}", budget=self.budget.label, policy=self.name)
         return keep_map

@@ -44,6 +44,7 @@ class PressOutcome:
     kept: float | None = None
     reason: str = ""
     keep_map: KeepMap | None = field(default=None, repr=False)
+    decoding: str = ""  # what fi eval does with it: at every interval, the prompt only, or its inner press
 
     @property
     def measured(self) -> bool:
@@ -62,6 +63,17 @@ def press_kind(cls, kvpress) -> str:
     if issubclass(cls, kvpress.KVzipPress):
         return "after the prefill"
     return "other"
+
+
+def decoding_use(cls, kvpress) -> str:
+    """What ``fi eval --policy kvpress:NAME --interval N`` does with a press class: a ``ScorerPress`` compresses
+    the prompt and every interval with its own ``compress`` (:mod:`fi_toolkit.integrations.kvpress.decoding`);
+    kvpress's decoding presses are that, for their inner press; any other compresses the prompt only."""
+    if issubclass(cls, kvpress.DecodingPress):
+        return "its inner press, at every interval"
+    if issubclass(cls, kvpress.ScorerPress) and cls is not kvpress.ScorerPress:
+        return "the prompt, then every interval"
+    return "the prompt only"
 
 
 def survey_spec(name: str, cls, kvpress, ratio: float, layers: int) -> tuple[str | None, str]:
@@ -119,6 +131,7 @@ def press_survey(model, ids: torch.Tensor, prefix_len: int, ratio: float = 0.75)
     for name, cls in sorted(press_classes(kvpress).items()):
         spec, reason = survey_spec(name, cls, kvpress, ratio, layers)
         outcome = PressOutcome(name, press_kind(cls, kvpress), spec, reason=reason)
+        outcome.decoding = decoding_use(cls, kvpress)
         if spec is not None:
             kept, refused = resolve_presses([spec], model, ids, prefix_len)
             if spec in kept:
