@@ -24,6 +24,7 @@ from fi_toolkit.studies import (
     token_class,
 )
 from fi_toolkit.studies.correlation import correlate_signals, signal_columns
+from fi_toolkit.studies.nearfar import count_sets
 
 CFG = SignalConfig(window=8)
 P = 128
@@ -274,6 +275,37 @@ def test_nearfar_sets_and_relative_columns(tiny, doc, trace):
     classes = tables["token_classes"]
     assert len(classes) == nf[["sinks", "selection"]].drop_duplicates().shape[0]
     assert np.allclose(classes[["share_content", "share_function", "share_other"]].sum(axis=1), 1.0)
+
+
+def test_nearfar_measures_extra_selections_once_under_every_sink_option(tiny, doc, trace, monkeypatch):
+    """A keep map beside the study's sets (a policy here; a kvpress press the same way): measured once, listed
+    under each sink option, with the FI the probe gives it; its token classes are those of the positions
+    every layer and head removed."""
+    import fi_toolkit.studies.nearfar as nearfar
+
+    seen = []
+    real = nearfar.forward_influence
+
+    def spy(model, trace, ids, evictions, chunks, **kwargs):
+        seen.extend(evictions)
+        return real(model, trace, ids, evictions, chunks, **kwargs)
+
+    monkeypatch.setattr(nearfar, "forward_influence", spy)
+    chunks = [Chunk(P, P + 16), Chunk(P + 32, P + 48)]
+    spec = "policy:snapkv@keep=0.5"
+    tables = nearfar_document(tiny.model, doc, trace, chunks, "remove=0.1", 1, (4, 0), batch_size=8, selections=[spec])
+    assert sum(e.label == "policy:snapkv@keep=0.5" for e in seen) == 1  # measured once
+    assert count_sets("remove=0.1", 1, (4, 0), [spec]) == 2 * 6
+    nf = tables["nearfar"]
+    rows = nf[nf.selection == "policy:snapkv@keep=0.5"]
+    assert sorted(rows.sinks.tolist()) == [0, 0, 4, 4]
+    probe = probe_document(tiny, doc, chunks, [spec], prefix=P, config=CFG)
+    want = probe[probe.selection == spec].set_index("chunk")["fi"]
+    for sinks in (4, 0):
+        got = rows[rows.sinks == sinks].set_index("chunk")["fi"]
+        np.testing.assert_allclose(got.loc[want.index].to_numpy(), want.to_numpy(), rtol=1e-5, atol=1e-9)
+    classes = tables["token_classes"].set_index(["sinks", "selection"])
+    assert classes.loc[(4, spec), ["share_content", "share_function", "share_other"]].sum() == pytest.approx(1.0)
 
 
 def test_protected_nearfar_sets_never_contain_a_sink(tiny, doc, trace, monkeypatch):

@@ -57,26 +57,59 @@ def test_snapkv_press_keeps_exactly_the_project_snapkv_entries(window, kernel, s
     assert theirs.n_kept(P) == ours.n_kept(P) == 256
 
 
-@pytest.mark.parametrize("spec", ["TOVAPress@0.75", "StreamingLLMPress@0.75", "ExpectedAttentionPress@0.75"])
+PER_LAYER = "[" + ",".join(["0.6", "0.9"] * 15) + "]"  # 30 layers, alternating
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "TOVAPress@0.75",
+        "StreamingLLMPress@0.75",
+        "ExpectedAttentionPress@0.75",
+        "CriticalKVPress/SnapKVPress@0.75",
+        "ChunkKVPress/SnapKVPress@0.75",
+        "BlockPress/SnapKVPress@0.75",
+        "ChunkPress/SnapKVPress@0.75",
+        f"PerLayerCompressionPress/SnapKVPress@0.75:compression_ratios={PER_LAYER}",
+    ],
+)
 def test_keep_map_is_what_kvpress_left_in_the_compressed_cache(spec, smollm, alice, trace):
+    """The original keys and values gathered at the bridge's positions equal, bitwise, what kvpress left in its
+    cache, layer by layer: every ScorerPress, and wrappers that choose for it (two stages, chunks, blocks,
+    per-layer ratios)."""
     run = bridge(spec, smollm, alice)
-    assert not run.keep_map.uneven and run.keep_map.counts() == [256] * 30
-    for layer, original in enumerate(trace.keys):  # trace: the project's own, uncompressed prefill
+    assert not run.keep_map.uneven
+    for layer, (k, v) in enumerate(zip(trace.keys, trace.values)):  # the project's own, uncompressed prefill
         order = run.order[layer]
-        index = order[None, :, :, None].expand(1, -1, -1, original.shape[-1])
-        assert torch.equal(original.gather(2, index), run.cache.layers[layer].keys)  # bitwise
+        index = order[None, :, :, None].expand(1, -1, -1, k.shape[-1])
+        assert torch.equal(k.gather(2, index), run.cache.layers[layer].keys)  # bitwise
+        assert torch.equal(v.gather(2, index), run.cache.layers[layer].values)
         assert torch.equal(torch.sort(order, dim=-1).values, run.keep_map.keep[layer])
+    if spec.startswith("PerLayer"):  # kvpress's count per layer, from the layer's own ratio
+        assert run.keep_map.counts() == [int(P * 0.4), int(P * 0.1)] * 15
+    elif spec.startswith("ChunkKV"):  # whole chunks: int(52 * 0.25) = 13 of 51 chunks of 20 and a last one of 4
+        assert set(run.keep_map.counts()) <= {260, 244}
+    else:
+        assert run.keep_map.counts() == [256] * 30
     if spec.startswith("StreamingLLM"):  # what StreamingLLM means, written out: 4 sinks and the last 252
         expected = torch.cat([torch.arange(4), torch.arange(P - 252, P)])
         assert all(torch.equal(k, expected.expand(3, -1)) for k in run.keep_map.keep)
 
 
-def test_adakv_keep_map_is_what_kvpress_masks_and_the_probe_masks_it_exactly(smollm, alice, trace):
+def test_a_press_that_merges_values_or_prunes_channels_is_refused(smollm, alice):
+    from fi_toolkit.errors import FIError
+
+    for spec in ("MergingPress/SnapKVPress@0.75", "ThinKPress:key_channel_compression_ratio=0.5"):
+        with pytest.raises(FIError, match="changes the kept keys or values"):
+            bridge(spec, smollm, alice)
+
+
+@pytest.mark.parametrize("spec", ["AdaKVPress/SnapKVPress@0.75", "CriticalAdaKVPress/SnapKVPress@0.75"])
+def test_adakv_keep_map_is_what_kvpress_masks_and_the_probe_masks_it_exactly(spec, smollm, alice, trace):
     """AdaKV keeps the whole cache and, while decoding, overwrites every evicted key with a fake key
     (kvpress's attention patch). The oracle runs kvpress's own prefill and a 64-token continuation:
     the keys it left intact are exactly the bridge's kept entries, and its logits equal the probe's
     per-head masked forward with the bridge's (uneven) keep map."""
-    spec = "AdaKVPress/SnapKVPress@0.75"
     keep_map = bridge(spec, smollm, alice).keep_map
     assert keep_map.uneven and abs(keep_map.n_kept(P) - 256) < 1e-9
     counts = torch.stack(keep_map.head_counts)
@@ -241,18 +274,21 @@ def test_infokv_press_pipeline_answer_equals_the_project_compressor():
 # --- presses in fi eval ----------------------------------------------------------------------------
 
 
-def test_a_press_in_fi_eval_compresses_the_prompt_as_the_bridge_does_and_never_again(smollm, alice):
+def test_a_press_in_fi_eval_compresses_the_prompt_as_the_bridge_does_then_at_every_interval(smollm, alice):
     from fi_toolkit.compress.replay import replay
     from fi_toolkit.policies.registry import resolve
 
     policy = resolve("kvpress:TOVAPress", budget="keep=0.25")
-    assert policy.name == "kvpress:TOVAPress" and policy.prefill_only
+    assert policy.name == "kvpress:TOVAPress" and not policy.prefill_only
     result = replay(smollm.model, alice.ids[:320], 256, policy, interval=16)
-    assert [c.step for c in result.compressions] == [0]  # the prompt only: kvpress presses are prefill presses
+    assert [c.step for c in result.compressions] == [0, 16, 32, 48]  # the prompt, then every interval
     run = run_press(make_press(parse_press_spec("TOVAPress@0.75", "t")), smollm.model, alice.ids, 256, "t")
     assert per_head_equal(result.compressions[0].keep, run.keep_map) == (90, 90)
     assert run.keep_map.counts() == [64] * 30
+    assert [c.keep.counts()[0] for c in result.compressions[1:]] == [68, 72, 76]  # a quarter of 272, 288, 304
     assert float(result.kl.mean()) > 0
+    masking = resolve("kvpress:AdaKVPress/SnapKVPress", budget="keep=0.25")
+    assert masking.prefill_only  # kvpress applies it at the prefill only
 
 
 def test_an_adakv_press_in_fi_eval_is_refused_in_one_line(smollm, alice):
@@ -309,7 +345,9 @@ def test_a_press_kvpress_cannot_run_here_is_one_error_line(tmp_path, capsys):
             "--chunk",
             "256:320",
             "--select",
-            "kvpress:ObservedAttentionPress@0.5",
+            "kvpress:SnapKVPress@0.5",
+            "--select",
+            "kvpress:QFilterPress@0.5",
             "--out",
             str(tmp_path / "run"),
         ],
@@ -317,4 +355,232 @@ def test_a_press_kvpress_cannot_run_here_is_one_error_line(tmp_path, capsys):
     )
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), err
-    assert "kvpress failed on the prefix" in lines[0] and not (tmp_path / "run").exists()
+    assert "QFilterPress@0.5: needs a download" in lines[0] and not (tmp_path / "run").exists()
+
+
+# --- presses that score after the prefill, and every press of kvpress ----------------------------
+
+
+def pipeline_cache(model, tokenizer, press, context: str):
+    """kvpress's own pipeline on ``context`` (a short question, 2 new tokens) -> (the context's token ids, the cache
+    it leaves, and the context's keys from a plain prefill of the same ids, per layer)."""
+    from kvpress import KVPressTextGenerationPipeline
+
+    pipe = KVPressTextGenerationPipeline(model=model, tokenizer=tokenizer)
+    ids = pipe.preprocess(context, questions=["Who?"], answer_prefix="", max_context_length=10**6)["context_ids"][0]
+    cache = DynamicCache(config=model.config)
+    pipe(context, question="Who?", press=press, cache=cache, max_new_tokens=2)
+    plain = DynamicCache(config=model.config)
+    with torch.no_grad():
+        model.model(input_ids=ids[None], past_key_values=plain)
+    restore(model, [layer.self_attn for layer in model.model.layers])
+    return ids, cache, [layer.keys for layer in plain.layers]
+
+
+@pytest.mark.parametrize("name", ["KVzipPress", "KVgradPress"])
+@pytest.mark.parametrize("model_kind", ["tiny", "smollm"])
+def test_a_press_that_scores_after_the_prefill_keeps_what_kvpress_pipeline_leaves(name, model_kind, smollm):
+    """KVzip and KVgrad replay the context through the model after the prefill, then mask entries per layer and
+    head. kvpress's pipeline overwrites the masked keys with fake ones while it decodes the question: the keys it
+    left intact are exactly the bridge's kept entries (a tiny random Llama with SmolLM2's vocabulary and
+    tokenizer, and SmolLM2 itself)."""
+    from fi_toolkit.documents import bundled_path
+    from fi_toolkit.model.loading import tiny_model
+
+    model = smollm.model
+    if model_kind == "tiny":
+        model = tiny_model(seed=5, vocab=smollm.model.config.vocab_size).model
+        model.config.name_or_path = smollm.model.config.name_or_path  # KVzip loads the tokenizer from it
+    context = bundled_path("alice").read_text()[3000:4200]
+    ids, cache, plain = pipeline_cache(
+        model, smollm.tokenizer, make_press(parse_press_spec(f"{name}@0.75", name)), context
+    )
+    n = ids.numel()
+    run = run_press(make_press(parse_press_spec(f"{name}@0.75", name)), model, ids, n, name)
+    visible = run.keep_map.visible(n)
+    assert run.keep_map.uneven and abs(run.keep_map.n_kept(n) - int(n * 0.25)) <= 1
+    for layer, original in enumerate(plain):
+        intact = (cache.layers[layer].keys[0, :, :n] == original[0]).all(dim=-1)  # [Hkv, n]
+        assert torch.equal(intact, visible[layer]), layer
+
+
+def survey_module():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "docs" / "gen_kvpress_presses.py"
+    spec = importlib.util.spec_from_file_location("gen_kvpress_presses", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_press_of_kvpress_is_measured_or_refused_and_the_docs_page_is_current(smollm):
+    gen = survey_module()
+    outcomes = {o.name: o for o in gen.survey(smollm)}
+    assert set(outcomes) == set(n for n in kvpress.__all__ if n.endswith("Press"))  # every press class
+    scorers = {n for n, o in outcomes.items() if o.kind == "scorer" and n != "ScorerPress"}
+    downloads = {"KVzapPress", "QFilterPress", "ExpectedAttentionStatsPress"}  # weights or statistics per model
+    must = (scorers - downloads) | {
+        "KVzipPress",
+        "KVgradPress",
+        "AdaKVPress",
+        "CriticalKVPress",
+        "CriticalAdaKVPress",
+        "ChunkKVPress",
+        "BlockPress",
+        "PerLayerCompressionPress",
+        "KVComposePress",
+        "SimLayerKVPress",
+        "DMSPress",
+    }
+    assert {n for n in must if not outcomes[n].measured} == set()
+    for name in ("KVzapPress", "QFilterPress"):
+        assert "needs a download" in outcomes[name].reason
+    for name in ("MergingPress", "KeyRerotationPress", "ThinKPress"):
+        assert "changes the kept keys or values" in outcomes[name].reason
+    for name in ("DecodingPress", "CompressionRatioDecodingPress"):
+        assert "while decoding only" in outcomes[name].reason
+    assert all(o.reason for o in outcomes.values() if not o.measured)  # every refusal says why
+    assert gen.survey_page(list(outcomes.values())) == gen.OUT.read_text(), "run docs/gen_kvpress_presses.py"
+
+
+def test_a_study_over_many_presses_skips_those_that_cannot_run_and_says_why(smollm, alice):
+    from fi_toolkit.integrations.kvpress.catalog import resolve_presses
+
+    specs = ["kvpress:SnapKVPress@0.75", "kvpress:QFilterPress@0.75", "MergingPress/SnapKVPress@0.75", "TOVAPress@0.75"]
+    kept, refused = resolve_presses(specs, smollm.model, alice.ids, 256)
+    assert set(kept) == {"kvpress:SnapKVPress@0.75", "TOVAPress@0.75"}
+    assert refused["kvpress:QFilterPress@0.75"].startswith("needs a download")
+    assert refused["MergingPress/SnapKVPress@0.75"].startswith("the press changes the kept keys or values")
+
+
+def test_nearfar_measures_a_press_beside_its_sets(smollm, alice):
+    from fi_toolkit.probe.chunks import Chunk
+    from fi_toolkit.probe.experiment import probe_document
+    from fi_toolkit.studies import nearfar_document
+
+    p, spec = 256, "kvpress:KVzipPress@0.75"
+    trace = trace_prefix(smollm.model, alice.ids, p, SignalConfig())
+    chunks = [Chunk(p, p + 32), Chunk(p + 64, p + 96)]
+    nf = nearfar_document(smollm.model, alice, trace, chunks, "remove=0.1", 1, (4,), selections=[spec])["nearfar"]
+    probe = probe_document(smollm, alice, chunks, [spec], trace=trace).set_index(["selection", "chunk"])["fi"]
+    rows = nf[nf.selection == spec].set_index("chunk")["fi"]
+    assert len(rows) == 2 and (rows > 0).all()
+    for chunk, fi in rows.items():
+        assert fi == pytest.approx(probe[(spec, chunk)], rel=1e-6)
+
+
+# --- presses in decoding -------------------------------------------------------------------------
+
+
+def kvpress_decoding(model, ids, prompt: int, steps: int, press) -> list[torch.Tensor]:
+    """kvpress's own loop: prefill ``ids[:prompt]`` and feed the next ``steps`` tokens one at a time, all under
+    ``press`` (kvpress compresses inside its hooks) -> per layer the positions its cache holds at the end
+    ``[Hkv, k]`` (sorted), followed with the bridge's tracker (a decoded token's slot gets its position)."""
+    from fi_toolkit.integrations.kvpress.tracking import Positions
+
+    cache = DynamicCache(config=model.config)
+    tracker = Positions()
+
+    def positions(module, _args, kwargs, output):  # before the press's hook: the slots this forward appended
+        layer = cache.layers[module.layer_idx]
+        keys, values = layer.keys, layer.values
+        known = tracker.positions(keys)
+        if known is None:  # the prefill
+            tracker.register(keys)
+            tracker.register(values)
+        else:  # a decoded token: its slot is the last
+            pos = known.clone()
+            pos[..., -1] = int(kwargs["position_ids"][0, -1])
+            tracker.shadow[id(keys)], tracker.shadow[id(values)] = (keys, pos), (values, pos.clone())
+        return output
+
+    attention = [layer.self_attn for layer in model.model.layers]
+    hooks = [m.register_forward_hook(positions, with_kwargs=True) for m in attention]
+    try:
+        with torch.no_grad(), tracker, press(model):
+            model.model(input_ids=ids[:prompt][None], position_ids=torch.arange(prompt)[None], past_key_values=cache)
+            for t in range(prompt, prompt + steps):
+                model.model(input_ids=ids[t : t + 1][None], position_ids=torch.tensor([[t]]), past_key_values=cache)
+    finally:
+        for h in hooks:
+            h.remove()
+        restore(model, attention)
+    return [torch.sort(tracker.positions(layer.keys)[0], dim=-1).values for layer in cache.layers]
+
+
+@pytest.mark.parametrize("name", ["TOVAPress", "KnormPress"])
+def test_a_press_in_the_decode_loop_keeps_what_kvpress_decoding_press_keeps(name, smollm, alice):
+    """keep 25 %, compressing every 32 tokens: the decode loop with the press's own ``compress`` at each interval
+    against kvpress's PrefillDecodingPress (the press at the prefill, CompressionRatioDecodingPress around it
+    while decoding): the same entries in every layer and KV head after the prompt and three intervals."""
+    from fi_toolkit.compress.decoder import CompressedDecoder
+    from fi_toolkit.integrations.kvpress.bridge import press_policy
+
+    model, ids, prompt, steps, interval = smollm.model, alice.ids, 128, 96, 32
+    cls = getattr(kvpress, name)
+    theirs = kvpress_decoding(
+        model,
+        ids,
+        prompt,
+        steps,
+        kvpress.PrefillDecodingPress(
+            prefilling_press=cls(compression_ratio=0.75),
+            decoding_press=kvpress.CompressionRatioDecodingPress(
+                base_press=cls(), target_compression_ratio=0.75, compression_interval=interval
+            ),
+        ),
+    )
+    policy = press_policy(f"kvpress:{name}", "keep=0.25", window=8)
+    assert policy.decodes and not policy.prefill_only
+    decoder = CompressedDecoder(model, policy, capacity=prompt + steps)
+    try:
+        decoder.prefill(ids[:prompt])
+        compressions = [decoder.lengths()[0]]
+        for i, t in enumerate(ids[prompt : prompt + steps].tolist()):
+            decoder.step(t)
+            if (i + 1) % interval == 0:
+                assert decoder.compress() is not None
+                compressions.append(decoder.lengths()[0])
+        ours = decoder.positions
+    finally:
+        decoder.close()
+    assert compressions == [32, 40, 48, 56]  # a quarter of 128, 160, 192, 224
+    for layer, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+        assert torch.equal(a.cpu(), b.cpu()), layer
+
+
+def test_a_press_in_decoding_at_full_budget_decodes_as_the_model_does(smollm, alice):
+    from fi_toolkit.compress.decoder import CompressedDecoder
+    from fi_toolkit.integrations.kvpress.bridge import press_policy
+    from fi_toolkit.model.attention import ragged_attention
+
+    model, prompt = smollm.model, alice.ids[:96]
+    decoder = CompressedDecoder(model, press_policy("kvpress:SnapKVPress", "keep=1.0", window=8), capacity=140)
+    try:
+        logits, keep = decoder.prefill(prompt)
+        with ragged_attention(model):
+            ours = decoder.greedy(logits, 40, interval=8)
+    finally:
+        decoder.close()
+    with torch.no_grad():
+        want = model.generate(prompt[None], max_new_tokens=40, do_sample=False, min_new_tokens=40)[0, 96:].tolist()
+    assert keep is None and ours == want and decoder.lengths() == [96 + 39] * 30
+
+
+@pytest.mark.parametrize("name", ["ExpectedAttentionPress", "SnapKVPress"])
+def test_presses_that_read_many_rows_compress_at_every_interval(name, smollm, alice):
+    """SnapKV's window (64 rows) and ExpectedAttention's query statistics read the rows decoded since the last
+    compression: at an interval of 96 both compress back to the budget; at 32, SnapKV's window cannot fit the
+    rows an interval decodes and the replay stops with one line (kvpress's DecodingPress asserts the same)."""
+    from fi_toolkit.compress.replay import replay
+    from fi_toolkit.errors import FIError
+    from fi_toolkit.policies.registry import resolve
+
+    policy = resolve(f"kvpress:{name}", budget="keep=0.25")
+    result = replay(smollm.model, alice.ids[:448], 256, policy, interval=96)
+    assert [c.step for c in result.compressions] == [0, 96] and result.compressions[1].keep.counts() == [88] * 30
+    assert bool(torch.isfinite(result.kl).all())
+    if name == "SnapKVPress":
+        with pytest.raises(FIError, match="at a compression while decoding .32 rows.*window size 64"):
+            replay(smollm.model, alice.ids[:320], 256, policy, interval=32)

@@ -266,3 +266,35 @@ def test_decoding_signals_before_any_eviction_equal_a_fresh_trace(tiny, tiny_ids
         np.testing.assert_allclose(s.attention[layer].numpy(), attention, atol=1e-5)
         for head in range(s.entropy[layer].shape[0]):
             np.testing.assert_allclose(s.entropy[layer][head].numpy(), entropy, rtol=1e-4, atol=1e-5)
+
+
+def test_the_buffer_of_attention_inputs_holds_the_rows_fed_since_the_last_compaction(eager, tiny_ids):
+    """With ``hidden_buffer = B``: per layer the attention module's inputs of the last B rows decoded, and their
+    position embeddings; the oracle is a plain uncached forward (``output_hidden_states``, the layer's own
+    input norm, the model's rotary embedding). Decoding and each compaction start it empty; a fork copies it."""
+    b = 8
+    tracker = SignalTracker(CONFIG, P + 12, token_signals=False, hidden_buffer=b)
+    cache = DynamicCache(config=eager.config)
+    _feed(eager, tracker, cache, tiny_ids[:P])
+    assert tracker.inputs[0].shape[1] == b  # the prompt's last rows, until decoding starts
+    tracker.start_decoding(cache)
+    assert tracker.inputs == [None] * len(cache.layers) and tracker.rope is None
+    for t in range(P, P + 10):  # ten decoding steps: the buffer holds the last eight
+        _feed(eager, tracker, cache, tiny_ids[t : t + 1])
+    n = P + 10
+    with torch.no_grad():
+        states = eager(tiny_ids[:n][None], output_hidden_states=True).hidden_states
+        cos, sin = eager.model.rotary_emb(states[0], torch.arange(n - b, n)[None])
+    view = tracker.view(_all_slots(cache))
+    for layer, module in enumerate(eager.model.layers):
+        with torch.no_grad():
+            want = module.input_layernorm(states[layer])[:, -b:]
+        np.testing.assert_allclose(view.inputs[layer].numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
+        assert torch.equal(view.values[layer], cache.layers[layer].values)
+    assert torch.equal(view.rope[0], cos) and torch.equal(view.rope[1], sin)
+    child = tracker.fork(hidden_buffer=4)
+    assert torch.equal(child.inputs[0], tracker.inputs[0][:, -4:]) and child.rope[0].shape[1] == 4
+    tracker.compact([torch.arange(n).expand(cache.layers[0].keys.shape[1], n)] * len(cache.layers))
+    assert tracker.inputs == [None] * len(cache.layers) and tracker.rope is None
+    _feed(eager, tracker, cache, tiny_ids[n : n + 1])
+    assert tracker.inputs[0].shape[1] == 1 and tracker.rope[0].shape[1] == 1  # the rows since the compaction

@@ -48,6 +48,11 @@ from fi_toolkit.signals.config import SignalConfig
 from fi_toolkit.signals.tracker import SignalTracker
 
 
+def hidden_buffer(policy: Policy | None) -> int:
+    """Rows of attention inputs the policy scores with at a compression (a kvpress press's ``score()``); 0: none."""
+    return int(getattr(policy, "hidden_buffer", 0) or 0)
+
+
 def signal_config_for(policy: Policy | None, **overrides) -> SignalConfig:
     """The signal options a policy implies (its window, top-k and tau), with explicit overrides."""
     base = {"window": getattr(policy, "window", 32)}
@@ -307,7 +312,9 @@ class CompressedDecoder:
         self.row = RowState(self.schedule, torch.zeros(capacity, dtype=torch.long), lookahead, keep_maps)
         self.sharing = False  # CompressedDecoder.shared: prefilled once, then forked per policy
         if tracker is None and policy is not None and policy.needs_signals:
-            tracker = SignalTracker(self.config, capacity, policy.tracks_accumulated, policy.needs_token_signals)
+            tracker = SignalTracker(
+                self.config, capacity, policy.tracks_accumulated, policy.needs_token_signals, hidden_buffer(policy)
+            )
         self.tracker = tracker
         self._hooks = ExitStack()  # the tracker's hooks, held until close()
         if tracker is not None:
@@ -375,7 +382,11 @@ class CompressedDecoder:
                 )
         tracker = None
         if policy is not None and policy.needs_signals:  # only what the policy reads
-            tracker = self.tracker.fork(token_signals=policy.needs_token_signals, accumulate=policy.tracks_accumulated)
+            tracker = self.tracker.fork(
+                token_signals=policy.needs_token_signals,
+                accumulate=policy.tracks_accumulated,
+                hidden_buffer=hidden_buffer(policy),
+            )
         child = CompressedDecoder(
             self.model,
             policy,
@@ -546,6 +557,7 @@ class CompressedDecoder:
             seen=row.seen,
             keys=[l.keys for l in self.cache.layers],
             positions=row.positions,
+            values=[l.values for l in self.cache.layers],
             **mine,
         )
 

@@ -124,7 +124,7 @@ class Policy:
     :meth:`scores` (higher = keep) and may override :meth:`layer_budgets` (uneven per-layer budgets) and
     :meth:`layer_weight` (what :class:`~fi_toolkit.policies.adaptive.Adaptive` shares layer budgets by).
     Every field but ``budget`` is an option of the command line's spelling ``NAME:key=value``
-    (:mod:`fi_toolkit.policies.spec`); a subclass validates its fields in ``__post_init__`` with messages
+    (:mod:`fi_toolkit.policies.registry`); a subclass validates its fields in ``__post_init__`` with messages
     that name them."""
 
     budget: Budget | str | float | int = "keep=0.25"

@@ -28,7 +28,11 @@ sets, not all positions.
 logits of the query heads of KV group ``h`` (a registered attention function around the model's own,
 :func:`attention_bias`: the bias enters through the mask, no model surgery). The all-layers bias is
 ``B[:, :, j]`` moved together, whose gradient is the sum over layers and heads, so one backward gives
-all three: every layer and head, one layer (``layer_fi``), one layer's KV head (``head_fi``).
+all three: every layer and head, one layer (``layer_fi``), one layer's KV head (``head_fi``). While
+gradients flow, that function computes the attention itself (:class:`~fi_toolkit.probe.bias_attention.BiasedAttention`),
+with a backward that forms only the gradients the estimate needs (the bias's, the queries', the fed
+tokens' keys and values); autograd through the model's attention took 1.6-1.9 times as long per draw
+(``benchmarks/bench_estimator_backward.py``).
 
 **At a base eviction** (``removed``, the FI oracle's later rounds, :mod:`fi_toolkit.probe.oracle`): the
 entries already removed get a constant bias of ``finfo.min`` (exactly zero attention weight, as the
@@ -57,6 +61,7 @@ from fi_toolkit.eviction import shared_cache
 from fi_toolkit.model.architectures import context_limit
 from fi_toolkit.model.attention import register_wrapped
 from fi_toolkit.model.checkpointing import checkpointed_layers
+from fi_toolkit.probe.bias_attention import BiasedAttention
 from fi_toolkit.probe.chunks import Chunk, check_chunks
 from fi_toolkit.probe.estimator_options import (  # noqa: F401  (importable here too)
     DEFAULT_SAMPLES,
@@ -73,6 +78,10 @@ _BIAS: list = [None]  # the bias [L, H_kv, p] the biased attention functions add
 def _biased(attention_fn):
     def forward(module, query, key, value, attention_mask, *args, **kwargs):
         bias = _BIAS[0]
+        if _by_hand(bias, query, key, attention_mask, args, kwargs):
+            scale = kwargs.get("scaling") or query.shape[-1] ** -0.5
+            out = BiasedAttention.apply(query, key, value, attention_mask, bias[module.layer_idx], scale)
+            return out, None
         if bias is not None and attention_mask is not None:
             b = bias[module.layer_idx].repeat_interleave(query.shape[1] // bias.shape[1], dim=0)  # [H_q, p]
             b = F.pad(b, (0, attention_mask.shape[-1] - b.shape[-1]))  # prefix keys only; the continuation's get 0
@@ -80,6 +89,25 @@ def _biased(attention_fn):
         return attention_fn(module, query, key, value, attention_mask, *args, **kwargs)
 
     return forward
+
+
+def _by_hand(bias, query, key, attention_mask, args, kwargs) -> bool:
+    """Whether the gradient pass can take :class:`BiasedAttention`: a bias that needs a gradient (not
+    forward-mode AD), batch 1, one additive ``[1, 1, n, K]`` mask, and nothing the function does not implement."""
+    return (
+        bias is not None
+        and torch.is_grad_enabled()
+        and bias.requires_grad
+        and forward_ad.unpack_dual(bias).tangent is None
+        and query.shape[0] == 1
+        and attention_mask is not None
+        and attention_mask.dtype.is_floating_point
+        and tuple(attention_mask.shape) == (1, 1, query.shape[2], key.shape[2])
+        and not args
+        and not kwargs.get("dropout")
+        and kwargs.get("softcap") is None
+        and kwargs.get("s_aux") is None
+    )
 
 
 BIASED = register_wrapped("fi_biased", _biased)
@@ -132,13 +160,16 @@ def graph_bytes(config, prefix: int, n: int, block: int) -> int:
     """The size of the graph :func:`fisher_fi` keeps without checkpointing, for ``n`` continuation
     tokens after ``prefix`` in query blocks of ``block``: per layer, float32, what the forward saves for
     backward (:func:`kept_graph_bytes` on the tiny Llama and SmolLM2): per token two hidden-size and
-    three MLP-width vectors and the queries; per query block the keys and values it sees, expanded to
-    every query head, and one attention map (heads x block x keys)."""
+    three MLP-width vectors and the queries; per query block the keys and values it sees, per KV head,
+    and one attention map (query heads x block x keys; :class:`~fi_toolkit.probe.bias_attention.BiasedAttention`)."""
     heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     per_token = 2 * config.hidden_size + 3 * config.intermediate_size + heads * head_dim
-    per_block = sum((min(block, n - a) + 2 * head_dim) * (prefix + min(n, a + block)) for a in range(0, n, block))
-    return 4 * config.num_hidden_layers * (n * per_token + heads * per_block)
+    per_block = sum(
+        (heads * min(block, n - a) + kv_heads * 2 * head_dim) * (prefix + min(n, a + block)) for a in range(0, n, block)
+    )
+    return 4 * config.num_hidden_layers * (n * per_token + per_block)
 
 
 def kept_graph_bytes(

@@ -105,6 +105,8 @@ class Selection:
             return p - self._checked_policy_budget(p, window)
         if self.provided is not None:
             kept = self.provided.n_kept(p)
+            if kept is None:  # a press without a ratio: what it removes is known once it has run
+                return 0
             if kept >= p:
                 raise FIError(f"{self.option} keeps all {p:,} prefix positions: nothing to measure")
             return p - kept

@@ -34,6 +34,9 @@ class Signals:
     fi_estimates: list[torch.Tensor] | None = None
     tokens: torch.Tensor | None = None  # the token ids fed so far, by position (kvpress presses re-run on them)
     model: object = None  # the model whose cache this is (kvpress presses run their own prefill on it)
+    values: list[torch.Tensor] | None = None  # [1, Hkv, n_l, head_dim], the cache's values
+    inputs: list[torch.Tensor] | None = None  # [1, m, d]: attention inputs of the rows fed since the last compression
+    rope: tuple | None = None  # (cos, sin) [1, m, head_dim]: the position embeddings of those rows
 
     def __post_init__(self):
         if not self.protected:

@@ -57,15 +57,30 @@ class SignalTracker:
     - ``accumulated``: per layer, H2O's accumulator ``[Hkv, n_l]`` in slot space (attention each
       cache slot received from the window queries at the prefill and from every row fed after it),
       or None before :meth:`start_decoding` and when not ``accumulate``.
+    - ``inputs``, ``rope``: with ``hidden_buffer = B > 0``, per layer the attention module's inputs of the
+      rows fed since :meth:`start_decoding` or the last :meth:`compact` (at most the last ``B``) ``[1, m, d]``,
+      and the position
+      embeddings ``(cos, sin)`` of those rows ``[1, m, hd]`` each: what a kvpress press scores with while
+      decoding (kvpress's ``DecodingPress`` buffers the same rows and clears them at each compression).
 
     ``capacity`` is the number of positions the buffers hold at first; they grow past it if fed more.
     """
 
-    def __init__(self, config: SignalConfig, capacity: int, accumulate: bool = False, token_signals: bool = True):
+    def __init__(
+        self,
+        config: SignalConfig,
+        capacity: int,
+        accumulate: bool = False,
+        token_signals: bool = True,
+        hidden_buffer: int = 0,
+    ):
         self.config = config
         self.capacity = capacity
         self.accumulate = accumulate
         self.token_signals = token_signals
+        self.hidden_buffer = hidden_buffer
+        self.inputs: list[torch.Tensor | None] = []
+        self.rope: tuple[torch.Tensor, torch.Tensor] | None = None
         self.seen = 0
         self.entropy: torch.Tensor | None = None  # allocated on the model's device at the first enter
         self.distance: torch.Tensor | None = None
@@ -112,6 +127,7 @@ class SignalTracker:
         self.entropy = torch.zeros(size, device=device)
         self.distance = torch.zeros(n_layers, size, device=device)
         self.queries = [None] * n_layers
+        self.inputs = [None] * n_layers
 
     def _input_hook(self, layer_idx: int):
         def hook(_module, args, kwargs):
@@ -134,11 +150,25 @@ class SignalTracker:
         )
         prev = self.queries[i]
         self.queries[i] = (q if prev is None else torch.cat([prev, q[:, -w:]], dim=1))[:, -w:]
+        if self.hidden_buffer:
+            self._buffer(i, hs, kwargs["position_embeddings"])
         if accumulate:
             keys = self._cache.layers[i].keys[0]  # already holds the keys of this forward's rows (the last slots)
             acc = self.accumulated[i]
             acc = torch.cat([acc, acc.new_zeros(keys.shape[0], keys.shape[1] - acc.shape[1])], dim=1)
             self.accumulated[i] = acc + signals.attention_received(q, keys, module.scaling)
+
+    def _buffer(self, layer: int, hidden_states: torch.Tensor, position_embeddings) -> None:
+        """Append the rows just fed to ``layer``'s buffer of attention inputs (and, once per forward, their
+        position embeddings), keeping the last ``hidden_buffer``."""
+        b = self.hidden_buffer
+        prev = self.inputs[layer]
+        self.inputs[layer] = (hidden_states if prev is None else torch.cat([prev, hidden_states], dim=1))[:, -b:]
+        if layer == 0:
+            cos, sin = position_embeddings
+            if self.rope is not None:
+                cos, sin = torch.cat([self.rope[0], cos], dim=1), torch.cat([self.rope[1], sin], dim=1)
+            self.rope = (cos[:, -b:], sin[:, -b:])
 
     # ---- the public steps --------------------------------------------------------------------------
 
@@ -182,6 +212,8 @@ class SignalTracker:
         An accumulator copied by :meth:`fork` is kept: the fork only binds its own copy of the cache.
         Compaction must keep this cache object (gather its layers in place, then :meth:`compact`)."""
         self._cache = cache
+        if self.hidden_buffer:  # the buffer holds decoded rows only (kvpress's DecodingPress skips the prefill)
+            self.inputs, self.rope = [None] * len(self.inputs), None
         if self.accumulate and self.accumulated is None:
             self.accumulated = [self._received(i, layer.keys) for i, layer in enumerate(cache.layers)]
 
@@ -201,6 +233,8 @@ class SignalTracker:
                 )
         if self.accumulated is not None:
             self.accumulated = [a.gather(1, idx.to(a.device)) for a, idx in zip(self.accumulated, keep)]
+        if self.hidden_buffer:  # a compression empties the buffer, as kvpress's DecodingPress does
+            self.inputs, self.rope = [None] * len(self.inputs), None
 
     def view(self, positions: list[torch.Tensor]) -> Signals:
         """The :class:`~fi_toolkit.signals.policy_view.Signals` a policy scores now, in slot space.
@@ -210,7 +244,9 @@ class SignalTracker:
         ``positions``; ``entropy`` and ``distance`` ``[Hkv, n_l]`` (H under ``config.entropy_of`` and
         ``D^(l)`` of each slot's token; None unless ``token_signals``); ``attention [Hkv, n_l]`` (pooled
         window attention of the last ``w`` queries over the slots); ``accumulated [Hkv, n_l]`` (None
-        unless accumulating). ``protected``, ``tokens`` and ``model`` are the caller's to fill in."""
+        unless accumulating); ``values`` (the bound cache's); ``inputs`` and ``rope`` (the buffered attention
+        inputs and their position embeddings; None without ``hidden_buffer``). ``protected``, ``tokens`` and
+        ``model`` are the caller's to fill in."""
         if self._cache is None:
             raise FIError("view() needs start_decoding(cache) first")
         keys = [layer.keys for layer in self._cache.layers]
@@ -221,9 +257,14 @@ class SignalTracker:
             s.distance = [self.distance[i][pos] for i, pos in enumerate(positions)]
         s.attention = [self._window_attention(i, k) for i, k in enumerate(keys)]
         s.accumulated = self.accumulated
+        s.values = [layer.values for layer in self._cache.layers]
+        if self.hidden_buffer:
+            s.inputs, s.rope = list(self.inputs), self.rope
         return s
 
-    def fork(self, token_signals: bool | None = None, accumulate: bool | None = None) -> SignalTracker:
+    def fork(
+        self, token_signals: bool | None = None, accumulate: bool | None = None, hidden_buffer: int | None = None
+    ) -> SignalTracker:
         """An independent copy of this tracker's state (cloned tensors), for a decoder forked from this
         one; it keeps only what it will track (``token_signals``/``accumulate``: default, as this one;
         neither can be turned on where this tracker did not track it). It reads no cache until its own
@@ -232,7 +273,8 @@ class SignalTracker:
         accumulate = self.accumulate if accumulate is None else accumulate
         if (token_signals and not self.token_signals) or (accumulate and not self.accumulate):
             raise FIError("a fork can only track what the tracker it comes from tracked")
-        child = SignalTracker(self.config, self.capacity, accumulate, token_signals)
+        buffer = self.hidden_buffer if hidden_buffer is None else hidden_buffer  # a larger one starts with fewer rows
+        child = SignalTracker(self.config, self.capacity, accumulate, token_signals, buffer)
         child.seen = self.seen
         child._model, child._parts = self._model, self._parts
         if self._model is not None:
@@ -241,6 +283,9 @@ class SignalTracker:
             else:
                 child.entropy, child.distance = self.entropy[:0].clone(), self.distance[:, :0].clone()
             child.queries = [None if q is None else q.clone() for q in self.queries]
+            child.inputs = [None if h is None or not buffer else h[:, -buffer:].clone() for h in self.inputs]
+            if self.rope is not None and buffer:
+                child.rope = (self.rope[0][:, -buffer:].clone(), self.rope[1][:, -buffer:].clone())
         if accumulate and self.accumulated is not None:
             child.accumulated = [a.clone() for a in self.accumulated]
         return child

@@ -20,13 +20,16 @@ p-value possible is 1/32 = 0.031).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
+import torch
 from scipy import stats
 
 from fi_toolkit.budget import Budget
+from fi_toolkit.eviction import KeepMap
 from fi_toolkit.probe.chunks import Chunk
 from fi_toolkit.probe.experiment import fi_table
 from fi_toolkit.probe.forward_influence import forward_influence
@@ -42,9 +45,12 @@ from fi_toolkit.studies.nearfar_spec import (  # noqa: F401  (nearfar_chunks, pa
 from fi_toolkit.studies.token_classes import token_class_table
 
 
-def count_sets(budget: Budget | str, seeds: int, sink_options: Sequence[int]) -> int:
-    """Sets a document's study measures (every selector and seed, for every sink option), controls aside."""
-    return len(parse_selections(nearfar_selections(budget, seeds))) * len(sink_options)
+def count_sets(budget: Budget | str, seeds: int, sink_options: Sequence[int], selections: Sequence[str] = ()) -> int:
+    """Sets a document's study measures (every selector and seed and every extra selection, for every sink
+    option), controls aside."""
+    return (len(parse_selections(nearfar_selections(budget, seeds))) + len(parse_selections(selections))) * len(
+        sink_options
+    )
 
 
 def nearfar_document(
@@ -61,6 +67,7 @@ def nearfar_document(
     on_progress: Callable[[int], None] | None = None,
     sets: slice = slice(None),
     reference=None,
+    selections: Sequence[str] = (),
 ) -> dict[str, pd.DataFrame]:
     """FI of every selector's set on every chunk, with and without sink protection, for one document.
 
@@ -72,22 +79,30 @@ def nearfar_document(
     the whole document's; blocks without the controls leave ``below_noise_floor`` to the merge
     (:func:`fi_toolkit.probe.noise_floor.flag_below_noise_floor`). ``reference``: the document's
     :func:`~fi_toolkit.probe.forward_influence.chunk_reference`, shared by its parts.
+
+    ``selections``: more ``--select`` specs measured beside the study's sets (a kvpress press, a policy). Such
+    a selection decides its own entries, sinks included: it is resolved once, measured once, and listed
+    under every sink option; its token classes are those of the positions every layer and head removed.
     """
-    selections = parse_selections(nearfar_selections(budget, seeds))
+    study = parse_selections(nearfar_selections(budget, seeds))
+    extra = [
+        s.resolve(trace, alpha=trace.config.alpha, model=model, ids=doc.ids, chunks=list(chunks))
+        for s in parse_selections(selections)
+    ]
     evictions = []
     for sinks in sink_options:
-        for sel in selections:
+        for sel in study:
             e = sel.resolve(trace, sinks=sinks, alpha=trace.config.alpha)
             e.meta["sinks"] = sinks
             evictions.append(e)
+        evictions += [dataclasses.replace(e, meta={**e.meta, "sinks": sinks}) for e in extra]
     controls = sets.start in (None, 0)
     evictions = evictions[sets]
     index: dict[tuple, int] = {}
     distinct = []
     for e in evictions:
-        key = tuple(e.removed.tolist())
-        if key not in index:
-            index[key] = len(distinct)
+        if _key(e) not in index:
+            index[_key(e)] = len(distinct)
             distinct.append(e)
     result = forward_influence(
         model,
@@ -102,7 +117,7 @@ def nearfar_document(
         reference=reference,
     )
     controls = result.control_rows()
-    rows = controls + [len(controls) + index[tuple(e.removed.tolist())] for e in evictions]
+    rows = controls + [len(controls) + index[_key(e)] for e in evictions]
     measured = result.rows(rows)
     measured.evictions = measured.evictions[: len(controls)] + evictions  # each with its own label and sinks
     table = fi_table(doc, trace, measured)
@@ -117,13 +132,27 @@ def nearfar_document(
                 "selection": e.label,
                 "selector": e.meta["selector"],
                 "seed": e.meta.get("seed"),
-                "texts": [text(int(i)) for i in doc.ids[e.removed]],
+                "texts": [text(int(i)) for i in doc.ids[_removed_everywhere(e, trace.prefix_len)]],
             }
             for e in evictions
         ]
     )
     classes["seed"] = classes["seed"].astype("Int64")
     return {"nearfar": table, "token_classes": classes}
+
+
+def _key(e) -> tuple:
+    """Evictions with the same key are measured once: a token set by its positions, a keep map by its entries."""
+    if isinstance(e, KeepMap):
+        return ("keep map", *(tuple(k.flatten().tolist()) for k in e.keep))
+    return tuple(e.removed.tolist())
+
+
+def _removed_everywhere(e, prefix_len: int):
+    """Positions removed from every layer and KV head (a token set's own)."""
+    if isinstance(e, KeepMap):
+        return torch.nonzero(~e.visible(prefix_len).any(dim=1).any(dim=0)).flatten()
+    return e.removed
 
 
 def add_relative_columns(nf: pd.DataFrame) -> pd.DataFrame:

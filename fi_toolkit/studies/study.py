@@ -258,8 +258,12 @@ def run_nearfar(
     overwrite: bool = False,
     progress: Progress | None = None,
     unit_sets: int = 0,
+    selections: Sequence[str] = (),
 ) -> dict[str, pd.DataFrame]:
     """Near/far set analysis for every document -> ``nearfar``, ``token_classes`` and their summaries/tests.
+
+    ``selections``: ``--select`` specs measured beside the study's sets (``kvpress:NAME@RATIO``,
+    ``policy:NAME@BUDGET``), each resolved once per document (:func:`nearfar_document`).
 
     ``out_dir``: the results directory or a :class:`~fi_toolkit.runs.settings.RunSettings` (as in
     :func:`run_correlate`).
@@ -282,7 +286,9 @@ def run_nearfar(
         "seeds": seeds,
         "sinks": list(sinks),
     }
-    n_sets = count_sets(budget, seeds, sinks)
+    if selections:  # runs without them keep the settings they always had, so their --resume still matches
+        settings["selections"] = list(selections)
+    n_sets = count_sets(budget, seeds, sinks, selections)
     units, costs = split_units(docs, n_sets, unit_sets)
     if unit_sets:  # unsplit runs keep the settings they always had, so their --resume still matches
         settings["unit_sets"] = unit_sets
@@ -313,6 +319,7 @@ def run_nearfar(
             tick,
             part_slice(unit, unit_sets),
             reference,
+            selections,
         )
 
     def summaries(tables):

@@ -31,7 +31,8 @@ class KvpressProvider:
                 name=f"{PREFIX}:NAME",
                 kind=PRESS,
                 summary="a kvpress press (the kvpress extra; NAME: a press class kvpress exports, OUTER/INNER wraps "
-                "one; options: its fields), which removes its compression_ratio of the prompt at the prefill only",
+                "one; options: its fields): its compression_ratio of the prompt at the prefill, then its own score "
+                "at every interval while decoding (docs/guides/kvpress.md)",
                 spelling=f"{PREFIX}:NAME[:key=value,...]",
                 selection=f"{PREFIX}:NAME@RATIO[:key=value,...]",
             )
