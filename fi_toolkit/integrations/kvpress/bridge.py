@@ -111,6 +111,29 @@ def _attention(model, implementation: str | None):
         model.set_attn_implementation(previous)
 
 
+@dataclass(frozen=True)
+class PressSelection:
+    """A probe selection ``kvpress:NAME@RATIO``: what the press keeps of a prefix (:func:`run_press`)."""
+
+    spec: PressSpec
+
+    @property
+    def label(self) -> str:
+        return self.spec.label
+
+    def n_kept(self, n: int) -> int | None:
+        return self.spec.n_kept(n)
+
+    def keep_map(self, model, ids, p: int, where: str = "") -> KeepMap:
+        """What the press keeps of the prefix ``ids[:p]``, labelled :attr:`label`, its ``selector`` the press
+        and its ``budget`` kvpress's ``compression_ratio``."""
+        spec = self.spec
+        keep_map = run_press(make_press(spec, where or spec.label), model, ids, p, spec.label).keep_map
+        ratio = "the press's own" if spec.ratio is None else f"compression_ratio={spec.ratio:g}"
+        keep_map.meta.update(selector=f"kvpress:{'/'.join(spec.names)}", budget=ratio)
+        return keep_map
+
+
 @torch.no_grad()
 def run_press(press, model, ids: torch.Tensor, prefix_len: int, label: str = "kvpress") -> PressRun:
     """Prefill ``ids[:prefix_len]`` under ``press`` (kvpress's own hooks) -> :class:`PressRun`. A press that
@@ -119,8 +142,8 @@ def run_press(press, model, ids: torch.Tensor, prefix_len: int, label: str = "kv
     if isinstance(press, kvpress.DecodingPress):
         raise FIError(
             f"{label}: a {type(press).__name__} compresses while decoding only (every compression_interval "
-            "tokens); fi probe measures what a press removes at the prefill: run its inner press, or "
-            "fi eval --policy kvpress:INNER --interval N, which compresses with it at every interval"
+            "tokens); a probe measures what a press removes at the prefill: run its inner press, or "
+            "evaluate kvpress:INNER with an interval, which compresses with it at every interval"
         )
     try:
         return _run_press(press, model, ids, prefix_len, label, None)

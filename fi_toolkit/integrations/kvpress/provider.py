@@ -45,12 +45,12 @@ class KvpressProvider:
         return press_policy(text, budget, window, where)
 
     def selection(self, text: str, where: str):
-        """``kvpress:NAME@RATIO[:key=value,...]`` -> its checked :class:`PressSpec` (kvpress must be installed)."""
-        from fi_toolkit.integrations.kvpress.bridge import make_press, parse_press_spec
+        """``kvpress:NAME@RATIO[:key=value,...]`` -> its checked :class:`PressSelection` (kvpress must be installed)."""
+        from fi_toolkit.integrations.kvpress.bridge import PressSelection, make_press, parse_press_spec
 
         press = parse_press_spec(text.strip()[len(PREFIX) + 1 :], where)
         make_press(press, where)  # validate the press now (and that kvpress is installed)
-        return press
+        return PressSelection(press)
 
 
 PROVIDER = KvpressProvider()

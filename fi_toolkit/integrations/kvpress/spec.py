@@ -52,16 +52,6 @@ class PressSpec:
         None for a press without a ratio (known once it has run)."""
         return None if self.ratio is None else max(1, int(n * (1 - self.ratio)))
 
-    def keep_map(self, model, ids, p: int, where: str = ""):
-        """What the press keeps of the prefix ``ids[:p]`` (a probe selection; the bridge's ``run_press``),
-        labelled :attr:`label`, its ``selector`` the press and its ``budget`` kvpress's ``compression_ratio``."""
-        from fi_toolkit.integrations.kvpress.bridge import run_press
-
-        keep_map = run_press(make_press(self, where or self.label), model, ids, p, self.label).keep_map
-        ratio = "the press's own" if self.ratio is None else f"compression_ratio={self.ratio:g}"
-        keep_map.meta.update(selector=f"kvpress:{'/'.join(self.names)}", budget=ratio)
-        return keep_map
-
 
 def _spelled(value) -> str:
     """An option's value as a spec spells it (lists without spaces, so the label parses back)."""
