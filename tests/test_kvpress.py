@@ -552,15 +552,17 @@ def test_a_press_in_the_decode_loop_keeps_what_kvpress_decoding_press_keeps(name
 
 def test_a_press_in_decoding_at_full_budget_decodes_as_the_model_does(smollm, alice):
     from fi_toolkit.compress.decoder import CompressedDecoder
+    from fi_toolkit.compress.sampling import GREEDY
     from fi_toolkit.integrations.kvpress.bridge import press_policy
     from fi_toolkit.model.attention import ragged_attention
 
     model, prompt = smollm.model, alice.ids[:96]
-    decoder = CompressedDecoder(model, press_policy("kvpress:SnapKVPress", "keep=1.0", window=8), capacity=140)
+    policy = press_policy("kvpress:SnapKVPress", "keep=1.0", window=8)
+    decoder = CompressedDecoder(model, policy, capacity=140, interval=8)
     try:
         logits, keep = decoder.prefill(prompt)
         with ragged_attention(model):
-            ours = decoder.greedy(logits, 40, interval=8)
+            ours = decoder.decode(logits, GREEDY, 40).tokens
     finally:
         decoder.close()
     with torch.no_grad():
