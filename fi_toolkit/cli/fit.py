@@ -45,14 +45,9 @@ def fit_data(
     overwrite: bool = typer.Option(False, help="Replace the results already in --out."),
 ):
     """Training rows for fi fit: compression-time features and per-(layer, KV head) Fisher FI of every position."""
-    import pandas as pd
-
-    from fi_toolkit.documents import tokenize_texts
     from fi_toolkit.probe.chunks import check_chunks, parse_chunk
-    from fi_toolkit.probe.estimator import check_samples
-    from fi_toolkit.probe.experiment import max_context, trace_document
+    from fi_toolkit.probe.estimator_options import check_samples
     from fi_toolkit.runs import results
-    from fi_toolkit.studies.fit import fit_rows
 
     model.check()
     config = signals.check()
@@ -67,6 +62,13 @@ def fit_data(
         raise FIError(f"--seed must be >= 0, got {seed}")
     texts = _read_documents(documents)
     results.check_results_dir(out_dir, overwrite)
+    # every check above imports nothing heavy (usage errors answer at once); the work below does
+    import pandas as pd
+
+    from fi_toolkit.documents import tokenize_texts
+    from fi_toolkit.probe.experiment import max_context, trace_document
+    from fi_toolkit.studies.fit import fit_rows
+
     t0 = time.perf_counter()
     lm = model.load()
     docs = tokenize_texts(texts, lm.tokenizer, max_tokens=max(c.end for c in chunks))
@@ -160,10 +162,8 @@ def fit(
 ):
     """Fit a linear score of compression-time signals to per-(layer, KV head) FI; cross-validated leaving one document
     out."""
-    import pandas as pd
-
     from fi_toolkit.runs import results
-    from fi_toolkit.studies.fit import DECODING_FEATURES, DEFAULT_FEATURES, check_fit_options, fit_policy, policy_json
+    from fi_toolkit.studies.fit_options import DECODING_FEATURES, DEFAULT_FEATURES, check_fit_options
 
     if features is None or features.strip() == "decoding":
         names = list(DECODING_FEATURES if features else DEFAULT_FEATURES)
@@ -175,6 +175,15 @@ def fit(
     results.check_out_path(out_file, want_dir=False)
     if out_file.exists() and not overwrite:
         raise FIError(f"--out '{out_file}' exists; choose another file or pass --overwrite")
+    for r in runs:  # what the paths alone decide, before pandas is imported to read them
+        if not r.is_dir():
+            raise FIError(f"'{r}' is not a run directory")
+        if not (r / ROWS).is_file() or not (r / "manifest.json").is_file():
+            raise FIError(f"'{r}' holds no per-token FI per layer and KV head ({ROWS}): make it with fi fit-data")
+    import pandas as pd
+
+    from fi_toolkit.studies.fit import fit_policy, policy_json
+
     loaded = [_read_run(r) for r in runs]
     first = loaded[0][0]
     for path, (manifest, _) in zip(runs[1:], loaded[1:]):

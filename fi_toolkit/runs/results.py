@@ -105,7 +105,22 @@ def check_out_path(path: Path, want_dir: bool = True, option: str = "out_dir") -
         raise FIError(f"{option} '{path}' is a file, not a directory", parameter=option)
     if not want_dir and path.is_dir():
         raise FIError(f"{option} '{path}' is a directory; name a file", parameter=option)
+    check_writable(path, option)
     return path
+
+
+def check_writable(path: Path, option: str = "out_dir") -> None:
+    """Prove that ``path`` can be created or replaced: a directory made and removed at once in the nearest
+    existing directory at or above it (``path`` itself when it is a directory). A real attempt, not
+    ``os.access``: it answers for root, read-only mounts and ``/proc`` alike. Leaves nothing behind."""
+    path = Path(path)
+    where = next((p for p in (path, *path.parents) if p.is_dir()), Path("."))
+    try:
+        probe = tempfile.mkdtemp(prefix=".fi-writable-", dir=where)
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise FIError(f"{option} '{path}' cannot be written: '{where}': {reason}", parameter=option) from None
+    os.rmdir(probe)
 
 
 def make_dir(path: Path) -> Path:
