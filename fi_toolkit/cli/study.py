@@ -300,9 +300,16 @@ def report(
     overwrite: bool = typer.Option(False, help="Replace a report (or other results) already in --out."),
 ):
     """Turn result directories into a self-contained HTML page, Markdown, and CSV/JSON tables."""
-    from fi_toolkit.report import build_report, parse_formats
+    from fi_toolkit.report.preflight import check_run_dirs, parse_formats
+    from fi_toolkit.runs import results
 
-    written = build_report(runs, out_dir, parse_formats(formats), overwrite=overwrite)
+    chosen = parse_formats(formats)
+    check_run_dirs(runs, resume="--resume")
+    results.check_out_path(out_dir)
+    # every check above imports nothing heavy (usage errors answer at once); reading the runs does
+    from fi_toolkit.report import build_report
+
+    written = build_report(runs, out_dir, chosen, overwrite=overwrite)
     for path in written:
         if path.suffix in (".html", ".md", ".json"):
             err.print(f"wrote {path}", markup=False, highlight=False)
