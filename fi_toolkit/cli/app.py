@@ -132,7 +132,8 @@ def probe(
                 f"chunk {c.label} ends past p + N = {p + fut.tokens:,}: --future {fut.label} generates "
                 f"{fut.tokens:,} tokens after p={p}"
             )
-    docs = tokenize_texts(texts, lm.tokenizer, max_tokens=p if fut.generated else max(c.end for c in chunks))
+    ends = [c.end for c in chunks] + [e for s in selections if (e := s.reads_until()) is not None]
+    docs = tokenize_texts(texts, lm.tokenizer, max_tokens=p if fut.generated else max(ends))
     world, mine = _my_documents(docs)  # under torchrun: this rank's share (all of them in one process)
     if fut.generated:
         check_chunks(chunks, p, p + fut.tokens, max_context(lm))

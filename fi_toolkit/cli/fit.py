@@ -133,14 +133,43 @@ def _read_run(path: Path):
         rows = pd.read_parquet(rows_file)
     except Exception as exc:  # a damaged file, whatever the reader says
         raise FIError(f"'{path}': cannot read its fit data ({type(exc).__name__}: {exc})") from None
-    if manifest.get("command") != "fit-data" or "fi" not in rows.columns:
+    if not isinstance(manifest, dict) or manifest.get("command") != "fit-data" or "fi" not in rows.columns:
         raise FIError(f"'{path}' holds no per-token FI per layer and KV head ({ROWS}): make it with fi fit-data")
     missing = [k for k in (*SHARED, "documents") if k not in manifest]
     if missing:
         raise FIError(
             f"'{path}': its manifest.json lacks '{missing[0]}' (made by another version? run fi fit-data again)"
         )
+    _check_manifest_types(path, manifest)
     return manifest, rows
+
+
+SIGNAL_KEYS = ("window", "top_k", "pool_kernel", "tau", "entropy_of", "final_norm")
+
+
+def _check_manifest_types(path: Path, manifest: dict) -> None:
+    """The fields fi fit reads, of the types fi fit-data writes (one line naming the first that is not)."""
+
+    def whole(v):
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    signals, docs = manifest["signals"], manifest["documents"]
+    checks = (
+        ("model", isinstance(manifest["model"], dict), "an object"),
+        ("signals", isinstance(signals, dict) and all(k in signals for k in SIGNAL_KEYS), "an object of the signals"),
+        ("prefix", whole(manifest["prefix"]), "a whole number"),
+        ("sinks", whole(manifest["sinks"]), "a whole number"),
+        ("samples", whole(manifest["samples"]), "a whole number"),
+        ("chunks", isinstance(manifest["chunks"], list), "a list"),
+        (
+            "documents",
+            isinstance(docs, list) and all(isinstance(d, dict) and isinstance(d.get("name"), str) for d in docs),
+            "a list of objects with a 'name'",
+        ),
+    )
+    for key, ok, want in checks:
+        if not ok:
+            raise FIError(f"'{path}': its manifest.json's '{key}' must be {want} (damaged? run fi fit-data again)")
 
 
 def fit(
@@ -202,7 +231,7 @@ def fit(
     signals = first["signals"]
     meta = {
         "model": first["model"],
-        "signals": {k: signals[k] for k in ("window", "top_k", "pool_kernel", "tau", "entropy_of", "final_norm")},
+        "signals": {k: signals[k] for k in SIGNAL_KEYS},
         "fitted_on": {
             "runs": [str(r) for r in runs],
             "prefix": first["prefix"],

@@ -48,7 +48,11 @@ def make_policies(names: str, budget: str, config: SignalConfig, prefix: int) ->
         for name in split_policies(names, "--policy")
     ]
     for policy in policies:
-        if policy.tokens(prefix) >= prefix:
+        try:
+            kept = policy.tokens(prefix)
+        except FIError as exc:
+            raise FIError(f"--policy {policy.name} with --budget {parsed.label}: {exc}") from None
+        if kept >= prefix:
             raise FIError(
                 f"--policy {policy.name} with --budget {parsed.label} keeps all {prefix:,} prefix tokens: "
                 "nothing is evicted"
