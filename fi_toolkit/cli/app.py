@@ -199,15 +199,13 @@ def probe(
         out_path = results.new_default_dir("probe")
     else:  # checked again: another run may have written there meanwhile
         out_path = results.check_results_dir(out_dir, overwrite)
-        if overwrite:
-            results.clear_results(out_path)
-    results.write_table(out_path / "fi.csv", table)
-    written = [out_path / "fi.csv"]
     headroom = _headroom(table)
-    if headroom is not None:
-        results.write_table(out_path / "headroom.csv", headroom)
-        written.append(out_path / "headroom.csv")
-    results.write_json(out_path / "manifest.json", manifest)
+    with results.staged_dir(out_path, replaced=results.result_entry) as stage:  # old results whole or new ones
+        results.write_table(stage / "fi.csv", table)
+        if headroom is not None:
+            results.write_table(stage / "headroom.csv", headroom)
+        results.write_json(stage / "manifest.json", manifest)
+    written = [out_path / "fi.csv"] + ([out_path / "headroom.csv"] if headroom is not None else [])
     _print_fi_table(table, f"Forward Influence (nats), {model.model}, p={p}, {len(docs)} document(s)")
     if headroom is not None:
         _print_headroom(headroom)

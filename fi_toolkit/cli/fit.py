@@ -110,10 +110,9 @@ def fit_data(
         "versions": results.versions(),
     }
     out_path = results.check_results_dir(out_dir, overwrite)
-    if overwrite:
-        results.clear_results(out_path)
-    results.write_table(out_path / ROWS, table)
-    results.write_json(out_path / "manifest.json", manifest)
+    with results.staged_dir(out_path, replaced=results.result_entry) as stage:  # old results whole or new ones
+        results.write_table(stage / ROWS, table)
+        results.write_json(stage / "manifest.json", manifest)
     err.print(
         f"wrote {len(table):,} rows ({len(docs)} document(s)) to {out_path}/{ROWS}", markup=False, highlight=False
     )

@@ -197,6 +197,11 @@ RESULT_FILES = ("manifest.json", "settings.json", "report.html", "report.md", "r
 RESULT_DIRS = ("per_document", "unit_log", "tables", "figures")
 
 
+def result_entry(name: str) -> bool:
+    """Whether an entry of an --out directory is a result of a ``fi`` command (what --overwrite replaces)."""
+    return name in RESULT_FILES or name in RESULT_DIRS or Path(name).suffix in (".csv", ".parquet")
+
+
 def held_results(path: Path) -> list[str]:
     """Names of the results already in directory ``path`` (empty when it holds none or does not exist)."""
     path = Path(path)
