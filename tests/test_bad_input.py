@@ -1296,6 +1296,96 @@ CASES = [
         None,
         ["eval", "alice", "--policy", "fi-oracle:horizon=64"],
         "fi-oracle has no option 'horizon'",
+    ),  # --- the defects found by trying about 150 hostile inputs ---
+    ("fit-out-in-proc", fit_data_run(["a", "b"]), ["fit", "fd", "--out", "/proc/x.json"], "cannot be written"),
+    ("view-out-in-proc", None, ["view", "alice", "--out", "/proc/x.html"], "cannot be written"),
+    ("tasks-export-out-is-a-file", a_file, ["tasks", "export", "--out", "f"], "--out 'f' is a file, not a directory"),
+    (
+        "tasks-export-replaces-a-users-file",
+        lambda t: (a_directory("t")(t), (t / "t" / "fi_passkey.yaml").write_text("mine\n")),
+        ["tasks", "export", "--task", "passkey", "--out", "t"],
+        "--out 't' already holds fi_passkey.yaml; choose another directory or pass --overwrite",
+    ),
+    (
+        "tasks-export-task-twice",
+        None,
+        ["tasks", "export", "--task", "passkey,passkey", "--out", "t"],
+        "--task names 'passkey' twice",
+    ),
+    (
+        "tasks-export-one-option-per-error",
+        None,
+        ["tasks", "export", "--max-gen-toks", "0", "--out", "t"],
+        "error: --max-gen-toks must be >= 1, got 0",
+    ),
+    (
+        "fit-manifest-wrong-types",
+        lambda t: (
+            fit_data_run(["a", "b"])(t),
+            (t / "fd" / "manifest.json").write_text(
+                json.dumps({**json.loads((t / "fd" / "manifest.json").read_text()), "documents": "a,b", "signals": []})
+            ),
+        ),
+        ["fit", "fd", "--out", "p.json"],
+        "its manifest.json's 'signals' must be an object of the signals",
+    ),
+    ("report-same-dir-twice", a_run, ["report", "run", "run/../run"], "'run/../run' and 'run' are the same directory"),
+    (
+        "report-unfinished-eval",
+        lambda t: (a_directory("ev")(t), (t / "ev" / "settings.json").write_text('{"command": "eval"}')),
+        ["report", "ev"],
+        "holds an unfinished fi eval run (no manifest.json yet): finish it by running the same fi eval command "
+        "again with --resume",
+    ),
+    (
+        "fitted-feature-ten-times",
+        fitted_file(
+            fitted_record(features=["attention"] * 10, mean=[0.0] * 10, scale=[1.0] * 10, coefficients=[1.0] * 10)
+        ),
+        ["eval", "--policy", "fitted:path=p.json"],
+        "the feature 'attention' is listed twice",
+    ),
+    (
+        "fitted-true-coefficient",
+        fitted_file(fitted_record(coefficients=[True])),
+        ["eval", "--policy", "fitted:path=p.json"],
+        "'coefficients' must list 1 numbers, one per feature",
+    ),
+    (
+        "fitted-coefficient-overflows",
+        fitted_file(fitted_record(coefficients=[1e308])),
+        ["eval", "--policy", "fitted:path=p.json"],
+        "'coefficients' holds a value beyond 1e+100 (the score would overflow)",
+    ),
+    (
+        "fitted-path-a-directory",
+        a_directory("pd"),
+        ["eval", "--policy", "fitted:path=pd"],
+        "fitted policy 'pd': is a directory",
+    ),
+    (
+        "fitted-path-dev-null",
+        None,
+        ["eval", "--policy", "fitted:path=/dev/null"],
+        "fitted policy '/dev/null': not a regular file",
+    ),
+    (
+        "view-fi-oracle-refused-as-view",
+        None,
+        ["view", "alice", "--policy", "fi-oracle"],
+        "--policy fi-oracle: fi view marks what compression-time policies evict",
+    ),
+    (
+        "select-budget-under-window-names-select",
+        None,
+        ["probe", "--chunk", "128:160", "--select", "policy:snapkv@keep=10"],
+        "--select policy:snapkv@keep=10: budget keep=10",
+    ),
+    (
+        "select-equal-sets-spelled-apart",
+        None,
+        ["probe", "--chunk", "128:160", "--select", "entropy:remove=0.1", "--select", "entropy:0.9"],
+        "--select entropy:remove=0.1 and --select entropy:0.9 select the same set (both remove 13 of the 128",
     ),
 ]
 
@@ -1759,3 +1849,54 @@ def test_ctrl_c_during_fit_overwrite_keeps_the_old_policy_file(tmp_path, monkeyp
     code, _, err = run_cli(args, capsys)
     assert code == 0, err
     assert json.loads((tmp_path / "p.json").read_text())["features"] == ["attention"]
+
+
+def test_unknown_policy_in_fi_view_lists_no_oracle(capsys):
+    """fi view cannot show an oracle: its unknown-policy message does not offer fi-oracle (fi eval's does)."""
+    _, _, view = run_cli(["view", "alice", "--policy", "nosuch"], capsys)
+    _, _, ev = run_cli(["eval", "alice", "--policy", "nosuch"], capsys)
+    assert "unknown policy 'nosuch'" in view and "fi-oracle" not in view and "snapkv" in view
+    assert "fi-oracle" in ev
+
+
+def test_the_oracle_chunk_is_read_from_the_document():
+    """policy:fi-oracle@B:chunk=160:200 reads the document to token 200, past the last --chunk (128:160)."""
+    from fi_toolkit.probe.selections import parse_selections
+
+    oracle, plain = parse_selections(["policy:fi-oracle@keep=0.5:chunk=160:200", "entropy:0.5"])
+    assert oracle.reads_until() == 200 and plain.reads_until() is None
+
+
+def test_nearfar_prints_whole_sink_counts(capsys):
+    from fi_toolkit.cli.study import _print_nearfar
+
+    summary = pd.DataFrame(
+        {
+            "sinks": [4.0, 4.0],
+            "selector": ["entropy", "attention"],
+            "distance_from_p": [0, 0],
+            "fi_mean": [0.1, 0.2],
+            "fi_share_near_mean": [1.0, 1.0],
+        }
+    )
+    tests = pd.DataFrame(
+        {
+            "sinks": [4.0],
+            "distance_from_p": [0],
+            "metric": ["fi"],
+            "a_wins": [1],
+            "n_documents": [1],
+            "wilcoxon_p": [float("nan")],
+        }
+    )
+    _print_nearfar({"nearfar_summary": summary, "nearfar_tests": tests}, 1)
+    out = capsys.readouterr().out
+    assert "4.0" not in out and " 4 " in out.replace("\n", " ")
+
+
+def test_tasks_names_agree_with_the_export():
+    """fi tasks export checks names against evaluation.settings (no torch); the export's own table agrees."""
+    from fi_toolkit.evaluation.settings import DEFAULT_TASKS
+    from fi_toolkit.evaluation.tasks import TASKS
+
+    assert sorted(DEFAULT_TASKS) == sorted(TASKS)
