@@ -1298,6 +1298,12 @@ CASES = [
         "fi-oracle has no option 'horizon'",
     ),  # --- the defects found by trying about 150 hostile inputs ---
     ("fit-out-in-proc", fit_data_run(["a", "b"]), ["fit", "fd", "--out", "/proc/x.json"], "cannot be written"),
+    (
+        "probe-default-runs-is-a-file",
+        lambda t: (t / "runs").write_text("x\n"),
+        ["probe", "--chunk", "128:160"],
+        "the default results directory 'runs' is a file, not a directory",
+    ),
     ("view-out-in-proc", None, ["view", "alice", "--out", "/proc/x.html"], "cannot be written"),
     ("tasks-export-out-is-a-file", a_file, ["tasks", "export", "--out", "f"], "--out 'f' is a file, not a directory"),
     (

@@ -119,6 +119,8 @@ def probe(
     texts = distinct_texts([t for spec in (documents or [None]) for t in read_texts(spec)])
     if out_dir is not None:
         results.check_results_dir(out_dir, overwrite)
+    else:  # runs/probe-<time>-<random> is made when the results are written: prove runs/ writable now
+        results.check_out_path(Path("runs"), option="the default results directory")
     # every check above imports nothing heavy (usage errors answer at once); the work below does
     from fi_toolkit.cli.console import print_warning
     from fi_toolkit.probe.experiment import max_context, probe_document, trace_document
