@@ -117,12 +117,20 @@ def feature_matrix(s: Signals, layer: int, names, entropy_of: str, tau: float) -
     return torch.stack([FEATURES[name][1](s, layer, entropy_of, tau) for name in names])
 
 
+MAX_MAGNITUDE = 1e100  # a coefficient, mean or scale beyond this is no fit: the score would overflow float64
+
+
 def _finite_list(data: dict, key: str, n: int, where: str) -> list[float]:
+    """``data[key]`` as ``n`` finite numbers (JSON true/false are not numbers) of magnitude at most
+    :data:`MAX_MAGNITUDE`; one line naming the key otherwise."""
     values = data.get(key)
-    if not isinstance(values, list) or len(values) != n or not all(isinstance(v, (int, float)) for v in values):
+    numbers = isinstance(values, list) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+    if not numbers or len(values) != n:
         raise FIError(f"{where}: '{key}' must list {n} numbers, one per feature")
     if not all(math.isfinite(v) for v in values):
         raise FIError(f"{where}: '{key}' holds a non-finite value (NaN or inf)")
+    if any(abs(v) > MAX_MAGNITUDE for v in values):
+        raise FIError(f"{where}: '{key}' holds a value beyond {MAX_MAGNITUDE:g} (the score would overflow)")
     return [float(v) for v in values]
 
 
@@ -131,7 +139,11 @@ def read_fitted(path: str | Path) -> dict:
     (scales > 0), the model's architecture and the signal settings present."""
     where = f"fitted policy '{path}'"
     path = Path(path)
-    if not path.is_file():
+    if path.is_dir():
+        raise FIError(f"{where}: is a directory; name the JSON file fi fit wrote")
+    if path.exists() and not path.is_file():
+        raise FIError(f"{where}: not a regular file (a device or a pipe); name the JSON file fi fit wrote")
+    if not path.exists():
         raise FIError(f"{where}: no such file (make one with fi fit)")
     try:
         data = json.loads(path.read_text())
@@ -142,13 +154,16 @@ def read_fitted(path: str | Path) -> dict:
     names = data.get("features")
     if not isinstance(names, list) or not names:
         raise FIError(f"{where}: no features listed")
-    unknown = [n for n in names if n not in FEATURES]
+    unknown = [n for n in names if not isinstance(n, str) or n not in FEATURES]
     if unknown:
-        raise FIError(f"{where}: unknown feature '{unknown[0]}' (known: {', '.join(FEATURES)})")
+        raise FIError(f"{where}: unknown feature {unknown[0]!r} (known: {', '.join(FEATURES)})")
+    twice = [n for i, n in enumerate(names) if n in names[:i]]
+    if twice:
+        raise FIError(f"{where}: the feature '{twice[0]}' is listed twice")
     for key in ("mean", "scale", "coefficients"):
         _finite_list(data, key, len(names), where)
-    if min(data["scale"]) <= 0:
-        raise FIError(f"{where}: 'scale' must be positive")
+    if min(data["scale"]) < 1 / MAX_MAGNITUDE:
+        raise FIError(f"{where}: 'scale' must be positive (at least {1 / MAX_MAGNITUDE:g})")
     model, signals = data.get("model"), data.get("signals")
     if not isinstance(model, dict) or not all(
         isinstance(model.get(k), int) for k in ("layers", "kv_heads", "head_dim")
@@ -203,12 +218,16 @@ class Fitted(Policy):
                     f"({key} {want.get(key)}), this model has {key} {value}: fit it on this model"
                 )
 
+    def _features(self, s: Signals, layer: int) -> torch.Tensor:
+        fit = self.fit
+        return feature_matrix(s, layer, fit["features"], fit["signals"]["entropy_of"], float(fit["signals"]["tau"]))
+
     def linear_score(self, s: Signals, layer: int) -> torch.Tensor:
         """``sum_f c_f (x_f - mu_f) / sigma_f`` of every slot -> ``[Hkv, n_l]`` float64."""
         import torch
 
         fit = self.fit
-        x = feature_matrix(s, layer, fit["features"], fit["signals"]["entropy_of"], float(fit["signals"]["tau"]))
+        x = self._features(s, layer)
         mean, scale, coef = (
             torch.tensor(fit[k], dtype=torch.float64, device=x.device)[:, None, None]
             for k in ("mean", "scale", "coefficients")
@@ -226,7 +245,8 @@ class Fitted(Policy):
         out = torch.zeros(z.shape, dtype=torch.float32, device=z.device)
         candidates = z[:, lo:hi]
         if not torch.isfinite(candidates).all():
-            raise FIError(f"fitted policy '{self.path}': non-finite score (a feature is NaN or inf)")
+            which = "a feature is NaN or inf" if not torch.isfinite(self._features(s, layer)).all() else "it overflows"
+            raise FIError(f"fitted policy '{self.path}': non-finite score ({which})")
         for h in range(z.shape[0]):
             out[h, lo:hi] = torch.unique(candidates[h], return_inverse=True)[1].float()
         return out

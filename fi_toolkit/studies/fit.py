@@ -34,10 +34,8 @@ from fi_toolkit.probe.estimator import fisher_fi
 from fi_toolkit.signals.formulas import infokv_score
 from fi_toolkit.signals.policy_view import Signals
 from fi_toolkit.signals.trace import Trace
+from fi_toolkit.studies.fit_options import DECODING_FEATURES, DEFAULT_FEATURES, TARGETS, check_fit_options  # noqa: F401
 
-TARGETS = ("rank", "log")
-DEFAULT_FEATURES = tuple(FEATURES)  # every feature (entropy under the other convention is prefill-only)
-DECODING_FEATURES = tuple(f for f in FEATURES if f != "entropy_next")  # computable at every compression (H: produced)
 KEYS = ["document", "layer", "head", "position"]
 INFOKV_ALPHA = 0.9  # the InfoKV score cross-validation compares with (the paper's default)
 
@@ -142,22 +140,6 @@ def within_head_spearman(rows: pd.DataFrame, score: np.ndarray) -> float | None:
 
 def _score(rows: pd.DataFrame, features: list[str], mean, scale, coef) -> np.ndarray:
     return ((rows[features].to_numpy(np.float64) - mean) / scale) @ coef
-
-
-def check_fit_options(features: Sequence[str], target: str, penalty: float) -> None:
-    unknown = [f for f in features if f not in FEATURES]
-    if unknown:
-        raise FIError(
-            f"features names an unknown feature '{unknown[0]}' (known: {', '.join(FEATURES)})", parameter="features"
-        )
-    if not features:
-        raise FIError("features lists no feature", parameter="features")
-    if len(set(features)) != len(features):
-        raise FIError("features lists a feature twice", parameter="features")
-    if target not in TARGETS:
-        raise FIError(f"target must be one of {', '.join(TARGETS)}, got '{target}'", parameter="target")
-    if not (isinstance(penalty, (int, float)) and np.isfinite(penalty) and penalty >= 0):
-        raise FIError(f"penalty must be a finite number >= 0, got {penalty}", parameter={"penalty": "ridge"})
 
 
 def fit_policy(

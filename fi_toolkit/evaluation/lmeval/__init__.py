@@ -6,17 +6,28 @@
 - :mod:`.export`: the toolkit's long-context tasks as lm-eval task YAMLs (``fi tasks export``).
 """
 
-from fi_toolkit.evaluation.lmeval.arguments import BackendArgs, parse_backend_args
-from fi_toolkit.evaluation.lmeval.export import export_tasks
-from fi_toolkit.evaluation.lmeval.requests import CacheRecord, generate_tokens, score_continuation
+import importlib
+
+# every name is imported on first use (PEP 562): checking the model arguments loads no torch, and lm-eval
+# (an optional dependency, behind the backend's names) is imported only when the backend is asked for
+_EXPORTS = {
+    "BackendArgs": "arguments",
+    "parse_backend_args": "arguments",
+    "export_tasks": "export",
+    "CacheRecord": "requests",
+    "generate_tokens": "requests",
+    "score_continuation": "requests",
+    "CompressedLM": "backend",
+    "annotate_samples": "backend",
+    "samples_annotated": "backend",
+}
 
 
 def __getattr__(name):
-    if name in ("CompressedLM", "annotate_samples", "samples_annotated"):  # lm-eval is an optional dependency
-        from fi_toolkit.evaluation.lmeval import backend
-
-        return getattr(backend, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
 
 
 __all__ = [
