@@ -237,3 +237,14 @@ def test_hostile_files_exit_2_in_one_line(good, tmp_path, capsys):
         code, _, err = run_cli(["eval", "--policy", f"learned:path={path}"], capsys)
         assert code == 2 and err.startswith("error:") and len(err.strip().splitlines()) == 1, err
         assert "Traceback" not in err and "learned policy" in err
+
+
+def test_default_model_is_the_committed_one(tiny, tiny_ids):
+    from fi_toolkit.policies.learned import DEFAULT_MODEL
+
+    if not DEFAULT_MODEL.is_file():
+        pytest.skip("no committed default model in this checkout")
+    policy = parse_policy("learned", budget="keep=0.25")
+    assert policy.path == str(DEFAULT_MODEL) and policy.fit["model"]["layers"] == 30
+    with pytest.raises(FIError, match="fitted on smollm2-135m"):  # the tiny model is another architecture
+        policy.keep_map(trace_prefix(tiny.model, tiny_ids, P, SignalConfig()))

@@ -13,8 +13,10 @@ The model file is JSON (never pickle): format :data:`FORMAT`, the feature names,
 every field, so deploying needs no LightGBM and a hostile file never reaches its C++ parser) and its
 ``model_to_string`` text (``model_string``, for LightGBM users; never parsed here), the model's architecture,
 the signal settings, the training documents, the label settings and the library versions. Spelling:
-``learned:path=FILE`` (``--select policy:learned@keep=0.25:path=model.json``); there is no default model,
-``path=`` is required. Training needs LightGBM (``pip install -e '.[learned]'``); deploying does not.
+``learned:path=FILE`` (``--select policy:learned@keep=0.25:path=model.json``); without ``path=``, the model
+trained on the five bundled documents at p = 256 (:data:`DEFAULT_MODEL`, in a source checkout only; an
+installed package has none and asks for ``path=``). Training needs LightGBM (``pip install -e '.[learned]'``);
+deploying does not.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ if TYPE_CHECKING:
 FORMAT = "fi_toolkit.learned/1"
 EXTRA = {"depth": "layer / number of layers", "kv_head": "index of the KV head"}
 LEARNED_FEATURES = (*FEATURES, *EXTRA)
+# the model trained on the five bundled documents (analyses/learned.py), present in a source checkout only
+DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "analyses" / "results" / "learned" / "model.json"
 
 
 def learned_matrix(s: Signals, layer: int, names, entropy_of: str, tau: float) -> torch.Tensor:
@@ -205,7 +209,9 @@ class Learned(Fitted):
 
     def __post_init__(self):
         if not self.path:
-            raise FIError("learned needs the model JSON: learned:path=FILE (made by fi fit --learner lambdarank)")
+            if not DEFAULT_MODEL.is_file():
+                raise FIError("learned needs the model JSON: learned:path=FILE (made by fi fit --learner lambdarank)")
+            self.path = str(DEFAULT_MODEL)
         self.fit = read_learned(self.path)
         trained_window = self.fit["signals"]["window"]
         self.window = self.window or trained_window
