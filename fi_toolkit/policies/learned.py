@@ -4,8 +4,8 @@ Influence (:mod:`fi_toolkit.studies.learned`).
 
 Features: those of :data:`fi_toolkit.policies.fitted.FEATURES` (SnapKV's window attention, arXiv 2404.14469;
 H2O's accumulator, arXiv 2306.14048; InfoKV's entropies, D^(l) and E^(l), arXiv 2606.26875; key norm, recency,
-position) plus :data:`EXTRA`: ``depth`` (layer / layers) and
-``kv_head`` (the KV head's index). All come from :class:`Signals` at the compression point, so the policy
+position) plus :data:`fi_toolkit.policies.features.EXTRA`
+(depth, KV head index, KeyDiff's score). All come from :class:`Signals` at the compression point, so the policy
 never reads a token after it (``entropy_next`` alone is prefill-only, as for the fitted policy).
 
 The model file is JSON (never pickle): format :data:`FORMAT`, the feature names, LightGBM's
@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from fi_toolkit.errors import FIError
-from fi_toolkit.policies.fitted import FEATURES, TOKEN_FEATURES, Fitted, feature_matrix
+from fi_toolkit.policies.features import EXTRA, LEARNED_FEATURES, learned_matrix  # noqa: F401 (re-exported)
+from fi_toolkit.policies.fitted import TOKEN_FEATURES, Fitted
 
 if TYPE_CHECKING:
     import torch
@@ -36,28 +37,8 @@ if TYPE_CHECKING:
     from fi_toolkit.signals.policy_view import Signals
 
 FORMAT = "fi_toolkit.learned/1"
-EXTRA = {"depth": "layer / number of layers", "kv_head": "index of the KV head"}
-LEARNED_FEATURES = (*FEATURES, *EXTRA)
 # the model trained on the five bundled documents (analyses/learned.py), present in a source checkout only
 DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "analyses" / "results" / "learned" / "model.json"
-
-
-def learned_matrix(s: Signals, layer: int, names, entropy_of: str, tau: float) -> torch.Tensor:
-    """The features ``names`` (of :data:`LEARNED_FEATURES`) of every slot of one layer -> ``[F, Hkv, n_l]``
-    float64; ``depth`` and ``kv_head`` are constant over a head's slots."""
-    import torch
-
-    hkv, n = int(s.keys[layer].shape[1]), s.slots(layer)
-    device = s.keys[layer].device
-    rows = []
-    for name in names:
-        if name == "depth":
-            rows.append(torch.full((hkv, n), layer / s.num_layers, dtype=torch.float64, device=device))
-        elif name == "kv_head":
-            rows.append(torch.arange(hkv, dtype=torch.float64, device=device)[:, None].expand(hkv, n))
-        else:
-            rows.append(feature_matrix(s, layer, [name], entropy_of, tau)[0])
-    return torch.stack(rows)
 
 
 ZERO = 1e-35  # LightGBM's kZeroThreshold: |x| <= ZERO is "zero" for a split whose missing type is Zero

@@ -18,7 +18,8 @@ import numpy as np
 import pandas as pd
 
 from fi_toolkit.errors import FIError
-from fi_toolkit.policies.learned import FORMAT, LEARNED_FEATURES
+from fi_toolkit.policies.features import LEARNED_FEATURES, ROW_FEATURES
+from fi_toolkit.policies.learned import FORMAT
 from fi_toolkit.studies.fit import _infokv, within_head_spearman
 
 LEVELS = 31  # grades 0..30: LightGBM's default label_gain covers 31 grades
@@ -103,6 +104,9 @@ def learn_policy(rows: pd.DataFrame, features: Sequence[str], meta: dict, rounds
     features = list(features)
     check_features(features)
     layers = int(meta["model"]["layers"])
+    missing = [f for f in features if f not in ROW_FEATURES and f not in rows.columns]
+    if missing:
+        raise FIError(f"the fit-data rows hold no '{missing[0]}' (made by an older fi fit-data? run it again)")
     documents = list(dict.fromkeys(rows["document"]))
     if len(documents) < 2:
         raise FIError(f"fi fit needs rows of at least two documents (leaving one out), got {len(documents)}")
