@@ -159,7 +159,7 @@ def fit(
     learner: str = typer.Option(
         "ridge",
         help="'ridge' (a linear score, fitted:path=FILE) or 'lambdarank' (LightGBM LambdaRank on within-head FI "
-        "ranks, learned:path=FILE; its features add depth and kv_head).",
+        "ranks, learned:path=FILE; its features add depth, kv_head and keydiff).",
     ),
     overwrite: bool = typer.Option(False, help="Replace --out if it exists."),
 ):
