@@ -113,7 +113,7 @@ def importance_figure(record: dict, path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tiny", action="store_true", help="CI-sized: p = 128, keep 50 %, two documents a side, 2 samples")
+    ap.add_argument("--tiny", action="store_true", help="CI-sized: p = 128, keep 50 %%, 2 documents a side, 2 samples")
     ap.add_argument("--work", type=Path, default=ROOT / "runs" / "analyses" / "learned")
     ap.add_argument("--results", type=Path, default=ROOT / "analyses" / "results" / "learned")
     ap.add_argument("--corpus", type=Path, default=CORPUS, help="the folder of the unseen texts")
