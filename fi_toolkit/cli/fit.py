@@ -186,18 +186,32 @@ def fit(
     exclude: List[str] = typer.Option(
         None, "--exclude", help="Leave this document's rows out (repeatable), to test the policy on it."
     ),
+    learner: str = typer.Option(
+        "ridge",
+        help="'ridge' (a linear score, fitted:path=FILE) or 'lambdarank' (LightGBM LambdaRank on within-head FI "
+        "ranks, learned:path=FILE; its features add depth, kv_head and keydiff).",
+    ),
     overwrite: bool = typer.Option(False, help="Replace --out if it exists."),
 ):
     """Fit a linear score of compression-time signals to per-(layer, KV head) FI; cross-validated leaving one document
     out."""
+    from fi_toolkit.policies.learned import EXTRA
     from fi_toolkit.runs import results
     from fi_toolkit.studies.fit_options import DECODING_FEATURES, DEFAULT_FEATURES, check_fit_options
 
+    if learner not in ("ridge", "lambdarank"):
+        raise FIError(f"--learner must be ridge or lambdarank, got '{learner}'")
+    extra = list(EXTRA) if learner == "lambdarank" else []
     if features is None or features.strip() == "decoding":
-        names = list(DECODING_FEATURES if features else DEFAULT_FEATURES)
+        names = list(DECODING_FEATURES if features else DEFAULT_FEATURES) + extra
     else:
         names = [f.strip() for f in features.split(",")]
-    check_fit_options(names, target, ridge)
+    if learner == "ridge":
+        check_fit_options(names, target, ridge)
+    else:
+        from fi_toolkit.policies.features import check_features
+
+        check_features(names)
     if out_file.suffix != ".json":
         raise FIError(f"--out must end in .json, got '{out_file}'")
     results.check_out_path(out_file, want_dir=False)
@@ -240,6 +254,9 @@ def fit(
             "documents": [d for m, _ in loaded for d in m["documents"] if d["name"] not in (exclude or [])],
         },
     }
+    if learner == "lambdarank":
+        _learn(rows, names, meta, out_file)
+        return
     record = fit_policy(rows, names, target, ridge, meta)
     results.atomic_write_text(out_file, policy_json(record))
     cv = record["cross_validation"]["mean"]
@@ -252,6 +269,28 @@ def fit(
     fmt = {k: "n/a" if v is None else f"{v:+.3f}" for k, v in cv.items()}
     out.print(
         f"leave-one-document-out mean within-head Spearman with FI: fitted {fmt['spearman_fitted']}, "
+        f"snapkv {fmt['spearman_snapkv']}, infokv {fmt['spearman_infokv']}"
+    )
+    err.print(f"wrote {out_file}", markup=False, highlight=False)
+
+
+def _learn(rows, names: list[str], meta: dict, out_file: Path) -> None:
+    """Train the LambdaRank model, write its JSON, print importances and cross-validation."""
+    from fi_toolkit.runs import results
+    from fi_toolkit.studies.learned import learn_policy, model_json
+
+    record = learn_policy(rows, names, meta)
+    results.atomic_write_text(out_file, model_json(record))
+    cv = record["cross_validation"]["mean"]
+    out.print(
+        f"learned a LambdaRank model on {len(names)} feature(s), {record['rows']:,} rows of "
+        f"{len(record['documents'])} documents ({record['rounds']} rounds)"
+    )
+    for name, g in sorted(record["importance_gain"].items(), key=lambda t: -t[1]):
+        out.print(f"  {name:18s} gain {g:.4g}")
+    fmt = {k: "n/a" if v is None else f"{v:+.3f}" for k, v in cv.items()}
+    out.print(
+        f"leave-one-document-out mean within-head Spearman with FI: learned {fmt['spearman_learned']}, "
         f"snapkv {fmt['spearman_snapkv']}, infokv {fmt['spearman_infokv']}"
     )
     err.print(f"wrote {out_file}", markup=False, highlight=False)

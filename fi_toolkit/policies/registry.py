@@ -48,6 +48,7 @@ from fi_toolkit.policies.fitted import Fitted
 from fi_toolkit.policies.h2o import H2O
 from fi_toolkit.policies.infokv import InfoKV
 from fi_toolkit.policies.knorm import KNorm
+from fi_toolkit.policies.learned import Learned
 from fi_toolkit.policies.pyramidkv import PyramidKV
 from fi_toolkit.policies.random import RandomPolicy
 from fi_toolkit.policies.rpc import RPC
@@ -500,3 +501,4 @@ register(RPC, paper="2505.13866", summary="generated tokens only, by the attenti
 register(Adaptive, kind=WRAPPER, paper="2407.11550", summary="adaptive layer budgets for a scored policy")
 register(FIOracle, kind=ORACLE, summary="ORACLE: keeps by estimated FI on the future text it sees")
 register(Fitted, kind=FILE_POLICY, summary="a linear score of the signals learned by fi fit (window 0: the file's)")
+register(Learned, kind=FILE_POLICY, summary="a LightGBM ranking of the signals learned by fi fit --learner lambdarank")

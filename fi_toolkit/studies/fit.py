@@ -28,6 +28,7 @@ import torch
 from scipy import stats
 
 from fi_toolkit.errors import FIError
+from fi_toolkit.policies.features import EXTRA, ROW_FEATURES, learned_matrix
 from fi_toolkit.policies.fitted import FEATURES, FORMAT, feature_matrix
 from fi_toolkit.probe.chunks import Chunk
 from fi_toolkit.probe.estimator import fisher_fi
@@ -37,6 +38,7 @@ from fi_toolkit.signals.trace import Trace
 from fi_toolkit.studies.fit_options import DECODING_FEATURES, DEFAULT_FEATURES, TARGETS, check_fit_options  # noqa: F401
 
 KEYS = ["document", "layer", "head", "position"]
+SIGNAL_EXTRA = tuple(f for f in EXTRA if f not in ROW_FEATURES)  # columns fit_rows adds for the learned policy
 INFOKV_ALPHA = 0.9  # the InfoKV score cross-validation compares with (the paper's default)
 
 
@@ -78,6 +80,9 @@ def fit_rows(
     )
     for k, name in enumerate(names):
         table[name] = x[:, k].cpu().numpy().ravel()
+    for name in SIGNAL_EXTRA:  # the learned policy's features that need the signals (its others need none)
+        v = torch.stack([learned_matrix(s, layer, [name], "produced", 1.0)[0] for layer in range(trace.num_layers)])
+        table[name] = v[..., sinks : p - w].cpu().numpy().ravel()
     return table
 
 
