@@ -150,7 +150,7 @@ def read_learned(path: str | Path) -> dict:
     where = f"learned policy '{path}'"
     path = Path(path)
     if not path.is_file():
-        raise FIError(f"{where}: no such file (make one with fi fit --learner lambdarank)")
+        raise FIError(f"{where}: no such file (make one with fi fit, learner lambdarank)")
     try:
         data = json.loads(path.read_text())
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
@@ -191,7 +191,7 @@ class Learned(Fitted):
     def __post_init__(self):
         if not self.path:
             if not DEFAULT_MODEL.is_file():
-                raise FIError("learned needs the model JSON: learned:path=FILE (made by fi fit --learner lambdarank)")
+                raise FIError("learned needs the model JSON: learned:path=FILE (made by fi fit, learner lambdarank)")
             self.path = str(DEFAULT_MODEL)
         self.fit = read_learned(self.path)
         trained_window = self.fit["signals"]["window"]

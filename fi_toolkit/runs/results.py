@@ -12,8 +12,10 @@ import os
 import platform
 import secrets
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -116,12 +118,18 @@ def check_writable(path: Path, option: str = "out_dir") -> None:
     ``os.access``: it answers for root, read-only mounts and ``/proc`` alike. Leaves nothing behind."""
     path = Path(path)
     where = next((p for p in (path, *path.parents) if p.is_dir()), Path("."))
+    # Ctrl-C is held back while the probe exists (delivered right after), so it never leaves one behind
+    blocked = hasattr(signal, "pthread_sigmask") and threading.current_thread() is threading.main_thread()
+    if blocked:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        probe = tempfile.mkdtemp(prefix=".fi-writable-", dir=where)
+        os.rmdir(tempfile.mkdtemp(prefix=".fi-writable-", dir=where))
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
         raise FIError(f"{option} '{path}' cannot be written: '{where}': {reason}", parameter=option) from None
-    os.rmdir(probe)
+    finally:
+        if blocked:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def make_dir(path: Path) -> Path:

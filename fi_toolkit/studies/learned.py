@@ -62,7 +62,7 @@ def _lightgbm():
     try:
         import lightgbm
     except ImportError:
-        raise FIError("fi fit --learner lambdarank needs LightGBM: pip install -e '.[learned]'") from None
+        raise FIError("the lambdarank learner needs LightGBM: pip install -e '.[learned]'") from None
     return lightgbm
 
 
