@@ -134,6 +134,24 @@ def _finite_list(data: dict, key: str, n: int, where: str) -> list[float]:
     return [float(v) for v in values]
 
 
+def check_model_and_signals(data: dict, where: str) -> None:
+    """Refuse a policy file (fitted or learned) without the model's architecture or the signal settings it was
+    trained under (what a run checks it against before using it)."""
+    model, signals = data.get("model"), data.get("signals")
+    if not isinstance(model, dict) or not all(
+        isinstance(model.get(k), int) for k in ("layers", "kv_heads", "head_dim")
+    ):
+        raise FIError(f"{where}: the model's architecture (layers, kv_heads, head_dim) is missing")
+    if (
+        not isinstance(signals, dict)
+        or not isinstance(signals.get("window"), int)
+        or signals.get("entropy_of") not in ("produced", "next")
+        or not isinstance(signals.get("tau"), (int, float))
+        or not math.isfinite(signals["tau"])
+    ):
+        raise FIError(f"{where}: the signal settings (window, entropy_of, tau) are missing")
+
+
 def read_fitted(path: str | Path) -> dict:
     """The fitted JSON at ``path``, checked: format, features known, standardisation and coefficients finite
     (scales > 0), the model's architecture and the signal settings present."""
@@ -164,19 +182,7 @@ def read_fitted(path: str | Path) -> dict:
         _finite_list(data, key, len(names), where)
     if min(data["scale"]) < 1 / MAX_MAGNITUDE:
         raise FIError(f"{where}: 'scale' must be positive (at least {1 / MAX_MAGNITUDE:g})")
-    model, signals = data.get("model"), data.get("signals")
-    if not isinstance(model, dict) or not all(
-        isinstance(model.get(k), int) for k in ("layers", "kv_heads", "head_dim")
-    ):
-        raise FIError(f"{where}: the model's architecture (layers, kv_heads, head_dim) is missing")
-    if (
-        not isinstance(signals, dict)
-        or not isinstance(signals.get("window"), int)
-        or signals.get("entropy_of") not in ("produced", "next")
-        or not isinstance(signals.get("tau"), (int, float))
-        or not math.isfinite(signals["tau"])
-    ):
-        raise FIError(f"{where}: the signal settings (window, entropy_of, tau) are missing")
+    check_model_and_signals(data, where)
     return data
 
 

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from fi_toolkit.errors import FIError
 from fi_toolkit.policies.features import EXTRA, LEARNED_FEATURES, learned_matrix  # noqa: F401 (re-exported)
-from fi_toolkit.policies.fitted import TOKEN_FEATURES, Fitted
+from fi_toolkit.policies.fitted import TOKEN_FEATURES, Fitted, check_model_and_signals
 
 if TYPE_CHECKING:
     import torch
@@ -163,19 +163,7 @@ def read_learned(path: str | Path) -> dict:
     unknown = [n for n in names if n not in LEARNED_FEATURES]
     if unknown:
         raise FIError(f"{where}: unknown feature '{unknown[0]}' (known: {', '.join(LEARNED_FEATURES)})")
-    model, signals = data.get("model"), data.get("signals")
-    if not isinstance(model, dict) or not all(
-        isinstance(model.get(k), int) for k in ("layers", "kv_heads", "head_dim")
-    ):
-        raise FIError(f"{where}: the model's architecture (layers, kv_heads, head_dim) is missing")
-    if (
-        not isinstance(signals, dict)
-        or not isinstance(signals.get("window"), int)
-        or signals.get("entropy_of") not in ("produced", "next")
-        or not isinstance(signals.get("tau"), (int, float))
-        or not math.isfinite(signals["tau"])
-    ):
-        raise FIError(f"{where}: the signal settings (window, entropy_of, tau) are missing")
+    check_model_and_signals(data, where)
     data["trees"] = compile_trees(data.get("model_dump"), len(names), where)
     return data
 
