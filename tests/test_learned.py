@@ -25,8 +25,8 @@ from fi_toolkit.policies.learned import EXTRA, FORMAT
 from fi_toolkit.probe.chunks import parse_chunk
 from fi_toolkit.runs import results
 from fi_toolkit.signals.trace import trace_prefix
-from fi_toolkit.studies.fit import DECODING_FEATURES, fit_rows
-from fi_toolkit.studies.learned import learn_policy, model_json
+from fi_toolkit.studies.fit import DECODING_FEATURES, fit_rows, policy_json
+from fi_toolkit.studies.learned import learn_policy
 
 pytest.importorskip("lightgbm")
 
@@ -79,7 +79,7 @@ def runs(rows, tmp_path_factory):
 
 
 def write(record: dict, path) -> str:
-    path.write_text(model_json(record))
+    path.write_text(policy_json(record))
     return str(path)
 
 
@@ -228,7 +228,7 @@ def test_in_house_trees_predict_as_lightgbm(rows):
 
 def test_hostile_files_exit_2_in_one_line(good, tmp_path, capsys):
     cut = tmp_path / "cut.json"
-    cut.write_text(model_json(good)[: len(model_json(good)) // 2])
+    cut.write_text(policy_json(good)[: len(policy_json(good)) // 2])
     nested = tmp_path / "nested.json"
     nested.write_text("[" * 100_000 + "]" * 100_000)
     binary = tmp_path / "binary.json"

@@ -255,42 +255,36 @@ def fit(
         },
     }
     if learner == "lambdarank":
-        _learn(rows, names, meta, out_file)
+        from fi_toolkit.studies.learned import learn_policy
+
+        record = learn_policy(rows, names, meta)
+        results.atomic_write_text(out_file, policy_json(record))
+        header = (
+            f"learned a LambdaRank model on {len(names)} feature(s), {record['rows']:,} rows of "
+            f"{len(record['documents'])} documents ({record['rounds']} rounds)"
+        )
+        weights = [f"{n:18s} gain {g:.4g}" for n, g in sorted(record["importance_gain"].items(), key=lambda t: -t[1])]
+        _print_fit(header, weights, "learned", record, out_file)
         return
     record = fit_policy(rows, names, target, ridge, meta)
     results.atomic_write_text(out_file, policy_json(record))
-    cv = record["cross_validation"]["mean"]
-    out.print(
+    header = (
         f"fitted {len(names)} feature(s) on {record['rows']:,} rows of {len(record['documents'])} documents "
         f"(target {target}, ridge {ridge:g})"
     )
-    for name, c in sorted(zip(names, record["coefficients"]), key=lambda t: -abs(t[1])):
-        out.print(f"  {name:18s} {c:+.4f}")
-    fmt = {k: "n/a" if v is None else f"{v:+.3f}" for k, v in cv.items()}
-    out.print(
-        f"leave-one-document-out mean within-head Spearman with FI: fitted {fmt['spearman_fitted']}, "
-        f"snapkv {fmt['spearman_snapkv']}, infokv {fmt['spearman_infokv']}"
-    )
-    err.print(f"wrote {out_file}", markup=False, highlight=False)
+    weights = [f"{n:18s} {c:+.4f}" for n, c in sorted(zip(names, record["coefficients"]), key=lambda t: -abs(t[1]))]
+    _print_fit(header, weights, "fitted", record, out_file)
 
 
-def _learn(rows, names: list[str], meta: dict, out_file: Path) -> None:
-    """Train the LambdaRank model, write its JSON, print importances and cross-validation."""
-    from fi_toolkit.runs import results
-    from fi_toolkit.studies.learned import learn_policy, model_json
-
-    record = learn_policy(rows, names, meta)
-    results.atomic_write_text(out_file, model_json(record))
-    cv = record["cross_validation"]["mean"]
+def _print_fit(header: str, weights: list[str], own: str, record: dict, out_file: Path) -> None:
+    """What fi fit prints for either learner: the header, one line per feature, the leave-one-document-out
+    Spearman of its own score (``own``: fitted or learned) beside SnapKV's and InfoKV's, and the file written."""
+    out.print(header)
+    for line in weights:
+        out.print(f"  {line}")
+    fmt = {k: "n/a" if v is None else f"{v:+.3f}" for k, v in record["cross_validation"]["mean"].items()}
     out.print(
-        f"learned a LambdaRank model on {len(names)} feature(s), {record['rows']:,} rows of "
-        f"{len(record['documents'])} documents ({record['rounds']} rounds)"
-    )
-    for name, g in sorted(record["importance_gain"].items(), key=lambda t: -t[1]):
-        out.print(f"  {name:18s} gain {g:.4g}")
-    fmt = {k: "n/a" if v is None else f"{v:+.3f}" for k, v in cv.items()}
-    out.print(
-        f"leave-one-document-out mean within-head Spearman with FI: learned {fmt['spearman_learned']}, "
+        f"leave-one-document-out mean within-head Spearman with FI: {own} {fmt[f'spearman_{own}']}, "
         f"snapkv {fmt['spearman_snapkv']}, infokv {fmt['spearman_infokv']}"
     )
     err.print(f"wrote {out_file}", markup=False, highlight=False)

@@ -61,13 +61,20 @@ def learned_matrix(s: Signals, layer: int, names, entropy_of: str, tau: float) -
     return torch.stack(rows)
 
 
-def check_features(features: Sequence[str]) -> None:
-    """Refuse unknown or repeated learned-policy features (no heavy import: ``fi fit`` checks before reading)."""
-    unknown = [f for f in features if f not in LEARNED_FEATURES]
+def check_feature_names(features: Sequence[str], known: Sequence[str]) -> None:
+    """Refuse a feature not in ``known``, an empty list or a feature listed twice (FIError naming ``features``);
+    no heavy import, so ``fi fit`` checks before it reads anything. The ridge fit and the learned policy share it."""
+    unknown = [f for f in features if f not in known]
     if unknown:
         raise FIError(
-            f"features names an unknown feature '{unknown[0]}' (known: {', '.join(LEARNED_FEATURES)})",
-            parameter="features",
+            f"features names an unknown feature '{unknown[0]}' (known: {', '.join(known)})", parameter="features"
         )
-    if not features or len(set(features)) != len(features):
-        raise FIError("features must list each feature once, at least one", parameter="features")
+    if not features:
+        raise FIError("features lists no feature", parameter="features")
+    if len(set(features)) != len(features):
+        raise FIError("features lists a feature twice", parameter="features")
+
+
+def check_features(features: Sequence[str]) -> None:
+    """The learned policy's features: :func:`check_feature_names` against :data:`LEARNED_FEATURES`."""
+    check_feature_names(features, LEARNED_FEATURES)

@@ -172,9 +172,6 @@ def fit_policy(
             }
         )
     mean, scale, coef = _fit(rows, features, target, penalty)
-    summary = {
-        k: float(np.mean(v)) if None not in (v := [f[k] for f in folds]) else None for k in folds[0] if k != "held_out"
-    }
     return {
         "format": FORMAT,
         **(meta or {}),
@@ -186,15 +183,25 @@ def fit_policy(
         "ridge": penalty,
         "rows": int(len(rows)),
         "documents": documents,
-        "cross_validation": {
-            "scheme": "leave one document out",
-            "metric": "mean within-head Spearman with FI",
-            "folds": folds,
-            "mean": summary,
-        },
+        "cross_validation": cross_validation(folds),
+    }
+
+
+def cross_validation(folds: list[dict]) -> dict:
+    """The leave-one-document-out record of a fit (ridge or learned): its folds (``held_out`` and one within-head
+    Spearman per score) and each score's mean over the folds (None where a fold has none)."""
+    mean = {
+        k: float(np.mean(v)) if None not in (v := [f[k] for f in folds]) else None for k in folds[0] if k != "held_out"
+    }
+    return {
+        "scheme": "leave one document out",
+        "metric": "mean within-head Spearman with FI",
+        "folds": folds,
+        "mean": mean,
     }
 
 
 def policy_json(record: dict) -> str:
-    """The record as the bytes ``policy.json`` holds: sorted keys, two-space indent, floats as Python's repr."""
+    """The record as the bytes a policy file (``fi fit``'s ridge or learned model) holds: sorted keys, two-space
+    indent, floats as Python's repr."""
     return json.dumps(record, indent=2, sort_keys=True, allow_nan=False) + "\n"

@@ -7,6 +7,7 @@ import math
 from typing import Sequence
 
 from fi_toolkit.errors import FIError
+from fi_toolkit.policies.features import check_feature_names
 from fi_toolkit.policies.fitted import FEATURES
 
 TARGETS = ("rank", "log")
@@ -17,15 +18,7 @@ DECODING_FEATURES = tuple(f for f in FEATURES if f != "entropy_next")  # computa
 def check_fit_options(features: Sequence[str], target: str, penalty: float) -> None:
     """Refuse an unknown, missing or repeated feature, an unknown target, or a penalty that is not a finite
     number >= 0 (FIError naming the parameter)."""
-    unknown = [f for f in features if f not in FEATURES]
-    if unknown:
-        raise FIError(
-            f"features names an unknown feature '{unknown[0]}' (known: {', '.join(FEATURES)})", parameter="features"
-        )
-    if not features:
-        raise FIError("features lists no feature", parameter="features")
-    if len(set(features)) != len(features):
-        raise FIError("features lists a feature twice", parameter="features")
+    check_feature_names(features, FEATURES)
     if target not in TARGETS:
         raise FIError(f"target must be one of {', '.join(TARGETS)}, got '{target}'", parameter="target")
     ok = isinstance(penalty, (int, float)) and not isinstance(penalty, bool) and math.isfinite(penalty)

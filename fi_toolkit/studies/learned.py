@@ -11,7 +11,6 @@ as the ridge fit does.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 
 import numpy as np
@@ -20,7 +19,7 @@ import pandas as pd
 from fi_toolkit.errors import FIError
 from fi_toolkit.policies.features import LEARNED_FEATURES, ROW_FEATURES, check_features  # noqa: F401 (re-exported)
 from fi_toolkit.policies.learned import FORMAT
-from fi_toolkit.studies.fit import _infokv, within_head_spearman
+from fi_toolkit.studies.fit import _infokv, cross_validation, within_head_spearman
 
 LEVELS = 31  # grades 0..30: LightGBM's default label_gain covers 31 grades
 GROUP = ["document", "layer", "head"]
@@ -114,9 +113,6 @@ def learn_policy(rows: pd.DataFrame, features: Sequence[str], meta: dict, rounds
         )
     model, params = train(rows, features, layers, rounds)
     gain = model.feature_importance(importance_type="gain")
-    summary = {
-        k: float(np.mean(v)) if None not in (v := [f[k] for f in folds]) else None for k in folds[0] if k != "held_out"
-    }
     return {
         "format": FORMAT,
         **meta,
@@ -131,15 +127,5 @@ def learn_policy(rows: pd.DataFrame, features: Sequence[str], meta: dict, rounds
         "rows": int(len(rows)),
         "documents": documents,
         "versions": {**versions(), "lightgbm": lgb.__version__},
-        "cross_validation": {
-            "scheme": "leave one document out",
-            "metric": "mean within-head Spearman with FI",
-            "folds": folds,
-            "mean": summary,
-        },
+        "cross_validation": cross_validation(folds),
     }
-
-
-def model_json(record: dict) -> str:
-    """The record as the model file's text: sorted keys, two-space indent."""
-    return json.dumps(record, indent=2, sort_keys=True, allow_nan=False) + "\n"
