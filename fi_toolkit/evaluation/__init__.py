@@ -11,7 +11,7 @@ The names below are imported on first use (PEP 562): importing a light submodule
 :mod:`.settings` does not load torch, so the command line answers usage errors at once.
 """
 
-import importlib
+from fi_toolkit.lazy import lazy_exports
 
 _EXPORTS = {
     **dict.fromkeys(
@@ -31,15 +31,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
-    """Import a public name's module on first access and cache the name here (PEP 562)."""
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'fi_toolkit.evaluation' has no attribute '{name}'")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

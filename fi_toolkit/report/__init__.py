@@ -3,7 +3,7 @@
 The names are imported on first use (PEP 562): :mod:`.preflight` checks ``fi report``'s arguments
 without loading pandas or matplotlib."""
 
-import importlib
+from fi_toolkit.lazy import lazy_exports
 
 _EXPORTS = {
     "FORMATS": "fi_toolkit.report.preflight",
@@ -14,8 +14,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'fi_toolkit.report' has no attribute '{name}'")
-    return getattr(importlib.import_module(module), name)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

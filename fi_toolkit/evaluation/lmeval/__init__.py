@@ -6,29 +6,24 @@
 - :mod:`.export`: the toolkit's long-context tasks as lm-eval task YAMLs (``fi tasks export``).
 """
 
-import importlib
+from fi_toolkit.lazy import lazy_exports
 
 # every name is imported on first use (PEP 562): checking the model arguments loads no torch, and lm-eval
 # (an optional dependency, behind the backend's names) is imported only when the backend is asked for
 _EXPORTS = {
-    "BackendArgs": "arguments",
-    "parse_backend_args": "arguments",
-    "export_tasks": "export",
-    "CacheRecord": "requests",
-    "generate_tokens": "requests",
-    "score_continuation": "requests",
-    "CompressedLM": "backend",
-    "annotate_samples": "backend",
-    "samples_annotated": "backend",
+    "BackendArgs": "fi_toolkit.evaluation.lmeval.arguments",
+    "parse_backend_args": "fi_toolkit.evaluation.lmeval.arguments",
+    "export_tasks": "fi_toolkit.evaluation.lmeval.export",
+    "CacheRecord": "fi_toolkit.evaluation.lmeval.requests",
+    "generate_tokens": "fi_toolkit.evaluation.lmeval.requests",
+    "score_continuation": "fi_toolkit.evaluation.lmeval.requests",
+    "CompressedLM": "fi_toolkit.evaluation.lmeval.backend",
+    "annotate_samples": "fi_toolkit.evaluation.lmeval.backend",
+    "samples_annotated": "fi_toolkit.evaluation.lmeval.backend",
 }
 
 
-def __getattr__(name):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
-
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 __all__ = [
     "BackendArgs",
