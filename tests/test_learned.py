@@ -162,6 +162,8 @@ def good(rows):
     "change, message",
     [
         ({"features": ["key_norm", "no_such_feature"]}, "unknown feature 'no_such_feature'"),
+        ({"features": ["key_norm", "key_norm"]}, "the feature 'key_norm' is listed twice"),
+        ({"features": ["key_norm", 1]}, "unknown feature 1"),
         ({"features": ["key_norm"]}, "the model takes 2 features, the file lists 1"),
         ({"model_dump": None}, "not a LightGBM dump_model() record"),
         ({"model_dump": "import os; os.system('x')"}, "not a LightGBM dump_model() record"),
@@ -174,6 +176,13 @@ def test_damaged_files_are_refused(good, change, message, tmp_path):
     path = write({**good, **change}, tmp_path / "bad.json")
     with pytest.raises(FIError, match=message.replace("(", r"\(").replace(")", r"\)")):
         parse_policy(f"learned:path={path}")
+
+
+def test_a_directory_or_a_device_is_named_as_such(tmp_path):
+    with pytest.raises(FIError, match=r"learned policy '.*': is a directory; name the JSON file fi fit"):
+        parse_policy(f"learned:path={tmp_path}")
+    with pytest.raises(FIError, match=r"learned policy '/dev/null': not a regular file \(a device or a pipe\)"):
+        parse_policy("learned:path=/dev/null")
 
 
 def _mutated(good, change):

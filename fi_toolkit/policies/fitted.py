@@ -134,6 +134,38 @@ def _finite_list(data: dict, key: str, n: int, where: str) -> list[float]:
     return [float(v) for v in values]
 
 
+def read_policy_file(path: str | Path, where: str, kind: str, format_: str, maker: str) -> dict:
+    """The JSON object of a policy file (fitted or learned) of format ``format_``; a directory, a device, a
+    missing file, text that is not JSON or another format is refused in one line naming ``where`` (``maker``:
+    the command that writes such files)."""
+    path = Path(path)
+    if path.is_dir():
+        raise FIError(f"{where}: is a directory; name the JSON file {maker} wrote")
+    if path.exists() and not path.is_file():
+        raise FIError(f"{where}: not a regular file (a device or a pipe); name the JSON file {maker} wrote")
+    if not path.exists():
+        raise FIError(f"{where}: no such file (make one with {maker})")
+    try:
+        data = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise FIError(f"{where}: not a {kind} JSON ({exc})") from None
+    if not isinstance(data, dict) or data.get("format") != format_:
+        raise FIError(f"{where}: not a {kind} JSON (format '{format_}' expected)")
+    return data
+
+
+def check_listed_features(names, known, where: str) -> None:
+    """A policy file's ``features``: a non-empty list of ``known`` names, each once."""
+    if not isinstance(names, list) or not names:
+        raise FIError(f"{where}: no features listed")
+    unknown = [n for n in names if not isinstance(n, str) or n not in known]
+    if unknown:
+        raise FIError(f"{where}: unknown feature {unknown[0]!r} (known: {', '.join(known)})")
+    twice = [n for i, n in enumerate(names) if n in names[:i]]
+    if twice:
+        raise FIError(f"{where}: the feature '{twice[0]}' is listed twice")
+
+
 def check_model_and_signals(data: dict, where: str) -> None:
     """Refuse a policy file (fitted or learned) without the model's architecture or the signal settings it was
     trained under (what a run checks it against before using it)."""
@@ -156,28 +188,9 @@ def read_fitted(path: str | Path) -> dict:
     """The fitted JSON at ``path``, checked: format, features known, standardisation and coefficients finite
     (scales > 0), the model's architecture and the signal settings present."""
     where = f"fitted policy '{path}'"
-    path = Path(path)
-    if path.is_dir():
-        raise FIError(f"{where}: is a directory; name the JSON file fi fit wrote")
-    if path.exists() and not path.is_file():
-        raise FIError(f"{where}: not a regular file (a device or a pipe); name the JSON file fi fit wrote")
-    if not path.exists():
-        raise FIError(f"{where}: no such file (make one with fi fit)")
-    try:
-        data = json.loads(path.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise FIError(f"{where}: not a fitted-policy JSON ({exc})") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise FIError(f"{where}: not a fitted-policy JSON (format '{FORMAT}' expected)")
+    data = read_policy_file(path, where, "fitted-policy", FORMAT, "fi fit")
     names = data.get("features")
-    if not isinstance(names, list) or not names:
-        raise FIError(f"{where}: no features listed")
-    unknown = [n for n in names if not isinstance(n, str) or n not in FEATURES]
-    if unknown:
-        raise FIError(f"{where}: unknown feature {unknown[0]!r} (known: {', '.join(FEATURES)})")
-    twice = [n for i, n in enumerate(names) if n in names[:i]]
-    if twice:
-        raise FIError(f"{where}: the feature '{twice[0]}' is listed twice")
+    check_listed_features(names, FEATURES, where)
     for key in ("mean", "scale", "coefficients"):
         _finite_list(data, key, len(names), where)
     if min(data["scale"]) < 1 / MAX_MAGNITUDE:

@@ -21,7 +21,6 @@ deploying does not.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +28,13 @@ from typing import TYPE_CHECKING, ClassVar
 
 from fi_toolkit.errors import FIError
 from fi_toolkit.policies.features import EXTRA, LEARNED_FEATURES, learned_matrix  # noqa: F401 (re-exported)
-from fi_toolkit.policies.fitted import TOKEN_FEATURES, Fitted, check_model_and_signals
+from fi_toolkit.policies.fitted import (
+    TOKEN_FEATURES,
+    Fitted,
+    check_listed_features,
+    check_model_and_signals,
+    read_policy_file,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -148,21 +153,9 @@ def read_learned(path: str | Path) -> dict:
     """The learned-model JSON at ``path``, checked (format, features known, architecture and signal settings
     present, trees well formed with as many inputs as features); the compiled trees under ``trees``."""
     where = f"learned policy '{path}'"
-    path = Path(path)
-    if not path.is_file():
-        raise FIError(f"{where}: no such file (make one with fi fit, learner lambdarank)")
-    try:
-        data = json.loads(path.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise FIError(f"{where}: not a learned-model JSON ({type(exc).__name__})") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise FIError(f"{where}: not a learned-model JSON (format '{FORMAT}' expected)")
+    data = read_policy_file(path, where, "learned-model", FORMAT, "fi fit, learner lambdarank")
     names = data.get("features")
-    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
-        raise FIError(f"{where}: no features listed")
-    unknown = [n for n in names if n not in LEARNED_FEATURES]
-    if unknown:
-        raise FIError(f"{where}: unknown feature '{unknown[0]}' (known: {', '.join(LEARNED_FEATURES)})")
+    check_listed_features(names, LEARNED_FEATURES, where)
     check_model_and_signals(data, where)
     data["trees"] = compile_trees(data.get("model_dump"), len(names), where)
     return data
