@@ -18,7 +18,7 @@ line's help and argument errors never wait for torch, transformers or pandas.
 
 from __future__ import annotations
 
-import importlib
+from fi_toolkit.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -49,15 +49,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
-    """Import a public name's module on first access and cache the name here (PEP 562)."""
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'fi_toolkit' has no attribute '{name}'")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -1295,6 +1296,102 @@ CASES = [
         None,
         ["eval", "alice", "--policy", "fi-oracle:horizon=64"],
         "fi-oracle has no option 'horizon'",
+    ),  # --- the defects found by trying about 150 hostile inputs ---
+    ("fit-out-in-proc", fit_data_run(["a", "b"]), ["fit", "fd", "--out", "/proc/x.json"], "cannot be written"),
+    (
+        "probe-default-runs-is-a-file",
+        lambda t: (t / "runs").write_text("x\n"),
+        ["probe", "--chunk", "128:160"],
+        "the default results directory 'runs' is a file, not a directory",
+    ),
+    ("view-out-in-proc", None, ["view", "alice", "--out", "/proc/x.html"], "cannot be written"),
+    ("tasks-export-out-is-a-file", a_file, ["tasks", "export", "--out", "f"], "--out 'f' is a file, not a directory"),
+    (
+        "tasks-export-replaces-a-users-file",
+        lambda t: (a_directory("t")(t), (t / "t" / "fi_passkey.yaml").write_text("mine\n")),
+        ["tasks", "export", "--task", "passkey", "--out", "t"],
+        "--out 't' already holds fi_passkey.yaml; choose another directory or pass --overwrite",
+    ),
+    (
+        "tasks-export-task-twice",
+        None,
+        ["tasks", "export", "--task", "passkey,passkey", "--out", "t"],
+        "--task names 'passkey' twice",
+    ),
+    (
+        "tasks-export-one-option-per-error",
+        None,
+        ["tasks", "export", "--max-gen-toks", "0", "--out", "t"],
+        "error: --max-gen-toks must be >= 1, got 0",
+    ),
+    (
+        "fit-manifest-wrong-types",
+        lambda t: (
+            fit_data_run(["a", "b"])(t),
+            (t / "fd" / "manifest.json").write_text(
+                json.dumps({**json.loads((t / "fd" / "manifest.json").read_text()), "documents": "a,b", "signals": []})
+            ),
+        ),
+        ["fit", "fd", "--out", "p.json"],
+        "its manifest.json's 'signals' must be an object of the signals",
+    ),
+    ("report-same-dir-twice", a_run, ["report", "run", "run/../run"], "'run/../run' and 'run' are the same directory"),
+    (
+        "report-unfinished-eval",
+        lambda t: (a_directory("ev")(t), (t / "ev" / "settings.json").write_text('{"command": "eval"}')),
+        ["report", "ev"],
+        "holds an unfinished fi eval run (no manifest.json yet): finish it by running the same fi eval command "
+        "again with --resume",
+    ),
+    (
+        "fitted-feature-ten-times",
+        fitted_file(
+            fitted_record(features=["attention"] * 10, mean=[0.0] * 10, scale=[1.0] * 10, coefficients=[1.0] * 10)
+        ),
+        ["eval", "--policy", "fitted:path=p.json"],
+        "the feature 'attention' is listed twice",
+    ),
+    (
+        "fitted-true-coefficient",
+        fitted_file(fitted_record(coefficients=[True])),
+        ["eval", "--policy", "fitted:path=p.json"],
+        "'coefficients' must list 1 numbers, one per feature",
+    ),
+    (
+        "fitted-coefficient-overflows",
+        fitted_file(fitted_record(coefficients=[1e308])),
+        ["eval", "--policy", "fitted:path=p.json"],
+        "'coefficients' holds a value beyond 1e+100 (the score would overflow)",
+    ),
+    (
+        "fitted-path-a-directory",
+        a_directory("pd"),
+        ["eval", "--policy", "fitted:path=pd"],
+        "fitted policy 'pd': is a directory",
+    ),
+    (
+        "fitted-path-dev-null",
+        None,
+        ["eval", "--policy", "fitted:path=/dev/null"],
+        "fitted policy '/dev/null': not a regular file",
+    ),
+    (
+        "view-fi-oracle-refused-as-view",
+        None,
+        ["view", "alice", "--policy", "fi-oracle"],
+        "--policy fi-oracle: fi view marks what compression-time policies evict",
+    ),
+    (
+        "select-budget-under-window-names-select",
+        None,
+        ["probe", "--chunk", "128:160", "--select", "policy:snapkv@keep=10"],
+        "--select policy:snapkv@keep=10: budget keep=10",
+    ),
+    (
+        "select-equal-sets-spelled-apart",
+        None,
+        ["probe", "--chunk", "128:160", "--select", "entropy:remove=0.1", "--select", "entropy:0.9"],
+        "--select entropy:remove=0.1 and --select entropy:0.9 select the same set (both remove 13 of the 128",
     ),
 ]
 
@@ -1552,3 +1649,262 @@ def test_default_directories_are_unique(tmp_path, monkeypatch):
     second = results.new_default_dir("probe", tmp_path)
     assert first != second and first.name.endswith("-beef") and second.name.endswith("-cafe")
     assert first.is_dir() and second.is_dir()
+
+
+# --- every command answers its argument errors at once, and an unwritable --out before the model ---
+
+HEAVY = ["torch", "transformers", "pandas", "scipy", "numpy"]
+ROOT = Path(__file__).resolve().parents[1]
+# one error per command that its arguments (and the paths) alone decide: no heavy library is needed for it
+ARGUMENT_ERRORS = [
+    (["probe", "alice", "--chunk", "160:128"], "invalid chunk '160:128'"),
+    (["correlate", "alice", "--chunk", "128:160", "--estimator", "fisher", "--samples", "0"], "--samples must be >= 1"),
+    (["nearfar", "alice", "--unit-sets=-1"], "--unit-sets must be >= 0"),
+    (["eval", "alice", "--policy", "nosuch"], "unknown policy 'nosuch'"),
+    (["generate", "hi", "--max-new", "-1"], "--max-new must be >= 1"),
+    (["scores", "alice", "--fi-chunk", "9:3"], "invalid chunk '9:3'"),
+    (["fit-data", "alice", "--chunk", "128:160", "--samples", "0", "--out", "fd"], "--samples must be >= 1, got 0"),
+    (["fit", "no-such-run", "--out", "p.json"], "'no-such-run' is not a run directory"),
+    (["view", "alice", "--policy", "nosuch", "--out", "v.html"], "unknown policy 'nosuch'"),
+    (["report", "no-such-run"], "'no-such-run' does not exist"),
+    (["lm-eval", "--model", "fi", "--model_args", "policy=nosuch"], "unknown policy 'nosuch'"),
+    (["tasks", "export", "--task", "passkey", "--samples", "0", "--out", "t"], "--samples must be >= 1, got 0"),
+]
+
+
+def test_every_command_has_an_argument_error_case():
+    import typer.main
+
+    from fi_toolkit.cli.app import app
+
+    names = set(typer.main.get_command(app).commands) - {"models"}  # models takes no argument
+    assert names == {argv[0] for argv, _ in ARGUMENT_ERRORS}
+
+
+@pytest.mark.parametrize("argv, message", ARGUMENT_ERRORS, ids=[a[0] + " " + a[-1] for a, _ in ARGUMENT_ERRORS])
+def test_argument_errors_answer_in_one_line_under_2_s_without_heavy_imports(argv, message, tmp_path):
+    """``fi ARGS`` as a process (the console script's entry point): exit 2, one line, under 2 s of wall time,
+    and no heavy library imported by then (what keeps it fast on any machine: torch alone takes seconds)."""
+    code = f"""
+        import atexit, json, sys
+        atexit.register(lambda: print(json.dumps([m for m in {HEAVY!r} if m in sys.modules])))
+        sys.argv = ["fi", *{argv!r}]
+        from fi_toolkit.cli.entry import main
+        main()
+    """
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, cwd=tmp_path, env=env
+    )
+    seconds = time.perf_counter() - t0
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2, proc.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
+    assert seconds < 2, f"{seconds:.2f} s"
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+class ModelLoaded(Exception):
+    """Raised by the stand-in for load_model: a command got past its checks to the model."""
+
+
+def _unwritable(kind, tmp):
+    if kind == "proc":
+        return "/proc/fi-no-such-dir/out"
+    (tmp / "a-file").write_text("x")
+    return str(tmp / "a-file" / "out")
+
+
+UNWRITABLE_OUT = [
+    ["probe", "alice", "--chunk", "128:160", "--out", "{out}"],
+    ["correlate", "alice", "--chunk", "128:160", "--out", "{out}"],
+    ["nearfar", "alice", "--out", "{out}"],
+    ["eval", "alice", "--out", "{out}"],
+    ["scores", "alice", "--out", "{out}.csv"],
+    ["fit-data", "alice", "--chunk", "128:160", "--out", "{out}"],
+    ["fit", "{run}", "--out", "{out}.json"],
+    ["view", "alice", "--out", "{out}.html"],
+    ["report", "{run}", "--out", "{out}"],
+    ["tasks", "export", "--task", "passkey", "--out", "{out}"],
+    ["lm-eval", "--model", "fi", "--model_args", "policy=snapkv", "--tasks", "x", "--output_path", "{out}"],
+]
+
+
+@pytest.mark.parametrize("kind", ["proc", "under-a-file"])
+@pytest.mark.parametrize(
+    "argv", UNWRITABLE_OUT, ids=[a[0] if a[0] != "tasks" else "tasks-export" for a in UNWRITABLE_OUT]
+)
+def test_unwritable_out_is_one_line_before_the_model_loads(argv, kind, finished_run, tmp_path, monkeypatch, capsys):
+    """--out in /proc (mkdir fails there even for root) or under a regular file: one line, exit 2, and the
+    model loader never called (a stand-in raises if it is), so no forward runs."""
+
+    def load_model(*args, **kwargs):
+        raise ModelLoaded
+
+    monkeypatch.setattr("fi_toolkit.model.loading.load_model", load_model)
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "fd"
+    if argv[0] == "fit":
+        fit_data_run(["a", "b"])(tmp_path)
+    else:
+        run = finished_run
+    out = _unwritable(kind, tmp_path)
+    args = [a.format(out=out, run=run) for a in argv]
+    before = snapshot(tmp_path)
+    code, _out, err = run_cli(args, capsys)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2, err
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
+    assert ("cannot be written" in lines[0]) if kind == "proc" else ("a-file" in lines[0]), lines[0]
+    assert snapshot(tmp_path) == before
+
+
+# --- an interrupted overwrite leaves the old output whole or the new one whole ---
+
+
+def _tree(root):
+    return {str(p.relative_to(root)): p.read_bytes() if p.is_file() else None for p in sorted(root.rglob("*"))}
+
+
+@pytest.mark.parametrize("writer", ["_write_html", "_write_markdown", "atomic_copy"])
+def test_ctrl_c_during_report_overwrite_leaves_the_old_report_whole(
+    writer, finished_run, tmp_path, monkeypatch, capsys
+):
+    """A report, then ``fi report --overwrite`` interrupted while it writes (a writer raises KeyboardInterrupt):
+    exit 130 and the report directory is the old one byte for byte (the user's own file included), no
+    temporary directory left beside it. Without the interruption the new report replaces the old."""
+    out = tmp_path / "report"
+    code, _, err = run_cli(["report", str(finished_run), "--out", str(out), "--format", "html,md,csv"], capsys)
+    assert code == 0, err
+    for f in [p for p in out.rglob("*") if p.is_file()]:  # every old file differs from what the new run writes
+        f.write_text(f"the old {f.name}\n")
+    (out / "notes.txt").write_text("mine\n")
+    old = _tree(out)
+
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    target = "fi_toolkit.runs.results.atomic_copy" if writer == "atomic_copy" else f"fi_toolkit.report.export.{writer}"
+    with monkeypatch.context() as m:
+        m.setattr(target, interrupt)
+        code, _, err = run_cli(
+            ["report", str(finished_run), "--out", str(out), "--overwrite", "--format", "html,md,csv"], capsys
+        )
+    assert code == 130 and err.startswith("interrupted"), err
+    assert _tree(out) == old
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report"]
+    code, _, err = run_cli(
+        ["report", str(finished_run), "--out", str(out), "--overwrite", "--format", "html,md,csv"], capsys
+    )
+    assert code == 0, err
+    new = _tree(out)
+    assert new["notes.txt"] == b"mine\n"
+    assert not any(data.startswith(b"the old ") for data in new.values() if data is not None)
+    assert set(new) == set(old)  # the same report's files (a full rewrite), the user's file kept
+
+
+def test_ctrl_c_between_the_renames_puts_the_old_output_back(tmp_path, monkeypatch):
+    """staged_dir's swap: Ctrl-C after the old directory is renamed aside and before the new one is in place
+    (the second rename) leaves the old directory whole under its name."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "a.csv").write_text("old\n")
+    real, calls = os.replace, []
+
+    def replace(src, dst):
+        calls.append((src, dst))
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        real(src, dst)
+
+    monkeypatch.setattr(results.os, "replace", replace)
+    with pytest.raises(KeyboardInterrupt):
+        with results.staged_dir(out, replaced=results.result_entry) as stage:
+            (stage / "a.csv").write_text("new\n")
+    monkeypatch.undo()
+    assert len(calls) == 3 and _tree(out) == {"a.csv": b"old\n"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_ctrl_c_during_fit_overwrite_keeps_the_old_policy_file(tmp_path, monkeypatch, capsys):
+    """Another writing command: ``fi fit --overwrite`` interrupted while it writes the policy file (inside the
+    atomic write, after its temporary file exists) keeps the old file whole and leaves no temporary file;
+    uninterrupted, it replaces the file with a fitted policy."""
+    monkeypatch.chdir(tmp_path)
+    fit_data_run(["a", "b"])(tmp_path)
+    (tmp_path / "p.json").write_text("the old policy\n")
+    record = {  # the fit itself is test_fit's; here only how its record is written
+        "features": ["attention"],
+        "coefficients": [1.0],
+        "rows": 8,
+        "documents": ["a", "b"],
+        "cross_validation": {"mean": {"spearman_fitted": 0.5, "spearman_snapkv": None, "spearman_infokv": None}},
+    }
+    monkeypatch.setattr("fi_toolkit.studies.fit.fit_policy", lambda *args: record)
+    args = ["fit", "fd", "--features", "attention", "--out", "p.json", "--overwrite"]
+
+    def interrupt(path):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(results, "_umask_mode", interrupt)
+        code, _, err = run_cli(args, capsys)
+    assert code == 130, err
+    assert (tmp_path / "p.json").read_text() == "the old policy\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fd", "p.json"]
+    code, _, err = run_cli(args, capsys)
+    assert code == 0, err
+    assert json.loads((tmp_path / "p.json").read_text())["features"] == ["attention"]
+
+
+def test_unknown_policy_in_fi_view_lists_no_oracle(capsys):
+    """fi view cannot show an oracle: its unknown-policy message does not offer fi-oracle (fi eval's does)."""
+    _, _, view = run_cli(["view", "alice", "--policy", "nosuch"], capsys)
+    _, _, ev = run_cli(["eval", "alice", "--policy", "nosuch"], capsys)
+    assert "unknown policy 'nosuch'" in view and "fi-oracle" not in view and "snapkv" in view
+    assert "fi-oracle" in ev
+
+
+def test_the_oracle_chunk_is_read_from_the_document():
+    """policy:fi-oracle@B:chunk=160:200 reads the document to token 200, past the last --chunk (128:160)."""
+    from fi_toolkit.probe.selections import parse_selections
+
+    oracle, plain = parse_selections(["policy:fi-oracle@keep=0.5:chunk=160:200", "entropy:0.5"])
+    assert oracle.reads_until() == 200 and plain.reads_until() is None
+
+
+def test_nearfar_prints_whole_sink_counts(capsys):
+    from fi_toolkit.cli.study import _print_nearfar
+
+    summary = pd.DataFrame(
+        {
+            "sinks": [4.0, 4.0],
+            "selector": ["entropy", "attention"],
+            "distance_from_p": [0, 0],
+            "fi_mean": [0.1, 0.2],
+            "fi_share_near_mean": [1.0, 1.0],
+        }
+    )
+    tests = pd.DataFrame(
+        {
+            "sinks": [4.0],
+            "distance_from_p": [0],
+            "metric": ["fi"],
+            "a_wins": [1],
+            "n_documents": [1],
+            "wilcoxon_p": [float("nan")],
+        }
+    )
+    _print_nearfar({"nearfar_summary": summary, "nearfar_tests": tests}, 1)
+    out = capsys.readouterr().out
+    assert "4.0" not in out and " 4 " in out.replace("\n", " ")
+
+
+def test_tasks_names_agree_with_the_export():
+    """fi tasks export checks names against evaluation.settings (no torch); the export's own table agrees."""
+    from fi_toolkit.evaluation.settings import DEFAULT_TASKS
+    from fi_toolkit.evaluation.tasks import TASKS
+
+    assert sorted(DEFAULT_TASKS) == sorted(TASKS)

@@ -217,3 +217,17 @@ def test_studies_pass_entropy_of(command, monkeypatch, capsys):
     seen[0](None, [], None)  # the study as the CLI built it
     config = next(a for a in seen[1] if isinstance(a, SignalConfig))
     assert (config.entropy_of, config.pool_kernel) == ("next", 5)
+
+
+@pytest.mark.smollm
+def test_oracle_chunk_past_the_last_probed_chunk_is_measured(tmp_path, capsys):
+    """policy:fi-oracle@B:chunk=160:200 on a document of about 580 tokens: the oracle's chunk lies past the last
+    --chunk (128:160) but inside the document, so the probe reads that far and measures it."""
+    doc = tmp_path / "doc.txt"
+    doc.write_text("word " * 560)
+    out = tmp_path / "run"
+    args = ["probe", str(doc), "--chunk", "128:160", "--select", "policy:fi-oracle@keep=0.5:chunk=160:200"]
+    code, _, err = run_cli([*args, "--out", str(out)], capsys)
+    assert code == 0, err
+    table = pd.read_csv(out / "fi.csv")
+    assert "policy:fi-oracle@keep=0.5:chunk=160:200" in set(table["selection"])

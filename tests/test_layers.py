@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "fi_toolkit"
 
 # Lowest first. A module may import modules of its own layer or a lower one, never a higher one.
 LAYERS: list[tuple[str, ...]] = [
-    ("errors",),  # FIError, the one exception users see
+    ("errors", "lazy"),  # FIError, the one exception users see; names imported on first use
     ("budget", "eviction", "documents", "runs"),  # shared vocabulary; result directories and sharding
     ("model",),  # loading, architectures, attention functions, precision
     ("signals",),  # H, A, D, E, S: formulas, the prefill trace, the tracker

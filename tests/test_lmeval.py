@@ -280,7 +280,7 @@ def test_compressed_cli_run_writes_results_with_policy_and_records(exported, tmp
             "--model",
             "fi",
             "--model_args",
-            "pretrained=smollm2-135m,policy=infokv,budget=keep=96,interval=4,device=cpu",
+            "pretrained=smollm2-135m,policy=infokv,budget=keep=96,interval=4",  # lm-eval's default device
             "--tasks",
             "fi_mc,fi_passkey",
             "--include_path",
@@ -294,6 +294,8 @@ def test_compressed_cli_run_writes_results_with_policy_and_records(exported, tmp
         capsys,
     )
     assert code == 0, err[-2000:]
+    fallback = "device 'cuda:0' requested but CUDA is not available; running on the CPU"
+    assert (fallback in err) == (not torch.cuda.is_available())  # lm-eval's default, cuda:0, as its hf backend
     results = json.loads(next((tmp_path / "out").rglob("results_*.json")).read_text())
     assert results["config"]["model_args"]["policy"] == "infokv" and results["config"]["fi_policy"] == "infokv@keep=96"
     for task in ("fi_mc", "fi_passkey"):
@@ -302,6 +304,22 @@ def test_compressed_cli_run_writes_results_with_policy_and_records(exported, tmp
         records = [rec for row in rows for rec in row["fi_toolkit"]]
         assert all(rec["cache_entries"] < rec["full_entries"] and rec["compressions"] >= 1 for rec in records)
         assert all(rec["cache_entries"] <= 96 + 4 for rec in records)
+
+
+@lmeval
+@pytest.mark.lmeval
+def test_lm_evals_own_backends_stay_available_beside_fi():
+    """Registering fi must not hide lm-eval's own backends (its registry loads them only when it is empty), so
+    fi lm-eval --model hf works; checked in a fresh interpreter, where nothing else has imported them."""
+    import subprocess
+    import sys
+
+    code = (
+        "import fi_toolkit.evaluation.lmeval.backend as b; from lm_eval.api.registry import get_model; "
+        "print(get_model('fi') is b.CompressedLM, get_model('hf').__name__)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.split() == ["True", "HFLM"], proc.stderr[-2000:]
 
 
 @lmeval

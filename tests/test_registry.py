@@ -87,8 +87,12 @@ def test_unknown_names_are_one_line_that_lists_the_registered_names():
             resolve(text, "keep=0.5")
         message = str(exc.value)
         assert "\n" not in message and "unknown policy" in message
-        assert all(e.name in message for e in entries() if e.kind != "wrapper"), message
+        assert all(e.name in message for e in entries() if e.kind not in ("wrapper", "oracle")), message
         assert "adaptive(NAME)" in message
+        assert "fi-oracle" not in message  # where no future is known, an oracle is no choice
+        with pytest.raises(FIError, match="fi-oracle") as exc:  # where it is (a probe, fi eval on documents)
+            resolve(text, "keep=0.5", future=True)
+        assert all(e.name in str(exc.value) for e in entries() if e.kind != "wrapper")
 
 
 def test_help_texts_list_what_the_registry_holds():

@@ -119,6 +119,8 @@ def probe(
     texts = distinct_texts([t for spec in (documents or [None]) for t in read_texts(spec)])
     if out_dir is not None:
         results.check_results_dir(out_dir, overwrite)
+    else:  # runs/probe-<time>-<random> is made when the results are written: prove runs/ writable now
+        results.check_out_path(Path("runs"), option="the default results directory")
     # every check above imports nothing heavy (usage errors answer at once); the work below does
     from fi_toolkit.cli.console import print_warning
     from fi_toolkit.probe.experiment import max_context, probe_document, trace_document
@@ -132,7 +134,8 @@ def probe(
                 f"chunk {c.label} ends past p + N = {p + fut.tokens:,}: --future {fut.label} generates "
                 f"{fut.tokens:,} tokens after p={p}"
             )
-    docs = tokenize_texts(texts, lm.tokenizer, max_tokens=p if fut.generated else max(c.end for c in chunks))
+    ends = [c.end for c in chunks] + [e for s in selections if (e := s.reads_until()) is not None]
+    docs = tokenize_texts(texts, lm.tokenizer, max_tokens=p if fut.generated else max(ends))
     world, mine = _my_documents(docs)  # under torchrun: this rank's share (all of them in one process)
     if fut.generated:
         check_chunks(chunks, p, p + fut.tokens, max_context(lm))
@@ -198,15 +201,13 @@ def probe(
         out_path = results.new_default_dir("probe")
     else:  # checked again: another run may have written there meanwhile
         out_path = results.check_results_dir(out_dir, overwrite)
-        if overwrite:
-            results.clear_results(out_path)
-    results.write_table(out_path / "fi.csv", table)
-    written = [out_path / "fi.csv"]
     headroom = _headroom(table)
-    if headroom is not None:
-        results.write_table(out_path / "headroom.csv", headroom)
-        written.append(out_path / "headroom.csv")
-    results.write_json(out_path / "manifest.json", manifest)
+    with results.staged_dir(out_path, replaced=results.result_entry) as stage:  # old results whole or new ones
+        results.write_table(stage / "fi.csv", table)
+        if headroom is not None:
+            results.write_table(stage / "headroom.csv", headroom)
+        results.write_json(stage / "manifest.json", manifest)
+    written = [out_path / "fi.csv"] + ([out_path / "headroom.csv"] if headroom is not None else [])
     _print_fi_table(table, f"Forward Influence (nats), {model.model}, p={p}, {len(docs)} document(s)")
     if headroom is not None:
         _print_headroom(headroom)

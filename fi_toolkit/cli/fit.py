@@ -45,14 +45,9 @@ def fit_data(
     overwrite: bool = typer.Option(False, help="Replace the results already in --out."),
 ):
     """Training rows for fi fit: compression-time features and per-(layer, KV head) Fisher FI of every position."""
-    import pandas as pd
-
-    from fi_toolkit.documents import tokenize_texts
     from fi_toolkit.probe.chunks import check_chunks, parse_chunk
-    from fi_toolkit.probe.estimator import check_samples
-    from fi_toolkit.probe.experiment import max_context, trace_document
+    from fi_toolkit.probe.estimator_options import check_samples
     from fi_toolkit.runs import results
-    from fi_toolkit.studies.fit import fit_rows
 
     model.check()
     config = signals.check()
@@ -67,6 +62,13 @@ def fit_data(
         raise FIError(f"--seed must be >= 0, got {seed}")
     texts = _read_documents(documents)
     results.check_results_dir(out_dir, overwrite)
+    # every check above imports nothing heavy (usage errors answer at once); the work below does
+    import pandas as pd
+
+    from fi_toolkit.documents import tokenize_texts
+    from fi_toolkit.probe.experiment import max_context, trace_document
+    from fi_toolkit.studies.fit import fit_rows
+
     t0 = time.perf_counter()
     lm = model.load()
     docs = tokenize_texts(texts, lm.tokenizer, max_tokens=max(c.end for c in chunks))
@@ -108,10 +110,9 @@ def fit_data(
         "versions": results.versions(),
     }
     out_path = results.check_results_dir(out_dir, overwrite)
-    if overwrite:
-        results.clear_results(out_path)
-    results.write_table(out_path / ROWS, table)
-    results.write_json(out_path / "manifest.json", manifest)
+    with results.staged_dir(out_path, replaced=results.result_entry) as stage:  # old results whole or new ones
+        results.write_table(stage / ROWS, table)
+        results.write_json(stage / "manifest.json", manifest)
     err.print(
         f"wrote {len(table):,} rows ({len(docs)} document(s)) to {out_path}/{ROWS}", markup=False, highlight=False
     )
@@ -131,14 +132,43 @@ def _read_run(path: Path):
         rows = pd.read_parquet(rows_file)
     except Exception as exc:  # a damaged file, whatever the reader says
         raise FIError(f"'{path}': cannot read its fit data ({type(exc).__name__}: {exc})") from None
-    if manifest.get("command") != "fit-data" or "fi" not in rows.columns:
+    if not isinstance(manifest, dict) or manifest.get("command") != "fit-data" or "fi" not in rows.columns:
         raise FIError(f"'{path}' holds no per-token FI per layer and KV head ({ROWS}): make it with fi fit-data")
     missing = [k for k in (*SHARED, "documents") if k not in manifest]
     if missing:
         raise FIError(
             f"'{path}': its manifest.json lacks '{missing[0]}' (made by another version? run fi fit-data again)"
         )
+    _check_manifest_types(path, manifest)
     return manifest, rows
+
+
+SIGNAL_KEYS = ("window", "top_k", "pool_kernel", "tau", "entropy_of", "final_norm")
+
+
+def _check_manifest_types(path: Path, manifest: dict) -> None:
+    """The fields fi fit reads, of the types fi fit-data writes (one line naming the first that is not)."""
+
+    def whole(v):
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    signals, docs = manifest["signals"], manifest["documents"]
+    checks = (
+        ("model", isinstance(manifest["model"], dict), "an object"),
+        ("signals", isinstance(signals, dict) and all(k in signals for k in SIGNAL_KEYS), "an object of the signals"),
+        ("prefix", whole(manifest["prefix"]), "a whole number"),
+        ("sinks", whole(manifest["sinks"]), "a whole number"),
+        ("samples", whole(manifest["samples"]), "a whole number"),
+        ("chunks", isinstance(manifest["chunks"], list), "a list"),
+        (
+            "documents",
+            isinstance(docs, list) and all(isinstance(d, dict) and isinstance(d.get("name"), str) for d in docs),
+            "a list of objects with a 'name'",
+        ),
+    )
+    for key, ok, want in checks:
+        if not ok:
+            raise FIError(f"'{path}': its manifest.json's '{key}' must be {want} (damaged? run fi fit-data again)")
 
 
 def fit(
@@ -156,25 +186,46 @@ def fit(
     exclude: List[str] = typer.Option(
         None, "--exclude", help="Leave this document's rows out (repeatable), to test the policy on it."
     ),
+    learner: str = typer.Option(
+        "ridge",
+        help="'ridge' (a linear score, fitted:path=FILE) or 'lambdarank' (LightGBM LambdaRank on within-head FI "
+        "ranks, learned:path=FILE; its features add depth, kv_head and keydiff).",
+    ),
     overwrite: bool = typer.Option(False, help="Replace --out if it exists."),
 ):
     """Fit a linear score of compression-time signals to per-(layer, KV head) FI; cross-validated leaving one document
     out."""
-    import pandas as pd
-
+    from fi_toolkit.policies.learned import EXTRA
     from fi_toolkit.runs import results
-    from fi_toolkit.studies.fit import DECODING_FEATURES, DEFAULT_FEATURES, check_fit_options, fit_policy, policy_json
+    from fi_toolkit.studies.fit_options import DECODING_FEATURES, DEFAULT_FEATURES, check_fit_options
 
+    if learner not in ("ridge", "lambdarank"):
+        raise FIError(f"--learner must be ridge or lambdarank, got '{learner}'")
+    extra = list(EXTRA) if learner == "lambdarank" else []
     if features is None or features.strip() == "decoding":
-        names = list(DECODING_FEATURES if features else DEFAULT_FEATURES)
+        names = list(DECODING_FEATURES if features else DEFAULT_FEATURES) + extra
     else:
         names = [f.strip() for f in features.split(",")]
-    check_fit_options(names, target, ridge)
+    if learner == "ridge":
+        check_fit_options(names, target, ridge)
+    else:
+        from fi_toolkit.policies.features import check_features
+
+        check_features(names)
     if out_file.suffix != ".json":
         raise FIError(f"--out must end in .json, got '{out_file}'")
     results.check_out_path(out_file, want_dir=False)
     if out_file.exists() and not overwrite:
         raise FIError(f"--out '{out_file}' exists; choose another file or pass --overwrite")
+    for r in runs:  # what the paths alone decide, before pandas is imported to read them
+        if not r.is_dir():
+            raise FIError(f"'{r}' is not a run directory")
+        if not (r / ROWS).is_file() or not (r / "manifest.json").is_file():
+            raise FIError(f"'{r}' holds no per-token FI per layer and KV head ({ROWS}): make it with fi fit-data")
+    import pandas as pd
+
+    from fi_toolkit.studies.fit import fit_policy, policy_json
+
     loaded = [_read_run(r) for r in runs]
     first = loaded[0][0]
     for path, (manifest, _) in zip(runs[1:], loaded[1:]):
@@ -193,7 +244,7 @@ def fit(
     signals = first["signals"]
     meta = {
         "model": first["model"],
-        "signals": {k: signals[k] for k in ("window", "top_k", "pool_kernel", "tau", "entropy_of", "final_norm")},
+        "signals": {k: signals[k] for k in SIGNAL_KEYS},
         "fitted_on": {
             "runs": [str(r) for r in runs],
             "prefix": first["prefix"],
@@ -203,18 +254,37 @@ def fit(
             "documents": [d for m, _ in loaded for d in m["documents"] if d["name"] not in (exclude or [])],
         },
     }
+    if learner == "lambdarank":
+        from fi_toolkit.studies.learned import learn_policy
+
+        record = learn_policy(rows, names, meta)
+        results.atomic_write_text(out_file, policy_json(record))
+        header = (
+            f"learned a LambdaRank model on {len(names)} feature(s), {record['rows']:,} rows of "
+            f"{len(record['documents'])} documents ({record['rounds']} rounds)"
+        )
+        weights = [f"{n:18s} gain {g:.4g}" for n, g in sorted(record["importance_gain"].items(), key=lambda t: -t[1])]
+        _print_fit(header, weights, "learned", record, out_file)
+        return
     record = fit_policy(rows, names, target, ridge, meta)
     results.atomic_write_text(out_file, policy_json(record))
-    cv = record["cross_validation"]["mean"]
-    out.print(
+    header = (
         f"fitted {len(names)} feature(s) on {record['rows']:,} rows of {len(record['documents'])} documents "
         f"(target {target}, ridge {ridge:g})"
     )
-    for name, c in sorted(zip(names, record["coefficients"]), key=lambda t: -abs(t[1])):
-        out.print(f"  {name:18s} {c:+.4f}")
-    fmt = {k: "n/a" if v is None else f"{v:+.3f}" for k, v in cv.items()}
+    weights = [f"{n:18s} {c:+.4f}" for n, c in sorted(zip(names, record["coefficients"]), key=lambda t: -abs(t[1]))]
+    _print_fit(header, weights, "fitted", record, out_file)
+
+
+def _print_fit(header: str, weights: list[str], own: str, record: dict, out_file: Path) -> None:
+    """What fi fit prints for either learner: the header, one line per feature, the leave-one-document-out
+    Spearman of its own score (``own``: fitted or learned) beside SnapKV's and InfoKV's, and the file written."""
+    out.print(header)
+    for line in weights:
+        out.print(f"  {line}")
+    fmt = {k: "n/a" if v is None else f"{v:+.3f}" for k, v in record["cross_validation"]["mean"].items()}
     out.print(
-        f"leave-one-document-out mean within-head Spearman with FI: fitted {fmt['spearman_fitted']}, "
+        f"leave-one-document-out mean within-head Spearman with FI: {own} {fmt[f'spearman_{own}']}, "
         f"snapkv {fmt['spearman_snapkv']}, infokv {fmt['spearman_infokv']}"
     )
     err.print(f"wrote {out_file}", markup=False, highlight=False)

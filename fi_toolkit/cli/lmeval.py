@@ -62,6 +62,16 @@ def _model_args(argv: list[str]) -> tuple[str | None, str | None]:
     return found.get("--model"), found.get("--model_args")
 
 
+def _option(argv: list[str], name: str) -> str | None:
+    """The value of lm-eval's option ``name`` in ``argv`` (``--x v`` or ``--x=v``), or None."""
+    for i, arg in enumerate(argv):
+        if arg == name and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(name + "="):
+            return arg[len(name) + 1 :]
+    return None
+
+
 def check_model_args(argv: list[str]) -> None:
     """For ``--model fi``: the model arguments checked as the backend will (FIError on a bad one), before
     lm-eval is imported (so a bad argument is one line even where lm-eval is missing)."""
@@ -87,6 +97,14 @@ def run_lm_eval(argv: list[str]) -> int:
     helping = not argv or any(a in ("-h", "--help") for a in argv)
     if not helping:
         check_model_args(argv)
+        output = _option(argv, "--output_path")
+        if output:  # lm-eval finds an unwritable place only after every request has run
+            from pathlib import Path
+
+            from fi_toolkit.runs.results import check_out_path
+
+            path = Path(output)  # a directory, or a .json file lm-eval names its results after
+            check_out_path(path, want_dir=path.suffix != ".json", option="--output_path")
     try:
         import lm_eval  # noqa: F401
         from lm_eval.__main__ import cli_evaluate

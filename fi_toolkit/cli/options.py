@@ -141,9 +141,20 @@ def check_selections(selections, prefix: int, window: int, sinks: int) -> None:
         raise FIError(f"--sinks must be >= 0, got {sinks}")
     if any(s.kind not in ("positions", "policy", "kvpress") for s in selections):
         check_sinks(sinks, prefix, window)
+    made: dict = {}
     for s in selections:
-        if s.kind != "positions":
-            s.check(prefix, window, sinks)
+        if s.kind == "positions":
+            continue
+        removed = s.check(prefix, window, sinks)
+        if s.provided is not None or not removed:
+            continue
+        key = (s.kind, s.policy, s.options, s.seed, removed)  # the set a selection removes, spelled any way
+        if key in made:
+            raise FIError(
+                f"{made[key].option} and {s.option} select the same set (both remove {removed:,} of the "
+                f"{prefix:,} prefix positions); give it once"
+            )
+        made[key] = s
 
 
 def _progress() -> Progress:

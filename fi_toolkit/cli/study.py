@@ -278,13 +278,18 @@ def nearfar(
     )
 
 
+def _whole_sinks(table):
+    """``table`` with its sink count as whole numbers (a mean or a merge may have made it float: "4.0")."""
+    return table.assign(sinks=table["sinks"].round().astype("Int64")) if "sinks" in table else table
+
+
 def _print_nearfar(tables, n_docs: int) -> None:
-    s = tables["nearfar_summary"]
+    s = _whole_sinks(tables["nearfar_summary"])
     for metric, label in (("fi_mean", "FI (nats)"), ("fi_share_near_mean", "FI / nearest-chunk FI")):
         pivot = s.pivot_table(index=["sinks", "selector"], columns="distance_from_p", values=metric, sort=False)
         out.print(f"{label}, mean over {n_docs} document(s); columns: chunk start - p")
         out.print(pivot.to_string(float_format=lambda v: f"{v:.5f}"))
-    t = tables["nearfar_tests"]
+    t = _whole_sinks(tables["nearfar_tests"])
     t = t[t["metric"].isin(["fi", "fi_share_near"])]
     out.print("entropy > attention across documents (one-sided Wilcoxon signed-rank):")
     out.print(t[["sinks", "distance_from_p", "metric", "a_wins", "n_documents", "wilcoxon_p"]].to_string(index=False))
@@ -300,9 +305,16 @@ def report(
     overwrite: bool = typer.Option(False, help="Replace a report (or other results) already in --out."),
 ):
     """Turn result directories into a self-contained HTML page, Markdown, and CSV/JSON tables."""
-    from fi_toolkit.report import build_report, parse_formats
+    from fi_toolkit.report.preflight import check_run_dirs, parse_formats
+    from fi_toolkit.runs import results
 
-    written = build_report(runs, out_dir, parse_formats(formats), overwrite=overwrite)
+    chosen = parse_formats(formats)
+    check_run_dirs(runs, resume="--resume")
+    results.check_out_path(out_dir)
+    # every check above imports nothing heavy (usage errors answer at once); reading the runs does
+    from fi_toolkit.report import build_report
+
+    written = build_report(runs, out_dir, chosen, overwrite=overwrite)
     for path in written:
         if path.suffix in (".html", ".md", ".json"):
             err.print(f"wrote {path}", markup=False, highlight=False)

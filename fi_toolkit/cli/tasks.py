@@ -33,23 +33,45 @@ def register(app: typer.Typer) -> None:
             DEFAULT_MODEL, "--model", "-m", help="smollm2-135m (embedded), a local directory or a HF id."
         ),
         device: Optional[str] = typer.Option(None, hidden=True),
+        overwrite: bool = typer.Option(False, help="Replace task files already in --out (other files stay)."),
     ):
         """Write lm-eval tasks fi_passkey, fi_multikey_needle, ... (run with lm-eval --include_path OUT)."""
         from fi_toolkit.errors import FIError
-        from fi_toolkit.evaluation.lmeval.export import export_tasks
-        from fi_toolkit.evaluation.tasks import TASKS
-        from fi_toolkit.model.loading import load_model
+        from fi_toolkit.evaluation.settings import DEFAULT_TASKS
+        from fi_toolkit.runs import results
 
         names = [t.strip() for t in task.split(",") if t.strip()]
-        unknown = [t for t in names if t not in TASKS]
+        unknown = [t for t in names if t not in DEFAULT_TASKS]
         if not names or unknown:
-            raise FIError(f"--task: unknown task {', '.join(unknown) or '(none)'} (tasks: {', '.join(TASKS)})")
-        if context < 1 or samples < 1 or max_gen_toks < 1 or seed < 0:
-            raise FIError("--context, --samples and --max-gen-toks must be >= 1 and --seed >= 0")
+            raise FIError(f"--task: unknown task {', '.join(unknown) or '(none)'} (tasks: {', '.join(DEFAULT_TASKS)})")
+        twice = [t for i, t in enumerate(names) if t in names[:i]]
+        if twice:
+            raise FIError(f"--task names '{twice[0]}' twice: give each task once")
+        for flag, value, minimum in (
+            ("--context", context, 1),
+            ("--samples", samples, 1),
+            ("--max-gen-toks", max_gen_toks, 1),
+            ("--seed", seed, 0),
+        ):
+            if value < minimum:
+                raise FIError(f"{flag} must be >= {minimum}, got {value}")
+        results.check_out_path(out_dir, option="--out")
+        files = ["fi_scoring.py", *(f"fi_{t}.{ext}" for t in names for ext in ("jsonl", "yaml"))]
+        held = [f for f in files if (out_dir / f).exists()]
+        if held and not overwrite:
+            raise FIError(f"--out '{out_dir}' already holds {held[0]}; choose another directory or pass --overwrite")
+        # every check above imports nothing heavy (usage errors answer at once); the export does
+        from fi_toolkit.evaluation.lmeval.export import export_tasks
+        from fi_toolkit.model.loading import load_model
+
         lm = load_model(model, device=device)
         if lm.tokenizer is None:
             raise FIError(f"model {model} has no tokenizer to size the prompts with")
-        for path in export_tasks(out_dir, lm.tokenizer, names, context, samples, seed, max_gen_toks, lm.config):
-            out.print(str(path), markup=False, highlight=False)
+        with results.staged_dir(out_dir) as staging:  # other files in --out stay
+            yamls = export_tasks(
+                out_dir, lm.tokenizer, names, context, samples, seed, max_gen_toks, lm.config, staging=staging
+            )
+        for path in yamls:
+            out.print(str(out_dir / path.name), markup=False, highlight=False)
 
     app.add_typer(tasks_app, name="tasks")

@@ -25,9 +25,16 @@ def make_policies(names: str, budget: str, config: SignalConfig, prefix: int) ->
     """``--policy a,b`` with one ``--budget`` -> policies on the trace's window; each budget is checked
     against the prefix now (it must fit the compressible tokens and exceed the window)."""
     from fi_toolkit.budget import Budget
-    from fi_toolkit.policies.registry import resolve, split_policies
+    from fi_toolkit.policies.registry import is_oracle, resolve, split_policies
 
     parsed = Budget.parse(budget, "--budget")
+    for name in split_policies(names, "--policy"):
+        if is_oracle(name):
+            raise FIError(
+                f"--policy {name}: fi view marks what compression-time policies evict; the FI oracle sees the "
+                "future chunk that the page's FI shading is measured on (probe it: fi probe --select "
+                f"policy:{name.partition(':')[0]}@BUDGET)"
+            )
     policies = [
         resolve(
             name,
@@ -41,7 +48,11 @@ def make_policies(names: str, budget: str, config: SignalConfig, prefix: int) ->
         for name in split_policies(names, "--policy")
     ]
     for policy in policies:
-        if policy.tokens(prefix) >= prefix:
+        try:
+            kept = policy.tokens(prefix)
+        except FIError as exc:
+            raise FIError(f"--policy {policy.name} with --budget {parsed.label}: {exc}") from None
+        if kept >= prefix:
             raise FIError(
                 f"--policy {policy.name} with --budget {parsed.label} keeps all {prefix:,} prefix tokens: "
                 "nothing is evicted"
@@ -80,11 +91,9 @@ def view(
 ):
     """Write one standalone HTML page: every prefix token shaded by its estimated FI (or H, A, D, S), each
     policy's evictions marked, a token's numbers on hover (docs/guides/view.md)."""
-    from fi_toolkit.documents import read_texts, tokenize_texts
+    from fi_toolkit.documents import read_texts
     from fi_toolkit.probe.chunks import check_chunks, parse_chunk
-    from fi_toolkit.probe.estimator import check_samples
-    from fi_toolkit.probe.experiment import max_context, trace_document
-    from fi_toolkit.report.token_page import view_data, write_view
+    from fi_toolkit.probe.estimator_options import check_samples
     from fi_toolkit.runs import results
 
     model.check()
@@ -105,6 +114,11 @@ def view(
     most = len(text.encode("utf-8")) + SPECIAL_TOKENS  # no tokenizer makes more tokens than this
     if c.end > most:
         raise FIError(f"chunk {c.label} ends past the end of document '{name}' (at most {most:,} tokens)")
+    # every check above imports nothing heavy (usage errors answer at once); the work below does
+    from fi_toolkit.documents import tokenize_texts
+    from fi_toolkit.probe.experiment import max_context, trace_document
+    from fi_toolkit.report.token_page import view_data, write_view
+
     lm = model.load()
     doc = tokenize_texts([(name, text, source)], lm.tokenizer, max_tokens=c.end)[0]
     check_chunks([c], prefix, len(doc), max_context(lm))

@@ -6,42 +6,29 @@
 - :mod:`.summaries`: means with bootstrap intervals; does replay KL predict accuracy.
 - :mod:`.run`: resumable runs writing the tables and the manifest.
 - :mod:`.headroom`: the share of the replay-KL gap between random and the decoding FI oracle a policy closes.
+
+The names below are imported on first use (PEP 562): importing a light submodule such as
+:mod:`.settings` does not load torch, so the command line answers usage errors at once.
 """
 
-from fi_toolkit.compress.future import DOCUMENT, Future, continue_ids, generated_document, parse_future
-from fi_toolkit.evaluation.headroom import replay_headroom
-from fi_toolkit.evaluation.replay_runs import FULL, TextSetting, divergence, evaluate_text, free_generation
-from fi_toolkit.evaluation.run import run_eval_tasks, run_eval_text
-from fi_toolkit.evaluation.summaries import (
-    kl_accuracy_table,
-    mean_ci,
-    summarise_answers,
-    summarise_replays,
-    summarise_segments,
-)
-from fi_toolkit.evaluation.task_runs import SampleUnit, evaluate_sample, make_units, task_name
+from fi_toolkit.lazy import lazy_exports
 
-__all__ = [
-    "DOCUMENT",
-    "FULL",
-    "Future",
-    "SampleUnit",
-    "TextSetting",
-    "continue_ids",
-    "divergence",
-    "evaluate_sample",
-    "evaluate_text",
-    "free_generation",
-    "generated_document",
-    "kl_accuracy_table",
-    "make_units",
-    "mean_ci",
-    "parse_future",
-    "replay_headroom",
-    "run_eval_tasks",
-    "run_eval_text",
-    "summarise_answers",
-    "summarise_replays",
-    "summarise_segments",
-    "task_name",
-]
+_EXPORTS = {
+    **dict.fromkeys(
+        ["DOCUMENT", "Future", "continue_ids", "generated_document", "parse_future"], "fi_toolkit.compress.future"
+    ),
+    "replay_headroom": "fi_toolkit.evaluation.headroom",
+    **dict.fromkeys(
+        ["FULL", "TextSetting", "divergence", "evaluate_text", "free_generation"], "fi_toolkit.evaluation.replay_runs"
+    ),
+    **dict.fromkeys(["run_eval_tasks", "run_eval_text"], "fi_toolkit.evaluation.run"),
+    **dict.fromkeys(
+        ["kl_accuracy_table", "mean_ci", "summarise_answers", "summarise_replays", "summarise_segments"],
+        "fi_toolkit.evaluation.summaries",
+    ),
+    **dict.fromkeys(["SampleUnit", "evaluate_sample", "make_units", "task_name"], "fi_toolkit.evaluation.task_runs"),
+}
+__all__ = sorted(_EXPORTS)
+
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

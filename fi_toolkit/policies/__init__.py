@@ -15,6 +15,7 @@ from fi_toolkit.policies.fitted import Fitted
 from fi_toolkit.policies.h2o import H2O
 from fi_toolkit.policies.infokv import InfoKV
 from fi_toolkit.policies.knorm import KNorm
+from fi_toolkit.policies.learned import Learned
 from fi_toolkit.policies.pyramidkv import PyramidKV
 from fi_toolkit.policies.random import RandomPolicy
 from fi_toolkit.policies.registry import (
@@ -35,6 +36,7 @@ __all__ = [
     "Budget",
     "FIOracle",
     "Fitted",
+    "Learned",
     "H2O",
     "InfoKV",
     "KNorm",

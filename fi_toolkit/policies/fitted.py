@@ -117,38 +117,58 @@ def feature_matrix(s: Signals, layer: int, names, entropy_of: str, tau: float) -
     return torch.stack([FEATURES[name][1](s, layer, entropy_of, tau) for name in names])
 
 
+MAX_MAGNITUDE = 1e100  # a coefficient, mean or scale beyond this is no fit: the score would overflow float64
+
+
 def _finite_list(data: dict, key: str, n: int, where: str) -> list[float]:
+    """``data[key]`` as ``n`` finite numbers (JSON true/false are not numbers) of magnitude at most
+    :data:`MAX_MAGNITUDE`; one line naming the key otherwise."""
     values = data.get(key)
-    if not isinstance(values, list) or len(values) != n or not all(isinstance(v, (int, float)) for v in values):
+    numbers = isinstance(values, list) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+    if not numbers or len(values) != n:
         raise FIError(f"{where}: '{key}' must list {n} numbers, one per feature")
     if not all(math.isfinite(v) for v in values):
         raise FIError(f"{where}: '{key}' holds a non-finite value (NaN or inf)")
+    if any(abs(v) > MAX_MAGNITUDE for v in values):
+        raise FIError(f"{where}: '{key}' holds a value beyond {MAX_MAGNITUDE:g} (the score would overflow)")
     return [float(v) for v in values]
 
 
-def read_fitted(path: str | Path) -> dict:
-    """The fitted JSON at ``path``, checked: format, features known, standardisation and coefficients finite
-    (scales > 0), the model's architecture and the signal settings present."""
-    where = f"fitted policy '{path}'"
+def read_policy_file(path: str | Path, where: str, kind: str, format_: str, maker: str) -> dict:
+    """The JSON object of a policy file (fitted or learned) of format ``format_``; a directory, a device, a
+    missing file, text that is not JSON or another format is refused in one line naming ``where`` (``maker``:
+    the command that writes such files)."""
     path = Path(path)
-    if not path.is_file():
-        raise FIError(f"{where}: no such file (make one with fi fit)")
+    if path.is_dir():
+        raise FIError(f"{where}: is a directory; name the JSON file {maker} wrote")
+    if path.exists() and not path.is_file():
+        raise FIError(f"{where}: not a regular file (a device or a pipe); name the JSON file {maker} wrote")
+    if not path.exists():
+        raise FIError(f"{where}: no such file (make one with {maker})")
     try:
         data = json.loads(path.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise FIError(f"{where}: not a fitted-policy JSON ({exc})") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise FIError(f"{where}: not a fitted-policy JSON (format '{FORMAT}' expected)")
-    names = data.get("features")
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise FIError(f"{where}: not a {kind} JSON ({exc})") from None
+    if not isinstance(data, dict) or data.get("format") != format_:
+        raise FIError(f"{where}: not a {kind} JSON (format '{format_}' expected)")
+    return data
+
+
+def check_listed_features(names, known, where: str) -> None:
+    """A policy file's ``features``: a non-empty list of ``known`` names, each once."""
     if not isinstance(names, list) or not names:
         raise FIError(f"{where}: no features listed")
-    unknown = [n for n in names if n not in FEATURES]
+    unknown = [n for n in names if not isinstance(n, str) or n not in known]
     if unknown:
-        raise FIError(f"{where}: unknown feature '{unknown[0]}' (known: {', '.join(FEATURES)})")
-    for key in ("mean", "scale", "coefficients"):
-        _finite_list(data, key, len(names), where)
-    if min(data["scale"]) <= 0:
-        raise FIError(f"{where}: 'scale' must be positive")
+        raise FIError(f"{where}: unknown feature {unknown[0]!r} (known: {', '.join(known)})")
+    twice = [n for i, n in enumerate(names) if n in names[:i]]
+    if twice:
+        raise FIError(f"{where}: the feature '{twice[0]}' is listed twice")
+
+
+def check_model_and_signals(data: dict, where: str) -> None:
+    """Refuse a policy file (fitted or learned) without the model's architecture or the signal settings it was
+    trained under (what a run checks it against before using it)."""
     model, signals = data.get("model"), data.get("signals")
     if not isinstance(model, dict) or not all(
         isinstance(model.get(k), int) for k in ("layers", "kv_heads", "head_dim")
@@ -162,6 +182,20 @@ def read_fitted(path: str | Path) -> dict:
         or not math.isfinite(signals["tau"])
     ):
         raise FIError(f"{where}: the signal settings (window, entropy_of, tau) are missing")
+
+
+def read_fitted(path: str | Path) -> dict:
+    """The fitted JSON at ``path``, checked: format, features known, standardisation and coefficients finite
+    (scales > 0), the model's architecture and the signal settings present."""
+    where = f"fitted policy '{path}'"
+    data = read_policy_file(path, where, "fitted-policy", FORMAT, "fi fit")
+    names = data.get("features")
+    check_listed_features(names, FEATURES, where)
+    for key in ("mean", "scale", "coefficients"):
+        _finite_list(data, key, len(names), where)
+    if min(data["scale"]) < 1 / MAX_MAGNITUDE:
+        raise FIError(f"{where}: 'scale' must be positive (at least {1 / MAX_MAGNITUDE:g})")
+    check_model_and_signals(data, where)
     return data
 
 
@@ -203,12 +237,16 @@ class Fitted(Policy):
                     f"({key} {want.get(key)}), this model has {key} {value}: fit it on this model"
                 )
 
+    def _features(self, s: Signals, layer: int) -> torch.Tensor:
+        fit = self.fit
+        return feature_matrix(s, layer, fit["features"], fit["signals"]["entropy_of"], float(fit["signals"]["tau"]))
+
     def linear_score(self, s: Signals, layer: int) -> torch.Tensor:
         """``sum_f c_f (x_f - mu_f) / sigma_f`` of every slot -> ``[Hkv, n_l]`` float64."""
         import torch
 
         fit = self.fit
-        x = feature_matrix(s, layer, fit["features"], fit["signals"]["entropy_of"], float(fit["signals"]["tau"]))
+        x = self._features(s, layer)
         mean, scale, coef = (
             torch.tensor(fit[k], dtype=torch.float64, device=x.device)[:, None, None]
             for k in ("mean", "scale", "coefficients")
@@ -226,7 +264,8 @@ class Fitted(Policy):
         out = torch.zeros(z.shape, dtype=torch.float32, device=z.device)
         candidates = z[:, lo:hi]
         if not torch.isfinite(candidates).all():
-            raise FIError(f"fitted policy '{self.path}': non-finite score (a feature is NaN or inf)")
+            which = "a feature is NaN or inf" if not torch.isfinite(self._features(s, layer)).all() else "it overflows"
+            raise FIError(f"fitted policy '{self.path}': non-finite score ({which})")
         for h in range(z.shape[0]):
             out[h, lo:hi] = torch.unique(candidates[h], return_inverse=True)[1].float()
         return out

@@ -48,6 +48,7 @@ from fi_toolkit.policies.fitted import Fitted
 from fi_toolkit.policies.h2o import H2O
 from fi_toolkit.policies.infokv import InfoKV
 from fi_toolkit.policies.knorm import KNorm
+from fi_toolkit.policies.learned import Learned
 from fi_toolkit.policies.pyramidkv import PyramidKV
 from fi_toolkit.policies.random import RandomPolicy
 from fi_toolkit.policies.rpc import RPC
@@ -269,9 +270,10 @@ def _named(name: str) -> Entry | None:
     return entry if entry is not None and entry.kind != WRAPPER else None
 
 
-def _unknown(name: str) -> FIError:
-    """The one-line refusal of a name the registry does not hold, listing what it holds."""
-    names = [e.name for e in entries() if e.kind != WRAPPER]
+def _unknown(name: str, oracles: bool = True) -> FIError:
+    """The one-line refusal of a name the registry does not hold, listing what it holds (the oracles only
+    where the caller can give them the future: ``oracles``)."""
+    names = [e.name for e in entries() if e.kind != WRAPPER and (oracles or e.kind != ORACLE)]
     wrapped = " or ".join(f"{e.spelling} (alias NAME-{e.name})" for e in _wrappers().values())
     return FIError(
         f"unknown policy '{name}' (choose from {', '.join(names)}; spell NAME{OPTIONS}"
@@ -297,7 +299,7 @@ def _value(text: str, kind: type, key: str, where: str):
         raise FIError(f"{where}: {key} must be {what}, got '{text}'") from None
 
 
-def _entry_of(text: str, where: str) -> tuple[Entry | None, Entry]:
+def _entry_of(text: str, where: str, oracles: bool = True) -> tuple[Entry | None, Entry]:
     """The wrapper (or None) and the entry a spelling's name names (``adaptive(infokv):...``); unknown names
     refused."""
     wrapper, name = _unwrap(text.strip().partition(":")[0].strip().lower())
@@ -305,14 +307,14 @@ def _entry_of(text: str, where: str) -> tuple[Entry | None, Entry]:
     if entry is None:
         if wrapper is not None and _unwrap(name)[0] is not None:
             raise FIError(f"{where}: '{name}' is {wrapper.name} already; {wrapper.name}(NAME) wraps a plain policy")
-        raise _unknown(name if name else text.strip())
+        raise _unknown(name if name else text.strip(), oracles)
     return wrapper, entry
 
 
-def _parse(text: str, where: str) -> _Spec:
+def _parse(text: str, where: str, oracles: bool = True) -> _Spec:
     """``"adaptive(infokv):alpha=0.5"`` -> :class:`_Spec`; refuses unknown names and options in one line."""
     _, colon, tail = text.strip().partition(":")
-    wrapper, entry = _entry_of(text, where)
+    wrapper, entry = _entry_of(text, where, oracles)
     name = entry.name
     if colon and not tail.strip():
         raise FIError(f"{where}: expected options after the colon, like {name}:key=value,key=value")
@@ -394,7 +396,7 @@ def resolve(
     provider = _provider_of(text, where)
     if provider is not None:
         return provider.resolve(text, budget, window, where)
-    spec = _parse(text, where)
+    spec = _parse(text, where, oracles=future)
     cls = spec.entry.cls
     if getattr(cls, "sees_future", False) and not future:
         raise FIError(
@@ -521,3 +523,4 @@ register(RPC, paper="2505.13866", summary="generated tokens only, by the attenti
 register(Adaptive, kind=WRAPPER, paper="2407.11550", summary="adaptive layer budgets for a scored policy")
 register(FIOracle, kind=ORACLE, summary="ORACLE: keeps by estimated FI on the future text it sees")
 register(Fitted, kind=FILE_POLICY, summary="a linear score of the signals learned by fi fit (window 0: the file's)")
+register(Learned, kind=FILE_POLICY, summary="a LightGBM ranking of the signals learned by fi fit --learner lambdarank")

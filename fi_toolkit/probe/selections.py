@@ -176,7 +176,10 @@ class Selection:
         """Entries the policy keeps per layer and head (uneven budgets average to it); refuses a budget
         that cannot be met or that keeps everything (nothing to measure)."""
         policy = policy or self.make_policy(window)
-        kept = policy.tokens(prefix_len)
+        try:
+            kept = policy.tokens(prefix_len)
+        except FIError as exc:  # a budget that holds no more than the window: name the selection it came from
+            raise FIError(f"{self.option}: {exc}", parameter=exc.parameters) from None
         if kept >= prefix_len:
             raise FIError(f"{self.option} keeps all {prefix_len:,} prefix positions: nothing to measure")
         return kept
@@ -188,6 +191,15 @@ class Selection:
         return registry.resolve(
             text, self.budget, window, where=self.option, shared=TRACE_OPTIONS, future=True, **defaults
         )
+
+    def reads_until(self) -> int | None:
+        """The end of the future chunk an FI oracle selection scores when its ``chunk`` option names one
+        (the document must be read that far), else None."""
+        if self.kind != "policy":
+            return None
+        policy = self.make_policy()
+        span = policy.span if isinstance(policy, FIOracle) else None
+        return None if span is None else int(span[1])
 
     def _check_oracle_chunk(self, prefix_len: int) -> None:
         """The FI oracle's chunk must start at or after p (its end is checked against the document later)."""

@@ -32,11 +32,11 @@ from fi_toolkit.report.display import display_table, split_settings
 from fi_toolkit.report.headline import headline
 from fi_toolkit.report.headroom import headroom_figure
 from fi_toolkit.report.lead import LeadTable, lead_table
+from fi_toolkit.report.preflight import FORMATS, check_run_dirs, not_a_run, parse_formats  # noqa: F401
 from fi_toolkit.report.token_page import read_view_meta
 from fi_toolkit.runs import results
 from fi_toolkit.runs.resumable import read_table
 
-FORMATS = ("html", "md", "csv", "json")
 # Tables of each run kind, in display order; the ones shown in HTML/Markdown are marked True.
 TABLES = {
     "correlate": [("correlation_summary", True), ("correlations", False), ("tokens", False)],
@@ -140,25 +140,6 @@ TABLE_TITLES = {
 }
 
 
-def parse_formats(text: str) -> list[str]:
-    """``"html,md"`` -> ``["html", "md"]``: the report formats ``--format`` names.
-
-    Args:
-        text: comma-separated formats, any of :data:`FORMATS` (``html``, ``md``, ``csv``, ``json``).
-
-    Returns:
-        The formats, lower-cased, in order.
-
-    Raises:
-        FIError: an unknown format, or none.
-    """
-    formats = [f.strip().lower() for f in text.split(",") if f.strip()]
-    bad = [f for f in formats if f not in FORMATS]
-    if bad or not formats:
-        raise FIError(f"invalid format '{text}': choose from {','.join(FORMATS)}", parameter={"format": "formats"})
-    return formats
-
-
 def _check_manifest(manifest, manifest_file: Path) -> str:
     """The fields a report reads: a dict with 'command' and 'settings' (documents, chunks); -> the command."""
     if not isinstance(manifest, dict):
@@ -208,7 +189,7 @@ def load_run(path: Path) -> dict:
     if lmeval.is_lmeval_dir(path):  # lm-eval's output (fi lm-eval): tables computed from its JSON files
         return lmeval.load_lmeval_run(path)
     if not manifest_file.is_file():
-        raise FIError(f"'{path}' is not a finished fi correlate/nearfar result directory (no manifest.json)")
+        raise not_a_run(path)
     try:
         manifest = json.loads(manifest_file.read_text())
     except (ValueError, OSError):
@@ -409,20 +390,6 @@ def _check_out(out_dir: Path, runs: list[dict], overwrite: bool) -> Path:
     return results.check_results_dir(out_dir, overwrite)
 
 
-def _remove_stale(out_dir: Path, written: list[Path]) -> None:
-    """After ``--overwrite``: drop the old report's files that the new report did not write."""
-    keep = {p.resolve() for p in written}
-    stale = (
-        [out_dir / n for n in REPORT_FILES]
-        + sorted((out_dir / "tables").glob("*.csv"))
-        + sorted((out_dir / "figures").glob("*.png"))
-        + sorted((out_dir / "views").glob("*.html"))
-    )
-    for f in stale:
-        if f.is_file() and f.resolve() not in keep:
-            f.unlink()
-
-
 def build_report(
     run_dirs: Sequence[Path], out_dir: Path, formats: Sequence[str] = FORMATS, overwrite: bool = False
 ) -> list[Path]:
@@ -445,10 +412,21 @@ def build_report(
         FIError: a directory that is not a finished run, an ``out_dir`` that is one of them, or an
             ``out_dir`` holding results without ``overwrite``.
     """
-    if not run_dirs:
-        raise FIError("no result directory given: fi report RUN_DIR [RUN_DIR ...]")
+    check_run_dirs(run_dirs)
     runs = [load_run(p) for p in run_dirs]
-    out_dir = _check_out(Path(out_dir), runs, overwrite)
+    final = _check_out(Path(out_dir), runs, overwrite)
+    with results.staged_dir(final, replaced=_report_entry) as out_dir:  # the old report whole or the new one
+        written = _write_report(runs, out_dir, formats)
+    return [final / p.relative_to(out_dir) for p in written]
+
+
+def _report_entry(name: str) -> bool:
+    """Whether an entry of a report directory is the report's (replaced by a new one; others are kept)."""
+    return name in REPORT_FILES or name in ("tables", "figures", "views")
+
+
+def _write_report(runs: list[dict], out_dir: Path, formats: Sequence[str]) -> list[Path]:
+    """Every file of the report of ``runs`` into the (new, empty) directory ``out_dir``; -> the files."""
     labels: dict[str, int] = {}
     for run in runs:  # unique labels even for runs/a/corr and runs/b/corr
         labels[run["label"]] = labels.get(run["label"], 0) + 1
@@ -506,8 +484,6 @@ def build_report(
         written += _write_markdown(runs, figs, out_dir, cross)
     if "html" in formats:
         written.append(_write_html(runs, figs, out_dir, cross))
-    if overwrite:
-        _remove_stale(out_dir, written)
     return written
 
 

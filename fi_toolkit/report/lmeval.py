@@ -240,7 +240,9 @@ def load_lmeval_run(path: Path) -> dict:
     if not files:
         if any(path.rglob("samples_*.jsonl")):
             raise FIError(f"'{path}' holds lm-eval samples but no results_*.json; did lm-eval finish?")
-        raise FIError(f"'{path}' is not a finished fi correlate/nearfar result directory (no manifest.json)")
+        from fi_toolkit.report.preflight import not_a_run
+
+        raise not_a_run(path)
     reported, per_sample, cache, seen = [], [], [], set()
     for f in reversed(files):  # newest first (lm-eval's date names sort by time): a rerun replaces a cell
         a, b, c = _read_results(f, seen)

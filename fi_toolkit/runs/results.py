@@ -12,8 +12,11 @@ import os
 import platform
 import secrets
 import shutil
+import signal
 import sys
 import tempfile
+import threading
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -105,7 +108,28 @@ def check_out_path(path: Path, want_dir: bool = True, option: str = "out_dir") -
         raise FIError(f"{option} '{path}' is a file, not a directory", parameter=option)
     if not want_dir and path.is_dir():
         raise FIError(f"{option} '{path}' is a directory; name a file", parameter=option)
+    check_writable(path, option)
     return path
+
+
+def check_writable(path: Path, option: str = "out_dir") -> None:
+    """Prove that ``path`` can be created or replaced: a directory made and removed at once in the nearest
+    existing directory at or above it (``path`` itself when it is a directory). A real attempt, not
+    ``os.access``: it answers for root, read-only mounts and ``/proc`` alike. Leaves nothing behind."""
+    path = Path(path)
+    where = next((p for p in (path, *path.parents) if p.is_dir()), Path("."))
+    # Ctrl-C is held back while the probe exists (delivered right after), so it never leaves one behind
+    blocked = hasattr(signal, "pthread_sigmask") and threading.current_thread() is threading.main_thread()
+    if blocked:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".fi-writable-", dir=where))
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise FIError(f"{option} '{path}' cannot be written: '{where}': {reason}", parameter=option) from None
+    finally:
+        if blocked:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def make_dir(path: Path) -> Path:
@@ -123,9 +147,67 @@ def make_dir(path: Path) -> Path:
     return path
 
 
+def _link_or_copy(src: str, dst: str) -> None:
+    """A hard link where the file system allows one (no bytes copied), else a copy with its metadata."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def _carry(src: Path, dst: Path) -> None:
+    """``src`` (a file, a link or a directory tree) to ``dst`` without touching ``src``."""
+    if src.is_symlink():
+        os.symlink(os.readlink(src), dst)
+    elif src.is_dir():
+        shutil.copytree(src, dst, symlinks=True, copy_function=_link_or_copy)
+    else:
+        _link_or_copy(str(src), str(dst))
+
+
+@contextmanager
+def staged_dir(out: Path, replaced=lambda name: False):
+    """A temporary directory beside ``out`` for a command to write its whole output into; on success it
+    becomes ``out`` by renames, so an interrupted run leaves the old ``out`` whole or the new one whole.
+
+    Entries of an existing ``out`` that the new output does not write and ``replaced(name)`` does not claim
+    (the user's own files, another command's results) are carried into the new directory first (hard links:
+    the old directory is not touched). Then the old directory is renamed aside, the new one renamed into
+    place and the old one removed; Ctrl-C between the two renames puts the old one back. On any error or
+    Ctrl-C before that, the temporary directory is removed and ``out`` is untouched."""
+    out = Path(out)
+    make_dir(out.parent)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.new-", dir=out.parent))
+    aside = None
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(staging, 0o777 & ~umask)  # mkdtemp makes it 0700; an ordinary mkdir would not
+        yield staging
+        if out.is_dir():
+            shutil.copymode(out, staging)
+            for item in sorted(out.iterdir()):
+                if not replaced(item.name) and not os.path.lexists(staging / item.name):
+                    _carry(item, staging / item.name)
+            aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+            os.replace(out, aside)  # onto the empty directory just made
+        os.replace(staging, out)
+    finally:
+        if aside is not None and not out.exists():
+            os.replace(aside, out)  # interrupted between the renames: the old output back
+        for tmp in (staging, aside):
+            if tmp is not None and os.path.lexists(tmp):
+                shutil.rmtree(tmp, ignore_errors=True)
+
+
 # What a results directory of any ``fi`` command holds (run tables, per-document units, reports).
 RESULT_FILES = ("manifest.json", "settings.json", "report.html", "report.md", "report.json")
 RESULT_DIRS = ("per_document", "unit_log", "tables", "figures")
+
+
+def result_entry(name: str) -> bool:
+    """Whether an entry of an --out directory is a result of a ``fi`` command (what --overwrite replaces)."""
+    return name in RESULT_FILES or name in RESULT_DIRS or Path(name).suffix in (".csv", ".parquet")
 
 
 def held_results(path: Path) -> list[str]:

@@ -28,17 +28,17 @@ import torch
 from scipy import stats
 
 from fi_toolkit.errors import FIError
+from fi_toolkit.policies.features import EXTRA, ROW_FEATURES, learned_matrix
 from fi_toolkit.policies.fitted import FEATURES, FORMAT, feature_matrix
 from fi_toolkit.probe.chunks import Chunk
 from fi_toolkit.probe.estimator import fisher_fi
 from fi_toolkit.signals.formulas import infokv_score
 from fi_toolkit.signals.policy_view import Signals
 from fi_toolkit.signals.trace import Trace
+from fi_toolkit.studies.fit_options import DECODING_FEATURES, DEFAULT_FEATURES, TARGETS, check_fit_options  # noqa: F401
 
-TARGETS = ("rank", "log")
-DEFAULT_FEATURES = tuple(FEATURES)  # every feature (entropy under the other convention is prefill-only)
-DECODING_FEATURES = tuple(f for f in FEATURES if f != "entropy_next")  # computable at every compression (H: produced)
 KEYS = ["document", "layer", "head", "position"]
+SIGNAL_EXTRA = tuple(f for f in EXTRA if f not in ROW_FEATURES)  # columns fit_rows adds for the learned policy
 INFOKV_ALPHA = 0.9  # the InfoKV score cross-validation compares with (the paper's default)
 
 
@@ -80,6 +80,9 @@ def fit_rows(
     )
     for k, name in enumerate(names):
         table[name] = x[:, k].cpu().numpy().ravel()
+    for name in SIGNAL_EXTRA:  # the learned policy's features that need the signals (its others need none)
+        v = torch.stack([learned_matrix(s, layer, [name], "produced", 1.0)[0] for layer in range(trace.num_layers)])
+        table[name] = v[..., sinks : p - w].cpu().numpy().ravel()
     return table
 
 
@@ -144,22 +147,6 @@ def _score(rows: pd.DataFrame, features: list[str], mean, scale, coef) -> np.nda
     return ((rows[features].to_numpy(np.float64) - mean) / scale) @ coef
 
 
-def check_fit_options(features: Sequence[str], target: str, penalty: float) -> None:
-    unknown = [f for f in features if f not in FEATURES]
-    if unknown:
-        raise FIError(
-            f"features names an unknown feature '{unknown[0]}' (known: {', '.join(FEATURES)})", parameter="features"
-        )
-    if not features:
-        raise FIError("features lists no feature", parameter="features")
-    if len(set(features)) != len(features):
-        raise FIError("features lists a feature twice", parameter="features")
-    if target not in TARGETS:
-        raise FIError(f"target must be one of {', '.join(TARGETS)}, got '{target}'", parameter="target")
-    if not (isinstance(penalty, (int, float)) and np.isfinite(penalty) and penalty >= 0):
-        raise FIError(f"penalty must be a finite number >= 0, got {penalty}", parameter={"penalty": "ridge"})
-
-
 def fit_policy(
     rows: pd.DataFrame, features: Sequence[str], target: str = "rank", penalty: float = 1e-3, meta: dict | None = None
 ) -> dict:
@@ -185,9 +172,6 @@ def fit_policy(
             }
         )
     mean, scale, coef = _fit(rows, features, target, penalty)
-    summary = {
-        k: float(np.mean(v)) if None not in (v := [f[k] for f in folds]) else None for k in folds[0] if k != "held_out"
-    }
     return {
         "format": FORMAT,
         **(meta or {}),
@@ -199,15 +183,25 @@ def fit_policy(
         "ridge": penalty,
         "rows": int(len(rows)),
         "documents": documents,
-        "cross_validation": {
-            "scheme": "leave one document out",
-            "metric": "mean within-head Spearman with FI",
-            "folds": folds,
-            "mean": summary,
-        },
+        "cross_validation": cross_validation(folds),
+    }
+
+
+def cross_validation(folds: list[dict]) -> dict:
+    """The leave-one-document-out record of a fit (ridge or learned): its folds (``held_out`` and one within-head
+    Spearman per score) and each score's mean over the folds (None where a fold has none)."""
+    mean = {
+        k: float(np.mean(v)) if None not in (v := [f[k] for f in folds]) else None for k in folds[0] if k != "held_out"
+    }
+    return {
+        "scheme": "leave one document out",
+        "metric": "mean within-head Spearman with FI",
+        "folds": folds,
+        "mean": mean,
     }
 
 
 def policy_json(record: dict) -> str:
-    """The record as the bytes ``policy.json`` holds: sorted keys, two-space indent, floats as Python's repr."""
+    """The record as the bytes a policy file (``fi fit``'s ridge or learned model) holds: sorted keys, two-space
+    indent, floats as Python's repr."""
     return json.dumps(record, indent=2, sort_keys=True, allow_nan=False) + "\n"

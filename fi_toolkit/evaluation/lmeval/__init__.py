@@ -6,18 +6,24 @@
 - :mod:`.export`: the toolkit's long-context tasks as lm-eval task YAMLs (``fi tasks export``).
 """
 
-from fi_toolkit.evaluation.lmeval.arguments import BackendArgs, parse_backend_args
-from fi_toolkit.evaluation.lmeval.export import export_tasks
-from fi_toolkit.evaluation.lmeval.requests import CacheRecord, generate_tokens, score_continuation
+from fi_toolkit.lazy import lazy_exports
+
+# every name is imported on first use (PEP 562): checking the model arguments loads no torch, and lm-eval
+# (an optional dependency, behind the backend's names) is imported only when the backend is asked for
+_EXPORTS = {
+    "BackendArgs": "fi_toolkit.evaluation.lmeval.arguments",
+    "parse_backend_args": "fi_toolkit.evaluation.lmeval.arguments",
+    "export_tasks": "fi_toolkit.evaluation.lmeval.export",
+    "CacheRecord": "fi_toolkit.evaluation.lmeval.requests",
+    "generate_tokens": "fi_toolkit.evaluation.lmeval.requests",
+    "score_continuation": "fi_toolkit.evaluation.lmeval.requests",
+    "CompressedLM": "fi_toolkit.evaluation.lmeval.backend",
+    "annotate_samples": "fi_toolkit.evaluation.lmeval.backend",
+    "samples_annotated": "fi_toolkit.evaluation.lmeval.backend",
+}
 
 
-def __getattr__(name):
-    if name in ("CompressedLM", "annotate_samples", "samples_annotated"):  # lm-eval is an optional dependency
-        from fi_toolkit.evaluation.lmeval import backend
-
-        return getattr(backend, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 __all__ = [
     "BackendArgs",

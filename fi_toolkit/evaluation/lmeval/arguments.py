@@ -176,9 +176,6 @@ def parse_backend_args(**kwargs) -> BackendArgs:
     args.upcast = _boolean("upcast", args.upcast)
     if args.think_end_token is not None:
         args.think_end_token = str(args.think_end_token)
-    from fi_toolkit.model.loading import resolve_dtype
-
-    resolve_dtype(args.dtype)
     none = args.policy.strip().lower() in NONE
     if none and options:
         raise FIError(f"unknown model argument {', '.join(sorted(options))} (policy=none takes no policy options)")
@@ -192,4 +189,7 @@ def parse_backend_args(**kwargs) -> BackendArgs:
             )
         args.budget = budget.label
         args.make_policy()  # unknown names and options fail here, before the model loads
+    from fi_toolkit.model.loading import resolve_dtype  # imports torch: the checks above answer without it
+
+    resolve_dtype(args.dtype)
     return args

@@ -19,11 +19,13 @@ the run adds them to each task's samples as lm-eval's tracker saves them. Nothin
 from __future__ import annotations
 
 import math
+import sys
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
+import lm_eval.models  # noqa: F401  lm-eval's own backends (hf, vllm, ...): its registry loads them only when empty
 import torch
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
@@ -41,6 +43,18 @@ MAX_GEN_ALIASES = ("max_gen_toks", "max_new_tokens", "max_tokens", "max_completi
 _RUN: ContextVar[list[dict] | None] = ContextVar("fi_lmeval_run", default=None)
 
 
+def available_device(device: str) -> str:
+    """The device to load on, as lm-eval's ``hf`` backend chooses it: ``auto`` is CUDA when there is one, else the
+    CPU; a CUDA device (lm-eval's default is ``cuda:0``) on a machine without CUDA falls back to the CPU with one
+    line on stderr; anything else is used as given (``load_model`` refuses a device that does not exist)."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        print(f"fi lm-eval: device '{device}' requested but CUDA is not available; running on the CPU", file=sys.stderr)
+        return "cpu"
+    return device
+
+
 @register_model(NAME)
 class CompressedLM(TemplateLM):
     """``CompressedLM(pretrained=..., policy="infokv", budget="keep=2048", interval=1024, ...)``; the
@@ -54,10 +68,9 @@ class CompressedLM(TemplateLM):
         if lm is None:
             from fi_toolkit.model.loading import load_model
 
-            device = None if self.args.device == "auto" else self.args.device
             lm = load_model(
                 self.args.pretrained,
-                device=device or ("cuda" if torch.cuda.is_available() else "cpu"),
+                device=available_device(self.args.device),
                 dtype=self.args.dtype,
                 upcast=self.args.upcast,
             )

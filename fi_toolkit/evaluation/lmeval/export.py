@@ -63,10 +63,12 @@ def export_tasks(
     seed: int = 0,
     max_gen_toks: int = 16,
     config=None,
+    staging: Path | None = None,
 ) -> list[Path]:
     """Write ``{PREFIX}{task}.jsonl`` and ``{PREFIX}{task}.yaml`` per task (and ``fi_scoring.py``) into
     ``out``; samples use seeds ``seed .. seed + samples - 1``, sized with ``tokenizer`` to at most
-    ``context_tokens`` tokens. Returns the YAML paths."""
+    ``context_tokens`` tokens. Returns the YAML paths. With ``staging``, the files are written there
+    instead, while each YAML names its data file under ``out`` (the caller moves them into ``out``)."""
     unknown = [t for t in tasks if t not in TASKS]
     if unknown:
         raise FIError(f"unknown task {', '.join(unknown)} (tasks: {', '.join(TASKS)})")
@@ -77,12 +79,13 @@ def export_tasks(
         for task in tasks
     }
     out = Path(out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "fi_scoring.py").write_text(SCORING, encoding="utf-8")
+    into = out if staging is None else Path(staging)
+    into.mkdir(parents=True, exist_ok=True)
+    (into / "fi_scoring.py").write_text(SCORING, encoding="utf-8")
     written = []
     for task, drawn in rows.items():
         data = out / f"{PREFIX}{task}.jsonl"
-        with open(data, "w", encoding="utf-8") as f:
+        with open(into / data.name, "w", encoding="utf-8") as f:
             for s in drawn:
                 f.write(
                     json.dumps(
@@ -99,7 +102,7 @@ def export_tasks(
                     )
                     + "\n"
                 )
-        yaml = out / f"{PREFIX}{task}.yaml"
+        yaml = into / f"{PREFIX}{task}.yaml"
         yaml.write_text(
             YAML.format(
                 task=task,
