@@ -1669,6 +1669,7 @@ ARGUMENT_ERRORS = [
     (["report", "no-such-run"], "'no-such-run' does not exist"),
     (["lm-eval", "--model", "fi", "--model_args", "policy=nosuch"], "unknown policy 'nosuch'"),
     (["tasks", "export", "--task", "passkey", "--samples", "0", "--out", "t"], "--samples must be >= 1, got 0"),
+    (["field", "alice", "--seeds", "0"], "--seeds must lie in [1, 1000], got 0"),
 ]
 
 

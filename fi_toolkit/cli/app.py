@@ -434,6 +434,7 @@ def models():
 
 # --- commands defined in other modules register here (one import line each) ---
 from fi_toolkit.cli.eval import register as _register_eval  # noqa: E402
+from fi_toolkit.cli.field import register as _register_field  # noqa: E402
 from fi_toolkit.cli.fit import register as _register_fit  # noqa: E402
 from fi_toolkit.cli.generate import register as _register_generate  # noqa: E402
 from fi_toolkit.cli.lmeval import register as _register_lmeval  # noqa: E402  (fi lm-eval, fi tasks export)
@@ -443,6 +444,7 @@ from fi_toolkit.cli.view import register as _register_view  # noqa: E402
 _register_study(app)
 _register_generate(app)
 _register_eval(app)
+_register_field(app)
 _register_lmeval(app)
 _register_fit(app)
 _register_view(app)

@@ -207,6 +207,28 @@ def entries() -> list[Entry]:
     return out
 
 
+def catalog(ratio: float, layers: int) -> list[tuple[str, str | None, str]]:
+    """Every press the providers offer, for a study over all of them (``fi field``): ``(name, spec, reason)``
+    per press class, ``spec`` a probe selection at ``ratio`` (the share removed; ``layers``: the model's, for
+    a press that takes one ratio per layer) or None with the ``reason`` it has none. A provider without a
+    ``catalog``, or whose library is missing, gives one row ``PREFIX:*`` with the reason."""
+    found, broken = _providers()
+    out = [(f"{prefix}:*", None, reason) for prefix, reason in sorted(broken.items())]
+    for prefix in sorted(found):
+        listing = getattr(found[prefix], "catalog", None)
+        if listing is None:
+            out.append((f"{prefix}:*", None, "the provider lists no presses"))
+            continue
+        try:
+            out += [
+                (f"{prefix}:{name}", None if spec is None else f"{prefix}:{spec}", reason)
+                for name, spec, reason in listing(ratio, layers)
+            ]
+        except FIError as exc:
+            out.append((f"{prefix}:*", None, str(exc)))
+    return out
+
+
 # --- resolving names ---------------------------------------------------------------------------------
 
 

@@ -52,5 +52,18 @@ class KvpressProvider:
         make_press(press, where)  # validate the press now (and that kvpress is installed)
         return PressSelection(press)
 
+    def catalog(self, ratio: float, layers: int) -> list[tuple[str, str | None, str]]:
+        """Every press class of the installed kvpress: ``(name, spec at ratio or None, reason)``, the spec the
+        press survey tries (:func:`~fi_toolkit.integrations.kvpress.catalog.survey_spec`: a wrapper wraps
+        ``SnapKVPress``); one line how to install kvpress where it is missing."""
+        from fi_toolkit.integrations.kvpress.catalog import survey_spec
+        from fi_toolkit.integrations.kvpress.spec import press_classes, require_kvpress
+
+        kvpress = require_kvpress("the presses of the field map need")
+        return [
+            (name, *survey_spec(name, cls, kvpress, ratio, layers))
+            for name, cls in sorted(press_classes(kvpress).items())
+        ]
+
 
 PROVIDER = KvpressProvider()

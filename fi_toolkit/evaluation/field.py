@@ -1,0 +1,300 @@
+"""``fi field``: every named method (policy or press) placed on the given documents at the given budgets, as a
+resumable run with one unit per (document, method) cell.
+
+A cell measures, for each budget:
+
+- **prefill FI** on each chunk: the method's probe selection (:mod:`fi_toolkit.studies.field_spec`) removed at
+  ``p``, measured by :func:`~fi_toolkit.probe.forward_influence.forward_influence` against the document's one
+  trace and full-cache reference (shared by its cells), exactly what ``fi probe --select`` measures;
+- **cost**: the seconds the method took to choose its keep map at ``p`` (``compress_seconds``; the trace's
+  signals are shared and not counted; a press runs its own prefill, counted);
+- **replay KL** in decoding (``replay``): the method as ``fi eval --policy NAME --budget B`` replays it, one
+  teacher-forced replay of the document from the prompt ``p``, compressing every ``interval`` tokens
+  (:func:`~fi_toolkit.evaluation.replay_runs.evaluate_text` with the document's shared prefill).
+
+The two anchors (random positions with sinks kept; the FI oracle, one per chunk) are cells of their own, in
+prefill only. A method that cannot run (a press that needs a download, a press that rewrites keys, a budget its
+policy cannot meet on this document) is a row of ``refused`` with the reason; the other cells go on. Presses
+the providers list but that take no budget (their own arguments set what they keep) are refused before any
+work, with that reason.
+
+Tables: ``fi`` (per document x method x budget x selection x chunk), ``replays`` (per document x method x
+budget), ``refused``; the summaries (:mod:`fi_toolkit.studies.field_summary`): ``headroom``, ``leaderboard``
+(also JSON), ``tests``.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+import pandas as pd
+import torch
+
+from fi_toolkit.budget import Budget
+from fi_toolkit.errors import FIError
+from fi_toolkit.evaluation.replay_runs import TextSetting, evaluate_text, text_context
+from fi_toolkit.model.loading import dtype_name
+from fi_toolkit.policies import registry
+from fi_toolkit.probe.chunks import Chunk, check_chunks
+from fi_toolkit.probe.experiment import fi_table, max_context, trace_document
+from fi_toolkit.probe.forward_influence import chunk_reference, forward_influence
+from fi_toolkit.probe.selections import parse_selections
+from fi_toolkit.runs import results
+from fi_toolkit.runs.resumable import ResumableRun, last_document, split_units
+from fi_toolkit.runs.settings import RunSettings, run_settings
+from fi_toolkit.signals.config import SignalConfig
+from fi_toolkit.studies.field_spec import ANCHOR, ANCHORS, PRESS, Method, replay_policy
+from fi_toolkit.studies.field_summary import field_summaries
+from fi_toolkit.studies.study import execute_run
+
+Progress = Callable[[str, int, int], None]
+REFUSED_COLUMNS = ["document", "method", "kind", "budget", "stage", "reason"]
+FI_COLUMNS = [
+    "document",
+    "method",
+    "kind",
+    "budget",
+    "selection",
+    "selector",
+    "seed",
+    "n_removed",
+    "n_kept",
+    "chunk",
+    "distance_from_p",
+    "fi",
+    "compress_seconds",
+]
+NO_REPLAY = ["document", "method", "kind", "budget", "mean_kl", "top1_agreement", "delta_nll", "seconds"]
+
+
+def press_methods(ratio: float, layers: int) -> tuple[list[Method], list[dict]]:
+    """The providers' presses that take the run's budget (``ratio``: a share removed, used to spell them):
+    ``(methods, refusals)``. A press with no spec, without a compression ratio (its own arguments set its
+    budget) or with one ratio per layer is refused with the reason: it cannot be placed at the run's budgets."""
+    methods, refused = [], []
+    for name, spec, reason in registry.catalog(ratio, layers):
+        if spec is None:
+            refused.append(_refusal("", name, PRESS, "", "catalog", reason))
+            continue
+        head, at, tail = spec.partition("@")
+        options = tail.partition(":")[2] if at else head.split(":", 2)[2] if head.count(":") > 1 else ""
+        if not at:
+            refused.append(
+                _refusal(
+                    "",
+                    name,
+                    PRESS,
+                    "",
+                    "catalog",
+                    f"takes no compression ratio: its own arguments "
+                    f"({options or 'its defaults'}) set what it keeps, so it has no place at a budget",
+                )
+            )
+        elif "compression_ratios=" in options:
+            refused.append(
+                _refusal("", name, PRESS, "", "catalog", "sets one compression ratio per layer, not the run's budget")
+            )
+        else:
+            methods.append(Method(head + (f":{options}" if options else ""), PRESS))
+    return methods, refused
+
+
+def _refusal(document: str, method: str, kind: str, budget: str, stage: str, reason: str) -> dict:
+    return {
+        "document": document,
+        "method": method,
+        "kind": kind,
+        "budget": budget,
+        "stage": stage,
+        "reason": " ".join(str(reason).split()),
+    }
+
+
+def _reason(exc: FIError, where: str) -> str:
+    text = str(exc)
+    return text[len(where) + 2 :] if text.startswith(f"{where}: ") else text
+
+
+def run_field(
+    lm,
+    docs,
+    out_dir: Path | RunSettings,
+    methods: Sequence[Method],
+    budgets: Sequence[Budget],
+    prefix: int,
+    chunks: Sequence[Chunk],
+    sinks: int = 4,
+    seeds: int = 3,
+    config: SignalConfig = SignalConfig(),
+    replay: TextSetting | None = None,
+    batch_size: int | None = None,
+    block: int = 512,
+    presses: bool = False,
+    n_resamples: int = 2000,
+    progress: Progress | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
+) -> dict[str, pd.DataFrame] | None:
+    """The field map of ``methods`` (and, with ``presses``, every press the providers offer that takes a budget)
+    on ``docs`` -> ``fi``, ``replays``, ``refused``, ``headroom``, ``leaderboard``, ``tests`` (module docstring).
+
+    ``replay``: the decoding setting (its ``prompt`` must be ``prefix``; None: prefill only). ``out_dir``: the
+    results directory or a :class:`~fi_toolkit.runs.settings.RunSettings`. Under torchrun the cells are shared
+    among the ranks; rank 0 returns the tables, the others None."""
+    config.check()
+    chunks = list(chunks)
+    for doc in docs:
+        check_chunks(chunks, prefix, len(doc), max_context(lm))
+    if replay is not None:
+        replay.check()
+        if replay.prompt != prefix:
+            raise FIError(f"the replay's prompt ({replay.prompt}) must be the prefix ({prefix})", parameter="prompt")
+        for doc in docs:
+            doc.require(replay.total(), f"the replay length of {replay.total():,}")
+    methods = list(methods)
+    catalog_refused: list[dict] = []
+    if presses:
+        extra, catalog_refused = press_methods(0.75, lm.model.config.num_hidden_layers)
+        methods += [m for m in extra if m.name not in {x.name for x in methods}]
+    cells = [*ANCHORS, *methods]
+    settings = {
+        "model": lm.name,
+        "dtype": dtype_name(lm.dtype),
+        "compute_dtype": dtype_name(lm.compute_dtype),
+        "documents": [{"name": d.name, "sha256": d.sha256, "tokens": len(d)} for d in docs],
+        "prefix": prefix,
+        "chunks": [c.label for c in chunks],
+        "budgets": [b.label for b in budgets],
+        "methods": [{"name": m.name, "kind": m.kind} for m in cells],
+        "sinks": sinks,
+        "seeds": seeds,
+        "signals": dict(config.__dict__),
+        "replay": None
+        if replay is None
+        else {"interval": replay.interval, "length": replay.total(), "future": replay.future.label},
+    }
+    units, costs = split_units(docs, len(cells), 1)
+    where = run_settings(out_dir, resume, overwrite).check()
+    run = ResumableRun(where.out, "field", settings, where.resume, where.overwrite)
+
+    def make(doc):
+        trace = trace_document(lm, doc, prefix, config)
+        return {"trace": trace, "reference": chunk_reference(lm.model, trace, doc.ids, chunks, block)}
+
+    setup = last_document(make)
+
+    def compute(unit):
+        doc, shared = setup(unit)
+        method = cells[unit.index]
+        return field_cell(
+            lm, doc, shared, method, budgets, chunks, sinks, seeds, config, replay, batch_size, block, progress, unit
+        )
+
+    def summaries(tables):
+        refused = pd.concat(
+            [pd.DataFrame(catalog_refused, columns=REFUSED_COLUMNS), tables["refused"]], ignore_index=True
+        )
+        return {"refused": refused, **field_summaries(tables["fi"], tables["replays"], n_resamples)}
+
+    def extra(tables):
+        return {"methods": [m.name for m in cells], "refused_methods": sorted(set(tables["refused"]["method"]))}
+
+    tables = execute_run(lm, run, units, compute, summaries, extra, costs)
+    if tables is not None and "leaderboard" in tables:
+        board = tables["leaderboard"].astype(object).where(tables["leaderboard"].notna(), None)
+        results.write_json(run.path / "leaderboard.json", board.to_dict(orient="records"))
+    return tables
+
+
+def field_cell(
+    lm,
+    doc,
+    shared: dict,
+    method: Method,
+    budgets: Sequence[Budget],
+    chunks: Sequence[Chunk],
+    sinks: int,
+    seeds: int,
+    config: SignalConfig,
+    replay: TextSetting | None,
+    batch_size: int | None,
+    block: int,
+    progress: Progress | None = None,
+    unit=None,
+) -> dict[str, pd.DataFrame]:
+    """One (document, method) cell at every budget -> ``fi``, ``replays`` and ``refused`` tables (module
+    docstring). ``shared``: the document's ``trace`` and ``reference``, and its replay context once made."""
+    trace, reference = shared["trace"], shared["reference"]
+    refused, evictions, seconds = [], [], []
+    name = getattr(unit, "name", doc.name)
+    total = len(budgets) * (2 if replay is not None and method.kind != ANCHOR else 1)
+    for k, budget in enumerate(budgets):
+        for spec in method.selections(budget, chunks, seeds):
+            where = f"selection {spec}"
+            try:
+                for sel in parse_selections([spec]):
+                    torch.manual_seed(0)  # a press that draws (RandomPress) draws the same on every run
+                    t0 = time.perf_counter()
+                    e = sel.resolve(trace, sinks=sinks, alpha=config.alpha, model=lm.model, ids=doc.ids, chunks=chunks)
+                    seconds.append(time.perf_counter() - t0)
+                    e.meta.update(field_method=method.name, field_budget=budget.label)
+                    evictions.append(e)
+            except FIError as exc:
+                refused.append(
+                    _refusal(doc.name, method.name, method.kind, budget.label, "prefill", _reason(exc, where))
+                )
+        if progress:
+            progress(name, k + 1, total)
+    fi = pd.DataFrame(columns=FI_COLUMNS)
+    if evictions:
+        result = forward_influence(
+            lm.model, trace, doc.ids, evictions, chunks, batch_size=batch_size, block=block, reference=reference
+        )
+        table = fi_table(doc, trace, result)
+        per_eviction = len(chunks)
+        table["method"] = [e.meta["field_method"] for e in evictions for _ in range(per_eviction)]
+        table["kind"] = method.kind
+        table["budget"] = [e.meta["field_budget"] for e in evictions for _ in range(per_eviction)]
+        table["compress_seconds"] = [round(s, 4) for s in seconds for _ in range(per_eviction)]
+        fi = table[FI_COLUMNS]
+    replays = pd.DataFrame(columns=NO_REPLAY)
+    if replay is not None and method.kind != ANCHOR:
+        replays = _replays(lm, doc, shared, method, budgets, config, replay, refused)
+        if progress:
+            progress(name, total, total)
+    return {"fi": fi, "replays": replays, "refused": pd.DataFrame(refused, columns=REFUSED_COLUMNS)}
+
+
+def _replays(lm, doc, shared, method, budgets, config, replay, refused) -> pd.DataFrame:
+    """The method's replay at every budget it can run (``fi eval``'s ``replays`` rows, with ``method``/``kind``)."""
+    policies = []
+    for budget in budgets:
+        where = f"--policy {method.name}"
+        try:
+            policy = replay_policy(method, budget, config)
+            from fi_toolkit.compress.decoder import check_budget
+
+            check_budget(policy, replay.prompt, replay.total() - replay.prompt, policy.compress_prompt)
+            policies.append((budget, policy))
+        except FIError as exc:
+            refused.append(_refusal(doc.name, method.name, method.kind, budget.label, "replay", _reason(exc, where)))
+    if "text" not in shared:
+        shared["text"] = text_context(lm.model, doc.ids, doc.name, [], replay, config)
+    rows = []
+    for budget, policy in policies:
+        try:
+            part = evaluate_text(
+                lm.model, doc.ids, doc.name, [policy], replay, config, runs=slice(1, None), context=shared["text"]
+            )["replays"]
+        except FIError as exc:
+            refused.append(_refusal(doc.name, method.name, method.kind, budget.label, "replay", str(exc)))
+            continue
+        part.insert(1, "method", method.name)
+        part.insert(2, "kind", method.kind)
+        rows.append(part)
+    return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=NO_REPLAY)
+
+
+__all__ = ["field_cell", "press_methods", "replay_policy", "run_field"]

@@ -1,0 +1,205 @@
+"""``fi field``: its cells equal ``fi probe``'s and ``fi eval``'s run separately with the same settings (bit for
+bit), its headroom equals the ratio of means computed by hand from its own FI table, a method that cannot run is
+listed in refused.csv while the rest completes, one document gives "n/a" intervals, and bad input answers with
+one line before the model loads.
+
+The smollm cases keep the map small: p = 128, chunks 128:160 and 192:224, keep 50 % (keep 25 % removes 96 of
+the 92 positions the random anchor may draw with a window of 32), replay every 32 tokens up to 224.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pandas as pd
+import pytest
+from cli_runner import run_cli
+
+from fi_toolkit.runs.resumable import read_table
+from fi_toolkit.studies.field_summary import NEEDS_TWO, field_summaries
+
+HAS_KVPRESS = importlib.util.find_spec("kvpress") is not None
+DOCS = ["alice", "hamlet"]
+COMMON = ["--prefix", "128"]
+FIELD = ["field", *DOCS, "--policy", "snapkv", "--policy", "h2o", *COMMON, "--distances", "0,64", "--chunk-len", "32"]
+FIELD += ["--budget", "keep=0.5", "--replay", "--interval", "32", "--resamples", "200"]
+
+
+@pytest.fixture(scope="module")
+def field_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("field") / "run"
+    return out
+
+
+def _run(args, capsys):
+    code, stdout, stderr = run_cli(args, capsys)
+    assert code == 0, stderr
+    return stdout, stderr
+
+
+@pytest.mark.smollm
+def test_field_cells_equal_fi_probe_and_fi_eval_bit_for_bit(tmp_path, capsys):
+    _run([*FIELD, "--out", str(tmp_path / "field")], capsys)
+    probe = ["probe", *DOCS, *COMMON, "--chunk", "128:160", "--chunk", "192:224"]
+    probe += ["--select", "policy:snapkv@keep=0.5", "--select", "policy:h2o@keep=0.5", "--out", str(tmp_path / "probe")]
+    _run(probe, capsys)
+    evaluate = ["eval", *DOCS, "--policy", "snapkv,h2o", "--budget", "keep=0.5", "--prompt", "128", "--length", "224"]
+    evaluate += ["--interval", "32", "--free-tokens", "0", "--resamples", "0", "--out", str(tmp_path / "eval")]
+    _run(evaluate, capsys)
+
+    fi = read_table(tmp_path / "field" / "fi.csv")
+    fi = fi[fi["kind"] == "policy"]
+    ref = read_table(tmp_path / "probe" / "fi.csv")
+    ref = ref[ref["selection"].isin(["policy:snapkv@keep=0.5", "policy:h2o@keep=0.5"])]
+    mine = fi.set_index(["document", "selection", "chunk"])["fi"].sort_index()
+    theirs = ref.set_index(["document", "selection", "chunk"])["fi"].sort_index()
+    assert len(mine) == 8 and list(mine.index) == list(theirs.index)
+    assert mine.to_numpy().tobytes() == theirs.to_numpy().tobytes()  # bit for bit
+
+    replays = read_table(tmp_path / "field" / "replays.csv")
+    mine = replays.set_index(["document", "policy", "budget"])["mean_kl"].sort_index()
+    ev = read_table(tmp_path / "eval" / "replays.csv")
+    theirs = ev[ev["policy"] != "full"].set_index(["document", "policy", "budget"])["mean_kl"].sort_index()
+    assert len(mine) == 4 and list(mine.index) == list(theirs.index)
+    assert mine.to_numpy().tobytes() == theirs.to_numpy().tobytes()
+
+    # the headroom, recomputed by hand from the FI table: random seeds averaged per document, the oracle that
+    # saw the chunk, then the ratio of means over the documents
+    fi = read_table(tmp_path / "field" / "fi.csv")
+    hr = read_table(tmp_path / "field" / "headroom.csv")
+    for chunk in ("128:160", "192:224"):
+        at = fi[fi["chunk"] == chunk]
+        rand = at[at["method"] == "random-positions"].groupby("document")["fi"].mean()
+        orc = at[at["selection"] == f"policy:fi-oracle@keep=0.5:chunk={chunk}"].set_index("document")["fi"]
+        for method in ("snapkv", "h2o"):
+            pol = at[at["method"] == method].set_index("document")["fi"]
+            docs = sorted(DOCS)
+            want = (np.mean(rand[docs]) - np.mean(pol[docs])) / (np.mean(rand[docs]) - np.mean(orc[docs]))
+            got = hr[(hr["chunk"] == chunk) & (hr["method"] == method)]["headroom"].item()
+            assert got == pytest.approx(want, rel=1e-12)
+            row = hr[(hr["chunk"] == chunk) & (hr["method"] == method)].iloc[0]
+            assert row["ci_low"] <= got <= row["ci_high"]
+    board = read_table(tmp_path / "field" / "leaderboard.csv")
+    assert set(board["method"]) == {"snapkv", "h2o", "random-positions", "fi-oracle"}
+    assert (board[board["method"] == "fi-oracle"]["headroom_near"] == 1.0).all()
+
+
+@pytest.mark.smollm
+def test_field_resumes_per_cell_and_lists_what_cannot_run(tmp_path, capsys, monkeypatch):
+    """One document, the default methods (every project policy; kvpress, missing here, is listed as refused):
+    a stopped run resumes computing only the missing cells, and the intervals say why there are none."""
+    if HAS_KVPRESS:
+        pytest.skip("this case checks the listing of kvpress where it is missing")
+    out = tmp_path / "run"
+    args = ["field", "alice", *COMMON, "--distances", "0", "--chunk-len", "32", "--budget", "keep=0.5"]
+    args += ["--resamples", "50", "--out", str(out)]
+    from fi_toolkit.evaluation import field as field_module
+
+    real, calls, stop = field_module.field_cell, [], [True]
+
+    def stop_at_third(*a, **k):
+        calls.append(a[3].name)
+        if stop[0] and len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(field_module, "field_cell", stop_at_third)
+    code, _, _ = run_cli(args, capsys)
+    assert code == 130 and len(list(out.glob("per_document/*/done.json"))) == 2
+    calls.clear()
+    stop[0] = False
+    _, stderr = _run([*args, "--resume"], capsys)
+    assert "random-positions" not in calls and "fi-oracle" not in calls and len(calls) == 8  # 10 cells, 2 done
+    refused = read_table(out / "refused.csv")
+    assert list(refused["method"]) == ["kvpress:*"] and "kvpress" in refused["reason"].item()
+    board = read_table(out / "leaderboard.csv")
+    from fi_toolkit.policies.registry import POLICY, entries
+
+    assert set(board["method"]) == {e.name for e in entries() if e.kind == POLICY} | {"random-positions", "fi-oracle"}
+    assert (board["headroom_ci_near"] == NEEDS_TWO).all()
+    assert "nan" not in (out / "leaderboard.json").read_text()
+
+
+def _fi_rows(values: dict[tuple[str, str], float]) -> pd.DataFrame:
+    """A field fi table with one chunk: ``{(document, method): fi}``; the anchors are methods named so."""
+    rows = []
+    for (doc, method), fi in values.items():
+        kind = "anchor" if method in ("random-positions", "fi-oracle") else "policy"
+        sel = "policy:fi-oracle@keep=0.5:chunk=10:20" if method == "fi-oracle" else f"{method}@keep=0.5"
+        rows.append(
+            {"document": doc, "method": method, "kind": kind, "budget": "keep=0.5", "selection": sel, "chunk": "10:20"}
+            | {"distance_from_p": 0, "fi": fi, "compress_seconds": 0.1, "n_removed": 5, "n_kept": 5}
+        )
+    return pd.DataFrame(rows)
+
+
+def test_summaries_test_each_method_against_the_best_and_say_when_one_document_gives_no_interval():
+    values = {}
+    docs = ["a", "b", "c", "d", "e", "f"]
+    for i, d in enumerate(docs):
+        values |= {(d, "random-positions"): 1.0, (d, "fi-oracle"): 0.0, (d, "good"): 0.2 + 0.01 * i}
+        values |= {(d, "bad"): 0.5 + 0.02 * i}
+    out = field_summaries(_fi_rows(values), pd.DataFrame(), resamples=100)
+    t = out["tests"].set_index("method")
+    assert t.loc["bad", "best"] == "good" and t.loc["bad", "method_wins"] == 0
+    assert t.loc["bad", "wilcoxon_p"] == pytest.approx(1 / 64)  # every difference positive: exact p = 2^-6
+    board = out["leaderboard"].set_index("method")
+    assert board.loc["good", "headroom_near"] == pytest.approx(1 - np.mean([0.2 + 0.01 * i for i in range(6)]))
+    assert board.loc["good", "rank_near"] == 1 and board.loc["bad", "rank_near"] == 2
+
+    one = field_summaries(_fi_rows({k: v for k, v in values.items() if k[0] == "a"}), pd.DataFrame(), resamples=100)
+    assert (one["leaderboard"]["headroom_ci_near"] == NEEDS_TWO).all()
+    assert one["tests"]["note"].tolist() == [NEEDS_TWO]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["alice", "--policy", "no-such-policy"], "unknown policy 'no-such-policy'"),
+        (["alice", "--budget", "keep=1.5"], "keep=1.5"),
+        (["alice", "--budget", "keep=100"], "not a token count"),
+        (["alice", "--budget", "remove=0.9"], "removing"),
+        (["alice", "--policy", "fi-oracle"], "anchor"),
+        ([], "give at least one document"),
+        (["alice", "--length", "300"], "goes with --replay"),
+    ],
+)
+def test_bad_input_is_one_line_before_the_model_loads(args, message, capsys, monkeypatch, tmp_path):
+    from fi_toolkit.model.settings import ModelSettings
+
+    def no_model(self):  # pragma: no cover - reached only if a check is missing
+        raise AssertionError("the model was loaded before the input was checked")
+
+    monkeypatch.setattr(ModelSettings, "load", no_model)
+    code, _, stderr = run_cli(["field", *args, "--prefix", "256", "--out", str(tmp_path / "o")], capsys)
+    assert code == 2 and len(stderr.strip().splitlines()) == 1 and stderr.startswith("error: ")
+    assert message in stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_unwritable_out_is_one_line(capsys, monkeypatch, tmp_path):
+    from fi_toolkit.model.settings import ModelSettings
+
+    monkeypatch.setattr(ModelSettings, "load", lambda self: (_ for _ in ()).throw(AssertionError("loaded")))
+    (tmp_path / "f").write_text("a regular file\n")
+    code, _, stderr = run_cli(["field", "alice", "--prefix", "128", "--out", str(tmp_path / "f" / "o")], capsys)
+    assert code == 2 and len(stderr.strip().splitlines()) == 1 and stderr.startswith("error: ")
+
+
+@pytest.mark.kvpress
+@pytest.mark.smollm
+def test_a_press_that_cannot_run_is_listed_and_the_rest_completes(tmp_path, capsys):
+    pytest.importorskip("kvpress")
+    out = tmp_path / "run"
+    args = ["field", "alice", *COMMON, "--distances", "0", "--chunk-len", "32", "--budget", "keep=0.5"]
+    args += ["--policy", "snapkv", "--policy", "kvpress:KVzapPress", "--policy", "kvpress:SnapKVPress"]
+    _run([*args, "--resamples", "50", "--out", str(out)], capsys)
+    refused = read_table(out / "refused.csv")
+    assert refused["method"].tolist() == ["kvpress:KVzapPress"] and refused["stage"].tolist() == ["prefill"]
+    board = read_table(out / "leaderboard.csv")
+    assert {"snapkv", "kvpress:SnapKVPress"} <= set(board["method"]) and "kvpress:KVzapPress" not in set(
+        board["method"]
+    )
+    fi = read_table(out / "fi.csv")
+    assert set(fi[fi["method"] == "kvpress:SnapKVPress"]["selection"]) == {"kvpress:SnapKVPress@0.5"}
