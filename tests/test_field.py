@@ -84,6 +84,16 @@ def test_field_cells_equal_fi_probe_and_fi_eval_bit_for_bit(tmp_path, capsys):
     assert set(board["method"]) == {"snapkv", "h2o", "random-positions", "fi-oracle"}
     assert (board[board["method"] == "fi-oracle"]["headroom_near"] == 1.0).all()
 
+    # fi report reads the run: its headline names the method with the lowest mean FI (from fi.csv by hand)
+    _run(["report", str(tmp_path / "field"), "--out", str(tmp_path / "report")], capsys)
+    md = (tmp_path / "report" / "report.md").read_text()
+    near = fi[(fi["chunk"] == "128:160") & (fi["kind"] == "policy")].groupby("method")["fi"].mean()
+    assert f"keep=0.5, near chunk: lowest FI {near.idxmin()} ({near.min():.3g} nats)" in md
+    assert sorted(p.name for p in (tmp_path / "report" / "figures").glob("*.png")) == [
+        "field__fi_vs_replay.png",
+        "field__field_headroom.png",
+    ]
+
 
 @pytest.mark.smollm
 def test_field_resumes_per_cell_and_lists_what_cannot_run(tmp_path, capsys, monkeypatch):

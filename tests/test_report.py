@@ -225,7 +225,7 @@ def test_report_cli_errors_are_one_line(tmp_path, capsys):
     assert code == 2
     assert err.splitlines() == [
         f"error: '{tmp_path}' holds no finished result (no manifest.json, no lm-eval results_*.json); fi report "
-        "reads the result directories of fi probe, correlate, nearfar and eval, and lm-eval output"
+        "reads the result directories of fi probe, correlate, nearfar, eval and field, and lm-eval output"
     ]
     code, err = _fi(["report", str(tmp_path), "--format", "pdf"], capsys)
     assert code == 2 and err.startswith("error: invalid --format")

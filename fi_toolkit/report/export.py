@@ -27,7 +27,7 @@ from typing import Sequence
 import pandas as pd
 
 from fi_toolkit.errors import FIError
-from fi_toolkit.report import eval_figures, figures, lmeval
+from fi_toolkit.report import eval_figures, field_figures, figures, lmeval
 from fi_toolkit.report.display import display_table, split_settings
 from fi_toolkit.report.headline import headline
 from fi_toolkit.report.headroom import headroom_figure
@@ -56,6 +56,14 @@ TABLES = {
     ],
     "eval-tasks": [("task_summary", True), ("kl_accuracy", True), ("answers", False)],
     "probe": [("fi", True)],
+    "field": [
+        ("leaderboard", True),
+        ("tests", True),
+        ("refused", True),
+        ("headroom", False),
+        ("fi", False),
+        ("replays", False),
+    ],
 }
 EVAL_KINDS = {"text": "eval-text", "tasks": "eval-tasks"}  # fi eval writes command 'eval' and settings.kind
 # Tables a run holds only with some settings (fi correlate --estimator fisher --validate N), read when present.
@@ -115,6 +123,7 @@ KIND_TITLES = {
     "eval-text": "Compressed decoding against the full cache (fi eval, text)",
     "eval-tasks": "Task accuracy under compression (fi eval, tasks)",
     lmeval.KIND: "lm-evaluation-harness under compression (fi lm-eval)",
+    "field": "The field map: every policy and press against the FI oracle (fi field)",
 }
 TABLE_TITLES = {
     "fi": "FI (nats) of each token set, per chunk and document; controls first (their FI is the noise floor)",
@@ -135,6 +144,11 @@ TABLE_TITLES = {
     "task_summary": "Task accuracy per policy and budget (exact match) and the answer's KL (nats) [bootstrap 95 % "
     "CI over samples]",
     "kl_accuracy": "Does the answer's KL predict accuracy? Spearman across cells [bootstrap 95 % CI]",
+    "leaderboard": "Each method per budget, best first: FI (nats) per chunk, headroom (0: random positions with "
+    "sinks kept, 1: the FI oracle) [bootstrap 95 % CI over documents], replay KL (nats), seconds per compression",
+    "tests": "Is the best method better? Each method against the lowest mean, paired over documents (one-sided "
+    "Wilcoxon signed-rank, uncorrected)",
+    "refused": "Methods that could not run here, and why",
     lmeval.TABLES[0][0]: "lm-eval score per task, metric, policy and budget [95 % band]",
     lmeval.TABLES[1][0]: "Realised cache per request: entries kept and in the full cache, their share, compressions",
 }
@@ -156,7 +170,8 @@ def _check_manifest(manifest, manifest_file: Path) -> str:
         kind = EVAL_KINDS.get(settings.get("kind"), kind)
     if kind not in TABLES:
         raise FIError(
-            f"'{manifest_file.parent}' holds a '{kind}' run; fi report reads probe, correlate, nearfar and eval runs"
+            f"'{manifest_file.parent}' holds a '{kind}' run; fi report reads probe, correlate, nearfar, eval and "
+            "field runs"
         )
     if not isinstance(settings, dict):
         raise FIError(f"'{manifest_file}' lacks the field 'settings' (an object); was it written by fi {kind}?")
@@ -238,6 +253,11 @@ def _figures(run: dict) -> list[tuple[str, object]]:
         made = [("accuracy_vs_retention", eval_figures.accuracy_vs_retention(t["task_summary"], cap))]
     elif run["kind"] == "probe":
         made = [("headroom", headroom_figure(t["headroom"], cap))] if "headroom" in t else []
+    elif run["kind"] == "field":
+        made = [
+            ("field_headroom", field_figures.field_headroom(t["leaderboard"], cap)),
+            ("fi_vs_replay", field_figures.fi_vs_replay(t["leaderboard"], cap)),
+        ]
     elif run["kind"] == "nearfar":
         made = [
             ("fi_vs_distance", figures.nearfar_distance(t["nearfar"], cap)),

@@ -46,6 +46,10 @@ def caption(manifest: dict) -> str:
     chunks = s.get("chunks", [])
     if "selections" in s:  # fi probe
         chunk_text = f"chunks {', '.join(chunks)}, {len(s['selections'])} selection(s)"
+    elif "methods" in s:  # fi field
+        chunk_text = (
+            f"chunks {', '.join(chunks)}, {len(s['methods'])} methods, budgets {', '.join(s.get('budgets', []))}"
+        )
     elif "chunk_len" in s:
         chunk_text = (
             f"chunks of {s['chunk_len']} tokens at distances {s.get('distances')} from p, sets of {s.get('budget')}"

@@ -128,6 +128,32 @@ def eval_tasks_lines(t: dict) -> list[str]:
     return lines
 
 
+def field_lines(t: dict) -> list[str]:
+    """Per budget and chunk: the method that closes most of the headroom (anchors aside), with its CI, and how
+    many methods the paired test cannot tell from the best."""
+    board = t["leaderboard"]
+    board = board[board["kind"] != "anchor"]
+    tests = t.get("tests", pd.DataFrame())
+    lines = []
+    for budget, g in board.groupby("budget", sort=False):
+        for chunk in [c.removeprefix("fi_") for c in g.columns if c.startswith("fi_")]:
+            col = f"headroom_{chunk}"
+            if col not in g or g[col].isna().all():
+                continue
+            best = g.sort_values(f"fi_{chunk}").iloc[0]
+            ci = best.get(f"headroom_ci_{chunk}", "")
+            text = (
+                f"{budget}, {chunk} chunk: lowest FI {best['method']} ({num(best[f'fi_{chunk}'])} nats), closing "
+                f"{num(best[col], '.2f')} of the random-to-oracle gap {ci}"
+            )
+            part = tests[(tests["budget"] == budget) & (tests["metric"] == f"fi_{chunk}")] if len(tests) else tests
+            p = pd.to_numeric(part["wilcoxon_p"], errors="coerce") if len(part) else pd.Series(dtype=float)
+            if len(part) and p.notna().any():
+                text += f"; {int((p >= 0.05).sum())} of {len(part)} others not significantly worse (p >= 0.05)"
+            lines.append(text)
+    return lines
+
+
 def headline(run: dict) -> list[str]:
     """The sentences for ``run`` (as :func:`fi_toolkit.report.export.load_run` returns it)."""
     kind, t = run["kind"], run["tables"]
@@ -139,4 +165,5 @@ def headline(run: dict) -> list[str]:
         "probe": probe_lines,
         "nearfar": nearfar_lines,
         "correlate": correlate_lines,
+        "field": field_lines,
     }[kind](t)

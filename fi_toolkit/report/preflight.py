@@ -11,7 +11,7 @@ from fi_toolkit.errors import FIError
 from fi_toolkit.runs.results import held_command
 
 FORMATS = ("html", "md", "csv", "json")
-READS = "fi report reads the result directories of fi probe, correlate, nearfar and eval, and lm-eval output"
+READS = "fi report reads the result directories of fi probe, correlate, nearfar, eval and field, and lm-eval output"
 
 
 def parse_formats(text: str) -> list[str]:
