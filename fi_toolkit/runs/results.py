@@ -168,36 +168,63 @@ def _carry(src: Path, dst: Path) -> None:
 @contextmanager
 def staged_dir(out: Path, replaced=lambda name: False):
     """A temporary directory beside ``out`` for a command to write its whole output into; on success it
-    becomes ``out`` by renames, so an interrupted run leaves the old ``out`` whole or the new one whole.
-
-    Entries of an existing ``out`` that the new output does not write and ``replaced(name)`` does not claim
-    (the user's own files, another command's results) are carried into the new directory first (hard links:
-    the old directory is not touched). Then the old directory is renamed aside, the new one renamed into
-    place and the old one removed; Ctrl-C between the two renames puts the old one back. On any error or
-    Ctrl-C before that, the temporary directory is removed and ``out`` is untouched."""
+    becomes ``out`` by renames (:func:`swap_in`), so an interrupted run leaves the old ``out`` whole or the new
+    one whole. On any error or Ctrl-C before the swap, the temporary directory is removed and ``out`` is
+    untouched."""
     out = Path(out)
     make_dir(out.parent)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.new-", dir=out.parent))
-    aside = None
     try:
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(staging, 0o777 & ~umask)  # mkdtemp makes it 0700; an ordinary mkdir would not
         yield staging
+        swap_in(staging, out, replaced)
+    finally:
+        if os.path.lexists(staging):
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def swap_in(staging: Path, out: Path, replaced=lambda name: False) -> None:
+    """Make the directory ``staging`` (a sibling of ``out``, holding a command's complete new output) become
+    ``out`` by renames: ``out`` is the old directory whole or the new one whole at every moment.
+
+    Entries of an existing ``out`` that ``staging`` does not hold and ``replaced(name)`` does not claim (the
+    user's own files, another command's results) are carried into ``staging`` first (hard links: the old
+    directory is not touched). Then the old directory is renamed aside, ``staging`` renamed into place and
+    the old one removed; Ctrl-C between the two renames puts the old one back. On an error or Ctrl-C before
+    the swap, what was carried is taken out of ``staging`` again, so ``staging`` holds only its own files
+    (a resumable run continues in it)."""
+    staging, out = Path(staging), Path(out)
+    aside, carried = None, []
+    try:
         if out.is_dir():
             shutil.copymode(out, staging)
             for item in sorted(out.iterdir()):
                 if not replaced(item.name) and not os.path.lexists(staging / item.name):
+                    carried.append(staging / item.name)
                     _carry(item, staging / item.name)
             aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
             os.replace(out, aside)  # onto the empty directory just made
         os.replace(staging, out)
-    finally:
+    except BaseException:
         if aside is not None and not out.exists():
             os.replace(aside, out)  # interrupted between the renames: the old output back
-        for tmp in (staging, aside):
-            if tmp is not None and os.path.lexists(tmp):
-                shutil.rmtree(tmp, ignore_errors=True)
+        for entry in carried if os.path.isdir(staging) else []:
+            remove_tree(entry)
+        raise
+    finally:
+        if aside is not None and os.path.lexists(aside):
+            shutil.rmtree(aside, ignore_errors=True)
+
+
+def remove_tree(entry: Path) -> None:
+    """Remove a file, a link or a directory tree, whichever ``entry`` is (nothing if it does not exist)."""
+    entry = Path(entry)
+    if entry.is_dir() and not entry.is_symlink():
+        shutil.rmtree(entry, ignore_errors=True)
+    elif os.path.lexists(entry):
+        entry.unlink()
 
 
 # What a results directory of any ``fi`` command holds (run tables, per-document units, reports).
