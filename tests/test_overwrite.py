@@ -322,3 +322,67 @@ def test_other_commands_keep_the_old_run_through_an_interrupted_overwrite(comman
             written.drop(columns=["seconds"], errors="ignore"), frame.drop(columns=["seconds"], errors="ignore")
         )
         pd.testing.assert_frame_equal(resumed[table], written)
+
+
+# ---- where the new run is staged ---------------------------------------------------------------------------
+
+
+def _parent_unwritable(monkeypatch, parent):
+    """tempfile.mkdtemp in ``parent`` fails as on a directory without write permission (root passes chmod)."""
+    original = results.tempfile.mkdtemp
+
+    def mkdtemp(*args, dir=None, **kwargs):
+        if dir is not None and os.path.realpath(dir) == os.path.realpath(parent):
+            raise PermissionError(13, "Permission denied")
+        return original(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(results.tempfile, "mkdtemp", mkdtemp)
+
+
+def test_overwrite_is_refused_before_any_work_where_nothing_can_be_staged(old_run, tiny, docs, tmp_path, monkeypatch):
+    """--overwrite of a run whose directory lies in an unwritable directory: the new run could never be swapped
+    in, so it is refused before the first unit is computed, naming that directory; the old run stays."""
+    out, old = old_run
+    counter = Counter(study.nearfar_document)
+    monkeypatch.setattr(study, "nearfar_document", counter)
+    _parent_unwritable(monkeypatch, tmp_path)
+    with pytest.raises(FIError, match=rf"out_dir '{out}' cannot be replaced: .* '{tmp_path}' cannot be written: Perm"):
+        _new(tiny, docs, out, overwrite=True)
+    assert counter.calls == [] and _tree(out) == old
+
+
+def test_cli_probe_overwrite_is_refused_before_the_model_where_nothing_can_be_staged(tmp_path, monkeypatch, capsys):
+    """The same for a staged command that is not resumable (fi probe): one line, exit 2, the model never loaded."""
+
+    def load_model(*args, **kwargs):
+        raise AssertionError("the model loaded")
+
+    monkeypatch.setattr("fi_toolkit.model.loading.load_model", load_model)
+    out = tmp_path / "probe"
+    out.mkdir()
+    (out / "fi.csv").write_text("selection,fi\nentropy:0.1,0.5\n")
+    _parent_unwritable(monkeypatch, tmp_path)
+    code, _, err = run_cli(["probe", "alice", "--chunk", "128:160", "--out", str(out), "--overwrite"], capsys)
+    assert code == 2 and err.strip().splitlines() == [
+        f"error: --out '{out}' cannot be replaced: its new contents are written beside it first, and '{tmp_path}' "
+        "cannot be written: Permission denied"
+    ]
+
+
+def test_overwrite_through_a_link_replaces_the_linked_directory(old_run, fresh, tiny, docs, tmp_path, monkeypatch):
+    """--out a link to the old run's directory: interrupted, nothing changes; finished, the link is still a link
+    and the directory it names holds the new run; nothing is left beside either."""
+    out, old = old_run
+    link = tmp_path / "link"
+    link.symlink_to(out)
+    with monkeypatch.context() as m:
+        m.setattr(study, "nearfar_document", Counter(study.nearfar_document, 2))
+        with pytest.raises(KeyboardInterrupt):
+            _new(tiny, docs, link, overwrite=True)
+    assert _tree(out) == old and (tmp_path / ".out.overwrite").is_dir()  # staged beside the directory itself
+    _new(tiny, docs, link, resume=True)
+    assert link.is_symlink() and os.readlink(link) == str(out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "out"]
+    for name in NEARFAR:
+        assert (out / f"{name}.csv").read_bytes() == (fresh / f"{name}.csv").read_bytes(), name
+    assert (out / "notes.txt").read_text() == "mine\n"

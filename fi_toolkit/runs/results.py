@@ -118,6 +118,26 @@ def check_writable(path: Path, option: str = "out_dir") -> None:
     ``os.access``: it answers for root, read-only mounts and ``/proc`` alike. Leaves nothing behind."""
     path = Path(path)
     where = next((p for p in (path, *path.parents) if p.is_dir()), Path("."))
+    reason = _cannot_make_dir_in(where)
+    if reason:
+        raise FIError(f"{option} '{path}' cannot be written: '{where}': {reason}", parameter=option)
+
+
+def check_stageable(path: Path, option: str = "out_dir") -> None:
+    """For an existing directory ``path`` that a new output will replace by renames (:func:`staged_dir`,
+    :func:`swap_in`): prove that the directory above it takes the new output's staging directory."""
+    parent = Path(os.path.realpath(path)).parent
+    reason = _cannot_make_dir_in(parent)
+    if reason:
+        raise FIError(
+            f"{option} '{path}' cannot be replaced: its new contents are written beside it first, and '{parent}' "
+            f"cannot be written: {reason}",
+            parameter=option,
+        )
+
+
+def _cannot_make_dir_in(where: Path) -> str | None:
+    """Why a directory cannot be made (and removed) in ``where``; None when it can."""
     # Ctrl-C is held back while the probe exists (delivered right after), so it never leaves one behind
     blocked = hasattr(signal, "pthread_sigmask") and threading.current_thread() is threading.main_thread()
     if blocked:
@@ -125,11 +145,11 @@ def check_writable(path: Path, option: str = "out_dir") -> None:
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".fi-writable-", dir=where))
     except OSError as exc:
-        reason = exc.strerror or type(exc).__name__
-        raise FIError(f"{option} '{path}' cannot be written: '{where}': {reason}", parameter=option) from None
+        return exc.strerror or type(exc).__name__
     finally:
         if blocked:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    return None
 
 
 def make_dir(path: Path) -> Path:
@@ -171,7 +191,7 @@ def staged_dir(out: Path, replaced=lambda name: False):
     becomes ``out`` by renames (:func:`swap_in`), so an interrupted run leaves the old ``out`` whole or the new
     one whole. On any error or Ctrl-C before the swap, the temporary directory is removed and ``out`` is
     untouched."""
-    out = Path(out)
+    out = Path(os.path.realpath(out))  # a link to a directory: the directory is replaced, the link stays
     make_dir(out.parent)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.new-", dir=out.parent))
     try:
@@ -194,8 +214,9 @@ def swap_in(staging: Path, out: Path, replaced=lambda name: False) -> None:
     directory is not touched). Then the old directory is renamed aside, ``staging`` renamed into place and
     the old one removed; Ctrl-C between the two renames puts the old one back. On an error or Ctrl-C before
     the swap, what was carried is taken out of ``staging`` again, so ``staging`` holds only its own files
-    (a resumable run continues in it)."""
-    staging, out = Path(staging), Path(out)
+    (a resumable run continues in it). A link ``out`` to a directory stays; the directory it names is replaced
+    (``staging`` lies beside that directory)."""
+    staging, out = Path(staging), Path(os.path.realpath(out))
     aside, carried = None, []
     try:
         if out.is_dir():
@@ -273,6 +294,8 @@ def check_results_dir(path: Path, overwrite: bool = False) -> Path:
     results unless ``overwrite``. Creates nothing (a run creates it when it writes its first result)."""
     path = check_out_path(path)
     found = held_results(path)
+    if path.is_dir():  # the new results are staged beside it (staged_dir)
+        check_stageable(path)
     if found and not overwrite:
         kind = held_command(path)
         what = f"a '{kind}' run" if kind else ", ".join(found[:4])

@@ -208,8 +208,9 @@ def _read_settings(saved_file: Path) -> dict:
 
 def overwrite_staging(out_dir: Path) -> Path:
     """Where ``--overwrite`` of run directory ``out_dir`` computes its new run: ``.<name>.overwrite`` beside it.
-    One fixed name, so every rank of a torchrun launch and a later ``--resume`` find the same directory."""
-    out_dir = Path(os.path.abspath(out_dir))
+    One fixed name, so every rank of a torchrun launch and a later ``--resume`` find the same directory. A link
+    ``out_dir`` is followed: the directory it names is the one replaced."""
+    out_dir = Path(os.path.realpath(out_dir))
     return out_dir.parent / f".{out_dir.name}.overwrite"
 
 
@@ -238,7 +239,7 @@ def check_run_dir(out_dir: Path, command: str, resume: bool = False, overwrite: 
     staging = interrupted_overwrite(path)
     if overwrite:
         if results.held_results(path):
-            results.check_writable(overwrite_staging(path).parent)
+            results.check_stageable(path)  # the new run is staged beside it
         return path
     if staging is not None and not resume:
         raise FIError(
