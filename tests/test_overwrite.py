@@ -386,3 +386,57 @@ def test_overwrite_through_a_link_replaces_the_linked_directory(old_run, fresh, 
     for name in NEARFAR:
         assert (out / f"{name}.csv").read_bytes() == (fresh / f"{name}.csv").read_bytes(), name
     assert (out / "notes.txt").read_text() == "mine\n"
+
+
+# ---- the command line, end to end ----------------------------------------------------------------------------
+
+
+class Bytes:
+    """One token per character (ids < 256): the tiny random model reads the CLI's documents."""
+
+    chat_template = None
+    eos_token_id = None
+
+    def __call__(self, text, return_tensors=None, add_special_tokens=True):
+        ids = [ord(c) % 256 for c in text]
+        return {"input_ids": torch.tensor([ids]) if return_tensors == "pt" else ids}
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(int(i)) for i in ids)
+
+
+def test_cli_nearfar_overwrite_interrupted_then_resumed(tiny, tmp_path, monkeypatch, capsys):
+    """``fi nearfar --overwrite`` stopped by Ctrl-C after its first document: exit 130, the old run byte for
+    byte; a plain run is refused in one line; ``--resume`` says it finishes the overwrite, computes the second
+    document only, and --out then holds the new run."""
+    from fi_toolkit.model.loading import LoadedModel
+
+    lm = LoadedModel(tiny.model, Bytes(), "tiny", torch.device("cpu"), torch.float32)
+    monkeypatch.setattr("fi_toolkit.model.loading.load_model", lambda *args, **kwargs: lm)
+    gen = torch.Generator().manual_seed(3)
+    for name in ("a", "b"):
+        letters = torch.randint(97, 123, (300,), generator=gen).tolist()
+        (tmp_path / f"{name}.txt").write_text("".join(map(chr, letters)))
+    args = ["nearfar", str(tmp_path / "a.txt"), str(tmp_path / "b.txt"), "--prefix", "96", "--distances", "0,32"]
+    args += ["--chunk-len", "16", "--window", "8", "--out", str(tmp_path / "run")]
+    code, _, err = run_cli([*args, "--seeds", "1"], capsys)
+    assert code == 0, err
+    old = _tree(tmp_path / "run")
+
+    with monkeypatch.context() as m:
+        m.setattr(study, "nearfar_document", Counter(study.nearfar_document, 2))
+        code, _, err = run_cli([*args, "--seeds", "2", "--overwrite"], capsys)
+    assert code == 130 and err.strip().splitlines()[-1].startswith("interrupted"), err
+    assert _tree(tmp_path / "run") == old
+    code, _, err = run_cli([*args, "--seeds", "2"], capsys)
+    assert code == 2 and "holds an interrupted --overwrite" in err and len(err.strip().splitlines()) == 1, err
+
+    resumed = Counter(study.nearfar_document)
+    monkeypatch.setattr(study, "nearfar_document", resumed)
+    code, _, err = run_cli([*args, "--seeds", "2", "--resume"], capsys)
+    assert code == 0, err
+    assert f"note: resuming the interrupted overwrite in '{tmp_path / '.run.overwrite'}'" in err
+    assert resumed.calls == ["b"]
+    assert not (tmp_path / ".run.overwrite").exists()
+    assert json.loads((tmp_path / "run" / "settings.json").read_text())["settings"]["seeds"] == 2
+    assert (tmp_path / "run" / "nearfar.csv").read_bytes() != old["nearfar.csv"]
