@@ -290,12 +290,11 @@ def clear_results(path: Path) -> None:
 
 
 def check_results_dir(path: Path, overwrite: bool = False) -> Path:
-    """An --out directory a new run may write into: not under a file, not a file, and holding no
-    results unless ``overwrite``. Creates nothing (a run creates it when it writes its first result)."""
+    """An --out directory a new run may write into: not under a file, not a file, holding no results unless
+    ``overwrite``, and (when it exists) in a directory that takes the staged new output. Creates nothing (a
+    run creates it when it writes its first result)."""
     path = check_out_path(path)
     found = held_results(path)
-    if path.is_dir():  # the new results are staged beside it (staged_dir)
-        check_stageable(path)
     if found and not overwrite:
         kind = held_command(path)
         what = f"a '{kind}' run" if kind else ", ".join(found[:4])
@@ -303,6 +302,8 @@ def check_results_dir(path: Path, overwrite: bool = False) -> Path:
             f"'{path}' already holds results ({what}); choose another out_dir or pass overwrite",
             parameter=("out_dir", "overwrite"),
         )
+    if path.is_dir():  # the new results are staged beside it (staged_dir)
+        check_stageable(path)
     return path
 
 

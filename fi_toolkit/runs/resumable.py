@@ -503,6 +503,9 @@ class ResumableRun:
         Sharded (more than one rank): each rank computes its share (``costs``, default the token counts,
         balance it); rank 0 returns the combined tables, the other ranks None. ``assemble``: units are
         :class:`Part` s, and each document's tables are made from its parts' at the merge.
+
+        The tables are written under :attr:`path`; rank 0 calls :meth:`finish` once it has written its
+        last file there (a staged ``--overwrite`` becomes ``out`` only then).
         """
         keys = document_keys([d.name for d in documents])
         if self.world.sharded:
