@@ -1,7 +1,8 @@
-"""Write docs/reference/cli.md from the typer app: every ``fi`` command with every argument and option and its help.
+"""Write docs/reference/cli.md from the typer app: every ``fi`` command, and every subcommand of a sub-app
+(``fi tasks export``), with every argument and option and its help.
 
 Run by ``make docs`` before ``mkdocs build``; the generated file is committed, and tests/test_docs.py checks
-that it still names every option of every command.
+that it is what this script writes now and names every option of every command and subcommand.
 
     python docs/gen_cli_reference.py            # writes docs/reference/cli.md
     python docs/gen_cli_reference.py --check    # exit 1 if the committed file differs
@@ -53,6 +54,27 @@ def _parameters(cmd, ctx) -> list[str]:
     return lines[:-1]
 
 
+def walk(cmd, ctx, path: str = ""):
+    """``(name, command, context)`` for every visible command below ``cmd``, depth first in definition order:
+    a sub-app's group (``tasks``) and then each of its subcommands (``tasks export``)."""
+    for name, sub in getattr(cmd, "commands", {}).items():
+        if sub.hidden:
+            continue
+        full = f"{path} {name}".strip()
+        sub_ctx = sub.context_class(sub, info_name=name, parent=ctx)
+        yield full, sub, sub_ctx
+        yield from walk(sub, sub_ctx, full)
+
+
+def anchor(name: str) -> str:
+    """The anchor mkdocs' toc gives the heading ``fi NAME`` (``tasks export`` -> ``fi-tasks-export``)."""
+    return "fi-" + name.replace(" ", "-")
+
+
+def _first(cmd) -> str:
+    return _text((cmd.help or "").strip().split("\n\n")[0])
+
+
 def render() -> str:
     root, root_ctx = command_tree()
     lines = [
@@ -66,12 +88,10 @@ def render() -> str:
         "| command | what it does |",
         "|---|---|",
     ]
-    commands = [(name, cmd) for name, cmd in root.commands.items() if not cmd.hidden]
-    for name, cmd in commands:
-        first = (cmd.help or "").strip().split("\n\n")[0]
-        lines.append(f"| [`fi {name}`](#fi-{name}) | {_text(first)} |")
-    for name, cmd in commands:
-        ctx = cmd.context_class(cmd, info_name=name, parent=root_ctx)
+    commands = list(walk(root, root_ctx))
+    for name, cmd, _ in commands:
+        lines.append(f"| [`fi {name}`](#{anchor(name)}) | {_first(cmd)} |")
+    for name, cmd, ctx in commands:
         lines += [
             "",
             f"## `fi {name}`",
@@ -83,6 +103,14 @@ def render() -> str:
         ]
         for para in (cmd.help or "").strip().split("\n\n"):
             lines += [_text(para), ""]
+        subs = [(n, c) for n, c in getattr(cmd, "commands", {}).items() if not c.hidden]
+        if subs:  # a sub-app: its commands (their sections follow), then the group's own options if any
+            lines += ["**Commands**", ""]
+            lines += [f"- [`fi {name} {n}`](#{anchor(f'{name} {n}')}): {_first(c)}" for n, c in subs]
+            lines.append("")
+            if not any(p.get_help_record(ctx) for p in cmd.params):
+                lines.pop()
+                continue
         lines += _parameters(cmd, ctx)
     return "\n".join(lines) + "\n"
 

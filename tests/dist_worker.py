@@ -1,5 +1,5 @@
 """One rank of a sharded run of the tiny model (run by tests/test_distributed.py under torchrun, or
-alone as the single-process reference): ``python dist_worker.py OUT STUDIES [--kill RANK:N]``.
+alone as the single-process reference): ``python dist_worker.py OUT STUDIES [--kill RANK:N] [--resume|--overwrite]``.
 
 STUDIES is a comma-separated subset of nearfar, parts (nearfar with documents split into parts),
 correlate, cparts (correlate in blocks of candidates), eval, eparts (eval of three policies, whole
@@ -37,11 +37,22 @@ def documents():
     ]
 
 
-def run(out: Path, studies: list[str], resume: bool = False) -> None:
+def run(out: Path, studies: list[str], resume: bool = False, overwrite: bool = False) -> None:
+    """``overwrite``: the nearfar study replaces what OUT/nearfar holds."""
     tiny, docs = tiny_model(seed=0), documents()
     if "nearfar" in studies:
         run_nearfar(
-            tiny, docs, out / "nearfar", P, [0, 32], 16, budget="remove=0.1", seeds=2, config=CFG, resume=resume
+            tiny,
+            docs,
+            out / "nearfar",
+            P,
+            [0, 32],
+            16,
+            budget="remove=0.1",
+            seeds=2,
+            config=CFG,
+            resume=resume,
+            overwrite=overwrite,
         )
     if "parts" in studies:  # nearfar with every document split into units of 3 sets
         run_nearfar(
@@ -116,7 +127,7 @@ def main(argv: list[str]) -> None:
             return original(*args, **kwargs)
 
         study.nearfar_document = dying
-    run(out, studies, resume="--resume" in argv)
+    run(out, studies, resume="--resume" in argv, overwrite="--overwrite" in argv)
 
 
 if __name__ == "__main__":

@@ -216,6 +216,56 @@ def test_torchrun_restart_continues_the_run(single, tmp_path):
     assert len({e["session"] for e in log}) == 2  # the first launch and the restart
 
 
+def old_nearfar(out: Path) -> dict:
+    """A finished nearfar run of other settings (one seed) in out/nearfar, with a file of the user's own
+    -> every entry's bytes (None for a directory)."""
+    from fi_toolkit.model.loading import tiny_model
+    from fi_toolkit.studies import run_nearfar
+
+    run = out / "nearfar"
+    docs = dist_worker.documents()[:3]
+    run_nearfar(tiny_model(seed=0), docs, run, dist_worker.P, [0, 32], 16, seeds=1, config=dist_worker.CFG)
+    (run / "notes.txt").write_text("mine\n")
+    return tree(run)
+
+
+def tree(root: Path) -> dict:
+    return {str(p.relative_to(root)): p.read_bytes() if p.is_file() else None for p in sorted(root.rglob("*"))}
+
+
+@pytest.mark.torchrun
+def test_killed_overwrite_keeps_the_old_run_and_resumes_with_one_rank(single, tmp_path):
+    """torchrun --overwrite with a rank killed: the old run is untouched byte for byte; both ranks' units are
+    in the one staging directory, and --resume in one process finishes it into the single-process tables."""
+    old = old_nearfar(tmp_path)
+    died = worker(tmp_path, "nearfar", "--overwrite", "--kill", "1:2")
+    assert died.returncode != 0
+    run, staging = tmp_path / "nearfar", tmp_path / ".nearfar.overwrite"
+    assert tree(run) == old
+    staged = {p.parent.name for p in staging.glob("per_document/*/done.json")}
+    ranks = {json.loads(f.read_text())["computed_by"]["rank"] for f in staging.glob("per_document/*/done.json")}
+    assert "doc_2" in staged and ranks == {0, 1}  # both ranks wrote into the same staging directory
+    dist_worker.run(tmp_path, ["nearfar"], resume=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["nearfar"]
+    assert_same_tables(single / "nearfar", run)
+    assert (run / "notes.txt").read_text() == "mine\n"
+    assert set(computed(run).values()) == {1}  # the old run's unit log went with it; nothing computed twice
+
+
+@pytest.mark.torchrun
+def test_torchrun_restart_continues_the_overwrite(single, tmp_path):
+    """An elastic restart of an --overwrite continues in its staging directory and swaps it in at the end."""
+    old_nearfar(tmp_path)
+    done = worker(tmp_path, "nearfar", "--overwrite", "--kill", "1:2", restarts=1)
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = tmp_path / "nearfar"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["nearfar"]
+    assert_same_tables(single / "nearfar", run)
+    log = json.loads((run / "manifest.json").read_text())["unit_log"]
+    assert set(computed(run).values()) == {1} and len(log) == 5
+    assert len({e["session"] for e in log}) == 2  # the first launch and the restart
+
+
 # ---- models larger than one device: accelerate's dispatch hooks ------------------------------------------------
 
 

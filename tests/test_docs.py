@@ -1,7 +1,8 @@
 """The documentation (README.md, docs/, mkdocs.yml) against the code and itself; fast, no model.
 
-* every option of every ``fi`` command (the click tree typer builds) appears in its section of the
-  generated CLI reference, docs/reference/cli.md;
+* the generated CLI reference, docs/reference/cli.md, is what docs/gen_cli_reference.py writes now, and
+  every option of every ``fi`` command and of every subcommand of a sub-app (``fi tasks export``; walked
+  here over the click tree typer builds, not with the generator's walk) appears in its section;
 * every relative link and image in the Markdown files points to a file that exists, and every
   ``#anchor`` to a heading (or explicit anchor) of that file;
 * every page of mkdocs.yml's nav exists; the README stays one screen (at most 250 lines).
@@ -96,21 +97,39 @@ def broken_links(path: Path, text: str | None = None) -> list[str]:
 
 
 def cli_sections(text: str) -> dict[str, str]:
-    """docs/reference/cli.md split by its '## `fi NAME`' headings -> {NAME: section text}."""
-    parts = re.split(r"^## `fi ([\w-]+)`\s*$", text, flags=re.M)
+    """docs/reference/cli.md split by its '## `fi NAME`' headings -> {NAME: section text} (NAME: 'tasks export'
+    for a subcommand)."""
+    parts = re.split(r"^## `fi ([\w-]+(?: [\w-]+)*)`\s*$", text, flags=re.M)
     return dict(zip(parts[1::2], parts[2::2]))
 
 
+def every_command(group, path: str = "") -> list[tuple[str, object]]:
+    """``(name, click command)`` for every command below ``group``, a sub-app's subcommands included
+    (``tasks export``); hidden ones (and all below them) left out, as ``fi --help`` leaves them out."""
+    found = []
+    for name, cmd in group.commands.items():
+        if cmd.hidden:
+            continue
+        full = f"{path} {name}".strip()
+        found.append((full, cmd))
+        if hasattr(cmd, "commands"):
+            found += every_command(cmd, full)
+    return found
+
+
 def missing_options(text: str) -> list[str]:
-    """'fi CMD OPT' for every option spelling (and argument) of every command that the reference lacks."""
+    """'fi CMD OPT' for every option spelling (and argument) of every command and subcommand that the reference
+    lacks; 'fi CMD (no section)' for a command without its own section."""
     root = typer.main.get_command(__import__("fi_toolkit.cli.app", fromlist=["app"]).app)
     sections, missing = cli_sections(text), []
-    for name, cmd in root.commands.items():
+    for name, cmd in every_command(root):
         section = sections.get(name)
         if section is None:
             missing.append(f"fi {name} (no section)")
             continue
         for param in cmd.params:
+            if getattr(param, "hidden", False):  # an option kept out of --help (tasks export --device)
+                continue
             spellings = [*param.opts, *param.secondary_opts] if param.param_type_name == "option" else [param.name]
             cells = re.findall(r"^`([^`]*)`$", section, flags=re.M)  # each spelling on a line of its own
             for spelling in spellings:
@@ -148,21 +167,34 @@ def load_mkdocs_config() -> str:
     return (ROOT / "mkdocs.yml").read_text()
 
 
+def _generator(name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, DOCS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_every_option_of_every_command_is_in_the_cli_reference():
     assert CLI_MD.is_file(), "run python docs/gen_cli_reference.py"
-    assert missing_options(CLI_MD.read_text()) == []
+    text = CLI_MD.read_text()
+    assert missing_options(text) == []
+    assert {"tasks", "tasks export"} <= set(cli_sections(text))  # a sub-app's subcommands have sections too
+
+
+def test_the_cli_reference_is_what_the_generator_writes():
+    """docs/reference/cli.md equals what docs/gen_cli_reference.py writes from the typer app now: an option or
+    a command (or a sub-app's subcommand) added without regenerating it fails here."""
+    assert CLI_MD.read_text() == _generator("gen_cli_reference").render(), "run python docs/gen_cli_reference.py"
 
 
 def test_the_policy_reference_is_what_the_registry_generates():
     """docs/reference/policies.md equals what docs/gen_policy_reference.py writes from the registry now (a policy
     registered without regenerating it fails here), and it names every registered policy and option."""
-    import importlib.util
-
     from fi_toolkit.policies.registry import entries
 
-    spec = importlib.util.spec_from_file_location("gen_policy_reference", DOCS / "gen_policy_reference.py")
-    generator = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(generator)
+    generator = _generator("gen_policy_reference")
     committed = (DOCS / "reference" / "policies.md").read_text()
     assert committed == generator.render(), "run python docs/gen_policy_reference.py"
     rows = {re.match(r"\| `([^`]*)`", line)[1]: line for line in committed.splitlines() if line.startswith("| `")}
@@ -177,6 +209,11 @@ def test_the_option_check_fails_on_a_missing_option():
     without = text.replace(section, section.replace("--batch-size", "--batch-sizes"))
     assert missing_options(without) == ["fi probe --batch-size"]
     assert "fi eval (no section)" in missing_options(text.replace("## `fi eval`", "## eval"))
+    export = cli_sections(text)["tasks export"]
+    assert missing_options(text.replace(export, export.replace("`--context <int>`", "`--contexts <int>`"))) == [
+        "fi tasks export --context"
+    ]
+    assert missing_options(text.replace("## `fi tasks export`", "## tasks export")) == ["fi tasks export (no section)"]
 
 
 @pytest.mark.parametrize("path", MARKDOWN, ids=lambda p: p.relative_to(ROOT).as_posix())

@@ -285,7 +285,7 @@ def test_failure_before_the_first_document_leaves_nothing(tiny, docs, tmp_path, 
     assert (out / "manifest.json").exists()
     before = _snapshot(out)
     monkeypatch.setattr(study, "nearfar_document", fail)
-    with pytest.raises(FIError, match="bad input"):  # --overwrite clears the old run only once a document is done
+    with pytest.raises(FIError, match="bad input"):  # --overwrite never touches the old run before it is complete
         _nearfar(tiny, docs[:1], out, overwrite=True)
     assert _snapshot(out) == before
 

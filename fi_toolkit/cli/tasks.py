@@ -56,6 +56,8 @@ def register(app: typer.Typer) -> None:
             if value < minimum:
                 raise FIError(f"{flag} must be >= {minimum}, got {value}")
         results.check_out_path(out_dir, option="--out")
+        if out_dir.is_dir():  # the export is staged beside it, then swapped in
+            results.check_stageable(out_dir, option="--out")
         files = ["fi_scoring.py", *(f"fi_{t}.{ext}" for t in names for ext in ("jsonl", "yaml"))]
         held = [f for f in files if (out_dir / f).exists()]
         if held and not overwrite:

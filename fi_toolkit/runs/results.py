@@ -118,6 +118,26 @@ def check_writable(path: Path, option: str = "out_dir") -> None:
     ``os.access``: it answers for root, read-only mounts and ``/proc`` alike. Leaves nothing behind."""
     path = Path(path)
     where = next((p for p in (path, *path.parents) if p.is_dir()), Path("."))
+    reason = _cannot_make_dir_in(where)
+    if reason:
+        raise FIError(f"{option} '{path}' cannot be written: '{where}': {reason}", parameter=option)
+
+
+def check_stageable(path: Path, option: str = "out_dir") -> None:
+    """For an existing directory ``path`` that a new output will replace by renames (:func:`staged_dir`,
+    :func:`swap_in`): prove that the directory above it takes the new output's staging directory."""
+    parent = Path(os.path.realpath(path)).parent
+    reason = _cannot_make_dir_in(parent)
+    if reason:
+        raise FIError(
+            f"{option} '{path}' cannot be replaced: its new contents are written beside it first, and '{parent}' "
+            f"cannot be written: {reason}",
+            parameter=option,
+        )
+
+
+def _cannot_make_dir_in(where: Path) -> str | None:
+    """Why a directory cannot be made (and removed) in ``where``; None when it can."""
     # Ctrl-C is held back while the probe exists (delivered right after), so it never leaves one behind
     blocked = hasattr(signal, "pthread_sigmask") and threading.current_thread() is threading.main_thread()
     if blocked:
@@ -125,11 +145,11 @@ def check_writable(path: Path, option: str = "out_dir") -> None:
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".fi-writable-", dir=where))
     except OSError as exc:
-        reason = exc.strerror or type(exc).__name__
-        raise FIError(f"{option} '{path}' cannot be written: '{where}': {reason}", parameter=option) from None
+        return exc.strerror or type(exc).__name__
     finally:
         if blocked:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    return None
 
 
 def make_dir(path: Path) -> Path:
@@ -168,36 +188,64 @@ def _carry(src: Path, dst: Path) -> None:
 @contextmanager
 def staged_dir(out: Path, replaced=lambda name: False):
     """A temporary directory beside ``out`` for a command to write its whole output into; on success it
-    becomes ``out`` by renames, so an interrupted run leaves the old ``out`` whole or the new one whole.
-
-    Entries of an existing ``out`` that the new output does not write and ``replaced(name)`` does not claim
-    (the user's own files, another command's results) are carried into the new directory first (hard links:
-    the old directory is not touched). Then the old directory is renamed aside, the new one renamed into
-    place and the old one removed; Ctrl-C between the two renames puts the old one back. On any error or
-    Ctrl-C before that, the temporary directory is removed and ``out`` is untouched."""
-    out = Path(out)
+    becomes ``out`` by renames (:func:`swap_in`), so an interrupted run leaves the old ``out`` whole or the new
+    one whole. On any error or Ctrl-C before the swap, the temporary directory is removed and ``out`` is
+    untouched."""
+    out = Path(os.path.realpath(out))  # a link to a directory: the directory is replaced, the link stays
     make_dir(out.parent)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.new-", dir=out.parent))
-    aside = None
     try:
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(staging, 0o777 & ~umask)  # mkdtemp makes it 0700; an ordinary mkdir would not
         yield staging
+        swap_in(staging, out, replaced)
+    finally:
+        if os.path.lexists(staging):
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def swap_in(staging: Path, out: Path, replaced=lambda name: False) -> None:
+    """Make the directory ``staging`` (a sibling of ``out``, holding a command's complete new output) become
+    ``out`` by renames: ``out`` is the old directory whole or the new one whole at every moment.
+
+    Entries of an existing ``out`` that ``staging`` does not hold and ``replaced(name)`` does not claim (the
+    user's own files, another command's results) are carried into ``staging`` first (hard links: the old
+    directory is not touched). Then the old directory is renamed aside, ``staging`` renamed into place and
+    the old one removed; Ctrl-C between the two renames puts the old one back. On an error or Ctrl-C before
+    the swap, what was carried is taken out of ``staging`` again, so ``staging`` holds only its own files
+    (a resumable run continues in it). A link ``out`` to a directory stays; the directory it names is replaced
+    (``staging`` lies beside that directory)."""
+    staging, out = Path(staging), Path(os.path.realpath(out))
+    aside, carried = None, []
+    try:
         if out.is_dir():
             shutil.copymode(out, staging)
             for item in sorted(out.iterdir()):
                 if not replaced(item.name) and not os.path.lexists(staging / item.name):
+                    carried.append(staging / item.name)
                     _carry(item, staging / item.name)
             aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
             os.replace(out, aside)  # onto the empty directory just made
         os.replace(staging, out)
-    finally:
+    except BaseException:
         if aside is not None and not out.exists():
             os.replace(aside, out)  # interrupted between the renames: the old output back
-        for tmp in (staging, aside):
-            if tmp is not None and os.path.lexists(tmp):
-                shutil.rmtree(tmp, ignore_errors=True)
+        for entry in carried if os.path.isdir(staging) else []:
+            remove_tree(entry)
+        raise
+    finally:
+        if aside is not None and os.path.lexists(aside):
+            shutil.rmtree(aside, ignore_errors=True)
+
+
+def remove_tree(entry: Path) -> None:
+    """Remove a file, a link or a directory tree, whichever ``entry`` is (nothing if it does not exist)."""
+    entry = Path(entry)
+    if entry.is_dir() and not entry.is_symlink():
+        shutil.rmtree(entry, ignore_errors=True)
+    elif os.path.lexists(entry):
+        entry.unlink()
 
 
 # What a results directory of any ``fi`` command holds (run tables, per-document units, reports).
@@ -242,8 +290,9 @@ def clear_results(path: Path) -> None:
 
 
 def check_results_dir(path: Path, overwrite: bool = False) -> Path:
-    """An --out directory a new run may write into: not under a file, not a file, and holding no
-    results unless ``overwrite``. Creates nothing (a run creates it when it writes its first result)."""
+    """An --out directory a new run may write into: not under a file, not a file, holding no results unless
+    ``overwrite``, and (when it exists) in a directory that takes the staged new output. Creates nothing (a
+    run creates it when it writes its first result)."""
     path = check_out_path(path)
     found = held_results(path)
     if found and not overwrite:
@@ -253,6 +302,8 @@ def check_results_dir(path: Path, overwrite: bool = False) -> Path:
             f"'{path}' already holds results ({what}); choose another out_dir or pass overwrite",
             parameter=("out_dir", "overwrite"),
         )
+    if path.is_dir():  # the new results are staged beside it (staged_dir)
+        check_stageable(path)
     return path
 
 

@@ -26,6 +26,17 @@ saves its own units (the same atomic per-unit files); after a barrier rank 0 che
 writes the combined tables and the manifest, byte for byte what one process would have written. A
 rank that dies loses only the unit it was computing; ``--resume`` with any world size computes only
 what is missing, and after an elastic restart (``torchrun --max-restarts``) the run resumes by itself.
+
+``--overwrite`` of a directory that holds results never touches them while it computes: the new run is
+an ordinary run directory of its own, ``.<name>.overwrite`` beside ``--out`` (:func:`overwrite_staging`;
+a fixed name, so every rank writes into the same one and a later ``--resume`` finds it). Only when its
+combined tables, summaries and manifest are written does it become ``--out``, by renames
+(:meth:`ResumableRun.finish`, rank 0; :func:`fi_toolkit.runs.results.swap_in`, the same swap as
+``fi report``'s): at every moment ``--out`` is the old run whole or the new one whole, and files of the
+user's own in ``--out`` stay. An interrupted overwrite leaves ``--out`` as it was, byte for byte, and
+its staging directory behind: ``--resume`` (same settings as the overwrite) continues it, computing only
+its missing units, and swaps it in at the end; ``--overwrite`` starts it over; a run with neither is
+refused with one line naming it. Deleting the staging directory abandons the overwrite.
 """
 
 from __future__ import annotations
@@ -33,6 +44,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import re
 import secrets
 import shutil
@@ -194,11 +206,28 @@ def _read_settings(saved_file: Path) -> dict:
     return saved
 
 
+def overwrite_staging(out_dir: Path) -> Path:
+    """Where ``--overwrite`` of run directory ``out_dir`` computes its new run: ``.<name>.overwrite`` beside it.
+    One fixed name, so every rank of a torchrun launch and a later ``--resume`` find the same directory. A link
+    ``out_dir`` is followed: the directory it names is the one replaced."""
+    out_dir = Path(os.path.realpath(out_dir))
+    return out_dir.parent / f".{out_dir.name}.overwrite"
+
+
+def interrupted_overwrite(out_dir: Path) -> Path | None:
+    """The staging directory of an interrupted ``--overwrite`` of ``out_dir`` (one holding a run's files), or None."""
+    staging = overwrite_staging(out_dir)
+    return staging if results.held_results(staging) else None
+
+
 def check_run_dir(out_dir: Path, command: str, resume: bool = False, overwrite: bool = False) -> Path:
     """The checks of ``--out`` that need no settings (the CLI runs them before loading the model).
 
     A directory holding results of any kind needs ``--overwrite``, or ``--resume`` for a stopped run
-    of the same ``command``; ``--resume`` and ``--overwrite`` together are refused.
+    of the same ``command``; ``--resume`` and ``--overwrite`` together are refused. An interrupted
+    ``--overwrite`` (its staging directory, :func:`overwrite_staging`) is continued by ``--resume``, started
+    over by ``--overwrite``, and refused otherwise. ``--overwrite`` of a directory holding results needs
+    the directory above it writable (the new run is staged there).
     """
     path = results.check_out_path(out_dir)
     if resume and overwrite:
@@ -207,10 +236,22 @@ def check_run_dir(out_dir: Path, command: str, resume: bool = False, overwrite: 
             "overwrite replaces it; pass one",
             parameter=("resume", "overwrite", "out_dir"),
         )
-    found = results.held_results(path)
-    if not found or overwrite:
+    staging = interrupted_overwrite(path)
+    if overwrite:
+        if results.held_results(path):
+            results.check_stageable(path)  # the new run is staged beside it
         return path
-    holder = results.held_command(path)
+    if staging is not None and not resume:
+        raise FIError(
+            f"'{staging}' holds an interrupted overwrite of '{path}' (whose results are intact); pass resume "
+            "to finish it or overwrite to start it over",
+            parameter=("resume", "overwrite"),
+        )
+    where = staging or path  # --resume of an interrupted overwrite continues in its staging directory
+    found = results.held_results(where)
+    if not found:
+        return path
+    holder = results.held_command(where)
     if not resume:
         what = f"a '{holder}' run" if holder else ", ".join(found[:4])
         sizes = sorted(written_world_sizes(path) - {distributed.from_env().size})
@@ -227,16 +268,17 @@ def check_run_dir(out_dir: Path, command: str, resume: bool = False, overwrite: 
             else "choose another out_dir or pass overwrite to replace it"
         )
         raise FIError(f"'{path}' already holds results ({what}); {hint}", parameter=("resume", "overwrite", "out_dir"))
-    if (path / SETTINGS).exists():
-        holder = _read_settings(path / SETTINGS)["command"]
+    if (where / SETTINGS).exists():
+        holder = _read_settings(where / SETTINGS)["command"]
     if holder is not None and holder != command:
         raise FIError(
-            f"cannot resume: '{path}' holds a '{holder}' run, not '{command}' (resume only continues the same command)",
+            f"cannot resume: '{where}' holds a '{holder}' run, not '{command}' (resume only continues the same "
+            "command)",
             parameter="resume",
         )
-    if holder is None and not (path / PER_DOCUMENT).is_dir():
+    if holder is None and not (where / PER_DOCUMENT).is_dir():
         raise FIError(
-            f"cannot resume: '{path}' holds other results ({', '.join(found[:4])}), not a stopped run; "
+            f"cannot resume: '{where}' holds other results ({', '.join(found[:4])}), not a stopped run; "
             "choose another out_dir or pass overwrite",
             parameter=("out_dir", "overwrite"),
         )
@@ -266,6 +308,10 @@ class ResumableRun:
 
     The constructor only checks (:func:`check_run_dir`, and on ``--resume`` the saved settings); the
     directory and settings.json are written when the first document finishes (:meth:`run`).
+
+    ``path`` is where the run writes: ``out_dir`` itself, or for ``--overwrite`` of a directory holding
+    results (and ``--resume`` of such an overwrite, interrupted) its staging directory
+    (:func:`overwrite_staging`); :meth:`finish` then makes it ``out_dir``. ``out`` is ``out_dir``.
     """
 
     def __init__(
@@ -281,10 +327,20 @@ class ResumableRun:
         self.world = world or distributed.current()
         if self.world.restart > 0:  # torchrun --max-restarts: the restarted ranks continue what the first ones began
             resume, overwrite = True, False
-        self.path = check_run_dir(out_dir, command, resume, overwrite)
+        self.out = check_run_dir(out_dir, command, resume, overwrite)
         self.command, self.resume, self.overwrite, self.note = command, resume, overwrite, note
         self.settings = json.loads(json.dumps(settings, default=str))  # normalised as it will be read back
         self._started = False
+        if overwrite:
+            self.staged = bool(results.held_results(self.out))  # the old results stay until the new run is done
+        else:
+            self.staged = resume and interrupted_overwrite(self.out) is not None
+        self.path = overwrite_staging(self.out) if self.staged else self.out
+        if self.staged and resume and self.world.main:
+            note(
+                f"note: resuming the interrupted overwrite in '{self.path}'; '{self.out}' keeps its old results "
+                "until it finishes"
+            )
         saved_file = self.path / SETTINGS
         if resume and saved_file.exists():
             diff = _differences(_read_settings(saved_file)["settings"], self.settings)
@@ -297,16 +353,30 @@ class ResumableRun:
         # settings.json missing but per_document/ present: each unit's own settings decide (see _problem)
 
     def _start(self) -> None:
-        """Create the directory (clearing old results for --overwrite) and write settings.json, once."""
+        """Create the directory and write settings.json, once. ``--overwrite`` first removes the staging
+        directory of an earlier, interrupted overwrite (it starts over), and clears ``out`` only when the
+        run writes there itself (it held no results when the run was checked)."""
         if self._started:
             return
         if self.overwrite:
-            results.clear_results(self.path)
+            results.remove_tree(overwrite_staging(self.out))
+            if not self.staged:
+                results.clear_results(self.path)
         self._created_dir = not self.path.exists()
         self._fresh_settings = not (self.path / SETTINGS).exists()
         results.make_dir(self.path)
         results.write_json(self.path / SETTINGS, {"command": self.command, "settings": self.settings})
         self._started = True
+
+    def finish(self) -> Path:
+        """After the run's last file (rank 0; the summaries and the manifest included): a staged run's
+        directory becomes ``out`` by renames (:func:`~fi_toolkit.runs.results.swap_in`; the old results
+        replaced, the user's other files in ``out`` kept), so ``out`` holds the old run whole or the new one
+        whole at every moment. -> ``out``."""
+        if self.staged and self.path != self.out:
+            results.swap_in(self.path, self.out, replaced=results.result_entry)
+            self.path = self.out
+        return self.out
 
     def doc_dir(self, key: str) -> Path:
         return self.path / PER_DOCUMENT / key
@@ -433,6 +503,9 @@ class ResumableRun:
         Sharded (more than one rank): each rank computes its share (``costs``, default the token counts,
         balance it); rank 0 returns the combined tables, the other ranks None. ``assemble``: units are
         :class:`Part` s, and each document's tables are made from its parts' at the merge.
+
+        The tables are written under :attr:`path`; rank 0 calls :meth:`finish` once it has written its
+        last file there (a staged ``--overwrite`` becomes ``out`` only then).
         """
         keys = document_keys([d.name for d in documents])
         if self.world.sharded:
@@ -456,8 +529,9 @@ class ResumableRun:
         if world.main:
             todo = self._pending(keys, documents, on_skip)
             self._start()
-            plan = (todo, new_session())
-        todo, self.session = world.broadcast(plan)
+            plan = (todo, new_session(), str(self.path), self.staged)
+        todo, self.session, path, self.staged = world.broadcast(plan)
+        self.path = Path(path)  # every rank writes where rank 0 decided (out, or the overwrite's staging directory)
         self._started = True  # rank 0 made the directory (and cleared it for --overwrite)
         costs = [len(d) for d in documents] if costs is None else list(costs)
         groups = [id(document_of(d)) for d in documents]  # a document's parts share its trace: keep them together

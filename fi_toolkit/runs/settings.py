@@ -59,7 +59,8 @@ class RunSettings:
     """Where a resumable run (``fi correlate``, ``fi nearfar``, ``fi eval``) writes its results.
 
     ``out``: the results directory; ``resume``: continue a stopped run of the same command there;
-    ``overwrite``: replace what is there. A string ``out`` becomes a :class:`~pathlib.Path`.
+    ``overwrite``: replace what is there (the new run is computed beside it and swapped in when complete;
+    ``resume`` finishes an interrupted overwrite). A string ``out`` becomes a :class:`~pathlib.Path`.
     """
 
     out: Path = field(default=Path("runs"), metadata=option("--out", "-o", help="Results directory."))
@@ -67,12 +68,17 @@ class RunSettings:
         default=False,
         metadata=option(
             "--resume/--no-resume",
-            help="Continue a stopped run of the same command in --out: skip finished documents "
-            "(same settings only; a finished document that fails its checks is recomputed).",
+            help="Continue a stopped run of the same command in --out, or an interrupted --overwrite of it: skip "
+            "finished documents (same settings only; a finished document that fails its checks is recomputed).",
         ),
     )
     overwrite: bool = field(
-        default=False, metadata=option("--overwrite/--no-overwrite", help="Replace the results already in --out.")
+        default=False,
+        metadata=option(
+            "--overwrite/--no-overwrite",
+            help="Replace the results already in --out; the new run is computed beside it (.NAME.overwrite) and "
+            "replaces the old one only when complete, so an interrupted overwrite leaves them whole.",
+        ),
     )
 
     def __post_init__(self):

@@ -119,6 +119,7 @@ def execute_run(
     results.write_json(
         run.path / "manifest.json", _manifest(lm, run, started, time.perf_counter() - t0, keys, extra(tables))
     )
+    run.finish()  # --overwrite: the new run, complete, replaces the old one only now
     return tables
 
 
