@@ -10,6 +10,7 @@ the 92 positions the random anchor may draw with a window of 32), replay every 3
 from __future__ import annotations
 
 import importlib.util
+import re
 
 import numpy as np
 import pandas as pd
@@ -89,6 +90,7 @@ def test_field_cells_equal_fi_probe_and_fi_eval_bit_for_bit(tmp_path, capsys):
     md = (tmp_path / "report" / "report.md").read_text()
     near = fi[(fi["chunk"] == "128:160") & (fi["kind"] == "policy")].groupby("method")["fi"].mean()
     assert f"keep=0.5, near chunk: lowest FI {near.idxmin()} ({near.min():.3g} nats)" in md
+    assert not re.search(r"\bnan\b", md, re.I)
     assert sorted(p.name for p in (tmp_path / "report" / "figures").glob("*.png")) == [
         "field__fi_vs_replay.png",
         "field__field_headroom.png",

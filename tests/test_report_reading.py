@@ -323,3 +323,46 @@ def test_probe_headline_compares_sets_of_equal_size(tmp_path):
         "(0.205 nats)" in lines  # fmt: skip
     for line in lines:  # a line names sets of one size only
         assert len(set(re.findall(r"(\d+) removed", line))) == 1, line
+
+
+def test_field_figures_fit_their_data_with_one_document_and_a_method_far_below_random():
+    """The field map's bars stop at -1 (random positions that evict the sinks reach -10): the axis still fits
+    what is drawn, no label runs into the next panel, and one document (no CI) draws without an error bar."""
+    from fi_toolkit.report.field_figures import fi_vs_replay, field_headroom
+
+    rows = []
+    for budget in ("keep=0.25", "keep=0.5"):
+        for method, kind, near, far in (
+            ("fi-oracle", "anchor", 1.0, 1.0),
+            ("random-positions", "anchor", 0.0, 0.0),
+            ("kvpress:ExpectedAttentionPress", "press", 0.71, 0.57),
+            ("h2o", "policy", 0.48, 0.32),
+            ("random", "policy", -3.3, -11.7),
+        ):
+            rows.append(
+                {
+                    "method": method,
+                    "kind": kind,
+                    "budget": budget,
+                    "fi_near": 0.2 * (1.5 - near / 4),
+                    "headroom_near": near,
+                    "headroom_low_near": np.nan,
+                    "headroom_high_near": np.nan,
+                    "fi_far": 0.05 * (1.5 - far / 12),
+                    "headroom_far": far,
+                    "headroom_low_far": np.nan,
+                    "headroom_high_far": np.nan,
+                    "replay_kl": np.nan if kind == "anchor" else 0.1 * (2 - near),
+                }
+            )
+    board = pd.DataFrame(rows)
+    for fig in (field_headroom(board, "caption"), fi_vs_replay(board, "caption")):
+        assert fig is not None
+        assert axis_faults(fig) == []
+        assert overlapping_labels(fig) == []
+        assert fig.get_suptitle() or fig.axes[0].get_title()
+        plt.close(fig)
+    fig = field_headroom(board, "caption")
+    written = {t.get_text() for ax in fig.axes for t in ax.texts}
+    assert {"-3.3 ◀", "-11.7 ◀"} <= written  # the values past the axis's end are written on their bars
+    plt.close(fig)

@@ -5,7 +5,7 @@
   saw the chunk), a ratio of means over documents with a paired bootstrap CI over documents
   (:func:`fi_toolkit.probe.headroom.gap_closed`, ``scipy.stats.bootstrap``);
 - ``leaderboard``: one row per method x budget: mean FI per chunk, headroom with its CI (spelled ``n/a (needs
-  >= 2 documents)`` where one document gives none), mean replay KL, seconds per compression, and the rank by
+  ≥ 2 documents)`` where one document gives none), mean replay KL, seconds per compression, and the rank by
   FI on the nearest chunk within the budget;
 - ``tests``: per budget and metric (FI on each chunk, replay KL), each method against the best one (the lowest
   mean) paired over documents: a one-sided Wilcoxon signed-rank test that the method's value is greater
@@ -24,7 +24,7 @@ from scipy import stats
 from fi_toolkit.probe.headroom import gap_closed
 from fi_toolkit.studies.field_spec import ANCHOR, ORACLE_ANCHOR, RANDOM_ANCHOR
 
-NEEDS_TWO = "n/a (needs >= 2 documents)"
+NEEDS_TWO = "n/a (needs ≥ 2 documents)"  # the wording of fi_toolkit.report.display
 NO_GAP = "n/a (the oracle equals random)"
 IDENTICAL = "n/a (equal on every document)"
 TEST_COLUMNS = [
