@@ -5,7 +5,18 @@ computable at the compression point from :class:`Signals` alone, per (layer, KV 
 - ``kv_head``: the KV head's index (constant over a head);
 - ``keydiff``: KeyDiff's score (arXiv 2504.15364), ``-cos(k_j, a)`` with the anchor ``a`` the mean of the
   head's L2-normalised (rotated) keys over every slot it holds at this compression (higher = more distinct
-  = keep). Simplified: the paper's anchor is the same mean; its block-wise variant is not used.
+  = keep). Simplified: the paper's anchor is the same mean; its block-wise variant is not used;
+- ``vnorm``: ``||v_j||``, the L2 norm of the slot's value in the KV head;
+- ``wo_vnorm``: ``mean_{h in G} ||W_o^h v_j||`` over the query heads ``G`` of the KV group (query head ``h``
+  reads KV head ``h // (Hq / Hkv)``, as ``repeat_kv`` lays them out), with ``W_o^h`` the columns
+  ``[h d, (h + 1) d)`` of the layer's ``o_proj`` weight: how far the slot's value can move the attention's
+  output per unit of attention (the value side of value-aware pruning and CriticalKV).
+  The mean, not the sum, so that groups of every size share one scale;
+- ``acc_wo_vnorm``: H2O's accumulated attention of the slot times ``wo_vnorm``, the attention-weighted
+  output norm (the accumulator is per KV head, so the product is too).
+
+The value side reads ``Signals.values`` (the cache's values) and ``Signals.out_proj`` (the layers'
+``o_proj`` weights; from ``Signals.model`` when the signals carry none).
 
 Nothing reads a token after the compression point: every value is a function of the slots held then.
 """
@@ -27,6 +38,9 @@ EXTRA = {
     "depth": "layer / number of layers",
     "kv_head": "index of the KV head",
     "keydiff": "KeyDiff: -cos(key, mean normalised key of the head)",
+    "vnorm": "L2 norm of the value",
+    "wo_vnorm": "mean over the group's query heads h of ||W_o^h v||",
+    "acc_wo_vnorm": "accumulated attention x wo_vnorm",
 }
 LEARNED_FEATURES = (*FEATURES, *EXTRA)
 ROW_FEATURES = ("depth", "kv_head")  # known from a row's layer and head: fi fit-data stores no column for them
@@ -39,6 +53,55 @@ def keydiff(keys: torch.Tensor) -> torch.Tensor:
     k = torch.nn.functional.normalize(keys[0].double(), dim=-1)
     anchor = torch.nn.functional.normalize(k.mean(dim=1, keepdim=True), dim=-1)
     return -(k * anchor).sum(dim=-1)
+
+
+def vnorm(values: torch.Tensor) -> torch.Tensor:
+    """``||v||`` of values ``[1, Hkv, n, d]`` -> ``[Hkv, n]`` float64."""
+    return values[0].double().norm(dim=-1)
+
+
+def wo_vnorm(values: torch.Tensor, out_proj: torch.Tensor) -> torch.Tensor:
+    """``mean_{h in G(k)} ||W_o^h v_{k,j}||`` of values ``[1, Hkv, n, d]`` and an ``o_proj`` weight
+    ``[hidden, Hq * d]`` -> ``[Hkv, n]`` float64 (module docstring). Computed as the quadratic form
+    ``v' (W_o^h' W_o^h) v`` with each head's ``d x d`` Gram matrix, so no ``[Hq, n, hidden]`` product is built."""
+    import torch
+
+    v = values[0].double()
+    hkv, n, d = v.shape
+    hidden, width = out_proj.shape
+    if width % d or (width // d) % hkv:
+        raise FIError(f"o_proj takes {width} inputs: not a whole number of {d}-wide heads per {hkv} KV heads")
+    hq = width // d
+    w = out_proj.detach().to(device=v.device, dtype=torch.float64).reshape(hidden, hkv, hq // hkv, d)
+    gram = torch.einsum("okgd,okge->kgde", w, w)  # [Hkv, group, d, d]
+    squared = torch.einsum("knd,kgde,kne->kgn", v, gram, v)
+    return squared.clamp_min(0).sqrt().mean(dim=1)
+
+
+def _out_proj(s: Signals, layer: int) -> torch.Tensor:
+    if s.out_proj is not None:
+        return s.out_proj[layer]
+    if s.model is not None:
+        from fi_toolkit.model.architectures import decoder_parts
+
+        o_proj = getattr(decoder_parts(s.model)[0][layer].self_attn, "o_proj", None)
+        if getattr(o_proj, "weight", None) is not None:
+            return o_proj.weight
+    raise FIError("the learned policy's wo_vnorm needs the attention's o_proj weight; these signals carry none")
+
+
+def _values(s: Signals, layer: int, name: str) -> torch.Tensor:
+    if s.values is None:
+        raise FIError(f"the learned policy's {name} needs the cache's values; these signals carry none")
+    return s.values[layer]
+
+
+def _accumulated(s: Signals, layer: int) -> torch.Tensor:
+    if s.accumulated is None:
+        raise FIError(
+            "the learned policy's acc_wo_vnorm needs accumulated attention; these signals were tracked without it"
+        )
+    return s.accumulated[layer].double()
 
 
 def learned_matrix(s: Signals, layer: int, names, entropy_of: str, tau: float) -> torch.Tensor:
@@ -56,6 +119,11 @@ def learned_matrix(s: Signals, layer: int, names, entropy_of: str, tau: float) -
             rows.append(torch.arange(hkv, dtype=torch.float64, device=device)[:, None].expand(hkv, n))
         elif name == "keydiff":
             rows.append(keydiff(s.keys[layer]))
+        elif name == "vnorm":
+            rows.append(vnorm(_values(s, layer, name)))
+        elif name in ("wo_vnorm", "acc_wo_vnorm"):
+            out = wo_vnorm(_values(s, layer, name), _out_proj(s, layer))
+            rows.append(out if name == "wo_vnorm" else _accumulated(s, layer).to(out.device) * out)
         else:
             rows.append(feature_matrix(s, layer, [name], entropy_of, tau)[0])
     return torch.stack(rows)
