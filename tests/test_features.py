@@ -13,7 +13,7 @@ import torch
 
 from fi_toolkit import SignalConfig
 from fi_toolkit.errors import FIError
-from fi_toolkit.policies.features import learned_matrix
+from fi_toolkit.policies.features import learned_matrix, wo_vnorm
 from fi_toolkit.signals.policy_view import Signals
 from fi_toolkit.signals.trace import trace_prefix
 
@@ -99,3 +99,13 @@ def test_features_at_p_ignore_the_text_after_it(tiny, tiny_ids):
         torch.testing.assert_close(
             learned_matrix(full, layer, names, "produced", 1.0), learned_matrix(cut, layer, names, "produced", 1.0)
         )
+
+
+def test_wo_vnorm_follows_an_o_proj_changed_in_place():
+    """The head Gram matrices are kept per weight; a weight scaled in place scales wo_vnorm with it."""
+    gen = torch.Generator().manual_seed(0)
+    weight, values = torch.randn(12, 8, generator=gen), torch.randn(1, 2, 5, 2, generator=gen)  # 4 heads, 2 KV
+    first = wo_vnorm(values, weight)
+    assert torch.equal(wo_vnorm(values, weight), first)
+    weight.mul_(3.0)
+    torch.testing.assert_close(wo_vnorm(values, weight), 3.0 * first)

@@ -60,21 +60,39 @@ def vnorm(values: torch.Tensor) -> torch.Tensor:
     return values[0].double().norm(dim=-1)
 
 
-def wo_vnorm(values: torch.Tensor, out_proj: torch.Tensor) -> torch.Tensor:
-    """``mean_{h in G(k)} ||W_o^h v_{k,j}||`` of values ``[1, Hkv, n, d]`` and an ``o_proj`` weight
-    ``[hidden, Hq * d]`` -> ``[Hkv, n]`` float64 (module docstring). Computed as the quadratic form
-    ``v' (W_o^h' W_o^h) v`` with each head's ``d x d`` Gram matrix, so no ``[Hq, n, hidden]`` product is built."""
+_GRAMS: dict[int, tuple] = {}  # id(o_proj weight) -> (weakref to it, its version, device, head Gram matrices)
+
+
+def head_grams(out_proj: torch.Tensor, hkv: int, d: int, device) -> torch.Tensor:
+    """``W_o^h' W_o^h`` of every query head of an ``o_proj`` weight ``[hidden, Hq * d]``, laid out by KV group
+    -> ``[Hkv, Hq / Hkv, d, d]`` float64 on ``device``. A constant of the model: kept per weight (while it lives
+    and is not changed in place), so a compression pays for it once."""
+    import weakref
+
     import torch
 
-    v = values[0].double()
-    hkv, n, d = v.shape
     hidden, width = out_proj.shape
     if width % d or (width // d) % hkv:
         raise FIError(f"o_proj takes {width} inputs: not a whole number of {d}-wide heads per {hkv} KV heads")
-    hq = width // d
-    w = out_proj.detach().to(device=v.device, dtype=torch.float64).reshape(hidden, hkv, hq // hkv, d)
-    gram = torch.einsum("okgd,okge->kgde", w, w)  # [Hkv, group, d, d]
-    squared = torch.einsum("knd,kgde,kne->kgn", v, gram, v)
+    key = id(out_proj)
+    hit = _GRAMS.get(key)
+    if hit is not None and hit[0]() is out_proj and hit[1] == out_proj._version and hit[2] == (device, hkv, d):
+        return hit[3]
+    w = out_proj.detach().to(device=device, dtype=torch.float64).reshape(hidden, hkv, width // d // hkv, d)
+    a = w.permute(1, 2, 3, 0)  # [Hkv, group, d, hidden]
+    gram = a @ a.transpose(-1, -2)
+    _GRAMS[key] = (weakref.ref(out_proj), out_proj._version, (device, hkv, d), gram)
+    return gram
+
+
+def wo_vnorm(values: torch.Tensor, out_proj: torch.Tensor) -> torch.Tensor:
+    """``mean_{h in G(k)} ||W_o^h v_{k,j}||`` of values ``[1, Hkv, n, d]`` and an ``o_proj`` weight
+    ``[hidden, Hq * d]`` -> ``[Hkv, n]`` float64 (module docstring). Computed as the quadratic form
+    ``v' (W_o^h' W_o^h) v`` with each head's ``d x d`` Gram matrix (:func:`head_grams`), so no
+    ``[Hq, n, hidden]`` product is built."""
+    v = values[0].double()[:, None]  # [Hkv, 1, n, d]
+    gram = head_grams(out_proj, v.shape[0], v.shape[-1], v.device)
+    squared = ((v @ gram) * v).sum(dim=-1)  # [Hkv, group, n]
     return squared.clamp_min(0).sqrt().mean(dim=1)
 
 
@@ -111,7 +129,7 @@ def learned_matrix(s: Signals, layer: int, names, entropy_of: str, tau: float) -
 
     hkv, n = int(s.keys[layer].shape[1]), s.slots(layer)
     device = s.keys[layer].device
-    rows = []
+    rows, wo = [], None
     for name in names:
         if name == "depth":
             rows.append(torch.full((hkv, n), layer / s.num_layers, dtype=torch.float64, device=device))
@@ -122,8 +140,8 @@ def learned_matrix(s: Signals, layer: int, names, entropy_of: str, tau: float) -
         elif name == "vnorm":
             rows.append(vnorm(_values(s, layer, name)))
         elif name in ("wo_vnorm", "acc_wo_vnorm"):
-            out = wo_vnorm(_values(s, layer, name), _out_proj(s, layer))
-            rows.append(out if name == "wo_vnorm" else _accumulated(s, layer).to(out.device) * out)
+            wo = wo_vnorm(_values(s, layer, name), _out_proj(s, layer)) if wo is None else wo
+            rows.append(wo if name == "wo_vnorm" else _accumulated(s, layer).to(wo.device) * wo)
         else:
             rows.append(feature_matrix(s, layer, [name], entropy_of, tau)[0])
     return torch.stack(rows)
