@@ -1,15 +1,19 @@
 """The learned policy's extra features (:mod:`fi_toolkit.policies.features`) against explicit loops over
-slots with Python's math (no torch vector code), and their independence of the text after the
-compression point."""
+slots with Python's math (no torch vector code), the value side against the attention module's own
+``o_proj`` run on each head's value placed alone in its input, and their independence of the text after
+the compression point."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
+import pytest
 import torch
 
 from fi_toolkit import SignalConfig
-from fi_toolkit.policies.features import learned_matrix
+from fi_toolkit.errors import FIError
+from fi_toolkit.policies.features import learned_matrix, wo_vnorm
 from fi_toolkit.signals.policy_view import Signals
 from fi_toolkit.signals.trace import trace_prefix
 
@@ -35,11 +39,73 @@ def test_keydiff_depth_and_head_by_explicit_loops(tiny, tiny_ids):
             assert x[1, h, j].item() == layer / s.num_layers and x[2, h, j].item() == h
 
 
+def _wo_vnorm_by_o_proj(model, s, layer):
+    """``[Hkv][n]`` mean over the group's query heads of ``||o_proj(x)||``, ``x`` zero but for head h's slice
+    ``= v`` (the module's bias, if any, taken off), norms in Python's math."""
+    attn = model.base_model.layers[layer].self_attn
+    values = s.values[layer][0]  # [Hkv, n, d]
+    hkv, n, d = values.shape
+    hq = model.config.num_attention_heads
+    bias = attn.o_proj(torch.zeros(hq * d))
+    out = []
+    for k in range(hkv):
+        heads = range(k * hq // hkv, (k + 1) * hq // hkv)
+        row = []
+        for j in range(n):
+            norms = []
+            for h in heads:
+                x = torch.zeros(hq * d)
+                x[h * d : (h + 1) * d] = values[k, j]
+                y = (attn.o_proj(x) - bias).tolist()
+                norms.append(math.sqrt(sum(c * c for c in y)))
+            row.append(sum(norms) / len(norms))
+        out.append(row)
+    return out
+
+
+def test_value_side_by_the_modules_own_o_proj(tiny, tiny_ids):
+    s = Signals.from_trace(trace_prefix(tiny.model, tiny_ids, P, CONFIG))
+    assert tiny.model.config.num_attention_heads == 2 * s.keys[0].shape[1]  # two query heads per KV head
+    for layer in (0, 3):
+        x = learned_matrix(s, layer, ["vnorm", "wo_vnorm", "acc_wo_vnorm"], "produced", 1.0)
+        wo = _wo_vnorm_by_o_proj(tiny.model, s, layer)
+        values = s.values[layer][0].double().tolist()
+        acc = s.accumulated[layer].tolist()
+        for k, head in enumerate(values):
+            for j, v in enumerate(head):
+                assert math.isclose(x[0, k, j].item(), math.sqrt(sum(c * c for c in v)), rel_tol=1e-9)
+                assert math.isclose(x[1, k, j].item(), wo[k][j], rel_tol=1e-5)
+                assert math.isclose(x[2, k, j].item(), acc[k][j] * wo[k][j], rel_tol=1e-5, abs_tol=1e-12)
+
+
+def test_value_side_reads_the_model_when_the_signals_carry_no_projections(tiny, tiny_ids):
+    s = Signals.from_trace(trace_prefix(tiny.model, tiny_ids, P, CONFIG))
+    with_model = dataclasses.replace(s, out_proj=None, model=tiny.model)
+    torch.testing.assert_close(
+        learned_matrix(with_model, 1, ["wo_vnorm"], "produced", 1.0),
+        learned_matrix(s, 1, ["wo_vnorm"], "produced", 1.0),
+    )
+    with pytest.raises(FIError, match="wo_vnorm needs the attention's o_proj weight"):
+        learned_matrix(dataclasses.replace(s, out_proj=None), 1, ["wo_vnorm"], "produced", 1.0)
+    with pytest.raises(FIError, match="vnorm needs the cache's values"):
+        learned_matrix(dataclasses.replace(s, values=None), 1, ["vnorm"], "produced", 1.0)
+
+
 def test_features_at_p_ignore_the_text_after_it(tiny, tiny_ids):
-    names = ["keydiff", "depth", "kv_head", "log_accumulated", "attention"]
+    names = ["keydiff", "depth", "kv_head", "log_accumulated", "attention", "vnorm", "wo_vnorm", "acc_wo_vnorm"]
     full = Signals.from_trace(trace_prefix(tiny.model, tiny_ids, P, CONFIG))
     cut = Signals.from_trace(trace_prefix(tiny.model, tiny_ids[:P].clone(), P, CONFIG))
     for layer in range(full.num_layers):
         torch.testing.assert_close(
             learned_matrix(full, layer, names, "produced", 1.0), learned_matrix(cut, layer, names, "produced", 1.0)
         )
+
+
+def test_wo_vnorm_follows_an_o_proj_changed_in_place():
+    """The head Gram matrices are kept per weight; a weight scaled in place scales wo_vnorm with it."""
+    gen = torch.Generator().manual_seed(0)
+    weight, values = torch.randn(12, 8, generator=gen), torch.randn(1, 2, 5, 2, generator=gen)  # 4 heads, 2 KV
+    first = wo_vnorm(values, weight)
+    assert torch.equal(wo_vnorm(values, weight), first)
+    weight.mul_(3.0)
+    torch.testing.assert_close(wo_vnorm(values, weight), 3.0 * first)

@@ -189,7 +189,7 @@ def fit(
     learner: str = typer.Option(
         "ridge",
         help="'ridge' (a linear score, fitted:path=FILE) or 'lambdarank' (LightGBM LambdaRank on within-head FI "
-        "ranks, learned:path=FILE; its features add depth, kv_head and keydiff).",
+        "ranks, learned:path=FILE; its features add depth, kv_head, keydiff, vnorm, wo_vnorm and acc_wo_vnorm).",
     ),
     overwrite: bool = typer.Option(False, help="Replace --out if it exists."),
 ):

@@ -5,7 +5,18 @@ computable at the compression point from :class:`Signals` alone, per (layer, KV 
 - ``kv_head``: the KV head's index (constant over a head);
 - ``keydiff``: KeyDiff's score (arXiv 2504.15364), ``-cos(k_j, a)`` with the anchor ``a`` the mean of the
   head's L2-normalised (rotated) keys over every slot it holds at this compression (higher = more distinct
-  = keep). Simplified: the paper's anchor is the same mean; its block-wise variant is not used.
+  = keep). Simplified: the paper's anchor is the same mean; its block-wise variant is not used;
+- ``vnorm``: ``||v_j||``, the L2 norm of the slot's value in the KV head;
+- ``wo_vnorm``: ``mean_{h in G} ||W_o^h v_j||`` over the query heads ``G`` of the KV group (query head ``h``
+  reads KV head ``h // (Hq / Hkv)``, as ``repeat_kv`` lays them out), with ``W_o^h`` the columns
+  ``[h d, (h + 1) d)`` of the layer's ``o_proj`` weight: how far the slot's value can move the attention's
+  output per unit of attention (the value side of value-aware pruning and CriticalKV).
+  The mean, not the sum, so that groups of every size share one scale;
+- ``acc_wo_vnorm``: H2O's accumulated attention of the slot times ``wo_vnorm``, the attention-weighted
+  output norm (the accumulator is per KV head, so the product is too).
+
+The value side reads ``Signals.values`` (the cache's values) and ``Signals.out_proj`` (the layers'
+``o_proj`` weights; from ``Signals.model`` when the signals carry none).
 
 Nothing reads a token after the compression point: every value is a function of the slots held then.
 """
@@ -27,6 +38,9 @@ EXTRA = {
     "depth": "layer / number of layers",
     "kv_head": "index of the KV head",
     "keydiff": "KeyDiff: -cos(key, mean normalised key of the head)",
+    "vnorm": "L2 norm of the value",
+    "wo_vnorm": "mean over the group's query heads h of ||W_o^h v||",
+    "acc_wo_vnorm": "accumulated attention x wo_vnorm",
 }
 LEARNED_FEATURES = (*FEATURES, *EXTRA)
 ROW_FEATURES = ("depth", "kv_head")  # known from a row's layer and head: fi fit-data stores no column for them
@@ -41,6 +55,73 @@ def keydiff(keys: torch.Tensor) -> torch.Tensor:
     return -(k * anchor).sum(dim=-1)
 
 
+def vnorm(values: torch.Tensor) -> torch.Tensor:
+    """``||v||`` of values ``[1, Hkv, n, d]`` -> ``[Hkv, n]`` float64."""
+    return values[0].double().norm(dim=-1)
+
+
+_GRAMS: dict[int, tuple] = {}  # id(o_proj weight) -> (weakref to it, its version, device, head Gram matrices)
+
+
+def head_grams(out_proj: torch.Tensor, hkv: int, d: int, device) -> torch.Tensor:
+    """``W_o^h' W_o^h`` of every query head of an ``o_proj`` weight ``[hidden, Hq * d]``, laid out by KV group
+    -> ``[Hkv, Hq / Hkv, d, d]`` float64 on ``device``. A constant of the model: kept per weight (while it lives
+    and is not changed in place), so a compression pays for it once."""
+    import weakref
+
+    import torch
+
+    hidden, width = out_proj.shape
+    if width % d or (width // d) % hkv:
+        raise FIError(f"o_proj takes {width} inputs: not a whole number of {d}-wide heads per {hkv} KV heads")
+    key = id(out_proj)
+    hit = _GRAMS.get(key)
+    if hit is not None and hit[0]() is out_proj and hit[1] == out_proj._version and hit[2] == (device, hkv, d):
+        return hit[3]
+    w = out_proj.detach().to(device=device, dtype=torch.float64).reshape(hidden, hkv, width // d // hkv, d)
+    a = w.permute(1, 2, 3, 0)  # [Hkv, group, d, hidden]
+    gram = a @ a.transpose(-1, -2)
+    _GRAMS[key] = (weakref.ref(out_proj), out_proj._version, (device, hkv, d), gram)
+    return gram
+
+
+def wo_vnorm(values: torch.Tensor, out_proj: torch.Tensor) -> torch.Tensor:
+    """``mean_{h in G(k)} ||W_o^h v_{k,j}||`` of values ``[1, Hkv, n, d]`` and an ``o_proj`` weight
+    ``[hidden, Hq * d]`` -> ``[Hkv, n]`` float64 (module docstring). Computed as the quadratic form
+    ``v' (W_o^h' W_o^h) v`` with each head's ``d x d`` Gram matrix (:func:`head_grams`), so no
+    ``[Hq, n, hidden]`` product is built."""
+    v = values[0].double()[:, None]  # [Hkv, 1, n, d]
+    gram = head_grams(out_proj, v.shape[0], v.shape[-1], v.device)
+    squared = ((v @ gram) * v).sum(dim=-1)  # [Hkv, group, n]
+    return squared.clamp_min(0).sqrt().mean(dim=1)
+
+
+def _out_proj(s: Signals, layer: int) -> torch.Tensor:
+    if s.out_proj is not None:
+        return s.out_proj[layer]
+    if s.model is not None:
+        from fi_toolkit.model.architectures import decoder_parts
+
+        o_proj = getattr(decoder_parts(s.model)[0][layer].self_attn, "o_proj", None)
+        if getattr(o_proj, "weight", None) is not None:
+            return o_proj.weight
+    raise FIError("the learned policy's wo_vnorm needs the attention's o_proj weight; these signals carry none")
+
+
+def _values(s: Signals, layer: int, name: str) -> torch.Tensor:
+    if s.values is None:
+        raise FIError(f"the learned policy's {name} needs the cache's values; these signals carry none")
+    return s.values[layer]
+
+
+def _accumulated(s: Signals, layer: int) -> torch.Tensor:
+    if s.accumulated is None:
+        raise FIError(
+            "the learned policy's acc_wo_vnorm needs accumulated attention; these signals were tracked without it"
+        )
+    return s.accumulated[layer].double()
+
+
 def learned_matrix(s: Signals, layer: int, names, entropy_of: str, tau: float) -> torch.Tensor:
     """The features ``names`` (of :data:`LEARNED_FEATURES`) of every slot of one layer -> ``[F, Hkv, n_l]``
     float64."""
@@ -48,7 +129,7 @@ def learned_matrix(s: Signals, layer: int, names, entropy_of: str, tau: float) -
 
     hkv, n = int(s.keys[layer].shape[1]), s.slots(layer)
     device = s.keys[layer].device
-    rows = []
+    rows, wo = [], None
     for name in names:
         if name == "depth":
             rows.append(torch.full((hkv, n), layer / s.num_layers, dtype=torch.float64, device=device))
@@ -56,6 +137,11 @@ def learned_matrix(s: Signals, layer: int, names, entropy_of: str, tau: float) -
             rows.append(torch.arange(hkv, dtype=torch.float64, device=device)[:, None].expand(hkv, n))
         elif name == "keydiff":
             rows.append(keydiff(s.keys[layer]))
+        elif name == "vnorm":
+            rows.append(vnorm(_values(s, layer, name)))
+        elif name in ("wo_vnorm", "acc_wo_vnorm"):
+            wo = wo_vnorm(_values(s, layer, name), _out_proj(s, layer)) if wo is None else wo
+            rows.append(wo if name == "wo_vnorm" else _accumulated(s, layer).to(wo.device) * wo)
         else:
             rows.append(feature_matrix(s, layer, [name], entropy_of, tau)[0])
     return torch.stack(rows)

@@ -5,7 +5,8 @@ Influence (:mod:`fi_toolkit.studies.learned`).
 Features: those of :data:`fi_toolkit.policies.fitted.FEATURES` (SnapKV's window attention, arXiv 2404.14469;
 H2O's accumulator, arXiv 2306.14048; InfoKV's entropies, D^(l) and E^(l), arXiv 2606.26875; key norm, recency,
 position) plus :data:`fi_toolkit.policies.features.EXTRA`
-(depth, KV head index, KeyDiff's score). All come from :class:`Signals` at the compression point, so the policy
+(depth, KV head index, KeyDiff's score, and the value side: ``||v||``, ``||W_o v||`` and accumulated
+attention times ``||W_o v||``). All come from :class:`Signals` at the compression point, so the policy
 never reads a token after it (``entropy_next`` alone is prefill-only, as for the fitted policy).
 
 The model file is JSON (never pickle): format :data:`FORMAT`, the feature names, LightGBM's
@@ -182,7 +183,7 @@ class Learned(Fitted):
             raise FIError(f"learned policy '{self.path}' was trained with window {trained_window}, not {self.window}")
         names = self.fit["features"]
         self.needs_token_signals = any(n in TOKEN_FEATURES for n in names)
-        self.tracks_accumulated = "log_accumulated" in names
+        self.tracks_accumulated = any(n in ("log_accumulated", "acc_wo_vnorm") for n in names)
 
     def linear_score(self, s: Signals, layer: int) -> torch.Tensor:
         """The model's score of every slot -> ``[Hkv, n_l]`` float64 (the trees evaluated in numpy)."""

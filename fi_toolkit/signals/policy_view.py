@@ -37,6 +37,9 @@ class Signals:
     values: list[torch.Tensor] | None = None  # [1, Hkv, n_l, head_dim], the cache's values
     inputs: list[torch.Tensor] | None = None  # [1, m, d]: attention inputs of the rows fed since the last compression
     rope: tuple | None = None  # (cos, sin) [1, m, head_dim]: the position embeddings of those rows
+    # per layer, the attention's output projection weight o_proj [hidden, Hq * head_dim] (the model's own
+    # parameter, not a copy): the value-side features read W_o^h from it
+    out_proj: list[torch.Tensor] | None = None
 
     def __post_init__(self):
         if not self.protected:
@@ -51,7 +54,8 @@ class Signals:
 
     @classmethod
     def from_trace(cls, trace) -> Signals:
-        """Prefill signals of a :class:`~fi_toolkit.signals.trace.Trace`: slots are prompt positions."""
+        """Prefill signals of a :class:`~fi_toolkit.signals.trace.Trace`: slots are prompt positions; the
+        cache's values and the output projections are the trace's."""
         p, hkv, device = trace.prefix_len, trace.num_kv_heads, trace.keys[0].device
         positions = torch.arange(p, device=device).expand(hkv, p)
         entropy = trace.entropy.to(device).expand(hkv, p)
@@ -64,4 +68,6 @@ class Signals:
             distance=[d.to(device).expand(hkv, p) for d in trace.distance],
             attention=[a.to(device) for a in trace.attention],
             accumulated=[a.to(device) for a in trace.accumulated],
+            values=list(trace.values),
+            out_proj=None if trace.out_proj is None else list(trace.out_proj),
         )

@@ -33,7 +33,9 @@ class Trace:
     ``keys[l]``/``values[l]``: ``[1, Hkv, p, head_dim]`` (keys RoPE-rotated, as the model caches them).
     ``entropy [p]``, ``distance [L, p]`` (distance of layer input l to the final state),
     ``attention [L, Hkv, p]`` (window attention, pooled), ``accumulated [L, Hkv, p]`` (attention
-    received from the window queries, summed and unpooled: H2O's prefill accumulator).
+    received from the window queries, summed and unpooled: H2O's prefill accumulator). ``out_proj``: per
+    layer, the attention's ``o_proj`` weight ``[hidden, Hq * head_dim]`` (the model's parameter, not a copy;
+    None for a model whose attention has none): the learned policy's value-side features read it.
     """
 
     prefix_len: int
@@ -44,6 +46,7 @@ class Trace:
     attention: torch.Tensor
     accumulated: torch.Tensor
     config: SignalConfig
+    out_proj: list[torch.Tensor] | None = None  # per layer, o_proj's weight [hidden, Hq * head_dim] (the model's)
 
     @property
     def num_layers(self) -> int:
@@ -171,4 +174,4 @@ def tracker_trace(tracker: SignalTracker, cache: DynamicCache) -> Trace:
     distance = torch.stack([d[0].cpu() for d in view.distance])
     attention = torch.stack([a.cpu() for a in view.attention])
     accumulated = torch.stack([a.cpu() for a in view.accumulated])
-    return Trace(p, keys, values, entropy, distance, attention, accumulated, config)
+    return Trace(p, keys, values, entropy, distance, attention, accumulated, config, view.out_proj)

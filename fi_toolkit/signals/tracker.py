@@ -244,7 +244,8 @@ class SignalTracker:
         ``positions``; ``entropy`` and ``distance`` ``[Hkv, n_l]`` (H under ``config.entropy_of`` and
         ``D^(l)`` of each slot's token; None unless ``token_signals``); ``attention [Hkv, n_l]`` (pooled
         window attention of the last ``w`` queries over the slots); ``accumulated [Hkv, n_l]`` (None
-        unless accumulating); ``values`` (the bound cache's); ``inputs`` and ``rope`` (the buffered attention
+        unless accumulating); ``values`` (the bound cache's); ``out_proj`` (per layer, the weight of the
+        attention's ``o_proj``, None if one lacks it); ``inputs`` and ``rope`` (the buffered attention
         inputs and their position embeddings; None without ``hidden_buffer``). ``protected``, ``tokens`` and
         ``model`` are the caller's to fill in."""
         if self._cache is None:
@@ -258,9 +259,18 @@ class SignalTracker:
         s.attention = [self._window_attention(i, k) for i, k in enumerate(keys)]
         s.accumulated = self.accumulated
         s.values = [layer.values for layer in self._cache.layers]
+        s.out_proj = self._out_proj()
         if self.hidden_buffer:
             s.inputs, s.rope = list(self.inputs), self.rope
         return s
+
+    def _out_proj(self) -> list[torch.Tensor] | None:
+        """Per layer, the weight of the attention's output projection ``o_proj`` (the model's parameter, not a
+        copy), or None when a layer's attention has none."""
+        projections = [getattr(layer.self_attn, "o_proj", None) for layer in self._parts[0]]
+        if any(getattr(p, "weight", None) is None for p in projections):
+            return None
+        return [p.weight for p in projections]
 
     def fork(
         self, token_signals: bool | None = None, accumulate: bool | None = None, hidden_buffer: int | None = None
