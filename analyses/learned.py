@@ -48,14 +48,21 @@ def fi(*args: str) -> None:
     """Run ``fi ARGS`` with this checkout first on the path; stop on failure."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     print("+ fi", " ".join(args), flush=True)
-    subprocess.run([sys.executable, "-m", "fi_toolkit", *args], check=True, env=env)
+    subprocess.run([sys.executable, "-m", "fi_toolkit", *args], check=True, env=env, cwd=ROOT)
+
+
+def from_root(path: Path) -> str:
+    """``path`` relative to the checkout where it lies inside it (the committed tables name no machine's paths;
+    :func:`fi` runs from the checkout), else absolute."""
+    path = path.resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
 def selects(setting: dict, model: Path) -> list[str]:
     out = []
     for b in setting["budgets"]:
         out += [f"policy:fi-oracle@{b}:chunk={c}" for c in setting["chunks"]]
-        out += [f"policy:learned@{b}:path={model}"]
+        out += [f"policy:learned@{b}:path={from_root(model)}"]
         out += [f"policy:{h}@{b}" for h in HEURISTICS]
         out += [f"random:keep={b}@0-2"]
     return out
@@ -141,7 +148,7 @@ def main() -> None:
         )
     model = args.results / "model.json"
     if not model.is_file():
-        fi("fit", str(args.work / "fitdata"), "--learner", "lambdarank", "--out", str(model))
+        fi("fit", str(args.work / "fitdata"), "--learner", "lambdarank", "--out", from_root(model))
     if not (args.work / "probe" / "fi.csv").is_file():
         sel = [a for s in selects(setting, model) for a in ("--select", s)]
         fi("probe", *unseen, *chunks, "--prefix", p, *sel, "--out", str(args.work / "probe"))
