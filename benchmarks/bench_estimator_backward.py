@@ -64,7 +64,7 @@ def one_run(model, trace, cont, capture, draws: int, by_hand: bool):
     return torch.stack(grads), (fw, fc), (bw / draws, bc / draws)
 
 
-def batched_draws(model, trace, cont, capture, draws: int) -> tuple[float, float]:
+def batched_draws(model, trace, cont, capture, draws: int) -> list[tuple[float, float]]:
     """Per-draw (wall, CPU) seconds of ``draws`` backward passes through a graph of one row, then of one
     backward pass through a graph of ``draws`` rows (one cotangent each); autograd through the model's attention."""
     chooser = estimator._by_hand

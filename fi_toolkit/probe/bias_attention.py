@@ -11,7 +11,9 @@ backward by hand, per KV group (the ``g`` query heads of a group share one matri
 * forward: ``S = scale Q K^T + mask + [b, 0]``, ``P = softmax(S)``, ``O = P V``; keeps ``P``.
 * backward from ``dO``: ``dS = P * (dO V^T - rowsum(dO * O))`` (the softmax's backward),
   ``db = sum over the group's queries of dS[:, :p]``, ``dQ = scale dS K``, and the key and value
-  gradients of the fed keys only (``j >= p``): ``dK = scale dS^T Q``, ``dV = P^T dO``.
+  gradients of the fed keys only (``j >= p``): ``dK = scale dS^T Q``, ``dV = P^T dO``; each of ``dQ``, ``dK``,
+  ``dV`` only where autograd asks for it (not in the first layer, whose queries, keys and values come from the
+  embeddings).
 
 The same arithmetic as eager attention, in the order a float32 implementation may round differently
 (tests/test_estimator.py compares with autograd through eager attention and with forward-mode AD).
