@@ -8,7 +8,13 @@ gradients to the bias, then ``--draws`` backward passes (one per label draw) wit
 process's CPU time (with one thread it moves less when another process shares the core), and the largest
 difference between the two gradients. Writes benchmarks/results/bench_estimator_backward.txt.
 
+``--batch S`` adds what batching the draws could gain: the backward of ``S`` draws in one pass through a graph
+of ``S`` rows (the continuation repeated, a cotangent per row; autograd through the model's attention, since
+the hand-written one takes one row) against ``S`` passes through a graph of one row, per draw. A batched
+backward does the same arithmetic in larger matrix products, so this bounds the gain of batching the draws.
+
     .venv/bin/python benchmarks/bench_estimator_backward.py [--prefix 2048] [--draws 4] [--repeats 3] [--threads 1]
+        [--batch 8]
 """
 
 from __future__ import annotations
@@ -20,9 +26,11 @@ from pathlib import Path
 import torch
 
 from fi_toolkit.documents import load_document
+from fi_toolkit.eviction import shared_cache
 from fi_toolkit.model.loading import load_model
 from fi_toolkit.probe import estimator
 from fi_toolkit.probe.chunks import Chunk
+from fi_toolkit.probe.forward_influence import _continuation_hidden
 from fi_toolkit.runs.results import atomic_write_text
 from fi_toolkit.signals.trace import trace_prefix
 
@@ -56,6 +64,34 @@ def one_run(model, trace, cont, capture, draws: int, by_hand: bool):
     return torch.stack(grads), (fw, fc), (bw / draws, bc / draws)
 
 
+def batched_draws(model, trace, cont, capture, draws: int) -> list[tuple[float, float]]:
+    """Per-draw (wall, CPU) seconds of ``draws`` backward passes through a graph of one row, then of one
+    backward pass through a graph of ``draws`` rows (one cotangent each); autograd through the model's attention."""
+    chooser = estimator._by_hand
+    estimator._by_hand = lambda *args: False
+    per_draw = []
+    try:
+        for rows in (1, draws):
+            bias = torch.zeros(trace.num_layers, trace.num_kv_heads, trace.prefix_len, requires_grad=True)
+            cache = shared_cache(trace.keys, trace.values, rows, model.config)
+            visible = torch.ones(rows, trace.prefix_len, dtype=torch.bool)
+            with torch.enable_grad(), estimator.attention_bias(model, bias):
+                hidden = _continuation_hidden(
+                    model, cache, cont[None].expand(rows, -1), trace.prefix_len, visible, capture, 512
+                )
+                cotangent = torch.randn(hidden.shape, generator=torch.Generator().manual_seed(0))
+                passes = draws // rows
+                _, w, c = timed(
+                    lambda h=hidden, u=cotangent, k=passes, b=bias: [
+                        torch.autograd.grad(h, b, u, retain_graph=True) for _ in range(k)
+                    ]
+                )
+            per_draw.append((w / draws, c / draws))
+    finally:
+        estimator._by_hand = chooser
+    return per_draw
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prefix", type=int, default=2048)
@@ -63,6 +99,7 @@ def main() -> None:
     ap.add_argument("--draws", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    ap.add_argument("--batch", type=int, default=0, help="also time S draws in one batched backward (0: not)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "bench_estimator_backward.txt")
     args = ap.parse_args()
     if args.threads:
@@ -94,6 +131,16 @@ def main() -> None:
         f"backward {auto[2] / hand[2]:.2f}x wall, {auto[3] / hand[3]:.2f}x CPU"
     )
     lines.append(f"largest gradient difference / largest gradient: {diff:.1e}")
+    if args.batch > 1:
+        one, many = [(float("inf"),) * 2] * 2
+        for _ in range(args.repeats):
+            a, b = batched_draws(lm.model, trace, cont, capture, args.batch)
+            one, many = tuple(map(min, one, a)), tuple(map(min, many, b))
+        lines.append(
+            f"autograd backward per draw, {args.batch} draws: one at a time {one[0]:.2f} / {one[1]:.2f}, "
+            f"batched in one pass {many[0]:.2f} / {many[1]:.2f} (wall s / CPU s; batched / one at a time "
+            f"{many[1] / one[1]:.2f}x CPU)"
+        )
     text = "\n".join(lines) + "\n"
     print(text, end="")
     atomic_write_text(args.out, text)

@@ -252,3 +252,110 @@ def test_nearfar_headroom_column_beside_an_oracle():
     assert nf.loc["entropy:a", "headroom"] == pytest.approx((2.0 - 1.5) / (2.0 - 0.5))
     assert nf.loc["policy:fi-oracle@a", "headroom"] == pytest.approx(1.0)
     assert "headroom" not in add_relative_columns(pd.DataFrame(rows[:3])).columns
+
+
+def plain_fisher_head_fi(model, ids, p, chunk, samples, seed=0) -> torch.Tensor:
+    """The sampled Fisher estimate per layer and KV head written out (no estimator or probe code) -> float64
+    ``[L, H_kv, p]``: a plain prefill; the continuation through an attention function of this test that adds
+    ``bias[l, h]`` to the logits of the prefix keys of KV group ``h``; labels drawn from the model's own
+    distribution at every chunk position by a generator seeded ``seed`` (``samples`` per position, as the
+    estimator draws them); per draw the gradient of ``sum_t log P_t(y_t)`` by autograd through
+    ``log_softmax``, squared, halved and averaged over the chunk; the mean over draws."""
+    from transformers import AttentionInterface
+
+    config = model.config
+    layers, kv_heads = config.num_hidden_layers, config.num_key_value_heads
+    bias = torch.zeros(layers, kv_heads, p, requires_grad=True)
+
+    def biased(module, query, key, value, attention_mask, scaling=None, **kwargs):
+        group = query.shape[1] // key.shape[1]
+        key, value = key.repeat_interleave(group, dim=1), value.repeat_interleave(group, dim=1)
+        b = bias[module.layer_idx].repeat_interleave(group, dim=0)  # [H_q, p]
+        b = torch.cat([b, torch.zeros(b.shape[0], key.shape[2] - p)], dim=1)
+        logits = query @ key.transpose(-1, -2) * scaling + attention_mask + b[None, :, None, :]
+        return (torch.softmax(logits, dim=-1) @ value).transpose(1, 2), None
+
+    with torch.no_grad():
+        cache = model(input_ids=ids[None, :p], use_cache=True).past_key_values
+    cont = ids[p : chunk.end][None]
+    n = cont.shape[1]
+    mask = torch.zeros(1, 1, n, p + n)
+    mask[..., p:] = torch.full((n, n), torch.finfo(torch.float32).min).triu(1)
+    keyword = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    AttentionInterface.register("plain_biased_test", biased)
+    previous = config._attn_implementation
+    config._attn_implementation = "plain_biased_test"
+    try:
+        logits = model(
+            input_ids=cont, position_ids=torch.arange(p, chunk.end)[None], attention_mask=mask, **{keyword: cache}
+        ).logits[0, chunk.start - p :]
+    finally:
+        config._attn_implementation = previous
+    labels = torch.multinomial(
+        torch.softmax(logits.detach().float(), -1),
+        samples,
+        replacement=True,
+        generator=torch.Generator().manual_seed(seed),
+    )
+    log_p = torch.log_softmax(logits, dim=-1)
+    head = torch.zeros(layers, kv_heads, p, dtype=torch.float64)
+    rows = torch.arange(len(chunk))
+    for s in range(samples):
+        (g,) = torch.autograd.grad(log_p[rows, labels[:, s]].sum(), bias, retain_graph=s < samples - 1)
+        head += 0.5 * g.double().square() / len(chunk)
+    return head / samples
+
+
+@torch.no_grad()
+def fi_of_kept_by_deletion(model, ids, p, chunk, keep: list[torch.Tensor]) -> float:
+    """FI on ``chunk`` of keeping only ``keep[l]`` ``[H_kv, k]`` of every layer's prefix cache (the other entries
+    sliced out per KV head), in float64, with no project code: KL(full || kept), the mean over the chunk."""
+    layers = [
+        (layer.keys, layer.values) for layer in model(input_ids=ids[None, :p], use_cache=True).past_key_values.layers
+    ]
+    cont = ids[p : chunk.end][None]
+    keyword = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+    def log_p(kv, past):
+        cache = DynamicCache(ddp_cache_data=kv, config=model.config)
+        mask = torch.ones(1, past + cont.shape[1], dtype=torch.long)
+        pos = torch.arange(p, chunk.end)[None]
+        logits = model(input_ids=cont, position_ids=pos, attention_mask=mask, **{keyword: cache}).logits[0]
+        return torch.log_softmax(logits.double(), -1)[chunk.start - p :]
+
+    full = log_p([(k.clone(), v.clone()) for k, v in layers], p)
+    gathered = []
+    for (k, v), kept in zip(layers, keep):
+        index = kept[None, :, :, None].expand(1, -1, -1, k.shape[-1])
+        gathered.append((k.gather(2, index).clone(), v.gather(2, index).clone()))
+    pruned = log_p(gathered, keep[0].shape[1])
+    return float((full.exp() * (full - pruned)).sum(-1).mean())
+
+
+def test_oracle_equals_a_plain_reimplementation(tiny, tiny_ids):
+    """The oracle's scores, keep sets and probed FI against :func:`plain_fisher_head_fi` (the estimate written
+    out) and :func:`fi_of_kept_by_deletion`: the same scores up to float32 rounding, the same kept entries
+    per layer and head (no near-tie at any budget edge), the probe's FI equal to deletion's."""
+    samples, keep = 6, 32
+    plain = plain_fisher_head_fi(tiny.model, tiny_ids, P, CHUNK, samples)
+    trace = trace_prefix(tiny.model, tiny_ids, P, SignalConfig(window=W))
+    oracle = FIOracle(budget=keep, window=W, samples=samples)
+    none = torch.zeros(trace.num_layers, trace.num_kv_heads, P, dtype=torch.bool)
+    scores = oracle_scores(oracle, tiny.model, trace, tiny_ids, CHUNK, none)
+    torch.testing.assert_close(scores, plain, rtol=1e-4, atol=1e-12)
+    keep_map = oracle_keep_map(oracle, tiny.model, trace, tiny_ids, [CHUNK])
+    for layer, kept in enumerate(keep_map.keep):
+        for h in range(kept.shape[0]):
+            ranked = torch.sort(plain[layer, h, : P - W], descending=True).values
+            edge = float(ranked[keep - W - 1] - ranked[keep - W])
+            assert edge > 1e-3 * float(ranked[keep - W - 1]), f"a near-tie at layer {layer}, head {h}'s budget edge"
+            top = torch.topk(plain[layer, h, : P - W], keep - W).indices
+            assert set(kept[h].tolist()) == set(top.tolist()) | set(range(P - W, P))
+    doc = Document("d", "t", tiny_ids, "test")
+    table = probe_document(
+        tiny, doc, [CHUNK], [f"policy:fi-oracle@{keep}:samples={samples}"], prefix=P, config=SignalConfig(window=W)
+    )
+    fi = float(table[table["selector"] == "oracle:fi-oracle"]["fi"].iloc[0])
+    expected = fi_of_kept_by_deletion(tiny.model, tiny_ids, P, CHUNK, keep_map.keep)
+    assert expected > 0
+    assert fi == pytest.approx(expected, rel=1e-5)

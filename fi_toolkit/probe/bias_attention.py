@@ -11,7 +11,9 @@ backward by hand, per KV group (the ``g`` query heads of a group share one matri
 * forward: ``S = scale Q K^T + mask + [b, 0]``, ``P = softmax(S)``, ``O = P V``; keeps ``P``.
 * backward from ``dO``: ``dS = P * (dO V^T - rowsum(dO * O))`` (the softmax's backward),
   ``db = sum over the group's queries of dS[:, :p]``, ``dQ = scale dS K``, and the key and value
-  gradients of the fed keys only (``j >= p``): ``dK = scale dS^T Q``, ``dV = P^T dO``.
+  gradients of the fed keys only (``j >= p``): ``dK = scale dS^T Q``, ``dV = P^T dO``; each of ``dQ``, ``dK``,
+  ``dV`` only where autograd asks for it (not in the first layer, whose queries, keys and values come from the
+  embeddings).
 
 The same arithmetic as eager attention, in the order a float32 implementation may round differently
 (tests/test_estimator.py compares with autograd through eager attention and with forward-mode AD).
@@ -54,18 +56,22 @@ class BiasedAttention(torch.autograd.Function):
         kv_heads, p, scale = k.shape[0], ctx.p, ctx.scale
         d_out = grad_out[0].transpose(0, 1).reshape(kv_heads, -1, head_dim)  # [H_kv, g n, hd]
         delta = (d_out * out).sum(-1, keepdim=True)  # rowsum(dP * P) = rowsum(dO * O)
+        wants_query, wants_key = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         d_bias = torch.zeros(kv_heads, k.shape[1], dtype=k.dtype, device=k.device)
-        d_query = torch.empty_like(q)
+        d_query = torch.empty_like(q) if wants_query else None
         d_key_fed = torch.zeros(kv_heads, k.shape[1] - p, head_dim, dtype=k.dtype, device=k.device)
         for a in range(0, q.shape[1], ROWS):  # query rows in blocks, so dS stays in the CPU's cache
             rows = slice(a, a + ROWS)
             d_logits = torch.bmm(d_out[:, rows], v_t)  # dP [H_kv, rows, K]
             d_logits.sub_(delta[:, rows]).mul_(weights[:, rows])  # dS
             d_bias += d_logits.sum(1)
-            torch.bmm(d_logits, k, out=d_query[:, rows])
-            d_key_fed += torch.bmm(d_logits[..., p:].transpose(1, 2), q[:, rows])
-        d_query = d_query.mul_(scale).view(heads, n, head_dim).unsqueeze(0)
-        d_key = F.pad(d_key_fed.mul_(scale), (0, 0, p, 0)).unsqueeze(0) if ctx.needs_input_grad[1] else None
+            if wants_query:  # not in the first layer, whose queries come from the embeddings (no bias upstream)
+                torch.bmm(d_logits, k, out=d_query[:, rows])
+            if wants_key:
+                d_key_fed += torch.bmm(d_logits[..., p:].transpose(1, 2), q[:, rows])
+        if wants_query:
+            d_query = d_query.mul_(scale).view(heads, n, head_dim).unsqueeze(0)
+        d_key = F.pad(d_key_fed.mul_(scale), (0, 0, p, 0)).unsqueeze(0) if wants_key else None
         d_value = None
         if ctx.needs_input_grad[2]:
             d_value = F.pad(torch.bmm(weights[..., p:].transpose(1, 2), d_out), (0, 0, p, 0)).unsqueeze(0)
