@@ -1,6 +1,7 @@
 """The ``fi`` command line (typer). Each command is a thin shell over one library call.
 
-``fi probe`` -> :func:`fi_toolkit.probe.experiment.probe_document` ->
+``fi probe``: options -> :class:`~fi_toolkit.studies.probe_settings.ProbeSettings` ->
+:func:`fi_toolkit.studies.probe_run.run_probe` -> :func:`fi_toolkit.probe.experiment.probe_document` ->
 :func:`fi_toolkit.probe.forward_influence.forward_influence`
 -> :func:`fi_toolkit.probe.kl.kl_from_reference` (the map: :mod:`fi_toolkit.probe`).
 

@@ -22,7 +22,7 @@ are attention sinks and the window is always kept.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
 from fi_toolkit.budget import Budget
@@ -78,7 +78,7 @@ class Selection:
     positions: tuple[int, ...] = ()
     policy: str | None = None  # kind "policy": the policy's name (NAME-adaptive for adaptive(NAME))
     options: str = ""  # kind "policy": its options as labels spell them (alpha=0.5,tau=2.0)
-    source: str | None = None  # the option that made it, for messages (default: selection SPEC)
+    source: str | None = field(default=None, compare=False)  # the option that made it, for messages only
     provided: ProvidedSelection | None = None  # kind PREFIX of a provider (kvpress): what the provider resolved
 
     @property
