@@ -1,16 +1,18 @@
 """Nothing measured changes when the code is restructured: every command's tables, byte for byte.
 
 Runs ``fi probe``, ``fi correlate`` (exact and Fisher), ``fi nearfar``, ``fi eval`` (a text replay and a
-task), ``fi scores --estimator fisher`` and, where lm-eval is installed, ``fi lm-eval`` on the bundled
-documents at small sizes with the embedded SmolLM2, and compares every CSV they write (and lm-eval's
-per-sample log) with the tables in ``--golden``, which were written by the code before the change:
+task), ``fi field`` (two documents, three methods, two budgets, with the replay), ``fi scores --estimator
+fisher`` and, where lm-eval is installed, ``fi lm-eval`` on the bundled documents at small sizes with the
+embedded SmolLM2, and compares every CSV they write (and lm-eval's per-sample log) with the tables in
+``--golden``, which were written by the code before the change:
 
     .venv/bin/python benchmarks/pipeline_identity.py --write benchmarks/results/pipeline-golden   # before
     .venv/bin/python benchmarks/pipeline_identity.py --check benchmarks/results/pipeline-golden   # after
 
-Manifests are not compared (they hold times and argv), nor columns of wall time (``seconds``); every
-other byte of every table is. Exit status 1 when a table differs; the first differing line of each is
-printed. A few minutes on two CPU cores; run it with OMP_NUM_THREADS set the
+Manifests are not compared (they hold times and argv), nor columns of wall time (``seconds``, ``fi field``'s
+``compress_seconds``); every other byte of every table is. ``--only NAME`` runs and compares one command's
+tables (repeatable). Exit status 1 when a table differs; the first differing line of each is printed. A few
+minutes on two CPU cores; run it with OMP_NUM_THREADS set the
 same both times (float reductions may depend on the thread count).
 """
 
@@ -46,6 +48,11 @@ RUNS: dict[str, list[str]] = {  # each command's arguments (the results director
     ).split(),
     "eval-task": (
         "eval --task passkey --context 256 --samples 2 --budget 0.5 --policy snapkv,infokv --interval 8 --resamples 50"
+    ).split(),
+    "field": (
+        f"field alice botchan --prefix {P} --distances 0,32 --chunk-len 32 --seeds 2 --budget keep=0.5 "
+        "--budget remove=0.25 --policy snapkv --policy infokv --policy adaptive(h2o) --resamples 50 --replay "
+        "--interval 32"
     ).split(),
 }
 SCORES = f"scores alice --prefix {P} --fi-chunk 128:160 --estimator fisher --samples 4".split()
@@ -90,20 +97,24 @@ def lmeval_tables(out: Path, fi_bin: str) -> None:
     shutil.rmtree(tasks)
 
 
-def produce(out: Path, fi_bin: str) -> None:
+def produce(out: Path, fi_bin: str, only: list[str] | None = None) -> None:
     for name, args in RUNS.items():
+        if only and name not in only:
+            continue
         print(f"fi {' '.join(args)}", flush=True)
         fi([*args, "--out", str(out / name)], fi_bin)
         (out / name / "manifest.json").unlink()
         for extra in (out / name).rglob("*"):
             if extra.is_file() and extra.suffix != ".csv":
                 extra.unlink()
-    print(f"fi {' '.join(SCORES)}", flush=True)
-    fi([*SCORES, "--out", str(out / "scores.csv")], fi_bin)
-    lmeval_tables(out, fi_bin)
+    if not only or "scores" in only:
+        print(f"fi {' '.join(SCORES)}", flush=True)
+        fi([*SCORES, "--out", str(out / "scores.csv")], fi_bin)
+    if not only or "lm-eval" in only:
+        lmeval_tables(out, fi_bin)
 
 
-TIME_COLUMNS = {"seconds"}  # wall time: differs from run to run by nature
+TIME_COLUMNS = {"seconds", "compress_seconds"}  # wall time: differs from run to run by nature
 
 
 def _without_times(path: Path) -> bytes:
@@ -120,8 +131,10 @@ def _without_times(path: Path) -> bytes:
     return out.getvalue().encode()
 
 
-def compare(golden: Path, fresh: Path) -> int:
+def compare(golden: Path, fresh: Path, only: list[str] | None = None) -> int:
     want = {p.relative_to(golden) for p in golden.rglob("*") if p.is_file()}
+    if only:  # the tables of the commands run: a directory per command, scores.csv for fi scores
+        want = {p for p in want if p.parts[0] in only or p.parts[0] == "scores.csv" and "scores" in only}
     got = {p.relative_to(fresh) for p in fresh.rglob("*") if p.is_file()}
     if not (fresh / "lm-eval").exists():
         want = {p for p in want if p.parts[0] != "lm-eval"}
@@ -148,16 +161,22 @@ def main() -> None:
     group = parser.add_mutually_exclusive_group(required=True)
     group.add_argument("--write", type=Path, help="Write the golden tables here (before the change).")
     group.add_argument("--check", type=Path, help="Compare a fresh run with the golden tables here.")
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=[*RUNS, "scores", "lm-eval"],
+        help="Run and compare only this command's tables (repeatable; default: every command).",
+    )
     parser.add_argument("--fi", default=str(Path(sys.executable).parent / "fi"), help="The fi script to run.")
     args = parser.parse_args()
     if args.write:
         if args.write.exists():
             raise SystemExit(f"{args.write} exists; remove it first")
-        produce(args.write, args.fi)
+        produce(args.write, args.fi, args.only)
         return
     with tempfile.TemporaryDirectory() as tmp:
-        produce(Path(tmp), args.fi)
-        sys.exit(compare(args.check, Path(tmp)))
+        produce(Path(tmp), args.fi, args.only)
+        sys.exit(compare(args.check, Path(tmp), args.only))
 
 
 if __name__ == "__main__":

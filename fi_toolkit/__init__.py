@@ -28,6 +28,8 @@ _EXPORTS = {
     "load_document": "fi_toolkit.documents",
     "load_documents": "fi_toolkit.documents",
     "FIError": "fi_toolkit.errors",
+    "FieldSettings": "fi_toolkit.evaluation.field_settings",
+    "run_field": "fi_toolkit.evaluation.field",
     "KeepMap": "fi_toolkit.eviction",
     "TokenSet": "fi_toolkit.eviction",
     "DEFAULT_MODEL": "fi_toolkit.model.loading",
@@ -42,6 +44,9 @@ _EXPORTS = {
     "parse_chunk": "fi_toolkit.probe.chunks",
     "parse_selections": "fi_toolkit.probe.selections",
     "SignalConfig": "fi_toolkit.signals.trace",
+    "ProbeSettings": "fi_toolkit.studies.probe_settings",
+    "ProbeResults": "fi_toolkit.studies.probe_run",
+    "run_probe": "fi_toolkit.studies.probe_run",
     "Trace": "fi_toolkit.signals.trace",
     "trace_prefix": "fi_toolkit.signals.trace",
 }

@@ -1,6 +1,7 @@
 """The ``fi`` command line (typer). Each command is a thin shell over one library call.
 
-``fi probe`` -> :func:`fi_toolkit.probe.experiment.probe_document` ->
+``fi probe``: options -> :class:`~fi_toolkit.studies.probe_settings.ProbeSettings` ->
+:func:`fi_toolkit.studies.probe_run.run_probe` -> :func:`fi_toolkit.probe.experiment.probe_document` ->
 :func:`fi_toolkit.probe.forward_influence.forward_influence`
 -> :func:`fi_toolkit.probe.kl.kl_from_reference` (the map: :mod:`fi_toolkit.probe`).
 
@@ -11,7 +12,6 @@ Every user error is one line on stderr (``error: ...``) and exit status 2; Ctrl-
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 from typing import List, Optional
 
@@ -23,7 +23,6 @@ from fi_toolkit.cli.options import (
     OverwriteOpt,
     _progress,
     check_prefix,
-    check_selections,
     distinct_texts,
     err,
     out,
@@ -48,13 +47,6 @@ except ImportError:  # pragma: no cover
     from click import exceptions as click_exceptions
     from click.exceptions import Abort
 
-DEFAULT_SELECTIONS = [
-    "entropy:remove=0.1",
-    "attention:remove=0.1",
-    "distance:remove=0.1",
-    "infokv:remove=0.1",
-    "random:remove=0.1@0-2",
-]  # budgets as fi_toolkit.budget spells them: a bare 0.1 would be keep=0.1
 # INTERRUPTED (130): typer turns KeyboardInterrupt into this exit code under standalone_mode=False
 
 
@@ -99,129 +91,61 @@ def probe(
 
     Everything that can be checked without the model is checked first; the results directory is
     created only when the results are written, so a failed or interrupted run leaves none behind."""
-    from fi_toolkit.compress.future import generated_document, parse_future
     from fi_toolkit.documents import read_texts, tokenize_texts
-    from fi_toolkit.probe.chunks import check_chunks, parse_chunk
     from fi_toolkit.probe.selections import parse_selections
     from fi_toolkit.runs import results
+    from fi_toolkit.runs.settings import RunSettings
+    from fi_toolkit.studies.probe_settings import DEFAULT_SELECTIONS, ProbeSettings
 
     model.check()
-    fut = parse_future(future)
-    chunks = [parse_chunk(c) for c in chunk]
-    selections = parse_selections(select or DEFAULT_SELECTIONS, "--select")
-    config = signals.check()
-    if batch_size is not None and batch_size < 1:
-        raise FIError(f"--batch-size must be >= 1, got {batch_size}")
-    p = prefix if prefix is not None else min(c.start for c in chunks)
-    check_chunks(chunks, p, float("inf"), None)  # chunk starts vs p now; lengths once the documents are read
-    check_prefix(p, config.window)
-    check_selections(selections, p, config.window, sinks)
+    settings = ProbeSettings(
+        chunk,
+        parse_selections(list(select or DEFAULT_SELECTIONS), "--select"),  # messages name the flag and spec
+        prefix,
+        sinks,
+        future,
+        signals,
+        batch_size,
+    )
     texts = distinct_texts([t for spec in (documents or [None]) for t in read_texts(spec)])
-    if out_dir is not None:
+    run = RunSettings(out_dir, overwrite=overwrite) if out_dir is not None else None
+    if run is not None:
         results.check_results_dir(out_dir, overwrite)
     else:  # runs/probe-<time>-<random> is made when the results are written: prove runs/ writable now
         results.check_out_path(Path("runs"), option="the default results directory")
     # every check above imports nothing heavy (usage errors answer at once); the work below does
     from fi_toolkit.cli.console import print_warning
-    from fi_toolkit.probe.experiment import max_context, probe_document, trace_document
-    from fi_toolkit.probe.noise_floor import CONTROL_LABELS, noise_floor, noise_warning
+    from fi_toolkit.probe.noise_floor import noise_warning
+    from fi_toolkit.studies.probe_run import run_probe
 
-    started, t0 = results.now(), time.perf_counter()
     lm = model.load()
-    for c in chunks if fut.generated else []:
-        if c.end > p + fut.tokens:
-            raise FIError(
-                f"chunk {c.label} ends past p + N = {p + fut.tokens:,}: --future {fut.label} generates "
-                f"{fut.tokens:,} tokens after p={p}"
-            )
-    ends = [c.end for c in chunks] + [e for s in selections if (e := s.reads_until()) is not None]
-    docs = tokenize_texts(texts, lm.tokenizer, max_tokens=p if fut.generated else max(ends))
-    world, mine = _my_documents(docs)  # under torchrun: this rank's share (all of them in one process)
-    if fut.generated:
-        check_chunks(chunks, p, p + fut.tokens, max_context(lm))
-        with _progress() as bar:
-            bar.add_task(f"generate {fut.label}", total=None)
-            for i in mine:
-                docs[i] = generated_document(lm, docs[i], p, fut)
-    for i in mine if fut.generated else range(len(docs)):  # generated futures exist on their own rank only
-        check_chunks(chunks, p, len(docs[i]), max_context(lm))
-    parts = []
+    docs = tokenize_texts(texts, lm.tokenizer, max_tokens=settings.document_tokens())
     with _progress() as bar:
-        for i in mine:
-            doc = docs[i]
-            task = bar.add_task(f"trace {doc.name}", total=None)
-            trace = trace_document(lm, doc, p, config)
-            bar.update(task, description=f"probe {doc.name}", total=len(selections) + len(CONTROL_LABELS), completed=0)
-            parts.append(
-                (
-                    i,
-                    doc,
-                    probe_document(
-                        lm,
-                        doc,
-                        chunks,
-                        selections,
-                        prefix=p,
-                        sinks=sinks,
-                        config=config,
-                        batch_size=batch_size,
-                        trace=trace,
-                        on_progress=lambda n, task=task: bar.advance(task, n),
-                    ),
-                )
-            )
-    gathered = world.gather(parts)
-    if gathered is None:  # a rank other than 0: its tables went to rank 0, which writes and reports
+        measured = run_probe(
+            lm, docs, settings, run, new_dir_in=None if run else Path("runs"), progress=_probe_progress(bar)
+        )
+    if measured is None:  # a rank other than 0: its tables went to rank 0, which writes and reports
         return
-    parts = sorted((part for rank in gathered for part in rank), key=lambda part: part[0])
-    docs, tables = [d for _, d, _ in parts], [t for _, _, t in parts]
-    import pandas as pd
-
-    table = pd.concat(tables, ignore_index=True)
-    manifest = {
-        "command": "probe",
-        "argv": sys.argv,
-        "started": started,
-        "finished": results.now(),
-        "seconds": round(time.perf_counter() - t0, 2),
-        "model": {**lm.describe(), "name": model.model},
-        "noise_floor": noise_floor(table),
-        "documents": [{"name": d.name, "source": d.source, "sha256": d.sha256, "tokens_used": len(d)} for d in docs],
-        "prefix": p,
-        "future": fut.label,
-        "chunks": [c.label for c in chunks],
-        "selections": [s.label for s in selections],
-        "sinks": sinks,
-        "batch_size": batch_size,
-        "signals": dict(config.__dict__),
-        "versions": results.versions(),
-        "world_size": world.size,
-    }
-    if out_dir is None:
-        out_path = results.new_default_dir("probe")
-    else:  # checked again: another run may have written there meanwhile
-        out_path = results.check_results_dir(out_dir, overwrite)
-    headroom = _headroom(table)
-    with results.staged_dir(out_path, replaced=results.result_entry) as stage:  # old results whole or new ones
-        results.write_table(stage / "fi.csv", table)
-        if headroom is not None:
-            results.write_table(stage / "headroom.csv", headroom)
-        results.write_json(stage / "manifest.json", manifest)
-    written = [out_path / "fi.csv"] + ([out_path / "headroom.csv"] if headroom is not None else [])
+    table, p = measured.fi, settings.prefix
+    written = [measured.out / "fi.csv"] + ([measured.out / "headroom.csv"] if measured.headroom is not None else [])
     _print_fi_table(table, f"Forward Influence (nats), {model.model}, p={p}, {len(docs)} document(s)")
-    if headroom is not None:
-        _print_headroom(headroom)
+    if measured.headroom is not None:
+        _print_headroom(measured.headroom)
     print_warning(noise_warning(table))
-    err.print(f"results: {', '.join(map(str, written))}, {out_path}/manifest.json", markup=False, highlight=False)
+    err.print(f"results: {', '.join(map(str, written))}, {measured.out}/manifest.json", markup=False, highlight=False)
 
 
-def _headroom(table):
-    """The headroom table (:func:`fi_toolkit.probe.headroom.headroom_table`) where the probe measured an FI
-    oracle and random sets beside other selections at the same budget; else None."""
-    from fi_toolkit.probe.headroom import headroom_table
+def _probe_progress(bar):
+    """``run_probe``'s progress as one bar per document (and one while futures are generated)."""
+    tasks: dict = {}
 
-    hr = headroom_table(table)
-    return hr if len(hr) else None
+    def progress(name: str, stage: str, done: int, total: int | None) -> None:
+        key = "generate" if stage == "generate" else name
+        if key not in tasks:
+            tasks[key] = bar.add_task(f"{stage} {name}", total=total)
+        bar.update(tasks[key], description=f"{stage} {name}", completed=done, total=total)
+
+    return progress
 
 
 def _print_headroom(hr) -> None:
@@ -245,24 +169,6 @@ def _print_headroom(hr) -> None:
             f"{r.headroom:.2f}{ci}",
         )
     out.print(t)
-
-
-def _my_documents(docs):
-    """(world, indices of the documents this rank computes): all of them in one process; under torchrun
-    a share balanced by token count (:func:`fi_toolkit.runs.distributed.assign`), an idle rank says so."""
-    from fi_toolkit.runs.distributed import assign, current
-
-    world = current()
-    owner = assign([len(d) for d in docs], world.size)
-    mine = [i for i, r in enumerate(owner) if r == world.rank]
-    if world.sharded and not mine:
-        err.print(
-            f"note: rank {world.rank} of {world.size} has no document to compute ({len(docs)} document(s) for "
-            f"{world.size} ranks); it waits for the others",
-            markup=False,
-            highlight=False,
-        )
-    return world, mine
 
 
 def _print_fi_table(table, title: str) -> None:

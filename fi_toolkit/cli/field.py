@@ -1,6 +1,7 @@
-"""``fi field``: the field map, every named policy and press placed against the FI ceiling in one resumable run
-(a thin shell over :func:`fi_toolkit.evaluation.field.run_field`; the methods and budgets are parsed by
-:mod:`fi_toolkit.studies.field_spec` before the model loads)."""
+"""``fi field``: the field map, every named policy and press placed against the FI ceiling in one resumable run.
+
+The options become a :class:`~fi_toolkit.evaluation.field_settings.FieldSettings` (checked on construction,
+before the model loads), :func:`fi_toolkit.evaluation.field.run_field` computes, and this module prints."""
 
 from __future__ import annotations
 
@@ -10,16 +11,7 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from fi_toolkit.cli.options import (
-    _progress,
-    check_prefix,
-    check_resamples,
-    check_sinks,
-    err,
-    out,
-    settings_options,
-    unit_progress,
-)
+from fi_toolkit.cli.options import _progress, err, out, settings_options, unit_progress
 from fi_toolkit.cli.study import _read_documents
 from fi_toolkit.errors import FIError
 from fi_toolkit.model.settings import ModelSettings
@@ -70,36 +62,26 @@ def field(
     """Place each policy and press on the documents at the budgets: prefill FI near and far, the share of the
     headroom closed (random positions with sinks kept = 0, the FI oracle = 1) with bootstrap CIs, replay KL in
     decoding (--replay), seconds per compression; a leaderboard and paired tests over documents."""
-    from fi_toolkit.studies.field_spec import check_methods, default_methods, parse_budgets, parse_methods
-    from fi_toolkit.studies.nearfar_spec import nearfar_chunks, parse_distances
+    from fi_toolkit.evaluation.field_settings import FieldSettings
 
     model.check()
-    config = signals.check()
     if not documents:
         raise FIError("give at least one document (a text or JSONL file, or a bundled name like alice)")
-    budgets = parse_budgets(budget)
-    methods = parse_methods(policy) if policy else default_methods()
-    chunks = nearfar_chunks(prefix, parse_distances(distances), chunk_len)
-    check_prefix(prefix, config.window)
-    check_sinks(sinks, prefix, config.window)
-    if not 1 <= seeds <= 1000:
-        raise FIError(f"--seeds must lie in [1, 1000], got {seeds}")
-    if batch_size is not None and batch_size < 1:
-        raise FIError(f"--batch-size must be >= 1, got {batch_size}")
-    check_resamples(resamples)
-    check_methods(methods, budgets, prefix, config.window, sinks)
-    setting = None
-    if replay:
-        from fi_toolkit.compress.future import DOCUMENT
-        from fi_toolkit.evaluation.replay_runs import TextSetting
-
-        if interval < 1:
-            raise FIError(f"--interval must be >= 1, got {interval}")
-        setting = TextSetting(prefix, length or chunks[-1].end, interval, DOCUMENT, 0)
-        setting.check()
-        _check_replay_budgets(methods, budgets, config, setting)
-    elif length is not None:
-        raise FIError("--length sets the replay: it goes with --replay")
+    settings = FieldSettings(
+        methods=policy or None,
+        budgets=budget,
+        prefix=prefix,
+        distances=distances,
+        chunk_len=chunk_len,
+        sinks=sinks,
+        seeds=seeds,
+        replay=replay,
+        interval=interval,
+        length=length,
+        resamples=resamples,
+        signals=signals,
+        batch_size=batch_size,
+    )
     texts = _read_documents(documents)
     if not texts:
         raise FIError("the documents given hold no text")
@@ -108,26 +90,9 @@ def field(
     from fi_toolkit.evaluation.field import run_field
 
     lm = model.load()
-    need = max(chunks[-1].end, setting.total() if setting else 0)
-    docs = tokenize_texts(texts, lm.tokenizer, max_tokens=need)
+    docs = tokenize_texts(texts, lm.tokenizer, max_tokens=settings.document_tokens())
     with _progress() as bar:
-        tables = run_field(
-            lm,
-            docs,
-            run,
-            methods,
-            budgets,
-            prefix,
-            chunks,
-            sinks,
-            seeds,
-            config,
-            setting,
-            batch_size,
-            presses=not policy,
-            n_resamples=resamples,
-            progress=unit_progress(bar, "field"),
-        )
+        tables = run_field(lm, docs, settings, run, progress=unit_progress(bar, "field"))
     if tables is None:  # a rank other than 0 of a sharded run: rank 0 reports
         return
     _print_leaderboard(tables, len(docs), prefix)
@@ -144,20 +109,6 @@ def field(
         markup=False,
         highlight=False,
     )
-
-
-def _check_replay_budgets(methods, budgets, config, setting) -> None:
-    """Every method's replay policy resolves and its budget can work on the replay (before the model loads)."""
-    from fi_toolkit.compress.decoder import check_budget
-    from fi_toolkit.studies.field_spec import replay_policy
-
-    for m in methods:
-        for b in budgets:
-            p = replay_policy(m, b, config)
-            try:
-                check_budget(p, setting.prompt, setting.total() - setting.prompt, p.compress_prompt)
-            except FIError as exc:
-                raise FIError(f"--policy {m.name} --budget {b.label}: {exc}") from None
 
 
 def _print_leaderboard(tables, n_docs: int, prefix: int) -> None:

@@ -19,6 +19,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from fi_toolkit.errors import FIError
+from fi_toolkit.probe.selections import check_prefix, check_selections, check_sinks  # noqa: F401 (the commands')
+from fi_toolkit.runs.settings import check_resamples  # noqa: F401 (the library checks; the CLI names the flags)
 
 out = Console(emoji=False)
 err = Console(stderr=True, emoji=False, soft_wrap=True)  # messages stay one line at any terminal width
@@ -107,54 +109,6 @@ def check_finite(name: str, value: float) -> float:
     if not math.isfinite(value):
         raise FIError(f"{name} must be a finite number, got {value}")
     return value
-
-
-MAX_RESAMPLES = 100_000  # bootstrap resamples: more is a typo (each resample stores an index per observation)
-
-
-def check_resamples(resamples: int) -> int:
-    if not 0 <= resamples <= MAX_RESAMPLES:
-        raise FIError(f"--resamples must lie in [0, {MAX_RESAMPLES:,}], got {resamples}")
-    return resamples
-
-
-def check_prefix(prefix: int, window: int) -> None:
-    """The traced prefix must be longer than the window: only ``[0, p - w)`` is scored."""
-    if prefix <= window:
-        raise FIError(f"--prefix {prefix} leaves nothing to score: it must be larger than the window ({window})")
-
-
-def check_sinks(sinks: int, prefix: int, window: int) -> int:
-    """``[sinks, p - w)`` must hold at least one candidate; returns the number of scored positions."""
-    scored = prefix - window
-    if sinks < 0:
-        raise FIError(f"--sinks must be >= 0, got {sinks}")
-    if sinks >= scored:
-        raise FIError(f"--sinks {sinks} leaves no candidates: the scored prefix [0, {scored}) has {scored} positions")
-    return scored
-
-
-def check_selections(selections, prefix: int, window: int, sinks: int) -> None:
-    """Score-based and random selectors draw from ``[sinks, p - w)``: refuse sinks that leave none and
-    sets that are empty or larger than their candidates, before the model is loaded."""
-    if sinks < 0:
-        raise FIError(f"--sinks must be >= 0, got {sinks}")
-    if any(s.kind not in ("positions", "policy", "kvpress") for s in selections):
-        check_sinks(sinks, prefix, window)
-    made: dict = {}
-    for s in selections:
-        if s.kind == "positions":
-            continue
-        removed = s.check(prefix, window, sinks)
-        if s.provided is not None or not removed:
-            continue
-        key = (s.kind, s.policy, s.options, s.seed, removed)  # the set a selection removes, spelled any way
-        if key in made:
-            raise FIError(
-                f"{made[key].option} and {s.option} select the same set (both remove {removed:,} of the "
-                f"{prefix:,} prefix positions); give it once"
-            )
-        made[key] = s
 
 
 def _progress() -> Progress:

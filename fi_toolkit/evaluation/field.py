@@ -33,7 +33,10 @@ import pandas as pd
 import torch
 
 from fi_toolkit.budget import Budget
+from fi_toolkit.compress.future import DOCUMENT
+from fi_toolkit.documents import Document
 from fi_toolkit.errors import FIError
+from fi_toolkit.evaluation.field_settings import FieldSettings
 from fi_toolkit.evaluation.replay_runs import TextSetting, evaluate_text, text_context
 from fi_toolkit.model.loading import dtype_name
 from fi_toolkit.policies import registry
@@ -43,7 +46,7 @@ from fi_toolkit.probe.forward_influence import chunk_reference, forward_influenc
 from fi_toolkit.probe.selections import parse_selections
 from fi_toolkit.runs import results
 from fi_toolkit.runs.resumable import ResumableRun, last_document, split_units
-from fi_toolkit.runs.settings import RunSettings, run_settings
+from fi_toolkit.runs.settings import RunSettings, check_type, run_settings
 from fi_toolkit.signals.config import SignalConfig
 from fi_toolkit.studies.field_spec import ANCHOR, ANCHORS, PRESS, Method, replay_policy
 from fi_toolkit.studies.field_summary import field_summaries
@@ -119,47 +122,47 @@ def _reason(exc: FIError, where: str) -> str:
 
 def run_field(
     lm,
-    docs,
-    out_dir: Path | RunSettings,
-    methods: Sequence[Method],
-    budgets: Sequence[Budget],
-    prefix: int,
-    chunks: Sequence[Chunk],
-    sinks: int = 4,
-    seeds: int = 3,
-    config: SignalConfig = SignalConfig(),
-    replay: TextSetting | None = None,
-    batch_size: int | None = None,
+    docs: Sequence[Document],
+    settings: FieldSettings,
+    run: RunSettings | Path | str,
+    *,
     block: int = 512,
-    presses: bool = False,
-    n_resamples: int = 2000,
     progress: Progress | None = None,
-    resume: bool = False,
-    overwrite: bool = False,
 ) -> dict[str, pd.DataFrame] | None:
-    """The field map of ``methods`` (and, with ``presses``, every press the providers offer that takes a budget)
-    on ``docs`` -> ``fi``, ``replays``, ``refused``, ``headroom``, ``leaderboard``, ``tests`` (module docstring).
+    """The field map of ``settings.methods`` (and, with ``settings.presses``, every press the providers offer
+    that takes a budget) on ``docs`` -> ``fi``, ``replays``, ``refused``, ``headroom``, ``leaderboard``,
+    ``tests`` (module docstring).
 
-    ``replay``: the decoding setting (its ``prompt`` must be ``prefix``; None: prefill only). ``out_dir``: the
-    results directory or a :class:`~fi_toolkit.runs.settings.RunSettings`. Under torchrun the cells are shared
-    among the ranks; rank 0 returns the tables, the others None."""
-    config.check()
-    chunks = list(chunks)
+    Args:
+        lm: the model, from :func:`~fi_toolkit.model.loading.load_model`.
+        docs: the documents; each must reach ``settings.document_tokens()`` tokens.
+        settings: what to place where (:class:`~fi_toolkit.evaluation.field_settings.FieldSettings`).
+        run: the results directory, or a :class:`~fi_toolkit.runs.settings.RunSettings` (resume, overwrite).
+        block: query positions per block of the continuation forward.
+        progress: ``progress(unit, done, total)`` after each budget of a cell.
+
+    Returns:
+        The tables; under torchrun the cells are shared among the ranks, rank 0 returns the tables, the
+        others None.
+    """
+    check_type("settings", settings, FieldSettings)
+    config, prefix, chunks, budgets = settings.signals, settings.prefix, settings.chunks, settings.budgets
+    replay = None
+    if settings.replay:
+        replay = TextSetting(prefix, settings.replay_length(), settings.interval, DOCUMENT, 0)
+        replay.check()
     for doc in docs:
         check_chunks(chunks, prefix, len(doc), max_context(lm))
     if replay is not None:
-        replay.check()
-        if replay.prompt != prefix:
-            raise FIError(f"the replay's prompt ({replay.prompt}) must be the prefix ({prefix})", parameter="prompt")
         for doc in docs:
             doc.require(replay.total(), f"the replay length of {replay.total():,}")
-    methods = list(methods)
+    methods = list(settings.methods)
     catalog_refused: list[dict] = []
-    if presses:
+    if settings.presses:
         extra, catalog_refused = press_methods(0.75, lm.model.config.num_hidden_layers)
         methods += [m for m in extra if m.name not in {x.name for x in methods}]
     cells = [*ANCHORS, *methods]
-    settings = {
+    manifest = {
         "model": lm.name,
         "dtype": dtype_name(lm.dtype),
         "compute_dtype": dtype_name(lm.compute_dtype),
@@ -168,16 +171,16 @@ def run_field(
         "chunks": [c.label for c in chunks],
         "budgets": [b.label for b in budgets],
         "methods": [{"name": m.name, "kind": m.kind} for m in cells],
-        "sinks": sinks,
-        "seeds": seeds,
+        "sinks": settings.sinks,
+        "seeds": settings.seeds,
         "signals": dict(config.__dict__),
         "replay": None
         if replay is None
         else {"interval": replay.interval, "length": replay.total(), "future": replay.future.label},
     }
     units, costs = split_units(docs, len(cells), 1)
-    where = run_settings(out_dir, resume, overwrite).check()
-    run = ResumableRun(where.out, "field", settings, where.resume, where.overwrite)
+    where = run_settings(run).check()
+    resumable = ResumableRun(where.out, "field", manifest, where.resume, where.overwrite)
 
     def make(doc):
         trace = trace_document(lm, doc, prefix, config)
@@ -189,22 +192,35 @@ def run_field(
         doc, shared = setup(unit)
         method = cells[unit.index]
         return field_cell(
-            lm, doc, shared, method, budgets, chunks, sinks, seeds, config, replay, batch_size, block, progress, unit
+            lm,
+            doc,
+            shared,
+            method,
+            budgets,
+            chunks,
+            settings.sinks,
+            settings.seeds,
+            config,
+            replay,
+            settings.batch_size,
+            block,
+            progress,
+            unit,
         )
 
     def summaries(tables):
         refused = pd.concat(
             [pd.DataFrame(catalog_refused, columns=REFUSED_COLUMNS), tables["refused"]], ignore_index=True
         )
-        return {"refused": refused, **field_summaries(tables["fi"], tables["replays"], n_resamples)}
+        return {"refused": refused, **field_summaries(tables["fi"], tables["replays"], settings.resamples)}
 
     def extra(tables):
         return {"methods": [m.name for m in cells], "refused_methods": sorted(set(tables["refused"]["method"]))}
 
-    tables = execute_run(lm, run, units, compute, summaries, extra, costs)
+    tables = execute_run(lm, resumable, units, compute, summaries, extra, costs)
     if tables is not None and "leaderboard" in tables:
         board = tables["leaderboard"].astype(object).where(tables["leaderboard"].notna(), None)
-        results.write_json(run.path / "leaderboard.json", board.to_dict(orient="records"))
+        results.write_json(resumable.path / "leaderboard.json", board.to_dict(orient="records"))
     return tables
 
 
@@ -297,4 +313,4 @@ def _replays(lm, doc, shared, method, budgets, config, replay, refused) -> pd.Da
     return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=NO_REPLAY)
 
 
-__all__ = ["field_cell", "press_methods", "replay_policy", "run_field"]
+__all__ = ["FieldSettings", "field_cell", "press_methods", "replay_policy", "run_field"]

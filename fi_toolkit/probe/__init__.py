@@ -4,7 +4,8 @@
 From ``fi probe`` down to the KL divergence::
 
     fi probe
-      -> fi_toolkit.cli.app.probe                          parse options, load the model and documents
+      -> fi_toolkit.cli.app.probe                          options -> ProbeSettings, load model and documents
+      -> fi_toolkit.studies.probe_run.run_probe            each rank's documents, results written
       -> fi_toolkit.probe.experiment.probe_document        trace the prefix, resolve --select, tidy table
       -> fi_toolkit.probe.forward_influence.forward_influence
                                                            full-cache Reference, one masked forward per batch

@@ -22,8 +22,8 @@ are attention sinks and the window is always kept.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Sequence
 
 from fi_toolkit.budget import Budget
 from fi_toolkit.errors import FIError
@@ -78,7 +78,7 @@ class Selection:
     positions: tuple[int, ...] = ()
     policy: str | None = None  # kind "policy": the policy's name (NAME-adaptive for adaptive(NAME))
     options: str = ""  # kind "policy": its options as labels spell them (alpha=0.5,tau=2.0)
-    source: str | None = None  # the option that made it, for messages (default: selection SPEC)
+    source: str | None = field(default=None, compare=False)  # the option that made it, for messages only
     provided: ProvidedSelection | None = None  # kind PREFIX of a provider (kvpress): what the provider resolved
 
     @property
@@ -342,3 +342,48 @@ def parse_selections(specs: list[str], option: str = "selection") -> list[Select
             by_label[sel.label] = spec
             selections.append(sel)
     return selections
+
+
+def check_prefix(prefix: int, window: int) -> None:
+    """The traced prefix must be longer than the window: only ``[0, p - w)`` is scored."""
+    if prefix <= window:
+        raise FIError(
+            f"prefix {prefix} leaves nothing to score: it must be larger than the window ({window})", parameter="prefix"
+        )
+
+
+def check_sinks(sinks: int, prefix: int, window: int) -> int:
+    """``[sinks, p - w)`` must hold at least one candidate; returns the number of scored positions."""
+    scored = prefix - window
+    if sinks < 0:
+        raise FIError(f"sinks must be >= 0, got {sinks}", parameter="sinks")
+    if sinks >= scored:
+        raise FIError(
+            f"sinks {sinks} leaves no candidates: the scored prefix [0, {scored}) has {scored} positions",
+            parameter="sinks",
+        )
+    return scored
+
+
+def check_selections(selections: Sequence[Selection], prefix: int, window: int, sinks: int) -> None:
+    """Score-based and random selectors draw from ``[sinks, p - w)``: refuse sinks that leave none and
+    sets that are empty or larger than their candidates, before the model is loaded; and two selections
+    that remove the same set, however spelled."""
+    if sinks < 0:
+        raise FIError(f"sinks must be >= 0, got {sinks}", parameter="sinks")
+    if any(s.kind not in ("positions", "policy", "kvpress") for s in selections):
+        check_sinks(sinks, prefix, window)
+    made: dict = {}
+    for s in selections:
+        if s.kind == "positions":
+            continue
+        removed = s.check(prefix, window, sinks)
+        if s.provided is not None or not removed:
+            continue
+        key = (s.kind, s.policy, s.options, s.seed, removed)  # the set a selection removes, spelled any way
+        if key in made:
+            raise FIError(
+                f"{made[key].option} and {s.option} select the same set (both remove {removed:,} of the "
+                f"{prefix:,} prefix positions); give it once"
+            )
+        made[key] = s

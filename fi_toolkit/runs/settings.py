@@ -44,6 +44,18 @@ def check_number(name: str, value, finite: bool = True) -> float:
     return value
 
 
+MAX_RESAMPLES = 100_000  # bootstrap resamples: more is a typo (each resample stores an index per observation)
+
+
+def check_resamples(resamples, name: str = "resamples") -> int:
+    """Bootstrap resamples: a whole number in ``[0, MAX_RESAMPLES]``."""
+    if isinstance(resamples, bool) or not isinstance(resamples, numbers.Integral):
+        raise FIError(f"{name} must be a whole number, got {resamples!r}", parameter=name)
+    if not 0 <= resamples <= MAX_RESAMPLES:
+        raise FIError(f"{name} must lie in [0, {MAX_RESAMPLES:,}], got {resamples}", parameter=name)
+    return resamples
+
+
 def check_type(name: str, value, *types: type, optional: bool = False):
     """``value`` is one of ``types`` (or None where ``optional``); bools are refused where a number is wanted."""
     if value is None and optional:

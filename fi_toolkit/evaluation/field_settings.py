@@ -1,0 +1,143 @@
+"""What ``fi field`` places and where: :class:`FieldSettings`, the object the command line builds and
+:func:`fi_toolkit.evaluation.field.run_field` takes. Imports nothing heavy (no torch, no pandas): the command
+line builds it, and so refuses bad options, before the model loads (with ``replay``, checking each policy's
+budget on the replay imports the decoder).
+
+The settings hold what is measured (methods, budgets, the compression point, the chunks, the anchors' seeds,
+the replay, the bootstrap, the signal options, the batch size), not the documents: the model and the
+documents are the run function's other arguments. The methods' and budgets' messages name them as
+``--policy NAME`` and ``--budget B`` (:mod:`fi_toolkit.studies.field_spec` spells them so).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from fi_toolkit.budget import Budget
+from fi_toolkit.errors import FIError
+from fi_toolkit.probe.chunks import Chunk
+from fi_toolkit.probe.selections import check_prefix, check_sinks
+from fi_toolkit.runs.settings import check_int, check_resamples, check_type
+from fi_toolkit.signals.config import SignalConfig
+from fi_toolkit.studies.field_spec import (
+    Method,
+    check_methods,
+    default_methods,
+    parse_budgets,
+    parse_methods,
+    replay_policy,
+)
+from fi_toolkit.studies.nearfar_spec import nearfar_chunks, parse_distances
+
+MAX_SEEDS = 1000  # random anchor sets per budget: more is a typo
+
+
+@dataclass(frozen=True)
+class FieldSettings:
+    """``fi field``'s options, checked on construction (one :class:`~fi_toolkit.errors.FIError` line; the
+    command line names its flags).
+
+    ``methods``: policies and presses as ``--policy`` spells them, without a budget (strings or
+    :class:`~fi_toolkit.studies.field_spec.Method`); None: every project policy of the registry and every
+    press the providers offer that takes a budget (``presses``). ``budgets``: shares of the prefix
+    (``keep=0.25``). ``prefix``: the compression point ``p`` (and the replay's prompt). ``distances``: chunk
+    starts from ``p`` (``"0,256"`` or ints), each chunk ``chunk_len`` tokens. ``sinks``: the random anchor
+    never picks the first positions. ``seeds``: random anchor sets per budget. ``replay``: also the replay KL
+    in decoding, compressing every ``interval`` tokens up to ``length`` tokens (default: the far chunk's
+    end). ``resamples``: bootstrap resamples per headroom CI (0: none). ``signals``: the signal options;
+    ``batch_size``: evictions per batched forward (None: 1 on CPU, 8 on CUDA). ``presses``: also every press
+    the providers offer that takes a budget (None: when no methods are named). After construction
+    ``methods``, ``budgets`` and ``distances`` are tuples of parsed values and ``presses`` a bool.
+    """
+
+    methods: Sequence[Method | str] | None = None
+    budgets: Sequence[Budget | str] = ("keep=0.25",)
+    prefix: int = 1024
+    distances: Sequence[int] | str = (0, 256)
+    chunk_len: int = 128
+    sinks: int = 4
+    seeds: int = 3
+    replay: bool = False
+    interval: int = 256
+    length: int | None = None
+    resamples: int = 2000
+    signals: SignalConfig = field(default_factory=SignalConfig)
+    batch_size: int | None = None
+    presses: bool | None = None
+
+    def __post_init__(self):
+        check_type("signals", self.signals, SignalConfig)
+        config = self.signals.check()
+        budgets = tuple(self._budgets())
+        methods = tuple(self._methods())
+        distances = parse_distances(self.distances) if isinstance(self.distances, str) else list(self.distances)
+        for d in distances:
+            check_int("distances", d)
+        check_int("prefix", self.prefix)
+        check_int("chunk_len", self.chunk_len)
+        chunks = nearfar_chunks(self.prefix, distances, self.chunk_len)
+        check_prefix(self.prefix, config.window)
+        check_sinks(check_int("sinks", self.sinks), self.prefix, config.window)
+        seeds = check_int("seeds", self.seeds)
+        if not 1 <= seeds <= MAX_SEEDS:
+            raise FIError(f"seeds must lie in [1, {MAX_SEEDS}], got {seeds}", parameter="seeds")
+        if self.batch_size is not None:
+            check_int("batch_size", self.batch_size, 1)
+        check_resamples(self.resamples)
+        check_methods(methods, budgets, self.prefix, config.window, self.sinks)
+        check_type("replay", self.replay, bool)
+        if self.replay:
+            check_int("interval", self.interval, 1)
+            total = check_int("length", self.length) if self.length is not None else chunks[-1].end
+            if total <= self.prefix:
+                raise FIError(f"length {total} leaves nothing after the {self.prefix}-token prompt", parameter="length")
+            _check_replay_budgets(methods, budgets, config, self.prefix, total)
+        elif self.length is not None:
+            raise FIError("length sets the replay: it goes with replay", parameter=("length", "replay"))
+        presses = self.methods is None if self.presses is None else check_type("presses", self.presses, bool)
+        parsed = (("methods", methods), ("budgets", budgets), ("distances", tuple(distances)), ("presses", presses))
+        for name, value in parsed:
+            object.__setattr__(self, name, value)
+
+    def _budgets(self) -> list[Budget]:
+        if isinstance(self.budgets, (str, Budget)) or not isinstance(self.budgets, Sequence):
+            raise FIError(f"budgets must be a list of budgets, got {self.budgets!r}", parameter="budgets")
+        return parse_budgets([b if isinstance(b, str) else b.label for b in self.budgets])
+
+    def _methods(self) -> list[Method]:
+        if self.methods is None:
+            return default_methods()
+        if isinstance(self.methods, (str, Method)) or not isinstance(self.methods, Sequence):
+            raise FIError(f"methods must be a list of names, got {self.methods!r}", parameter="methods")
+        if not self.methods:
+            raise FIError("methods lists nothing (None: every policy and press)", parameter="methods")
+        return parse_methods([m.name if isinstance(m, Method) else check_type("methods", m, str) for m in self.methods])
+
+    @property
+    def chunks(self) -> list[Chunk]:
+        """The chunks: ``chunk_len`` tokens at each distance from ``p``, nearest first."""
+        return nearfar_chunks(self.prefix, self.distances, self.chunk_len)
+
+    def replay_length(self) -> int | None:
+        """The replay's tokens in all, the prompt included (None: no replay)."""
+        if not self.replay:
+            return None
+        return self.length if self.length is not None else self.chunks[-1].end
+
+    def document_tokens(self) -> int:
+        """The tokens each document needs: the far chunk's end, or the replay's length if longer."""
+        return max(self.chunks[-1].end, self.replay_length() or 0)
+
+
+def _check_replay_budgets(methods, budgets, config, prompt: int, total: int) -> None:
+    """Every method's replay policy resolves and its budget can work on the replay (before the model loads)."""
+    from fi_toolkit.compress.decoder import check_budget  # the decoder imports torch: only with a replay
+
+    for m in methods:
+        for b in budgets:
+            p = replay_policy(m, b, config)
+            try:
+                check_budget(p, prompt, total - prompt, p.compress_prompt)
+            except FIError as exc:
+                raise FIError(f"--policy {m.name} --budget {b.label}: {exc}") from None

@@ -1,0 +1,95 @@
+"""What ``fi probe`` measures: :class:`ProbeSettings`, the object the command line builds and
+:func:`fi_toolkit.studies.probe_run.run_probe` takes. Imports nothing heavy (no torch, no pandas): the
+command line builds it, and so refuses bad options, before the model loads.
+
+The settings hold what is measured (chunks, selections, the compression point, sinks, the future, the
+signal options, the batch size), not the documents: the model and the documents are the run function's
+other arguments, so one settings object probes any set of documents.
+
+It lives beside the run function in ``studies/`` (not in ``probe/``) because a generated future
+(``generated:N``) is the compressed decoder's continuation, and ``probe/`` sits below ``compress/``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from fi_toolkit.compress.future import DOCUMENT, Future, parse_future
+from fi_toolkit.errors import FIError
+from fi_toolkit.probe.chunks import Chunk, check_chunks, parse_chunk
+from fi_toolkit.probe.selections import Selection, check_prefix, check_selections, parse_selections
+from fi_toolkit.runs.settings import check_int, check_type
+from fi_toolkit.signals.config import SignalConfig
+
+DEFAULT_SELECTIONS = (
+    "entropy:remove=0.1",
+    "attention:remove=0.1",
+    "distance:remove=0.1",
+    "infokv:remove=0.1",
+    "random:remove=0.1@0-2",
+)  # budgets as fi_toolkit.budget spells them: a bare 0.1 would be keep=0.1
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    """``fi probe``'s options, checked on construction (one :class:`~fi_toolkit.errors.FIError` line naming
+    the parameter; the command line names its flag).
+
+    ``chunks``: future chunks ``START:END`` (strings or :class:`~fi_toolkit.probe.chunks.Chunk`);
+    ``selections``: ``--select`` specs (strings or parsed :class:`~fi_toolkit.probe.selections.Selection`
+    objects; a seed range becomes one selection per seed); ``prefix``: the compression point ``p`` (default
+    the smallest chunk start); ``sinks``: the first positions no score-based or random selector picks;
+    ``future``: ``document`` or ``generated:N[@SEED]`` (the chunks must then end by ``p + N``);
+    ``signals``: the signal options; ``batch_size``: evictions per batched forward (None: 1 on CPU, 8 on
+    CUDA). After construction ``chunks`` and ``selections`` are tuples of parsed objects, ``prefix`` an int
+    and ``future`` a :class:`~fi_toolkit.compress.future.Future`.
+    """
+
+    chunks: Sequence[Chunk | str]
+    selections: Sequence[Selection | str] = DEFAULT_SELECTIONS
+    prefix: int | None = None
+    sinks: int = 4
+    future: Future | str = DOCUMENT
+    signals: SignalConfig = field(default_factory=SignalConfig)
+    batch_size: int | None = None
+
+    def __post_init__(self):
+        future = self.future if isinstance(self.future, Future) else parse_future(self.future)
+        if isinstance(self.chunks, (str, Chunk)) or not isinstance(self.chunks, Sequence):
+            raise FIError(f"chunks must be a list of START:END chunks, got {self.chunks!r}", parameter="chunks")
+        chunks = tuple(c if isinstance(c, Chunk) else parse_chunk(check_type("chunks", c, str)) for c in self.chunks)
+        if isinstance(self.selections, (str, Selection)) or not isinstance(self.selections, Sequence):
+            raise FIError(f"selections must be a list of specs, got {self.selections!r}", parameter="selections")
+        specs = [s for s in self.selections if not isinstance(s, Selection)]
+        for s in specs:
+            check_type("selections", s, str)
+        selections = tuple(s for s in self.selections if isinstance(s, Selection)) + tuple(parse_selections(specs))
+        check_type("signals", self.signals, SignalConfig)
+        config = self.signals.check()
+        if self.batch_size is not None:
+            check_int("batch_size", self.batch_size, 1)
+        if not chunks:
+            raise FIError("no chunk given: pass at least one START:END in chunks", parameter="chunks")
+        p = min(c.start for c in chunks) if self.prefix is None else check_int("prefix", self.prefix)
+        check_int("sinks", self.sinks)
+        check_chunks(chunks, p, float("inf"), None)  # chunk starts vs p now; lengths once the documents are read
+        check_prefix(p, config.window)
+        check_selections(selections, p, config.window, self.sinks)
+        for c in chunks if future.generated else []:
+            if c.end > p + future.tokens:
+                raise FIError(
+                    f"chunk {c.label} ends past p + N = {p + future.tokens:,}: future {future.label} generates "
+                    f"{future.tokens:,} tokens after p={p}",
+                    parameter="future",
+                )
+        for name, value in (("future", future), ("chunks", chunks), ("selections", selections), ("prefix", p)):
+            object.__setattr__(self, name, value)
+
+    def document_tokens(self) -> int:
+        """The tokens each document needs: ``p`` with a generated future (the model continues it), else the
+        end of the last chunk or of the last chunk an FI oracle selection scores."""
+        if self.future.generated:
+            return self.prefix
+        ends = [c.end for c in self.chunks] + [e for s in self.selections if (e := s.reads_until()) is not None]
+        return max(ends)

@@ -1,0 +1,58 @@
+"""The Python guide's run-function examples (docs/guides/python.md, "A command from Python"), run verbatim
+with the embedded model, and checked against the command line: ``run_probe`` gives the FI that ``fi probe``
+writes with the same options, ``run_field`` the leaderboard that ``fi field`` writes."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from cli_runner import run_cli
+
+from fi_toolkit.runs.results import write_table
+from fi_toolkit.runs.resumable import read_table
+
+GUIDE = Path(__file__).resolve().parents[1] / "docs" / "guides" / "python.md"
+
+
+def section_blocks(title: str) -> list[str]:
+    """The ```python blocks of the guide's section ``## title`` (up to the next ``## `` heading)."""
+    text = GUIDE.read_text()
+    section = text.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```python\n(.*?)```", section, flags=re.S)
+
+
+def test_the_section_holds_two_examples_of_three_lines():
+    blocks = section_blocks("A command from Python")
+    assert len(blocks) == 2
+    for block in blocks:  # the imports, then three lines (the model is loaded once, in the first)
+        lines = [line for line in block.splitlines() if line and not line.startswith(("from ", "import "))]
+        assert len(lines) - ("load_model()" in block) == 3
+
+
+@pytest.mark.smollm
+def test_the_run_function_examples_run_and_equal_the_command_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    for block in section_blocks("A command from Python"):
+        exec(compile(block, str(GUIDE), "exec"), scope)
+    probed, tables = scope["probed"], scope["tables"]
+
+    probe = ["probe", "alice", "--chunk", "128:160", "--chunk", "192:224", "--select", "attention:remove=0.1"]
+    code, _, err = run_cli([*probe, "--select", "random:remove=0.1@0-1", "--out", "p"], capsys)
+    assert code == 0, err
+    assert len(probed.fi) == 2 * (2 + 1 + 2)  # chunks x (2 noise controls, attention, 2 random seeds)
+    write_table(tmp_path / "python.csv", probed.fi)
+    assert (tmp_path / "python.csv").read_bytes() == (tmp_path / "p" / "fi.csv").read_bytes()  # byte for byte
+
+    field = ["field", "alice", "--policy", "snapkv", "--policy", "h2o", "--budget", "keep=0.5", "--prefix", "128"]
+    code, _, err = run_cli([*field, "--distances", "0,64", "--chunk-len", "32", "--out", "f"], capsys)
+    assert code == 0, err
+    board = read_table(tmp_path / "f" / "leaderboard.csv")
+    assert set(board["method"]) == {"snapkv", "h2o", "random-positions", "fi-oracle"}
+    mine = read_table(tmp_path / "runs" / "field" / "leaderboard.csv")  # what run_field wrote
+    for column in ("fi_near", "fi_far", "headroom_near", "headroom_far"):
+        ours, theirs = (t.set_index("method")[column].sort_index().to_numpy() for t in (mine, board))
+        assert ours.tobytes() == theirs.tobytes(), column
+    assert list(tables["leaderboard"]["method"]) == list(mine["method"])
