@@ -164,6 +164,68 @@ def test_bad_model_args_fail_in_one_line(kwargs, message):
     assert message in str(exc.value) and "\n" not in str(exc.value)
 
 
+@pytest.mark.parametrize("value", [0, -1, "0", "-3", "abc", "2.5", "auto:0", "auto:x", True])
+def test_bad_batch_size_fails_in_one_line(value):
+    with pytest.raises(FIError) as exc:
+        parse_backend_args(batch_size=value)
+    assert f"batch_size={value!r}: need an integer >= 1, auto or auto:N" == str(exc.value)
+
+
+@pytest.mark.parametrize(
+    "value, want", [(1, 1), ("8", 8), (4.0, 4), ("auto", "auto"), ("auto:4", "auto"), ("AUTO", "auto")]
+)
+def test_batch_sizes_as_lm_eval_passes_them(value, want):
+    assert parse_backend_args(batch_size=value, max_batch_size="16").batch_size == want
+
+
+@pytest.mark.parametrize("device", ["tpu", "foo", "0", "cuda:-1", "meta"])
+def test_unknown_device_fails_in_one_line(device):
+    with pytest.raises(FIError) as exc:
+        parse_backend_args(device=device)
+    assert f"device '{device}'" in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_cuda_index_beyond_the_machines_devices_fails(monkeypatch):
+    """On a machine with one CUDA device, cuda:7 does not exist; cuda:0 does. Without CUDA, a CUDA device
+    passes the check (the backend runs it on the CPU, as lm-eval's hf backend does)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(FIError, match=r"device 'cuda:7' does not exist: this machine has 1 CUDA device\(s\)"):
+        parse_backend_args(device="cuda:7")
+    assert parse_backend_args(device="cuda:0").device == "cuda:0"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert parse_backend_args(device="cuda:7").device == "cuda:7"
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--batch_size", "0"], "batch_size='0': need an integer >= 1"),
+        (["-b", "-2"], "batch_size='-2': need an integer >= 1"),
+        (["--batch_size=many"], "batch_size='many': need an integer >= 1"),
+        (["--model_args", "batch_size=-1"], "batch_size=-1: need an integer >= 1"),
+        (["--device", "tpu"], "device 'tpu' does not exist"),
+        (["--model_args", "device=foo"], "device 'foo' does not exist"),
+        (["--max_batch_size", "0"], "max_batch_size='0'"),
+    ],
+)
+def test_cli_bad_batch_size_or_device_is_one_line_and_exit_2(argv, message, capsys):
+    """Checked before lm-eval is imported or any model loads: one error line, exit status 2, no traceback."""
+    from cli_runner import run_cli
+
+    code, _, err = run_cli(["lm-eval", "--model", "fi", "--tasks", "fi_mc", *argv], capsys)
+    assert code == 2 and message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+@lmeval
+@pytest.mark.lmeval
+def test_cli_unknown_model_is_one_line_and_exit_2(capsys):
+    from cli_runner import run_cli
+
+    code, _, err = run_cli(["lm-eval", "--model", "bogus", "--tasks", "fi_mc"], capsys)
+    assert code == 2 and "unknown --model 'bogus' (known: " in err and " hf, " in err and err.count("\n") == 1
+
+
 # --- inside lm-eval (SmolLM2; .venv-lmeval) ----------------------------------------------------------
 
 
