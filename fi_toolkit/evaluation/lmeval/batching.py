@@ -276,6 +276,8 @@ def generate_full_cache(
     on the left, ``batch_size`` per forward. A row stops as :meth:`CompressedDecoder.decode` stops it (an
     ``eos`` id, ``max_new`` tokens, then ``stop``, checked in that order after each token); the batch runs until
     its last row stops, finished rows dropped from it."""
+    if any(not r.prompt for r in requests):
+        raise FIError("a generation request needs a non-empty prompt")
     device = next(model.parameters()).device
     base, lm_head = model.base_model, decoder_parts(model)[2]
     out: list[tuple[list[int], CacheRecord] | None] = [None] * len(requests)
