@@ -125,7 +125,7 @@ def test_sampled_generation_is_seeded(tiny):
 
 # --- batches (tiny random model) ----------------------------------------------------------------------
 
-BATCH_POLICIES = [None, "snapkv", "infokv"]
+BATCH_POLICIES = [None, "snapkv", "infokv", "pyramidkv", "infokv-adaptive"]  # the last two: uneven layers
 
 
 def _batch_policy(name):
