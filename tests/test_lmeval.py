@@ -212,6 +212,8 @@ def test_batched_generation_equals_one_request_at_a_time(tiny):
     free = [Generation(q, 10 + 2 * i, lambda t: False, GREEDY) for i, q in enumerate(prompts)]
     one, four = (generate_full_cache(tiny.model, free, set(), size) for size in (1, 4))
     assert one == four
+    # a prefill in chunks of 16 positions: the short rows' first chunks are all padding
+    assert generate_full_cache(tiny.model, free, set(), 4, prefill_chunk=16) == one
     for spec, (tokens, record) in zip(free, one):
         with torch.no_grad():
             want = tiny.model.generate(
