@@ -100,8 +100,14 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_probe.py
 
 # On a CUDA machine (install your CUDA torch first): one JSON under benchmarks/results/, exit 1 if a check fails.
+# gpu-check also compares the lm-eval backend with lm-eval's hf backend on CUDA (requests/s, batch 1 and 8, both
+# request types; docs/guides/lm-eval.md) where .venv-lmeval exists (make test-lmeval builds it).
 gpu-check: $(STAMP)
 	$(BIN)/python benchmarks/gpu_check.py --device cuda
+	if [ -x $(BIN_LME)/python ]; then \
+	  $(BIN_LME)/python benchmarks/bench_lmeval.py --device cuda --docs 32 --context 1024 --new 64 \
+	    --out benchmarks/results/bench_lmeval-cuda.txt; \
+	else echo "gpu-check: no $(VENV_LME) (make test-lmeval builds it): the lm-eval comparison is skipped"; fi
 
 $(STAMP_DOCS): $(STAMP) pyproject.toml
 	$(BIN)/pip install -q -e '.[docs]'

@@ -1,9 +1,16 @@
-"""Tokens per second of the lm-eval backend (``--model fi``) against lm-eval's own ``hf`` backend on the
-same generate_until requests (issue 22; target ratio >= 0.9 at full budget), and with InfoKV at 25 %.
+"""Requests per second of the lm-eval backend (``--model fi``) against lm-eval's own ``hf`` backend on the same
+requests, both request types, batch sizes 1 and 8, side by side in one run (target: ``fi`` at ``policy=none``
+at least 0.9x ``hf`` at the same batch size), and what a compressing policy costs over ``policy=none``.
 
-Run in .venv-lmeval (``make test-lmeval`` builds it): ``python benchmarks/bench_lmeval.py [--device cuda]``.
-Requests: ``--requests`` passkey prompts of ``--context`` tokens (fi_toolkit.evaluation.tasks), greedy,
-no stop string, ``--new`` tokens each (both backends batch size 1). Writes benchmarks/results/bench_lmeval.txt.
+Run in .venv-lmeval (``make test-lmeval`` builds it)::
+
+    python benchmarks/bench_lmeval.py [--device cuda] [--docs 8] [--context 300] [--new 32] [--batch 1,8] [--repeats 3]
+
+Requests, built from the toolkit's passkey task (fi_toolkit.evaluation.tasks) at ``--context`` tokens:
+``loglikelihood``: ``--docs`` prompts, each with 4 candidate answers (a multiple-choice question: 4 requests
+sharing one context); ``generate_until``: the same ``--docs`` prompts, greedy, no stop string, ``--new``
+tokens each. Each cell is the best of ``--repeats`` timed runs (the backends interleaved) after a warm-up.
+Writes benchmarks/results/bench_lmeval.txt.
 """
 
 from __future__ import annotations
@@ -20,57 +27,79 @@ from fi_toolkit.evaluation.lmeval.backend import CompressedLM
 from fi_toolkit.evaluation.tasks import make_sample
 from fi_toolkit.model.loading import load_model
 
+KINDS = ("loglikelihood", "generate_until")
 
-def timed(lm, requests, device) -> float:
+
+def timed(lm, kind: str, requests, device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     t0 = time.perf_counter()
-    lm.generate_until(requests, disable_tqdm=True)
+    getattr(lm, kind)(requests, disable_tqdm=True)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter() - t0
 
 
+def build_requests(lm, docs: int, context: int, new: int) -> dict[str, list]:
+    """The two request lists: 4 answers per prompt (loglikelihood), one generation per prompt."""
+    samples = [make_sample("passkey", lm.tokenizer, context, seed, lm.config, chat=False) for seed in range(docs)]
+    gen = {"until": [], "max_gen_toks": new, "do_sample": False}
+    scored, generated = [], []
+    for i, s in enumerate(samples):
+        prompt = s.context + s.asked
+        answers = [s.answer] + [str((int(s.answer) * (k + 7) + 13) % 100000).zfill(len(s.answer)) for k in range(3)]
+        scored += [Instance("loglikelihood", {}, (prompt, " " + a), j) for j, a in enumerate(answers)]
+        generated.append(Instance("generate_until", {}, (prompt, dict(gen)), i))
+    return {"loglikelihood": scored, "generate_until": generated}
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--requests", type=int, default=3)
+    ap.add_argument("--docs", type=int, default=8)
     ap.add_argument("--context", type=int, default=300)
-    ap.add_argument("--new", type=int, default=64)
+    ap.add_argument("--new", type=int, default=32)
+    ap.add_argument("--batch", default="1,8", help="batch sizes, comma-separated")
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs per cell (the best is reported)")
+    ap.add_argument("--policy", default="infokv", help="the compressing policy whose cost is reported")
+    ap.add_argument("--budget", default="keep=0.25")
+    ap.add_argument("--interval", type=int, default=16)
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "bench_lmeval.txt"))
     a = ap.parse_args()
     lm = load_model(a.model, device=a.device, dtype=a.dtype)
-    gen = {"until": [], "max_gen_toks": a.new, "do_sample": False}
-    prompts = [
-        make_sample("passkey", lm.tokenizer, a.context, seed, lm.config, chat=False) for seed in range(a.requests)
-    ]
-    requests = [Instance("generate_until", {}, (s.context + s.asked, dict(gen)), i) for i, s in enumerate(prompts)]
-    hf = HFLM(pretrained=lm.model, tokenizer=lm.tokenizer, batch_size=1)
-    backends = {
-        "hf (lm-eval)": hf,
-        "fi, policy=none": CompressedLM(lm=lm, policy="none"),
-        "fi, infokv keep=0.25, interval=16": CompressedLM(lm=lm, policy="infokv", budget="keep=0.25", interval=16),
-    }
-    timed(backends["fi, policy=none"], requests[:1], lm.device)  # warm-up
-    timed(hf, requests[:1], lm.device)
-    tokens = a.requests * a.new
-    rates = {}
-    for name, backend in backends.items():
-        seconds = min(timed(backend, requests, lm.device) for _ in range(2))
-        rates[name] = tokens / seconds
-    fi_none = backends["fi, policy=none"]
-    new = [r["new_tokens"] for recs in fi_none.records.values() for r in recs]
+    requests = build_requests(lm, a.docs, a.context, a.new)
+    sizes = [int(b) for b in a.batch.split(",")]
+    compressing = f"fi {a.policy} {a.budget} interval={a.interval}"
+    rows = []
+    for size in sizes:
+        backends = {
+            "hf": HFLM(pretrained=lm.model, tokenizer=lm.tokenizer, batch_size=size),
+            "fi none": CompressedLM(lm=lm, policy="none", batch_size=size),
+            compressing: CompressedLM(lm=lm, policy=a.policy, budget=a.budget, interval=a.interval, batch_size=size),
+        }
+        for kind in KINDS:
+            for backend in backends.values():
+                timed(backend, kind, requests[kind][:2], lm.device)  # warm-up
+            best = dict.fromkeys(backends, float("inf"))
+            for _ in range(a.repeats):  # interleaved, so that a busy moment of the machine hits every backend alike
+                for name, backend in backends.items():
+                    best[name] = min(best[name], timed(backend, kind, requests[kind], lm.device))
+            rows.append((kind, size, {name: len(requests[kind]) / seconds for name, seconds in best.items()}))
     lines = [
-        f"bench_lmeval: {a.model} on {lm.device} ({a.dtype}), {a.requests} generate_until requests of "
-        f"{a.context} prompt tokens, greedy, {a.new} new tokens each (fi generated {min(new)}..{max(new)}), "
-        "batch size 1, best of 2 runs after a warm-up",
-        f"torch threads: {torch.get_num_threads()}",
+        f"bench_lmeval: {a.model} on {lm.device} ({a.dtype}), torch threads {torch.get_num_threads()}; "
+        f"{a.docs} passkey prompts of {a.context} tokens: loglikelihood = {4 * a.docs} requests (4 answers per "
+        f"prompt), generate_until = {a.docs} requests (greedy, {a.new} new tokens, no stop string); "
+        f"requests/s, best of {a.repeats} interleaved runs after a warm-up",
+        f"{'request type':16s} {'batch':>5s} {'hf':>9s} {'fi none':>9s} {'fi/hf':>6s} "
+        f"{'compressing':>11s} {'none/compr.':>11s}   (compressing: {compressing})",
     ]
-    base = rates["hf (lm-eval)"]
-    for name, rate in rates.items():
-        lines.append(f"{name:38s} {rate:8.1f} tokens/s   ratio to hf {rate / base:.2f}")
+    for kind, size, r in rows:
+        none, comp = r["fi none"], r[compressing]
+        lines.append(
+            f"{kind:16s} {size:5d} {r['hf']:9.2f} {none:9.2f} {none / r['hf']:6.2f} {comp:11.2f} {none / comp:11.2f}"
+        )
     text = "\n".join(lines) + "\n"
     print(text, end="")
     Path(a.out).write_text(text)

@@ -987,6 +987,24 @@ CASES = [
         ["lm-eval", "--model=fi", "--model_args=policy", "--tasks", "x"],
         "write KEY=VALUE pairs separated by commas",
     ),
+    (
+        "lmeval-batch-size-zero",
+        None,
+        ["lm-eval", "--model", "fi", "--batch_size", "0", "--tasks", "x"],
+        "batch_size='0': need an integer >= 1, auto or auto:N",
+    ),
+    (
+        "lmeval-batch-size-text",
+        None,
+        ["lm-eval", "--model", "fi", "--model_args", "batch_size=many", "--tasks", "x"],
+        "batch_size='many': need an integer >= 1, auto or auto:N",
+    ),
+    (
+        "lmeval-device-unknown",
+        None,
+        ["lm-eval", "--model", "fi", "--device", "tpu", "--tasks", "x"],
+        "device 'tpu' does not exist (use auto, cpu, cuda, cuda:N or mps)",
+    ),
     # equal specifications, compared after parsing (issue 19): refused in one line naming both spellings
     (
         "eval-budget-equal",

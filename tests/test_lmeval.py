@@ -123,6 +123,133 @@ def test_sampled_generation_is_seeded(tiny):
     assert a == b and a != greedy
 
 
+# --- batches (tiny random model) ----------------------------------------------------------------------
+
+BATCH_POLICIES = [None, "snapkv", "infokv", "pyramidkv", "infokv-adaptive"]  # the last two: uneven layers
+
+
+def _batch_policy(name):
+    return None if name is None else make_policy(name, budget="keep=0.25", window=8)
+
+
+def _mc_pairs() -> list[tuple[list[int], list[int]]]:
+    """Three contexts, each followed by four continuations (1 to 30 tokens: with interval 8, the two longest
+    reach a compression point after the context), and one context of its own."""
+    pairs = [
+        (_ids(n, 20 + k), _ids(length, 40 + 4 * k + j))
+        for k, n in enumerate((100, 77, 130))
+        for j, length in enumerate((1, 5, 12, 30))
+    ]
+    return pairs + [(_ids(90, 60), _ids(6, 61))]
+
+
+@pytest.mark.parametrize("name", BATCH_POLICIES)
+def test_batched_scoring_equals_one_request_at_a_time(tiny, name, monkeypatch):
+    """Batch 1 and batch 4 give the same log-likelihoods (1e-5), is-greedy flags and records; each equals an
+    independent computation (a plain forward of the whole sequence; under a policy, the replay's compressed
+    NLLs at the same points), and a shared context is prefilled and compressed once for its continuations."""
+    from fi_toolkit.compress.decoder import CompressedDecoder
+    from fi_toolkit.evaluation.lmeval.batching import score_pairs
+
+    pairs, policy = _mc_pairs(), _batch_policy(name)
+    prefills = []
+    original = CompressedDecoder.prefill
+    monkeypatch.setattr(
+        CompressedDecoder, "prefill", lambda self, ids: prefills.append(ids.numel()) or original(self, ids)
+    )
+    one, four = score_pairs(tiny.model, pairs, policy, 8, 1), score_pairs(tiny.model, pairs, policy, 8, 4)
+    monkeypatch.undo()  # (the replay below prefills too)
+    assert max(abs(a[0] - b[0]) for a, b in zip(one, four)) < 1e-5
+    assert [a[1] for a in one] == [b[1] for b in four] and [a[2] for a in one] == [b[2] for b in four]
+    for (context, continuation), (logprob, greedy, record) in zip(pairs, one):
+        if policy is None:
+            want, want_greedy = _plain_logprob(tiny.model, context, continuation)
+            assert (logprob, greedy) == (pytest.approx(want, abs=1e-4), want_greedy)
+            assert record.cache_entries == record.full_entries == len(context) + len(continuation) - 1
+        else:
+            rep = replay(tiny.model, torch.tensor(context + continuation), len(context), policy, 8)
+            assert logprob == pytest.approx(-float(rep.nll_compressed.double().sum()), abs=1e-4)
+            assert record.compressions >= 1 and record.cache_entries < record.full_entries
+            if len(continuation) > 1:  # (a replay of one token compresses nothing: nothing reads the cache)
+                assert record.compression_steps == [s for s in rep.compression_steps if s < len(continuation) - 1]
+    if policy is None:
+        assert prefills == []  # padded rows, no decoder
+    else:  # per batch size: 4 contexts once each, and the 6 continuations that reach a compression on their own
+        assert sorted(prefills) == sorted(2 * ([100, 77, 130, 90] + [100, 100, 77, 77, 130, 130]))
+
+
+def test_auto_batch_size_halves_on_out_of_memory(tiny, monkeypatch):
+    """batch_size=auto starts at max_batch_size and halves it on a CUDA out-of-memory error, retrying the
+    batch; the scores are those of batch size 1."""
+    from fi_toolkit.evaluation.lmeval import batching
+
+    pairs, sizes = _mc_pairs(), []
+    original = batching._right_padded
+
+    def padded(rows, device):
+        sizes.append(len(rows))
+        if len(rows) > 3:
+            raise torch.cuda.OutOfMemoryError("out of memory")
+        return original(rows, device)
+
+    monkeypatch.setattr(batching, "_right_padded", padded)
+    auto = batching.score_pairs(tiny.model, pairs, None, 8, "auto", max_batch_size=16)
+    assert sizes == [13, 8, 4] + [2] * 6 + [1]  # 16 (all 13 rows), 8, 4 fail; 2 is kept for the rest
+    one = batching.score_pairs(tiny.model, pairs, None, 8, 1)
+    assert max(abs(a[0] - b[0]) for a, b in zip(auto, one)) < 1e-5
+    with pytest.raises(torch.cuda.OutOfMemoryError):  # a fixed size is the user's: not changed
+        batching.score_pairs(tiny.model, pairs, None, 8, 4)
+
+
+def test_batched_generation_equals_one_request_at_a_time(tiny):
+    """policy=none, prompts of different lengths padded on the left: batch 1 and batch 4 generate exactly the
+    tokens plain ``model.generate`` gives each prompt alone, with per-row stops (EOS, a stop rule, max_new)
+    and seeded sampling as one request at a time gives them."""
+    from fi_toolkit.compress.sampling import GREEDY, Sampling
+    from fi_toolkit.evaluation.lmeval.batching import Generation, generate_full_cache
+
+    prompts = [_ids(n, 70 + n) for n in (40, 61, 23, 50, 50, 9)]
+    free = [Generation(q, 10 + 2 * i, lambda t: False, GREEDY) for i, q in enumerate(prompts)]
+    one, four = (generate_full_cache(tiny.model, free, set(), size) for size in (1, 4))
+    assert one == four
+    # a prefill in chunks of 16 positions: the short rows' first chunks are all padding
+    assert generate_full_cache(tiny.model, free, set(), 4, prefill_chunk=16) == one
+    for spec, (tokens, record) in zip(free, one):
+        with torch.no_grad():
+            want = tiny.model.generate(
+                torch.tensor([spec.prompt]),
+                max_new_tokens=spec.max_new,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+                min_new_tokens=spec.max_new,
+            )[0, len(spec.prompt) :].tolist()
+        assert tokens == want
+        assert record.cache_entries == record.full_entries == len(spec.prompt) + spec.max_new - 1
+    eos = {one[5][0][1]}  # the second token of the last row: an EOS within its stop rule
+    stopped = [Generation(q, 20, lambda t, n=i: len(t) == 3 + n, GREEDY) for i, q in enumerate(prompts)]
+    sampled = [Generation(q, 12, lambda t: False, Sampling(1.0, 0.9, 7 + i)) for i, q in enumerate(prompts)]
+    for specs, eos_ids, sample in ((stopped, eos, False), (sampled, set(), True)):
+        batched = generate_full_cache(tiny.model, specs, eos_ids, 4)
+        for spec, (tokens, record) in zip(specs, batched):
+            s = spec.sampling
+            alone = generate_tokens(
+                tiny.model,
+                spec.prompt,
+                None,
+                1024,
+                spec.max_new,
+                eos_ids,
+                spec.stop,
+                sample,
+                s.temperature,
+                s.top_p,
+                s.seed,
+            )
+            assert (tokens, record) == alone
+    assert [len(t) for t, _ in generate_full_cache(tiny.model, stopped, eos, 4)] != [3, 4, 5, 6, 7, 8]  # EOS cut some
+
+
 # --- model arguments ---------------------------------------------------------------------------------
 
 
@@ -162,6 +289,68 @@ def test_bad_model_args_fail_in_one_line(kwargs, message):
     with pytest.raises(FIError) as exc:
         parse_backend_args(**kwargs)
     assert message in str(exc.value) and "\n" not in str(exc.value)
+
+
+@pytest.mark.parametrize("value", [0, -1, "0", "-3", "abc", "2.5", "auto:0", "auto:x", True])
+def test_bad_batch_size_fails_in_one_line(value):
+    with pytest.raises(FIError) as exc:
+        parse_backend_args(batch_size=value)
+    assert f"batch_size={value!r}: need an integer >= 1, auto or auto:N" == str(exc.value)
+
+
+@pytest.mark.parametrize(
+    "value, want", [(1, 1), ("8", 8), (4.0, 4), ("auto", "auto"), ("auto:4", "auto"), ("AUTO", "auto")]
+)
+def test_batch_sizes_as_lm_eval_passes_them(value, want):
+    assert parse_backend_args(batch_size=value, max_batch_size="16").batch_size == want
+
+
+@pytest.mark.parametrize("device", ["tpu", "foo", "0", "cuda:-1", "meta"])
+def test_unknown_device_fails_in_one_line(device):
+    with pytest.raises(FIError) as exc:
+        parse_backend_args(device=device)
+    assert f"device '{device}'" in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_cuda_index_beyond_the_machines_devices_fails(monkeypatch):
+    """On a machine with one CUDA device, cuda:7 does not exist; cuda:0 does. Without CUDA, a CUDA device
+    passes the check (the backend runs it on the CPU, as lm-eval's hf backend does)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(FIError, match=r"device 'cuda:7' does not exist: this machine has 1 CUDA device\(s\)"):
+        parse_backend_args(device="cuda:7")
+    assert parse_backend_args(device="cuda:0").device == "cuda:0"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert parse_backend_args(device="cuda:7").device == "cuda:7"
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--batch_size", "0"], "batch_size='0': need an integer >= 1"),
+        (["-b", "-2"], "batch_size='-2': need an integer >= 1"),
+        (["--batch_size=many"], "batch_size='many': need an integer >= 1"),
+        (["--model_args", "batch_size=-1"], "batch_size=-1: need an integer >= 1"),
+        (["--device", "tpu"], "device 'tpu' does not exist"),
+        (["--model_args", "device=foo"], "device 'foo' does not exist"),
+        (["--max_batch_size", "0"], "max_batch_size='0'"),
+    ],
+)
+def test_cli_bad_batch_size_or_device_is_one_line_and_exit_2(argv, message, capsys):
+    """Checked before lm-eval is imported or any model loads: one error line, exit status 2, no traceback."""
+    from cli_runner import run_cli
+
+    code, _, err = run_cli(["lm-eval", "--model", "fi", "--tasks", "fi_mc", *argv], capsys)
+    assert code == 2 and message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+@lmeval
+@pytest.mark.lmeval
+def test_cli_unknown_model_is_one_line_and_exit_2(capsys):
+    from cli_runner import run_cli
+
+    code, _, err = run_cli(["lm-eval", "--model", "bogus", "--tasks", "fi_mc"], capsys)
+    assert code == 2 and "unknown --model 'bogus' (known: " in err and " hf, " in err and err.count("\n") == 1
 
 
 # --- inside lm-eval (SmolLM2; .venv-lmeval) ----------------------------------------------------------
@@ -304,6 +493,102 @@ def test_compressed_cli_run_writes_results_with_policy_and_records(exported, tmp
         records = [rec for row in rows for rec in row["fi_toolkit"]]
         assert all(rec["cache_entries"] < rec["full_entries"] and rec["compressions"] >= 1 for rec in records)
         assert all(rec["cache_entries"] <= 96 + 4 for rec in records)
+
+
+class CharTokenizer:
+    """A tokenizer for the tiny model: one id per character (3 + its code point, below the vocabulary of 256),
+    EOS 2; decodes what it encodes."""
+
+    eos_token_id, bos_token_id, bos_token, eos_token, name_or_path = 2, None, None, None, "chars"
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [3 + ord(c) % 253 for c in text]
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        return "".join(chr(i - 3) for i in ids if i >= 3)
+
+
+def _text(n: int, seed: int) -> str:
+    return "".join(chr(97 + i % 26) for i in _ids(n, seed, 250))
+
+
+@lmeval
+@pytest.mark.lmeval
+@pytest.mark.parametrize("policy", ["none", "snapkv", "infokv"])
+def test_backend_batch_1_and_4_give_the_same_numbers(tiny, policy):
+    """Through the backend (tiny model, a character tokenizer): multiple-choice log-likelihoods (4 choices
+    per context), rolling windows and generations with stop strings, batch 1 against batch 4, at policy=none
+    and under SnapKV and InfoKV keeping 25 % with a compression every 4 tokens (shorter than the generation)."""
+    from types import SimpleNamespace
+
+    from lm_eval.api.instance import Instance
+
+    from fi_toolkit.evaluation.lmeval.backend import CompressedLM
+
+    lm = SimpleNamespace(model=tiny.model, tokenizer=CharTokenizer(), device=tiny.device, describe=lambda: {})
+    meta = ("t", 0, 1)
+    mc = [
+        Instance("loglikelihood", {}, (_text(n, 80 + k), " " + _text(1 + 3 * j, 90 + j)), j, (f"mc{k}", k, 1))
+        for k, n in enumerate((120, 150, 97))
+        for j in range(4)
+    ]
+    rolling = [Instance("loglikelihood_rolling", {}, (_text(n, 100 + n),), 0, meta) for n in (150, 70)]
+    gen = [
+        Instance("generate_until", {}, (_text(n, 110 + n), {"until": ["qq"], "max_gen_toks": 14}), 0, ("g", i, 1))
+        for i, n in enumerate((130, 101, 160, 90, 125))
+    ]
+    runs = []
+    for size in (1, 4):
+        backend = CompressedLM(
+            lm=lm, policy=policy, budget="keep=0.25", interval=4, window=4, max_length=64 + 16, batch_size=size
+        )
+        runs.append(
+            (
+                backend.loglikelihood(mc, disable_tqdm=True),
+                backend.loglikelihood_rolling(rolling, disable_tqdm=True),
+                backend.generate_until(gen, disable_tqdm=True),
+                dict(backend.records),
+            )
+        )
+    (mc1, roll1, gen1, rec1), (mc4, roll4, gen4, rec4) = runs
+    assert max(abs(a[0] - b[0]) for a, b in zip(mc1, mc4)) < 1e-5 and [a[1] for a in mc1] == [b[1] for b in mc4]
+    assert roll1 == pytest.approx(roll4, abs=1e-5) and gen1 == gen4 and all(gen1)
+    assert rec1 == rec4
+    compressed = [r["compressions"] for recs in rec1.values() for r in recs]
+    assert len(compressed) == 12 + 3 + 5 and len(rec1[("t", 0)]) == 3  # rolling windows of 80 tokens: 2 + 1
+    if policy == "none":
+        assert set(compressed) == {0}
+    else:  # every context, window and prompt was compressed, and generation compressed again every 4 tokens
+        assert min(compressed) >= 1
+        assert all(r["compressions"] >= 3 for i in range(5) for r in rec1[("g", i)])
+
+
+@lmeval
+@pytest.mark.lmeval
+@pytest.mark.smollm
+@pytest.mark.parametrize("policy", ["none", "snapkv", "infokv"])
+def test_smollm_batch_1_and_4_give_the_same_numbers(smollm, exported, policy, monkeypatch, tmp_path):
+    """The real model inside lm-eval: fi_mc (multiple choice) and fi_passkey (generation) at batch 1 and batch
+    4 give the same loglikelihoods (1e-5) and the same generations, at policy=none and under SnapKV and InfoKV
+    keeping 25 % with a compression every 4 generated tokens."""
+    from fi_toolkit.evaluation.lmeval.backend import CompressedLM
+
+    monkeypatch.chdir(ROOT)
+    tasks = tmp_path / "tasks"
+    shutil.copytree(exported, tasks)
+    shutil.copy(DATA / "fi_mc.yaml", tasks)
+    runs = []
+    for size in (1, 4):
+        lm = CompressedLM(lm=smollm, policy=policy, budget="keep=0.25", interval=4, batch_size=size)
+        runs.append((_evaluate(lm, ["fi_mc", "fi_passkey"], include=tasks), lm.records))
+    (a, rec_a), (b, rec_b) = runs
+    assert len(_lls(a, "fi_mc")) == 16
+    assert max(abs(float(x) - float(y)) for x, y in zip(_lls(a, "fi_mc"), _lls(b, "fi_mc"))) < 1e-5
+    gen_a = [r["resps"][0][0] for r in a["samples"]["fi_passkey"]]
+    assert gen_a == [r["resps"][0][0] for r in b["samples"]["fi_passkey"]] and all(gen_a)
+    assert dict(rec_a) == dict(rec_b)
+    if policy != "none":
+        assert all(r["compressions"] >= 1 for recs in rec_a.values() for r in recs)
 
 
 @lmeval

@@ -27,7 +27,8 @@ lm-eval.
   interval=N             generated/scored tokens between compressions back to the budget (default 1024)
   window=N               observation window, never evicted (default 32)
   dtype=D                float32 (default), bfloat16, float16; upcast=false computes in that dtype too
-  device=D               auto (default), cpu, cuda, cuda:N
+  device=D               auto (default), cpu, cuda, cuda:N, mps (or lm-eval's --device)
+  batch_size=N           rows per forward, auto or auto:N (or lm-eval's --batch_size; default 1)
   max_length=N           context for rolling log-likelihood windows and prompts (default: the model's)
   max_gen_toks=N         when a task sets none (default 256)
   seed=N                 sampled decoding: request i draws from seed + i (default 1234)
@@ -75,11 +76,21 @@ def _option(argv: list[str], name: str) -> str | None:
 def check_model_args(argv: list[str]) -> None:
     """For ``--model fi``: the model arguments checked as the backend will (FIError on a bad one), before
     lm-eval is imported (so a bad argument is one line even where lm-eval is missing)."""
-    from fi_toolkit.evaluation.lmeval.arguments import parse_backend_args, split_model_args
+    from fi_toolkit.evaluation.lmeval.arguments import parse_backend_args
 
     model, model_args = _model_args(argv)
-    if model != "fi" or not model_args:
+    if model != "fi":
         return
+    # lm-eval's own settings reach the backend beside the model arguments (a model argument wins)
+    settings = {k: _option(argv, f"--{k}") for k in ("device", "batch_size", "max_batch_size")}
+    settings["batch_size"] = settings["batch_size"] or _option(argv, "-b")
+    parse_backend_args(**{**{k: v for k, v in settings.items() if v is not None}, **_parsed(model_args or "")})
+
+
+def _parsed(model_args: str) -> dict:
+    """``--model_args`` as lm-eval reads it: KEY=VALUE pairs, or a JSON object."""
+    from fi_toolkit.evaluation.lmeval.arguments import split_model_args
+
     if model_args.lstrip().startswith("{"):  # lm-eval also takes a JSON object
         import json
 
@@ -87,9 +98,26 @@ def check_model_args(argv: list[str]) -> None:
             parsed = json.loads(model_args)
         except ValueError as exc:
             raise FIError(f"--model_args: not a JSON object ({exc})") from None
-    else:
-        parsed = split_model_args(model_args)
-    parse_backend_args(**parsed)
+        if not isinstance(parsed, dict):
+            raise FIError("--model_args: not a JSON object")
+        return parsed
+    return split_model_args(model_args)
+
+
+def check_model(model: str | None) -> None:
+    """FIError for a ``--model`` lm-eval's registry does not hold, or whose package is missing (``vllm``);
+    None is lm-eval's default (``hf``)."""
+    if model is None:
+        return
+    from lm_eval.api.registry import get_model
+
+    try:
+        get_model(model)
+    except ValueError as exc:
+        names = str(exc).rpartition("Supported model names:")[2].strip()
+        raise FIError(f"unknown --model '{model}' (known: {names})") from None
+    except ImportError as exc:
+        raise FIError(f"--model {model} needs a package that is not installed ({exc})") from None
 
 
 def run_lm_eval(argv: list[str]) -> int:
@@ -112,6 +140,8 @@ def run_lm_eval(argv: list[str]) -> int:
         raise FIError(f"lm-eval is not installed ({exc}); pip install 'fi_toolkit[lmeval]'") from None
     from fi_toolkit.evaluation.lmeval.backend import samples_annotated  # (importing it registers --model fi)
 
+    if not helping:
+        check_model(_model_args(argv)[0])
     if helping:
         out.print(BACKEND_HELP.format(policies=_policy_list()), markup=False, highlight=False)
         argv = ["run", "--help"]

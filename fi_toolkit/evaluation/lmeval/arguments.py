@@ -12,6 +12,7 @@ options after a colon).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field, fields
 
 from fi_toolkit.budget import Budget
@@ -20,9 +21,11 @@ from fi_toolkit.policies import Policy
 from fi_toolkit.policies.registry import lookup, resolve
 
 NONE = ("none", "full")  # the full cache
-# Accepted and not used: what lm-eval passes to every backend (simple_evaluate's additional config), and
-# ``tokenizer``, which tasks such as RULER read from the model arguments to size their data with.
-IGNORED = ("batch_size", "max_batch_size", "tokenizer", "trust_remote_code")
+# Accepted and not used: ``tokenizer``, which tasks such as RULER read from the model arguments to size their
+# data with, and ``trust_remote_code``, which lm-eval passes to every backend.
+IGNORED = ("tokenizer", "trust_remote_code")
+AUTO = "auto"  # batch_size=auto (lm-eval's auto:N too): start at max_batch_size, halve on a CUDA out-of-memory
+DEVICES = "auto, cpu, cuda, cuda:N or mps"
 
 
 @dataclass
@@ -37,6 +40,8 @@ class BackendArgs:
     window: int = 32
     dtype: str = "float32"
     device: str = "auto"
+    batch_size: int | str = 1  # rows per forward, or AUTO
+    max_batch_size: int = 64  # the first size batch_size=auto tries (lm-eval's --max_batch_size)
     upcast: bool = True
     max_length: int | None = None  # the context for rolling log-likelihood windows (default: the model's)
     max_gen_toks: int = 256  # when a task gives none
@@ -131,6 +136,44 @@ def _boolean(name: str, value) -> bool:
     raise FIError(f"model argument {name}={value!r}: need true or false")
 
 
+def check_batch_size(value) -> int | str:
+    """lm-eval's ``batch_size`` (``--batch_size`` text, or a number from ``--model_args``) -> an integer >= 1
+    or :data:`AUTO` (``auto`` and lm-eval's ``auto:N``, which re-detects N times, are both read as ``auto``)."""
+    text = str(value).strip().lower()
+    if not isinstance(value, bool) and (text == AUTO or re.fullmatch(r"auto:[1-9][0-9]*", text)):
+        return AUTO
+    try:
+        return _integer("batch_size", value, 1)
+    except FIError:
+        raise FIError(f"batch_size={value!r}: need an integer >= 1, auto or auto:N") from None
+
+
+def check_device(text: str) -> str:
+    """``text`` if it names a device this machine can load a model on (``auto`` included); FIError otherwise:
+    a name torch does not know (``tpu``, ``foo``), a CUDA index beyond the machine's devices (``cuda:7`` on a
+    one-GPU machine), MPS where there is none, a kind the backend does not run on (``meta``, ``xpu``). A CUDA
+    device on a machine without CUDA passes: the backend runs it on the CPU, as lm-eval's ``hf`` backend does."""
+    import torch
+
+    if text == "auto":
+        return text
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise FIError(f"device '{text}' does not exist (use {DEVICES})") from None
+    if device.type == "cuda" and torch.cuda.is_available():
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise FIError(
+                f"device '{text}' does not exist: this machine has {count} CUDA device(s), cuda:0..cuda:{count - 1}"
+            )
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise FIError(f"device '{text}' is not available on this machine (use {DEVICES})")
+    elif device.type not in ("cpu", "cuda", "mps"):
+        raise FIError(f"device '{text}' is not supported by the fi backend (use {DEVICES})")
+    return text
+
+
 def split_model_args(text: str) -> dict:
     """``--model_args`` text -> a dict, as lm-eval reads it: pairs at commas, key and value at the first
     ``=``, ``true``/``false`` and numbers converted (lm_eval.utils.simple_parse_args_string's rules)."""
@@ -150,7 +193,8 @@ def split_model_args(text: str) -> dict:
 def parse_backend_args(**kwargs) -> BackendArgs:
     """Check and convert the model arguments (as lm-eval hands them over) -> :class:`BackendArgs`.
 
-    Raises FIError for an unknown argument or policy, a non-finite number, ``interval`` < 1, or a budget
+    Raises FIError for an unknown argument or policy, a non-finite number, ``interval`` < 1, a ``batch_size``
+    that is not an integer >= 1 or ``auto``/``auto:N``, a device that does not exist, or a budget
     that cannot hold the observation window (a token count not above ``window``); a share is checked
     per request (a short request is left uncompressed, as :meth:`CompressedDecoder.compress` does)."""
     names = {f.name for f in fields(BackendArgs)} - {"policy_options"}
@@ -165,7 +209,9 @@ def parse_backend_args(**kwargs) -> BackendArgs:
         else:
             options[key] = value
     args.policy, args.pretrained, args.dtype = str(args.policy), str(args.pretrained), str(args.dtype)
-    args.device = str(args.device)
+    args.device = check_device(str(args.device))
+    args.batch_size = check_batch_size(args.batch_size)
+    args.max_batch_size = _integer("max_batch_size", args.max_batch_size, 1)
     args.interval = _integer("interval", args.interval, 1)
     args.window = _integer("window", args.window, 1)
     args.max_gen_toks = _integer("max_gen_toks", args.max_gen_toks, 1)

@@ -32,9 +32,11 @@ from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
+from fi_toolkit.compress.sampling import GREEDY, Sampling
 from fi_toolkit.errors import FIError
 from fi_toolkit.evaluation.lmeval.arguments import BackendArgs, parse_backend_args
-from fi_toolkit.evaluation.lmeval.requests import generate_tokens, score_continuation, stop_checker
+from fi_toolkit.evaluation.lmeval.batching import Generation, generate_full_cache, score_pairs
+from fi_toolkit.evaluation.lmeval.requests import generate_tokens, stop_checker
 from fi_toolkit.model.architectures import context_limit
 
 NAME = "fi"
@@ -140,19 +142,31 @@ class CompressedLM(TemplateLM):
         self.records[(getattr(request, "task_name", None), getattr(request, "doc_id", None))].append(entry)
 
     # --- scoring ------------------------------------------------------------------------------------
-    def _score(self, context: list[int], continuation: list[int]):
-        return score_continuation(
-            self.model, context, continuation, self.policy, self.args.interval, prefill_chunk=self.args.prefill_chunk
-        )
+    def _score_pairs(self, pairs: list[tuple[list[int], list[int]]], desc: str, disable_tqdm: bool) -> list:
+        """``(log P, is_greedy, record)`` per pair, ``batch_size`` rows per forward (:mod:`.batching`)."""
+        with tqdm(total=len(pairs), desc=desc, disable=disable_tqdm or self.rank != 0) as bar:
+            return score_pairs(
+                self.model,
+                pairs,
+                self.policy,
+                self.args.interval,
+                self.args.batch_size,
+                self.args.max_batch_size,
+                self.args.prefill_chunk,
+                progress=bar.update,
+            )
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
         """``requests``: ``((context, continuation), context ids, continuation ids)``; the context is cut on
         the left so that both fit in ``max_length`` (as lm-eval's ``hf`` backend does)."""
-        out = []
-        for item in tqdm(requests, desc="Running loglikelihood requests", disable=disable_tqdm or self.rank != 0):
+        pairs = []
+        for item in requests:
             _, context, continuation = item[:3]
-            context = list(context)[-max(1, self.max_length - len(continuation)) :]
-            logprob, greedy, record = self._score(context, list(continuation))
+            pairs.append((list(context)[-max(1, self.max_length - len(continuation)) :], list(continuation)))
+        out = []
+        for item, (logprob, greedy, record) in zip(
+            requests, self._score_pairs(pairs, "Running loglikelihood requests", disable_tqdm)
+        ):
             out.append((logprob, greedy))
             if len(item) > 3:  # the Instance, passed along by loglikelihood() below
                 self._log(item[3], record)
@@ -177,29 +191,28 @@ class CompressedLM(TemplateLM):
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         """The document's log-likelihood over lm-eval's disjoint rolling windows of ``max_length``
         tokens (the first conditioned on the prefix token), each scored on its compressed cache."""
-        out = []
-        for request in tqdm(
-            requests, desc="Running loglikelihood_rolling requests", disable=disable_tqdm or self.rank != 0
-        ):
+        windows = []  # (request index, context, continuation) of every window of every document
+        for n, request in enumerate(requests):
             (string,) = request.args
-            windows = [
-                make_disjoint_window(w)
-                for w in get_rolling_token_windows(
-                    token_list=self.tok_encode(string, add_special_tokens=False),
-                    prefix_token=self.prefix_token_id,
-                    max_seq_len=self.max_length,
-                    context_len=1,
-                )
-            ]
-            total = 0.0
-            for context, continuation in windows:
-                logprob, _, record = self._score(list(context), list(continuation))
-                total += logprob
-                record.request = "loglikelihood_rolling"
-                self._log(request, record)
-            out.append(total)
-            if self.cache_hook is not None:
-                self.cache_hook.add_partial("loglikelihood_rolling", (string,), total)
+            for window in get_rolling_token_windows(
+                token_list=self.tok_encode(string, add_special_tokens=False),
+                prefix_token=self.prefix_token_id,
+                max_seq_len=self.max_length,
+                context_len=1,
+            ):
+                context, continuation = make_disjoint_window(window)
+                windows.append((n, list(context), list(continuation)))
+        scored = self._score_pairs(
+            [(c, t) for _, c, t in windows], "Running loglikelihood_rolling requests", disable_tqdm
+        )
+        out = [0.0] * len(requests)
+        for (n, _, _), (logprob, _, record) in zip(windows, scored):
+            out[n] += logprob
+            record.request = "loglikelihood_rolling"
+            self._log(requests[n], record)
+        if self.cache_hook is not None:
+            for request, total in zip(requests, out):
+                self.cache_hook.add_partial("loglikelihood_rolling", request.args, total)
         return out
 
     # --- generation ---------------------------------------------------------------------------------
@@ -231,12 +244,12 @@ class CompressedLM(TemplateLM):
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         """Each request decoded on its compressed cache; the text is cut at the first stop string, and for
-        a reasoning model (``think_end_token``) only what follows its last end-of-thinking marker is kept."""
-        out = []
+        a reasoning model (``think_end_token``) only what follows its last end-of-thinking marker is kept.
+        ``policy=none``: ``batch_size`` prompts per forward (:func:`~.batching.generate_full_cache`); under a
+        policy one request at a time (each its own cache and compressions)."""
         eos = self._eos_ids()
-        for i, request in enumerate(
-            tqdm(requests, desc="Running generate_until requests", disable=disable_tqdm or self.rank != 0)
-        ):
+        options, specs = [], []
+        for i, request in enumerate(requests):
             context, gen_kwargs = request.args
             opts = self._gen_options(gen_kwargs)
             prompt = self.tok_encode(context)
@@ -245,27 +258,52 @@ class CompressedLM(TemplateLM):
                 raise FIError(
                     f"max_gen_toks ({opts['max_new']}) leaves no room for the prompt in max_length ({self.max_length})"
                 )
-            prompt = prompt[-room:]
-            tokens, record = generate_tokens(
-                self.model,
-                prompt,
-                self.policy,
-                self.args.interval,
-                opts["max_new"],
-                eos,
-                stop_checker(self.tokenizer, opts["until"]),
-                opts["do_sample"],
-                opts["temperature"],
-                opts["top_p"],
-                self.args.seed + i,
-                prefill_chunk=self.args.prefill_chunk,
+            sampling = Sampling(opts["temperature"], opts["top_p"], self.args.seed + i) if opts["do_sample"] else GREEDY
+            options.append(opts)
+            specs.append(
+                Generation(prompt[-room:], opts["max_new"], stop_checker(self.tokenizer, opts["until"]), sampling)
             )
+        with tqdm(
+            total=len(requests), desc="Running generate_until requests", disable=disable_tqdm or self.rank != 0
+        ) as bar:
+            if self.policy is None:
+                generated = generate_full_cache(
+                    self.model,
+                    specs,
+                    eos,
+                    self.args.batch_size,
+                    self.args.max_batch_size,
+                    self.args.prefill_chunk,
+                    progress=bar.update,
+                )
+            else:
+                generated = []
+                for spec in specs:
+                    generated.append(
+                        generate_tokens(
+                            self.model,
+                            spec.prompt,
+                            self.policy,
+                            self.args.interval,
+                            spec.max_new,
+                            eos,
+                            spec.stop,
+                            not spec.sampling.greedy,
+                            spec.sampling.temperature,
+                            spec.sampling.top_p,
+                            spec.sampling.seed,
+                            prefill_chunk=self.args.prefill_chunk,
+                        )
+                    )
+                    bar.update(1)
+        out = []
+        for request, opts, (tokens, record) in zip(requests, options, generated):
             text = self.tokenizer.decode(tokens, skip_special_tokens=False)
             text = postprocess(text, opts["until"], self.args.think_end_token)
             out.append(text)
             self._log(request, record)
             if self.cache_hook is not None:
-                self.cache_hook.add_partial("generate_until", (context, gen_kwargs), text)
+                self.cache_hook.add_partial("generate_until", request.args, text)
         return out
 
     def get_model_info(self) -> dict:
