@@ -29,7 +29,8 @@ from fi_toolkit import SignalConfig, load_model  # noqa: E402
 from fi_toolkit.documents import load_document  # noqa: E402
 from fi_toolkit.probe.chunks import parse_chunk  # noqa: E402
 from fi_toolkit.report import build_report  # noqa: E402
-from fi_toolkit.studies import run_correlate  # noqa: E402
+from fi_toolkit.runs.settings import RunSettings  # noqa: E402
+from fi_toolkit.studies import CorrelateSettings, run_correlate  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -49,18 +50,19 @@ def main(argv=None) -> int:
     docs = [
         load_document(n.strip(), lm.tokenizer, max_tokens=max(c.end for c in chunks)) for n in args.documents.split(",")
     ]
+    settings = CorrelateSettings(
+        chunks,
+        args.prefix,
+        args.candidates,
+        resamples=args.resamples,
+        signals=SignalConfig(entropy_of=args.entropy_of),
+        batch_size=args.batch_size,
+    )
     tables = run_correlate(
         lm,
         docs,
-        args.out,
-        args.prefix,
-        chunks,
-        args.candidates,
-        n_resamples=args.resamples,
-        config=SignalConfig(entropy_of=args.entropy_of),
-        batch_size=args.batch_size,
-        resume=not args.fresh,
-        overwrite=args.fresh,
+        settings,
+        RunSettings(args.out, resume=not args.fresh, overwrite=args.fresh),
         progress=lambda d, done, total: print(f"  {d}: {done}/{total}", file=sys.stderr, flush=True),
     )
     build_report([args.out], args.report, overwrite=True)  # the script's own report, rebuilt every run

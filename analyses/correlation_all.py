@@ -50,7 +50,8 @@ from scipy import stats  # noqa: E402
 
 from fi_toolkit import load_model  # noqa: E402
 from fi_toolkit.runs import results  # noqa: E402
-from fi_toolkit.studies import run_correlate  # noqa: E402
+from fi_toolkit.runs.settings import RunSettings  # noqa: E402
+from fi_toolkit.studies import CorrelateSettings, run_correlate  # noqa: E402
 from fi_toolkit.studies.agreement import summarize_agreement  # noqa: E402
 from fi_toolkit.studies.correlation import summarize_correlations  # noqa: E402
 
@@ -89,18 +90,14 @@ def summary_with_ci(corr: pd.DataFrame) -> pd.DataFrame:
 def run_document(lm, doc, prefix, chunks, args) -> dict:
     out = args.out / f"p{prefix}" / doc.name
     t0 = time.perf_counter()
+    settings = CorrelateSettings(
+        chunks, prefix, seed=args.seed, estimator="fisher", samples=args.samples, validate=args.validate
+    )
     tables = run_correlate(
         lm,
         [doc],
-        out,
-        prefix,
-        chunks,
-        candidates="all",
-        seed=args.seed,
-        estimator="fisher",
-        samples=args.samples,
-        validate=args.validate,
-        resume=True,
+        settings,
+        RunSettings(out, resume=True),
         progress=lambda d, done, total: print(f"  p={prefix} {d}: {done}/{total}", file=sys.stderr, flush=True),
     )
     tables["seconds"] = pd.DataFrame(

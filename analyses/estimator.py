@@ -36,8 +36,9 @@ from _common import ROOT, per_document  # noqa: E402
 
 from fi_toolkit import load_model
 from fi_toolkit.runs import results  # noqa: E402
+from fi_toolkit.runs.settings import RunSettings  # noqa: E402
 from fi_toolkit.signals.trace import trace_prefix  # noqa: E402
-from fi_toolkit.studies import per_token_fi, read_table, run_correlate  # noqa: E402
+from fi_toolkit.studies import CorrelateSettings, per_token_fi, read_table, run_correlate  # noqa: E402
 from fi_toolkit.studies.agreement import summarize_agreement  # noqa: E402
 
 TABLES = (
@@ -130,17 +131,14 @@ def run_document(lm, doc, prefix, chunks, args) -> dict:
     """One document at one compression point, in its own resumable run directory; the sink rows are
     kept there too (``sinks.csv``), so a finished document costs nothing when run again."""
     out = args.out / f"p{prefix}" / doc.name
+    settings = CorrelateSettings(
+        chunks, prefix, seed=args.seed, estimator="fisher", samples=args.samples, validate=args.validate
+    )
     tables = run_correlate(
         lm,
         [doc],
-        out,
-        prefix,
-        chunks,
-        seed=args.seed,
-        estimator="fisher",
-        samples=args.samples,
-        validate=args.validate,
-        resume=True,
+        settings,
+        RunSettings(out, resume=True),
         progress=lambda d, done, total: print(f"  p={prefix} {d}: {done}/{total}", file=sys.stderr, flush=True),
     )
     if str(prefix) in args.sink_prefixes.split(","):

@@ -31,7 +31,8 @@ from _common import add_output_args, copy_results  # noqa: E402
 from fi_toolkit import SignalConfig, load_model  # noqa: E402
 from fi_toolkit.documents import BUNDLED, load_document  # noqa: E402
 from fi_toolkit.report import build_report  # noqa: E402
-from fi_toolkit.studies import run_nearfar  # noqa: E402
+from fi_toolkit.runs.settings import RunSettings  # noqa: E402
+from fi_toolkit.studies import NearfarSettings, run_nearfar  # noqa: E402
 from fi_toolkit.studies.nearfar import parse_distances  # noqa: E402
 
 
@@ -56,22 +57,19 @@ def main(argv=None) -> int:
     def progress(doc, done, _total):
         print(f"  {doc}: {done} sets measured", file=sys.stderr, flush=True)
 
-    tables = run_nearfar(
-        lm,
-        docs,
-        args.out,
+    settings = NearfarSettings(
         args.prefix,
         distances,
         args.chunk_len,
         args.budget,
         args.seeds,
-        (4, 0),
-        config=SignalConfig(entropy_of=args.entropy_of),
+        sinks=4,
+        with_unprotected=True,
+        signals=SignalConfig(entropy_of=args.entropy_of),
         batch_size=args.batch_size,
-        resume=not args.fresh,
-        overwrite=args.fresh,
-        progress=progress,
     )
+    run = RunSettings(args.out, resume=not args.fresh, overwrite=args.fresh)
+    tables = run_nearfar(lm, docs, settings, run, progress=progress)
     build_report([args.out], args.report, overwrite=True)  # the script's own report, rebuilt every run
     wall = time.perf_counter() - t0
     copy_results(args, ["nearfar_summary.csv", "nearfar_tests.csv", "token_class_summary.csv", "manifest.json"])

@@ -47,6 +47,10 @@ _EXPORTS = {
     "ProbeSettings": "fi_toolkit.studies.probe_settings",
     "ProbeResults": "fi_toolkit.studies.probe_run",
     "run_probe": "fi_toolkit.studies.probe_run",
+    "CorrelateSettings": "fi_toolkit.studies.correlate_settings",
+    "run_correlate": "fi_toolkit.studies.study",
+    "NearfarSettings": "fi_toolkit.studies.nearfar_settings",
+    "run_nearfar": "fi_toolkit.studies.study",
     "Trace": "fi_toolkit.signals.trace",
     "trace_prefix": "fi_toolkit.signals.trace",
 }

@@ -23,7 +23,8 @@ from fi_toolkit.evaluation import TextSetting, run_eval_text
 from fi_toolkit.model.loading import tiny_model
 from fi_toolkit.policies import make_policy
 from fi_toolkit.probe.chunks import Chunk
-from fi_toolkit.studies import run_correlate, run_nearfar, study
+from fi_toolkit.runs.settings import RunSettings
+from fi_toolkit.studies import CorrelateSettings, NearfarSettings, run_correlate, run_nearfar, study
 
 P, CFG = 96, SignalConfig(window=8)
 LENGTHS = [400, 150, 160, 170, 180]  # one long document: cost balancing gives it a rank to itself
@@ -44,50 +45,38 @@ def run(out: Path, studies: list[str], resume: bool = False, overwrite: bool = F
         run_nearfar(
             tiny,
             docs,
-            out / "nearfar",
-            P,
-            [0, 32],
-            16,
-            budget="remove=0.1",
-            seeds=2,
-            config=CFG,
-            resume=resume,
-            overwrite=overwrite,
+            NearfarSettings(P, [0, 32], 16, budget="remove=0.1", seeds=2, signals=CFG),
+            RunSettings(out / "nearfar", resume=resume, overwrite=overwrite),
         )
     if "parts" in studies:  # nearfar with every document split into units of 3 sets
         run_nearfar(
             tiny,
             docs,
-            out / "parts",
-            P,
-            [0, 32],
-            16,
-            budget="remove=0.1",
-            seeds=2,
-            config=CFG,
-            resume=resume,
-            unit_sets=3,
+            NearfarSettings(P, [0, 32], 16, budget="remove=0.1", seeds=2, signals=CFG, unit_sets=3),
+            RunSettings(out / "parts", resume=resume),
         )
     if "single" in studies:
         run_nearfar(
-            tiny, docs[1:2], out / "single", P, [0, 32], 16, budget="remove=0.1", seeds=1, config=CFG, resume=resume
+            tiny,
+            docs[1:2],
+            NearfarSettings(P, [0, 32], 16, budget="remove=0.1", seeds=1, signals=CFG),
+            RunSettings(out / "single", resume=resume),
         )
     if "correlate" in studies:
         run_correlate(
-            tiny, docs, out / "correlate", P, [Chunk(P, P + 16)], "sample:6", n_resamples=20, config=CFG, resume=resume
+            tiny,
+            docs,
+            CorrelateSettings([Chunk(P, P + 16)], P, candidates="sample:6", resamples=20, signals=CFG),
+            RunSettings(out / "correlate", resume=resume),
         )
     if "cparts" in studies:  # correlate with every document split into blocks of 4 candidates
         run_correlate(
             tiny,
             docs,
-            out / "cparts",
-            P,
-            [Chunk(P, P + 16)],
-            "sample:6",
-            n_resamples=20,
-            config=CFG,
-            resume=resume,
-            unit_candidates=4,
+            CorrelateSettings(
+                [Chunk(P, P + 16)], P, candidates="sample:6", resamples=20, signals=CFG, unit_candidates=4
+            ),
+            RunSettings(out / "cparts", resume=resume),
         )
     if "eval" in studies:
         policies = [make_policy("snapkv", budget=0.4, window=16)]

@@ -28,7 +28,8 @@ from fi_toolkit.cli import INTERRUPTED_LINE
 from fi_toolkit.documents import MAX_DOCUMENT_BYTES
 from fi_toolkit.runs import results
 from fi_toolkit.runs.resumable import Part, ResumableRun
-from fi_toolkit.studies import run_nearfar
+from fi_toolkit.runs.settings import RunSettings
+from fi_toolkit.studies import NearfarSettings, run_nearfar
 
 NO_SUCH_HUB_ID = "no-such-owner/no-such-model"
 
@@ -43,7 +44,9 @@ def finished_run(tiny, tmp_path_factory):
     """A finished nearfar run (tiny model, one document) to point commands at."""
     out = tmp_path_factory.mktemp("bad_input") / "nf"
     doc = Document("doc", "text", torch.randint(0, 256, (200,), generator=torch.Generator().manual_seed(5)), "test")
-    run_nearfar(tiny, [doc], out, 96, [0, 32], 16, budget="remove=0.1", seeds=1, config=SignalConfig(window=8))
+    run_nearfar(
+        tiny, [doc], NearfarSettings(96, [0, 32], 16, budget="remove=0.1", seeds=1, signals=SignalConfig(window=8)), out
+    )
     return out
 
 
@@ -1540,14 +1543,19 @@ def test_a_document_named_007_keeps_its_name_in_every_merged_table(tiny, tmp_pat
     ids = torch.randint(0, 256, (200,), generator=torch.Generator().manual_seed(5))
     docs = [Document("007", "text", ids, "test"), Document("1e3", "text", ids.flip(0), "test")]
     config = SignalConfig(window=8)
-    tables = run_nearfar(tiny, docs, tmp_path / "nf", 96, [0, 32], 16, budget="remove=0.1", seeds=1, config=config)
+    tables = run_nearfar(
+        tiny, docs, NearfarSettings(96, [0, 32], 16, budget="remove=0.1", seeds=1, signals=config), tmp_path / "nf"
+    )
     for name in ("nearfar", "token_classes"):
         text = pd.read_csv(tmp_path / "nf" / f"{name}.csv", dtype=str, keep_default_na=False)
         assert set(text["document"]) == {"007", "1e3"}, name
         assert set(tables[name]["document"]) == {"007", "1e3"}, name
     before = (tmp_path / "nf" / "nearfar.csv").read_bytes()
     again = run_nearfar(
-        tiny, docs, tmp_path / "nf", 96, [0, 32], 16, budget="remove=0.1", seeds=1, config=config, resume=True
+        tiny,
+        docs,
+        NearfarSettings(96, [0, 32], 16, budget="remove=0.1", seeds=1, signals=config),
+        RunSettings(tmp_path / "nf", resume=True),
     )
     assert (tmp_path / "nf" / "nearfar.csv").read_bytes() == before
     assert list(again["nearfar"]["document"].unique()) == ["007", "1e3"]

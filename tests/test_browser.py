@@ -357,7 +357,7 @@ def test_view_page_of_8192_tokens_stays_responsive(browser, tmp_path):
 @pytest.fixture(scope="module")
 def report(tiny, tmp_path_factory):
     from fi_toolkit.report import build_report
-    from fi_toolkit.studies import run_correlate, run_nearfar
+    from fi_toolkit.studies import CorrelateSettings, NearfarSettings, run_correlate, run_nearfar
 
     root = tmp_path_factory.mktemp("browser-report")
     cfg = SignalConfig(window=8)
@@ -371,9 +371,12 @@ def report(tiny, tmp_path_factory):
         for i in range(2)
     ]
     run_correlate(
-        tiny, docs, root / "corr", 96, [Chunk(96, 112), Chunk(128, 144)], "sample:10", n_resamples=50, config=cfg
+        tiny,
+        docs,
+        CorrelateSettings([Chunk(96, 112), Chunk(128, 144)], 96, candidates="sample:10", resamples=50, signals=cfg),
+        root / "corr",
     )
-    run_nearfar(tiny, docs, root / "nf", 96, [0, 32], 16, budget="remove=0.1", seeds=2, config=cfg)
+    run_nearfar(tiny, docs, NearfarSettings(96, [0, 32], 16, budget="remove=0.1", seeds=2, signals=cfg), root / "nf")
     build_report([root / "corr", root / "nf"], root / "report", ["html"])
     return root / "report" / "report.html"
 

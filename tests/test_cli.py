@@ -215,7 +215,7 @@ def test_studies_pass_entropy_of(command, monkeypatch, capsys):
     code, _, _ = run_cli([*command, "--entropy-of", "next", "--pool", "5"], capsys)
     assert code == 2
     seen[0](None, [], None)  # the study as the CLI built it
-    config = next(a for a in seen[1] if isinstance(a, SignalConfig))
+    config = next(a.signals for a in seen[1] if isinstance(getattr(a, "signals", None), SignalConfig))
     assert (config.entropy_of, config.pool_kernel) == ("next", 5)
 
 

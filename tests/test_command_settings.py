@@ -1,11 +1,13 @@
-"""Command settings (``ProbeSettings``, ``FieldSettings``): checked on construction with one line naming the
-Python parameter, the command line builds the object Python builds (and names its flags in the same
-messages), the parsed values are what the options say, and the settings modules import nothing heavy."""
+"""Command settings (``ProbeSettings``, ``FieldSettings``, ``CorrelateSettings``, ``NearfarSettings``): checked on
+construction with one line naming the Python parameter, the command line builds the object Python builds (and
+names its flags in the same messages), the parsed values are what the options say, and the settings modules
+import nothing heavy."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,9 @@ from fi_toolkit.evaluation.field_settings import FieldSettings
 from fi_toolkit.model.settings import ModelSettings
 from fi_toolkit.probe.chunks import Chunk
 from fi_toolkit.signals.config import SignalConfig
+from fi_toolkit.studies.correlate_settings import CorrelateSettings
 from fi_toolkit.studies.field_spec import POLICY, Method
+from fi_toolkit.studies.nearfar_settings import NearfarSettings
 from fi_toolkit.studies.probe_settings import DEFAULT_SELECTIONS, ProbeSettings
 
 STOP = "stop here"
@@ -27,7 +31,7 @@ STOP = "stop here"
 def built(monkeypatch):
     """Record every command settings object built, and stop the command where it would load the model."""
     seen: dict = {}
-    for cls in (ProbeSettings, FieldSettings):
+    for cls in (ProbeSettings, FieldSettings, CorrelateSettings, NearfarSettings):
         original = cls.__post_init__
 
         def record(self, original=original, name=cls.__name__):
@@ -106,6 +110,80 @@ def test_field_without_methods_places_every_policy_and_the_presses():
     assert not FieldSettings(methods=["h2o"], prefix=256, distances=(0,), chunk_len=32).presses
 
 
+def test_correlate_cli_builds_what_python_builds(built, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    args = ["correlate", "--chunk", "128:160", "--chunk", "192:224", "--prefix", "120", "--candidates", "stratified:32"]
+    args += ["--sinks", "2", "--seed", "5", "--resamples", "40", "--batch-size", "3", "--unit-candidates", "8"]
+    code, _, err = run_cli([*args, "--window", "16"], capsys)
+    assert (code, err) == (2, f"error: {STOP}\n")
+    python = CorrelateSettings(
+        ["128:160", "192:224"],
+        prefix=120,
+        candidates="stratified:32",
+        sinks=2,
+        seed=5,
+        resamples=40,
+        signals=SignalConfig(window=16),
+        batch_size=3,
+        unit_candidates=8,
+    )
+    assert built["CorrelateSettings"] == python
+    assert python.chunks == (Chunk(128, 160), Chunk(192, 224)) and python.document_tokens() == 224
+    assert (python.estimator, python.samples, python.validate) == ("exact", None, None)
+
+
+def test_correlate_fisher_cli_builds_what_python_builds(built, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    args = ["correlate", "--chunk", "128:160", "--estimator", "FISHER", "--validate", "6", "--batch-size", "2"]
+    code, _, err = run_cli(args, capsys)
+    assert (code, err) == (2, f"error: {STOP}\n")
+    python = CorrelateSettings(["128:160"], estimator="fisher", validate=6, batch_size=2)
+    assert built["CorrelateSettings"] == python
+    # the fisher estimate covers every position: no candidates; 16 label draws unless told
+    assert (python.estimator, python.candidates, python.samples, python.validate) == ("fisher", None, 16, 6)
+    assert replace(python, seed=3).seed == 3 and replace(python, seed=3).samples == 16  # built again: same checks
+
+
+def test_correlate_defaults_are_the_cli_defaults(built, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert run_cli(["correlate", "--chunk", "128:160"], capsys)[0] == 2
+    default = CorrelateSettings(["128:160"])
+    assert built["CorrelateSettings"] == default
+    assert (default.prefix, default.candidates, default.sinks, default.resamples) == (128, "sample:256", 4, 1000)
+    assert replace(default, seed=1).candidates == "sample:256"
+
+
+def test_nearfar_cli_builds_what_python_builds(built, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    args = ["nearfar", "--prefix", "128", "--distances", "0,64", "--chunk-len", "32", "--budget", "keep=0.8"]
+    args += ["--seeds", "2", "--sinks", "2", "--protected-only", "--batch-size", "4", "--unit-sets", "3"]
+    code, _, err = run_cli(args, capsys)
+    assert (code, err) == (2, f"error: {STOP}\n")
+    python = NearfarSettings(
+        prefix=128,
+        distances="0,64",
+        chunk_len=32,
+        budget="keep=0.8",
+        seeds=2,
+        sinks=2,
+        with_unprotected=False,
+        batch_size=4,
+        unit_sets=3,
+    )
+    assert built["NearfarSettings"] == python
+    assert python.distances == (0, 64) and python.budget == Budget.parse("keep=0.8") and python.sink_options == (2,)
+    assert python.chunks == [Chunk(128, 160), Chunk(192, 224)] and python.document_tokens() == 224
+
+
+def test_nearfar_defaults_are_the_cli_defaults(built, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert run_cli(["nearfar"], capsys)[0] == 2
+    default = NearfarSettings()
+    assert built["NearfarSettings"] == default
+    assert default.distances == (0, 256, 512, 1024) and default.sink_options == (4, 0)
+    assert default.document_tokens() == 1024 + 1024 + 256 and NearfarSettings(sinks=0).sink_options == (0,)
+
+
 @pytest.mark.parametrize(
     "make, message, parameter",
     [
@@ -129,6 +207,49 @@ def test_field_without_methods_places_every_policy_and_the_presses():
         (lambda: FieldSettings(prefix=256, methods=[]), "methods lists nothing", "methods"),
         (lambda: FieldSettings(prefix=16), "prefix 16 leaves nothing to score", "prefix"),
         (lambda: FieldSettings(prefix=256, distances="0,x"), "invalid distances '0,x'", "distances"),
+        (lambda: CorrelateSettings([]), "no chunk given", "chunks"),
+        (lambda: CorrelateSettings(["128:160"], prefix=150), "starts before the compression point p=150", None),
+        (lambda: CorrelateSettings(["128:160"], sinks=99999), "sinks 99999 leaves no candidates", "sinks"),
+        (lambda: CorrelateSettings(["128:160"], estimator="taylor"), "unknown estimator 'taylor'", "estimator"),
+        (lambda: CorrelateSettings(["128:160"], samples=8), "samples and validate go with estimator fisher", "samples"),
+        (
+            lambda: CorrelateSettings(["128:160"], estimator="fisher", candidates="all"),
+            "candidates goes with estimator exact",
+            "candidates",
+        ),
+        (
+            lambda: CorrelateSettings(["128:160"], estimator="fisher", batch_size=4),
+            "batch_size sets the batches of exact FI: with estimator fisher it needs validate N",
+            "batch_size",
+        ),
+        (
+            lambda: CorrelateSettings(["128:160"], estimator="fisher", validate=93),
+            "validate 93 must lie in [0, 92], the number of candidate positions",
+            "validate",
+        ),
+        (lambda: CorrelateSettings(["128:160"], estimator="fisher", samples=0), "samples must be >= 1", "samples"),
+        (lambda: CorrelateSettings(["128:160"], candidates="some"), "invalid candidates 'some'", "candidates"),
+        (
+            lambda: CorrelateSettings(["128:160"], estimator="fisher", unit_candidates=8),
+            "unit_candidates splits exact per-token FI",
+            "unit_candidates",
+        ),
+        (lambda: CorrelateSettings(["128:160"], resamples=-1), "resamples must lie in [0, 100,000]", "resamples"),
+        (lambda: CorrelateSettings(["128:160"], batch_size=0), "batch_size must be >= 1, got 0", "batch_size"),
+        (lambda: CorrelateSettings(["128:160"], seed=-1), "seed must be >= 0, got -1", "seed"),
+        (lambda: NearfarSettings(distances="0,x"), "invalid distances '0,x'", "distances"),
+        (lambda: NearfarSettings(distances=(0, 0)), "distances holds a distance twice", "distances"),
+        (lambda: NearfarSettings(chunk_len=0), "chunk_len must be >= 1, got 0", "chunk_len"),
+        (lambda: NearfarSettings(seeds=0), "seeds must lie in [1, 1000], got 0", "seeds"),
+        (lambda: NearfarSettings(budget="remove=1.0"), "removes nothing or everything", "budget"),
+        (lambda: NearfarSettings(prefix=128, budget="remove=0.001"), "removes 0 of the 128 prefix positions", None),
+        (lambda: NearfarSettings(prefix=16), "prefix 16 leaves nothing to score", "prefix"),
+        (lambda: NearfarSettings(prefix=128, sinks=99999), "sinks 99999 leaves no candidates", "sinks"),
+        (lambda: NearfarSettings(batch_size=0), "batch_size must be >= 1, got 0", "batch_size"),
+        (lambda: NearfarSettings(unit_sets=-2), "unit_sets must be >= 0 (0: one unit per document)", "unit_sets"),
+        (lambda: NearfarSettings(with_unprotected="yes"), "with_unprotected must be a bool", "with_unprotected"),
+        (lambda: NearfarSettings(selections="entropy:remove=0.1"), "selections must be a list", "selections"),
+        (lambda: NearfarSettings(selections=["magic:0.1"]), "unknown selector 'magic'", None),
     ],
 )
 def test_settings_refuse_on_construction_in_one_line(make, message, parameter):
@@ -144,6 +265,26 @@ def test_settings_refuse_on_construction_in_one_line(make, message, parameter):
         (["probe", "--chunk", "128:160", "--batch-size", "0"], "error: --batch-size must be >= 1, got 0"),
         (["probe", "--chunk", "128:160", "--sinks", "-1"], "error: --sinks must be >= 0, got -1"),
         (["field", "alice", "--prefix", "256", "--seeds", "0"], "error: --seeds must lie in [1, 1000], got 0"),
+        (["correlate", "--chunk", "128:160", "--seed=-1"], "error: --seed must be >= 0, got -1"),
+        (
+            ["correlate", "--chunk", "128:160", "--estimator", "fisher", "--candidates", "all"],
+            "error: --candidates goes with --estimator exact: --estimator fisher covers every position of "
+            "[sinks, p - w) (use --validate N for exact FI at N of them)",
+        ),
+        (
+            ["correlate", "--chunk", "128:160", "--estimator", "fisher", "--batch-size", "4"],
+            "error: --batch-size sets the batches of exact FI: with --estimator fisher it needs --validate N",
+        ),
+        (
+            ["correlate", "--chunk", "128:160", "--samples", "8"],
+            "error: --samples and --validate go with --estimator fisher",
+        ),
+        (["nearfar", "--chunk-len", "0"], "error: --chunk-len must be >= 1, got 0"),
+        (["nearfar", "--unit-sets=-2"], "error: --unit-sets must be >= 0 (0: one unit per document), got -2"),
+        (
+            ["nearfar", "--prefix", "128", "--budget", "remove=0.001"],
+            "error: --budget remove=0.001 removes 0 of the 128 prefix positions; give a larger share or a count",
+        ),
         (
             ["field", "alice", "--prefix", "256", "--length", "300"],
             "error: --length sets the replay: it goes with --replay",
@@ -166,6 +307,8 @@ def test_the_settings_modules_import_nothing_heavy():
     code = (
         "import sys; import fi_toolkit.studies.probe_settings, fi_toolkit.evaluation.field_settings; "
         "from fi_toolkit.evaluation.field_settings import FieldSettings; FieldSettings(prefix=256); "
+        "from fi_toolkit.studies.correlate_settings import CorrelateSettings; CorrelateSettings(['128:160']); "
+        "from fi_toolkit.studies.nearfar_settings import NearfarSettings; NearfarSettings(); "
         "print(sorted(m for m in ('torch', 'pandas', 'scipy', 'transformers') if m in sys.modules))"
     )
     root = Path(__file__).resolve().parents[1]

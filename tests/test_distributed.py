@@ -220,11 +220,13 @@ def old_nearfar(out: Path) -> dict:
     """A finished nearfar run of other settings (one seed) in out/nearfar, with a file of the user's own
     -> every entry's bytes (None for a directory)."""
     from fi_toolkit.model.loading import tiny_model
-    from fi_toolkit.studies import run_nearfar
+    from fi_toolkit.studies import NearfarSettings, run_nearfar
 
     run = out / "nearfar"
     docs = dist_worker.documents()[:3]
-    run_nearfar(tiny_model(seed=0), docs, run, dist_worker.P, [0, 32], 16, seeds=1, config=dist_worker.CFG)
+    run_nearfar(
+        tiny_model(seed=0), docs, NearfarSettings(dist_worker.P, [0, 32], 16, seeds=1, signals=dist_worker.CFG), run
+    )
     (run / "notes.txt").write_text("mine\n")
     return tree(run)
 
@@ -286,23 +288,26 @@ def test_explicit_device_map_gives_the_plain_model_fi(tiny, tmp_path):
 
     from fi_toolkit.model.loading import dispatch
     from fi_toolkit.probe.chunks import Chunk
-    from fi_toolkit.studies import run_correlate, run_nearfar
+    from fi_toolkit.studies import CorrelateSettings, NearfarSettings, run_correlate, run_nearfar
 
     placed = dispatch(copy.deepcopy(tiny), layer_map(tiny.model))
     assert all(hasattr(layer, "_hf_hook") for layer in placed.model.model.layers)  # the hooks are in place
     assert not hasattr(tiny.model.model.layers[0], "_hf_hook")
     docs = dist_worker.documents()[:2]
     for lm, name in ((tiny, "plain"), (placed, "placed")):
-        run_nearfar(lm, docs, tmp_path / name / "nf", dist_worker.P, [0, 32], 16, seeds=1, config=dist_worker.CFG)
+        run_nearfar(
+            lm,
+            docs,
+            NearfarSettings(dist_worker.P, [0, 32], 16, seeds=1, signals=dist_worker.CFG),
+            tmp_path / name / "nf",
+        )
         run_correlate(
             lm,
             docs[:1],
+            CorrelateSettings(
+                [Chunk(96, 112)], dist_worker.P, candidates="sample:8", resamples=0, signals=dist_worker.CFG
+            ),
             tmp_path / name / "corr",
-            dist_worker.P,
-            [Chunk(96, 112)],
-            "sample:8",
-            n_resamples=0,
-            config=dist_worker.CFG,
         )
     for table, column in (("nf/nearfar.csv", "fi"), ("corr/tokens.csv", "fi")):
         a, b = read_table(tmp_path / "plain" / table), read_table(tmp_path / "placed" / table)

@@ -13,8 +13,9 @@ from fi_toolkit import Document, SignalConfig
 from fi_toolkit.errors import FIError
 from fi_toolkit.probe.chunks import Chunk
 from fi_toolkit.probe.estimator import expected_fisher, fisher_fi
+from fi_toolkit.runs.settings import RunSettings
 from fi_toolkit.signals.trace import trace_prefix
-from fi_toolkit.studies import per_token_fi, run_correlate
+from fi_toolkit.studies import CorrelateSettings, per_token_fi, run_correlate
 from fi_toolkit.studies.agreement import top_overlap
 
 P = 200
@@ -116,8 +117,8 @@ def test_top_overlap():
 def test_correlate_with_the_estimator_writes_agreement_and_resumes(tiny, tmp_path):
     doc = Document("d", "t", torch.randint(0, 256, (300,), generator=torch.Generator().manual_seed(1)), "test")
     chunks = [Chunk(128, 160)]
-    kw = dict(config=SignalConfig(window=8), estimator="fisher", samples=4, validate=10, n_resamples=50)
-    tables = run_correlate(tiny, [doc], tmp_path / "r", 128, chunks, **kw)
+    kw = dict(signals=SignalConfig(window=8), estimator="fisher", samples=4, validate=10, resamples=50)
+    tables = run_correlate(tiny, [doc], CorrelateSettings(chunks, 128, **kw), tmp_path / "r")
     assert len(tables["tokens"]) == 128 - 8 - 4 and tables["tokens"]["position"].min() == 4
     assert {"fi_se", "fi_layer_0", "fi_layer_3"} <= set(tables["tokens"].columns)
     v = tables["validation"]
@@ -142,10 +143,11 @@ def test_correlate_with_the_estimator_writes_agreement_and_resumes(tiny, tmp_pat
     build_report([tmp_path / "r"], tmp_path / "rep", ["md", "csv"])
     report = (tmp_path / "rep" / "report.md").read_text()
     assert "estimate_vs_exact" in report and "top10_overlap" in report and "Fisher estimate vs exact FI" in report
-    again = run_correlate(tiny, [doc], tmp_path / "r", 128, chunks, resume=True, **kw)
+    resume = RunSettings(tmp_path / "r", resume=True)
+    again = run_correlate(tiny, [doc], CorrelateSettings(chunks, 128, **kw), resume)
     assert again["tokens"].equals(tables["tokens"])
     with pytest.raises(FIError, match="different settings"):
-        run_correlate(tiny, [doc], tmp_path / "r", 128, chunks, resume=True, **{**kw, "samples": 5})
+        run_correlate(tiny, [doc], CorrelateSettings(chunks, 128, **{**kw, "samples": 5}), resume)
 
 
 @pytest.mark.smollm

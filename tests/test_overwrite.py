@@ -24,7 +24,8 @@ from fi_toolkit.policies import make_policy
 from fi_toolkit.probe.chunks import Chunk
 from fi_toolkit.runs import results
 from fi_toolkit.runs.resumable import overwrite_staging
-from fi_toolkit.studies import read_table, run_correlate, run_nearfar, study
+from fi_toolkit.runs.settings import RunSettings
+from fi_toolkit.studies import CorrelateSettings, NearfarSettings, read_table, run_correlate, run_nearfar, study
 
 CFG = SignalConfig(window=8)
 P = 96
@@ -37,14 +38,16 @@ def docs():
     return [Document(f"doc {i}", f"text {i}", torch.randint(0, 256, (200,), generator=gen), "test") for i in range(3)]
 
 
-def _old(tiny, docs, out, **kw):
+def _old(tiny, docs, out, resume=False, overwrite=False):
     """The run an overwrite replaces: three documents, one seed."""
-    return run_nearfar(tiny, docs, out, P, [0, 32], 16, budget="remove=0.1", seeds=1, config=CFG, **kw)
+    settings = NearfarSettings(P, [0, 32], 16, budget="remove=0.1", seeds=1, signals=CFG)
+    return run_nearfar(tiny, docs, settings, RunSettings(out, resume, overwrite))
 
 
-def _new(tiny, docs, out, **kw):
+def _new(tiny, docs, out, resume=False, overwrite=False):
     """The overwrite: two of the documents, two seeds (its FI tables differ from the old run's)."""
-    return run_nearfar(tiny, docs[:2], out, P, [0, 32], 16, budget="remove=0.1", seeds=2, config=CFG, **kw)
+    settings = NearfarSettings(P, [0, 32], 16, budget="remove=0.1", seeds=2, signals=CFG)
+    return run_nearfar(tiny, docs[:2], settings, RunSettings(out, resume, overwrite))
 
 
 def _tree(root):
@@ -281,8 +284,9 @@ def _interrupt_second_unit(monkeypatch, module, name):
     monkeypatch.setattr(module, name, second)
 
 
-def _correlate(tiny, docs, out, candidates, **kw):
-    return run_correlate(tiny, docs[:2], out, P, [Chunk(P, P + 16)], candidates, n_resamples=20, config=CFG, **kw)
+def _correlate(tiny, docs, out, candidates, resume=False, overwrite=False):
+    settings = CorrelateSettings([Chunk(P, P + 16)], P, candidates, resamples=20, signals=CFG)
+    return run_correlate(tiny, docs[:2], settings, RunSettings(out, resume, overwrite))
 
 
 def _eval(tiny, docs, out, budget, **kw):

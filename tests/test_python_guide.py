@@ -1,14 +1,18 @@
 """The Python guide's run-function examples (docs/guides/python.md, "A command from Python"), run verbatim
 with the embedded model, and checked against the command line: ``run_probe`` gives the FI that ``fi probe``
-writes with the same options, ``run_field`` the leaderboard that ``fi field`` writes."""
+writes with the same options, ``run_field`` the leaderboard that ``fi field`` writes, ``run_correlate`` and
+``run_nearfar`` the tables that ``fi correlate`` and ``fi nearfar`` write (each also against a recomputation
+from its own per-token or per-set table)."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 from cli_runner import run_cli
+from scipy import stats
 
 from fi_toolkit.runs.results import write_table
 from fi_toolkit.runs.resumable import read_table
@@ -23,9 +27,9 @@ def section_blocks(title: str) -> list[str]:
     return re.findall(r"```python\n(.*?)```", section, flags=re.S)
 
 
-def test_the_section_holds_two_examples_of_three_lines():
+def test_the_section_holds_four_examples_of_three_lines():
     blocks = section_blocks("A command from Python")
-    assert len(blocks) == 2
+    assert len(blocks) == 4
     for block in blocks:  # the imports, then three lines (the model is loaded once, in the first)
         lines = [line for line in block.splitlines() if line and not line.startswith(("from ", "import "))]
         assert len(lines) - ("load_model()" in block) == 3
@@ -35,7 +39,7 @@ def test_the_section_holds_two_examples_of_three_lines():
 def test_the_run_function_examples_run_and_equal_the_command_line(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     scope: dict = {}
-    for block in section_blocks("A command from Python"):
+    for block in section_blocks("A command from Python")[:2]:
         exec(compile(block, str(GUIDE), "exec"), scope)
     probed, tables = scope["probed"], scope["tables"]
 
@@ -56,3 +60,40 @@ def test_the_run_function_examples_run_and_equal_the_command_line(tmp_path, monk
         ours, theirs = (t.set_index("method")[column].sort_index().to_numpy() for t in (mine, board))
         assert ours.tobytes() == theirs.tobytes(), column
     assert list(tables["leaderboard"]["method"]) == list(mine["method"])
+
+
+@pytest.mark.smollm
+def test_the_study_examples_run_and_equal_the_command_line(tmp_path, monkeypatch, capsys):
+    """run_correlate and run_nearfar as the guide calls them (p = 128, one document, alice) write the tables
+    ``fi correlate`` and ``fi nearfar`` write with the same options, byte for byte; the correlations are the
+    Spearman rho of the per-token table recomputed with scipy, the near/far shares FI over the near chunk's."""
+    from fi_toolkit import load_documents, load_model
+
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {"lm": load_model(), "load_documents": load_documents}
+    for block in section_blocks("A command from Python")[2:]:
+        exec(compile(block, str(GUIDE), "exec"), scope)
+    found, nearfar = scope["found"], scope["nearfar"]
+
+    args = ["correlate", "alice", "--chunk", "128:160", "--candidates", "sample:16", "--resamples", "100"]
+    code, _, err = run_cli([*args, "--out", "c"], capsys)
+    assert code == 0, err
+    args = ["nearfar", "alice", "--prefix", "128", "--distances", "0,32", "--chunk-len", "32", "--seeds", "1"]
+    code, _, err = run_cli([*args, "--out", "n"], capsys)
+    assert code == 0, err
+    for ours, theirs, names in (
+        ("runs/corr", "c", ("tokens", "correlations", "correlation_summary", "controls")),
+        ("runs/nearfar", "n", ("nearfar", "nearfar_summary", "nearfar_tests", "token_classes")),
+    ):
+        for name in names:
+            assert (tmp_path / ours / f"{name}.csv").read_bytes() == (tmp_path / theirs / f"{name}.csv").read_bytes()
+
+    tokens = found["tokens"]
+    assert len(tokens) == 16 and set(tokens["document"]) == {"alice"}  # 16 sampled candidates, one chunk
+    rho = found["correlations"].set_index(["scope", "signal", "method"]).loc[("mean", "A", "spearman"), "rho"]
+    assert rho == pytest.approx(stats.spearmanr(tokens["fi"], tokens["attention"]).statistic, abs=1e-12)
+
+    sets = nearfar["nearfar"].query("selector != 'control'").set_index(["sinks", "selection", "distance_from_p"])
+    share = sets["fi"].xs(32, level="distance_from_p") / sets["fi"].xs(0, level="distance_from_p")
+    np.testing.assert_allclose(sets["fi_share_near"].xs(32, level="distance_from_p"), share, rtol=1e-12)
+    assert len(share) == 2 * 5  # entropy, attention, distance, infokv and one random set, with and without sinks

@@ -19,7 +19,7 @@ from fi_toolkit.errors import FIError
 from fi_toolkit.probe.chunks import Chunk
 from fi_toolkit.report import build_report
 from fi_toolkit.report.export import TABLES
-from fi_toolkit.studies import read_table, run_correlate, run_nearfar
+from fi_toolkit.studies import CorrelateSettings, NearfarSettings, read_table, run_correlate, run_nearfar
 
 CFG = SignalConfig(window=8)
 P = 96
@@ -41,9 +41,14 @@ def runs(tiny, tmp_path_factory):
     gen = torch.Generator().manual_seed(3)
     docs = [Document(f"{EVIL} doc{i}", EVIL, torch.randint(0, 256, (200,), generator=gen), "test") for i in range(2)]
     run_correlate(
-        lm, docs, root / "corr", P, [Chunk(P, P + 16), Chunk(P + 32, P + 48)], "sample:10", n_resamples=50, config=CFG
+        lm,
+        docs,
+        CorrelateSettings(
+            [Chunk(P, P + 16), Chunk(P + 32, P + 48)], P, candidates="sample:10", resamples=50, signals=CFG
+        ),
+        root / "corr",
     )
-    run_nearfar(lm, docs, root / "nf", P, [0, 32], 16, budget="remove=0.1", seeds=2, config=CFG)
+    run_nearfar(lm, docs, NearfarSettings(P, [0, 32], 16, budget="remove=0.1", seeds=2, signals=CFG), root / "nf")
     out = root / "report"
     written = build_report([root / "corr", root / "nf"], out)
     return root, out, written

@@ -29,7 +29,7 @@ from fi_toolkit.probe.chunks import Chunk  # noqa: E402
 from fi_toolkit.report import build_report, load_run  # noqa: E402
 from fi_toolkit.report.export import _figures  # noqa: E402
 from fi_toolkit.report.figures import nearfar_distance  # noqa: E402
-from fi_toolkit.studies import run_correlate, run_nearfar  # noqa: E402
+from fi_toolkit.studies import CorrelateSettings, NearfarSettings, run_correlate, run_nearfar  # noqa: E402
 
 CFG = SignalConfig(window=8)
 P = 96
@@ -87,9 +87,9 @@ def one_document(tiny, tmp_path_factory):
     """Runs of one document each (correlate, nearfar, eval text) and a made-up probe run of one document."""
     root = tmp_path_factory.mktemp("one-document")
     doc = [Document("only", "text", _ids(224, 5), "test")]
-    run_correlate(tiny, doc, root / "corr", P, [Chunk(P, P + 16), Chunk(P + 32, P + 48)], "sample:10", n_resamples=50,
-                  config=CFG)  # fmt: skip
-    run_nearfar(tiny, doc, root / "nf", P, [0, 32], 16, budget="remove=0.1", seeds=2, config=CFG)
+    correlate = CorrelateSettings([Chunk(P, P + 16), Chunk(P + 32, P + 48)], P, "sample:10", resamples=50, signals=CFG)
+    run_correlate(tiny, doc, correlate, root / "corr")
+    run_nearfar(tiny, doc, NearfarSettings(P, [0, 32], 16, budget="remove=0.1", seeds=2, signals=CFG), root / "nf")
     policies = [make_policy(n, budget=0.4, window=16) for n in ("snapkv", "streaming")]
     text = TextSetting(prompt=P, length=224, interval=32, free_tokens=4)
     run_eval_text(tiny, doc, root / "text", policies, text, signal_config_for(policies[0]), n_resamples=50)

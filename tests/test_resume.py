@@ -15,7 +15,8 @@ from fi_toolkit.cli import app as cli
 from fi_toolkit.errors import FIError
 from fi_toolkit.probe.chunks import Chunk
 from fi_toolkit.runs.resumable import ResumableRun
-from fi_toolkit.studies import read_table, run_correlate, run_nearfar, study
+from fi_toolkit.runs.settings import RunSettings
+from fi_toolkit.studies import CorrelateSettings, NearfarSettings, read_table, run_correlate, run_nearfar, study
 
 CFG = SignalConfig(window=8)
 P = 96
@@ -27,8 +28,9 @@ def docs():
     return [Document(f"doc {i}", f"text {i}", torch.randint(0, 256, (200,), generator=gen), "test") for i in range(3)]
 
 
-def _nearfar(tiny, docs, out, **kw):
-    return run_nearfar(tiny, docs, out, P, [0, 32], 16, budget="remove=0.1", seeds=2, config=CFG, **kw)
+def _nearfar(tiny, docs, out, resume=False, overwrite=False, **kw):
+    settings = NearfarSettings(P, [0, 32], 16, budget="remove=0.1", seeds=2, signals=CFG)
+    return run_nearfar(tiny, docs, settings, RunSettings(out, resume, overwrite), **kw)
 
 
 class Counter:
@@ -81,17 +83,34 @@ def test_interrupted_nearfar_resumes_to_identical_tables(tiny, docs, tmp_path, m
 def test_resume_with_different_settings_is_refused(tiny, docs, tmp_path):
     out = tmp_path / "corr"
     chunks = [Chunk(P, P + 16)]
-    run_correlate(tiny, docs[:1], out, P, chunks, "sample:4", n_resamples=20, config=CFG)
+    run_correlate(tiny, docs[:1], CorrelateSettings(chunks, P, candidates="sample:4", resamples=20, signals=CFG), out)
     with pytest.raises(FIError, match="different settings.*candidates"):
-        run_correlate(tiny, docs[:1], out, P, chunks, "sample:5", n_resamples=20, config=CFG, resume=True)
+        run_correlate(
+            tiny,
+            docs[:1],
+            CorrelateSettings(chunks, P, candidates="sample:5", resamples=20, signals=CFG),
+            RunSettings(out, resume=True),
+        )
     with pytest.raises(FIError, match="already holds results \\(a 'correlate' run\\); pass resume"):
-        run_correlate(tiny, docs[:1], out, P, chunks, "sample:4", n_resamples=20, config=CFG)
+        run_correlate(
+            tiny, docs[:1], CorrelateSettings(chunks, P, candidates="sample:4", resamples=20, signals=CFG), out
+        )
     with pytest.raises(FIError, match="not 'correlate'|'correlate' run"):
         _nearfar(tiny, docs[:1], out, resume=True)
     before = (out / "correlations.csv").read_bytes()
-    run_correlate(tiny, docs[:1], out, P, chunks, "sample:4", n_resamples=20, config=CFG, resume=True)
+    run_correlate(
+        tiny,
+        docs[:1],
+        CorrelateSettings(chunks, P, candidates="sample:4", resamples=20, signals=CFG),
+        RunSettings(out, resume=True),
+    )
     assert (out / "correlations.csv").read_bytes() == before
-    run_correlate(tiny, docs[:1], out, P, chunks, "sample:5", n_resamples=20, config=CFG, overwrite=True)
+    run_correlate(
+        tiny,
+        docs[:1],
+        CorrelateSettings(chunks, P, candidates="sample:5", resamples=20, signals=CFG),
+        RunSettings(out, overwrite=True),
+    )
     assert read_table(out / "tokens.csv")["position"].nunique() == 5
 
 
@@ -213,13 +232,18 @@ def test_deleted_settings_never_mix_units_of_other_settings(finished, tiny, docs
     monkeypatch.setattr(study, "nearfar_document", calls)
     capsys.readouterr()
     fresh = run.parent / "fresh"
-    run_nearfar(tiny, docs, run, P, [0, 48], 16, budget="remove=0.1", seeds=2, config=CFG, resume=True)
+    run_nearfar(
+        tiny,
+        docs,
+        NearfarSettings(P, [0, 48], 16, budget="remove=0.1", seeds=2, signals=CFG),
+        RunSettings(run, resume=True),
+    )
     assert calls.calls == ["doc 0", "doc 1", "doc 2"]  # every unit was computed under other settings
     notes = capsys.readouterr().err.strip().splitlines()
     assert len(notes) == 3 and all(
         "different settings (chunks: " in n and "distances: [0, 32] then, [0, 48] now" in n for n in notes
     )
-    run_nearfar(tiny, docs, fresh, P, [0, 48], 16, budget="remove=0.1", seeds=2, config=CFG)
+    run_nearfar(tiny, docs, NearfarSettings(P, [0, 48], 16, budget="remove=0.1", seeds=2, signals=CFG), fresh)
     for name in TABLES:
         assert (run / f"{name}.csv").read_bytes() == (fresh / f"{name}.csv").read_bytes(), name
 
@@ -238,10 +262,15 @@ def test_unreadable_settings_is_one_line(finished, tiny, docs, content):
 def test_resume_refusal_lists_top_level_settings_first(tiny, docs, tmp_path):
     out = tmp_path / "corr"
     chunks = [Chunk(P, P + 16)]
-    run_correlate(tiny, docs[:1], out, P, chunks, "sample:4", n_resamples=20, config=CFG)
+    run_correlate(tiny, docs[:1], CorrelateSettings(chunks, P, candidates="sample:4", resamples=20, signals=CFG), out)
     other = SignalConfig(window=9, top_k=100, alpha=0.5, tau=2.0, pool_kernel=3, entropy_of="next")
     with pytest.raises(FIError) as exc:  # 6 nested signal settings differ, and "sinks" sorts after "signals"
-        run_correlate(tiny, docs[:1], out, P, chunks, "sample:4", sinks=5, n_resamples=20, config=other, resume=True)
+        run_correlate(
+            tiny,
+            docs[:1],
+            CorrelateSettings(chunks, P, candidates="sample:4", sinks=5, resamples=20, signals=other),
+            RunSettings(out, resume=True),
+        )
     message = str(exc.value)
     assert message.split("(", 1)[1].startswith("sinks: 4 then, 5 now; signals.alpha: 0.9 then, 0.5 now; "), message
     assert message.count(" then, ") == 7 or "more" in message

@@ -23,7 +23,7 @@ from fi_toolkit.model import loading
 from fi_toolkit.model.settings import ModelSettings
 from fi_toolkit.runs.settings import RunSettings
 from fi_toolkit.signals.config import SignalConfig
-from fi_toolkit.studies import run_nearfar
+from fi_toolkit.studies import NearfarSettings, run_nearfar
 
 STOP = "stop here"
 
@@ -214,20 +214,18 @@ def test_model_settings_load_is_load_model(monkeypatch):
     assert loading.DEFAULT_MODEL == ModelSettings().model
 
 
-def test_run_settings_equal_the_keyword_form(tiny, tmp_path):
-    """run_nearfar with a RunSettings writes what the out_dir/resume/overwrite form writes (and resumes alike)."""
+def test_run_settings_equal_the_directory_form(tiny, tmp_path):
+    """run_nearfar with a RunSettings writes what it writes given the directory alone (and resumes alike)."""
     doc = Document("doc", "text", torch.randint(0, 256, (200,), generator=torch.Generator().manual_seed(5)), "test")
-    kwargs = dict(budget="remove=0.1", seeds=1, config=SignalConfig(window=8))
-    by_keywords = run_nearfar(tiny, [doc], tmp_path / "a", 96, [0, 32], 16, **kwargs)
-    by_settings = run_nearfar(tiny, [doc], RunSettings(tmp_path / "b"), 96, [0, 32], 16, **kwargs)
+    settings = NearfarSettings(96, [0, 32], 16, budget="remove=0.1", seeds=1, signals=SignalConfig(window=8))
+    by_directory = run_nearfar(tiny, [doc], settings, tmp_path / "a")
+    by_settings = run_nearfar(tiny, [doc], settings, RunSettings(tmp_path / "b"))
     for name in ("nearfar", "nearfar_summary", "token_class_summary"):
-        pd.testing.assert_frame_equal(by_keywords[name], by_settings[name])
-    resumed = run_nearfar(tiny, [doc], RunSettings(tmp_path / "b", resume=True), 96, [0, 32], 16, **kwargs)
-    pd.testing.assert_frame_equal(resumed["nearfar"], by_keywords["nearfar"])
+        pd.testing.assert_frame_equal(by_directory[name], by_settings[name])
+    resumed = run_nearfar(tiny, [doc], settings, RunSettings(tmp_path / "b", resume=True))
+    pd.testing.assert_frame_equal(resumed["nearfar"], by_directory["nearfar"])
     with pytest.raises(FIError, match="already holds results"):
-        run_nearfar(tiny, [doc], RunSettings(tmp_path / "b"), 96, [0, 32], 16, **kwargs)
-    with pytest.raises(FIError, match="not beside it"):
-        run_nearfar(tiny, [doc], RunSettings(tmp_path / "b"), 96, [0, 32], 16, resume=True, **kwargs)
+        run_nearfar(tiny, [doc], settings, RunSettings(tmp_path / "b"))
 
 
 def test_the_cli_parses_without_heavy_imports():

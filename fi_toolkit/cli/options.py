@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from fi_toolkit.errors import FIError
-from fi_toolkit.probe.selections import check_prefix, check_selections, check_sinks  # noqa: F401 (the commands')
+from fi_toolkit.probe.selections import check_prefix  # noqa: F401 (the commands')
 from fi_toolkit.runs.settings import check_resamples  # noqa: F401 (the library checks; the CLI names the flags)
 
 out = Console(emoji=False)

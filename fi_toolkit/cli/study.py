@@ -1,6 +1,8 @@
 """``fi correlate``, ``fi nearfar`` and ``fi report``: the studies on the command line.
 
-``fi correlate`` -> :func:`fi_toolkit.studies.run_correlate`; ``fi nearfar`` ->
+``fi correlate``: its options become a :class:`~fi_toolkit.studies.correlate_settings.CorrelateSettings`
+(checked on construction, before the model loads), :func:`fi_toolkit.studies.run_correlate` computes, and this
+module prints; ``fi nearfar`` likewise with :class:`~fi_toolkit.studies.nearfar_settings.NearfarSettings` and
 :func:`fi_toolkit.studies.run_nearfar`; ``fi report`` -> :func:`fi_toolkit.report.build_report`.
 Both studies write one set of tables per document as it finishes; ``--resume`` continues a stopped
 run and refuses different settings.
@@ -8,25 +10,12 @@ run and refuses different settings.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
-from fi_toolkit.cli.options import (
-    _progress,
-    check_prefix,
-    check_resamples,
-    check_selections,
-    check_sinks,
-    distinct_texts,
-    err,
-    out,
-    settings_options,
-    unit_progress,
-)
-from fi_toolkit.errors import FIError
+from fi_toolkit.cli.options import _progress, distinct_texts, err, out, settings_options, unit_progress
 from fi_toolkit.model.settings import ModelSettings
 from fi_toolkit.runs.settings import RunSettings
 from fi_toolkit.signals.config import SignalConfig
@@ -61,8 +50,8 @@ def correlate(
         help="'all', 'sample:N' (N uniform positions; all of them when N is at least their number) or 'stratified:N' "
         "(by entropy, reweighted); default sample:256. --estimator exact only.",
     ),
-    estimator: Optional[str] = typer.Option(
-        None,
+    estimator: str = typer.Option(
+        "exact",
         help="'exact' (leave-one-out FI of the candidates, the default) or 'fisher' (the gradient estimate at every "
         "position of [sinks, p - w) in one pass; docs/method.md, 'Gradient estimator').",
     ),
@@ -89,26 +78,23 @@ def correlate(
     ),
 ):
     """Per-token (leave-one-out) FI of candidate positions, correlated with H, A, D, E, S (and per layer)."""
-    from fi_toolkit.probe.chunks import check_chunks, parse_chunk
-    from fi_toolkit.studies.study_options import check_unit_candidates, parse_candidates
+    from fi_toolkit.studies.correlate_settings import CorrelateSettings
 
     model.check()
-    chunks = [parse_chunk(c) for c in chunk]
-    p = prefix if prefix is not None else min(c.start for c in chunks)
-    config = signals.check()
-    check_chunks(chunks, p, float("inf"), None)  # chunk starts vs p now; lengths once the documents are read
-    check_prefix(p, config.window)
-    scored = check_sinks(sinks, p, config.window)
-    estimator, candidates, samples, validate = _estimator_options(
-        estimator, candidates, samples, validate, batch_size, scored - sinks
+    settings = CorrelateSettings(
+        chunks=chunk,
+        prefix=prefix,
+        candidates=candidates,
+        estimator=estimator,
+        samples=samples,
+        validate=validate,
+        sinks=sinks,
+        seed=seed,
+        resamples=resamples,
+        signals=signals,
+        batch_size=batch_size,
+        unit_candidates=unit_candidates,
     )
-    parse_candidates(candidates)
-    check_unit_candidates(unit_candidates, estimator)
-    check_resamples(resamples)
-    if batch_size is not None and batch_size < 1:
-        raise FIError(f"--batch-size must be >= 1, got {batch_size}")
-    if seed < 0:
-        raise FIError(f"--seed must be >= 0, got {seed}")
     texts = _read_documents(documents)
     run.check("correlate")
     # every check above imports nothing heavy (usage errors answer at once); the study does
@@ -116,41 +102,19 @@ def correlate(
     from fi_toolkit.probe.noise_floor import noise_floor, noise_warning
     from fi_toolkit.studies import run_correlate
 
-    docs, tables = _run_study(
-        "correlate",
-        model,
-        texts,
-        max(c.end for c in chunks),
-        lambda lm, docs, progress: run_correlate(
-            lm,
-            docs,
-            run,
-            p,
-            chunks,
-            candidates,
-            sinks,
-            seed,
-            resamples,
-            config,
-            batch_size,
-            progress=progress,
-            estimator=estimator,
-            samples=samples,
-            validate=validate,
-            unit_candidates=unit_candidates,
-        ),
-    )
+    study = lambda lm, docs, progress: run_correlate(lm, docs, settings, run, progress=progress)  # noqa: E731
+    docs, tables = _run_study("correlate", model, texts, settings.document_tokens(), study)
     if tables is None:  # a rank other than 0 of a sharded run: rank 0 reports
         return
     s = tables["correlation_summary"]
     s = s[(s["scope"] == "mean") & (s["method"] == "spearman")]
     pivot = s.pivot_table(index="signal", columns="chunk", values="rho_mean", sort=False)
-    out.print(f"Spearman rho of per-token FI with each signal (mean over {len(docs)} document(s)), p={p}")
+    out.print(f"Spearman rho of per-token FI with each signal (mean over {len(docs)} document(s)), p={settings.prefix}")
     out.print(pivot.to_string(float_format=lambda v: f"{v:+.3f}"))
     if "agreement_summary" in tables:
         a = tables["agreement_summary"]
         out.print(
-            f"agreement of the fisher estimate with exact FI on {validate} validated positions per document "
+            f"agreement of the fisher estimate with exact FI on {settings.validate} validated positions per document "
             "(mean over documents)"
         )
         out.print(
@@ -168,28 +132,6 @@ def correlate(
     )
 
 
-def _estimator_options(estimator, candidates, samples, validate, batch_size, n_candidates: int):
-    """Resolve ``--estimator`` and the options that go with it; refuse any option the estimator would ignore."""
-    from fi_toolkit.probe.estimator_options import DEFAULT_SAMPLES
-    from fi_toolkit.studies.study_options import check_estimator
-
-    estimator = (estimator or "exact").strip().lower()
-    if estimator == "fisher":
-        if candidates is not None:
-            raise FIError(
-                "--candidates goes with --estimator exact: --estimator fisher covers every position of "
-                "[sinks, p - w) (use --validate N for exact FI at N of them)"
-            )
-        if batch_size is not None and not validate:
-            raise FIError("--batch-size sets the batches of exact FI: with --estimator fisher it needs --validate N")
-    elif samples is not None or validate is not None:
-        raise FIError("--samples and --validate go with --estimator fisher")
-    samples = DEFAULT_SAMPLES if samples is None else samples
-    validate = 0 if validate is None else validate
-    check_estimator(estimator, samples, validate, n_candidates)
-    return estimator, candidates or "sample:256", samples, validate
-
-
 @settings_options()
 def nearfar(
     documents: List[str] = DocsArg,
@@ -205,7 +147,7 @@ def nearfar(
     ),
     seeds: int = typer.Option(3, help="Random sets (seeds 0..N-1)."),
     sinks: int = typer.Option(4, help="Sink protection: the first N positions are never selected."),
-    no_sink_runs: bool = typer.Option(
+    with_unprotected: bool = typer.Option(
         True, "--with-unprotected/--protected-only", help="Also measure every set without sink protection."
     ),
     model: ModelSettings = ModelSettings(),
@@ -220,25 +162,21 @@ def nearfar(
     ),
 ):
     """Equal-size sets by entropy/attention/distance/InfoKV/random: FI on chunks at increasing distance from p."""
-    from fi_toolkit.budget import Budget
-    from fi_toolkit.probe.selections import parse_selections
-    from fi_toolkit.runs.units import check_unit_size
-    from fi_toolkit.studies.nearfar_spec import nearfar_chunks, nearfar_selections, parse_distances
+    from fi_toolkit.studies.nearfar_settings import NearfarSettings
 
     model.check()
-    dist = parse_distances(distances)
-    chunks = nearfar_chunks(prefix, dist, chunk_len)
-    Budget.parse(budget, "--budget")
-    nearfar_selections(budget, seeds)
-    config = signals.check()
-    check_prefix(prefix, config.window)
-    check_sinks(sinks, prefix, config.window)
-    sets = [replace(s, source=f"--budget {budget}") for s in parse_selections(nearfar_selections(budget, seeds))]
-    check_selections(sets, prefix, config.window, sinks)
-    if batch_size is not None and batch_size < 1:
-        raise FIError(f"--batch-size must be >= 1, got {batch_size}")
-    sink_options = (sinks, 0) if no_sink_runs and sinks > 0 else (sinks,)
-    check_unit_size(unit_sets, "--unit-sets")
+    settings = NearfarSettings(
+        prefix=prefix,
+        distances=distances,
+        chunk_len=chunk_len,
+        budget=budget,
+        seeds=seeds,
+        sinks=sinks,
+        with_unprotected=with_unprotected,
+        signals=signals,
+        batch_size=batch_size,
+        unit_sets=unit_sets,
+    )
     texts = _read_documents(documents)
     run.check("nearfar")
     # every check above imports nothing heavy (usage errors answer at once); the study does
@@ -246,27 +184,8 @@ def nearfar(
     from fi_toolkit.probe.noise_floor import noise_warning
     from fi_toolkit.studies import run_nearfar
 
-    docs, tables = _run_study(
-        "nearfar",
-        model,
-        texts,
-        max(c.end for c in chunks),
-        lambda lm, docs, progress: run_nearfar(
-            lm,
-            docs,
-            run,
-            prefix,
-            dist,
-            chunk_len,
-            budget,
-            seeds,
-            sink_options,
-            config,
-            batch_size,
-            progress=progress,
-            unit_sets=unit_sets,
-        ),
-    )
+    study = lambda lm, docs, progress: run_nearfar(lm, docs, settings, run, progress=progress)  # noqa: E731
+    docs, tables = _run_study("nearfar", model, texts, settings.document_tokens(), study)
     if tables is None:  # a rank other than 0 of a sharded run: rank 0 reports
         return
     _print_nearfar(tables, len(docs))

@@ -32,6 +32,8 @@ _EXPORTS = {
     "correlation": "statistics",
     "run_correlate": "study",
     "run_nearfar": "study",
+    "CorrelateSettings": "correlate_settings",
+    "NearfarSettings": "nearfar_settings",
     "FUNCTION_WORDS": "token_classes",
     "token_class": "token_classes",
     "ResumableRun": "fi_toolkit.runs.resumable",
@@ -39,8 +41,10 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "CorrelateSettings",
     "FUNCTION_WORDS",
     "METHODS",
+    "NearfarSettings",
     "ResumableRun",
     "add_relative_columns",
     "candidate_positions",

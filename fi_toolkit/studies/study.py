@@ -1,4 +1,7 @@
-"""Whole studies over several documents, resumable: ``fi correlate`` and ``fi nearfar`` in one call each.
+"""Whole studies over several documents, resumable: ``fi correlate`` and ``fi nearfar`` in one call each,
+:func:`run_correlate` taking a :class:`~fi_toolkit.studies.correlate_settings.CorrelateSettings` and
+:func:`run_nearfar` a :class:`~fi_toolkit.studies.nearfar_settings.NearfarSettings` (the objects the command
+line builds from its options).
 
 Each document is traced once, measured, and its tables saved before the next one starts
 (:class:`~fi_toolkit.runs.resumable.ResumableRun`); the cross-document summaries are recomputed
@@ -14,36 +17,37 @@ from typing import Callable, Sequence
 
 import pandas as pd
 
-from fi_toolkit.budget import Budget
+from fi_toolkit.documents import Document
 from fi_toolkit.errors import FIError
 from fi_toolkit.model.loading import dtype_name
 from fi_toolkit.probe.chunks import Chunk, check_chunks
+from fi_toolkit.probe.estimator_options import DEFAULT_SAMPLES
 from fi_toolkit.probe.experiment import max_context, trace_document
 from fi_toolkit.probe.forward_influence import chunk_reference
 from fi_toolkit.probe.noise_floor import CONTROL_LABELS, flag_below_noise_floor, noise_floor
 from fi_toolkit.runs import results
 from fi_toolkit.runs.resumable import (
     ResumableRun,
-    check_unit_size,
     document_keys,
     last_document,
     part_slice,
     split_units,
 )
-from fi_toolkit.runs.settings import RunSettings, run_settings
+from fi_toolkit.runs.settings import RunSettings, check_type, run_settings
 from fi_toolkit.signals.config import SignalConfig
 from fi_toolkit.studies.agreement import summarize_agreement
+from fi_toolkit.studies.correlate_settings import CorrelateSettings
 from fi_toolkit.studies.correlation import assemble_parts, correlate_document, summarize_correlations
 from fi_toolkit.studies.nearfar import (
     add_relative_columns,
     count_sets,
-    nearfar_chunks,
     nearfar_document,
     paired_tests,
     summarize_nearfar,
     token_class_summary,
 )
-from fi_toolkit.studies.study_options import check_estimator, check_unit_candidates, parse_candidates
+from fi_toolkit.studies.nearfar_settings import NearfarSettings
+from fi_toolkit.studies.study_options import parse_candidates
 
 Progress = Callable[[str, int, int], None]  # (document name, done, total) after each batch
 
@@ -130,76 +134,62 @@ def _floors(controls: str) -> Callable[[dict], dict]:
 
 def run_correlate(
     lm,
-    docs,
-    out_dir: Path | RunSettings,
-    prefix: int,
-    chunks: Sequence[Chunk],
-    candidates: str = "sample:256",
-    sinks: int = 4,
-    seed: int = 0,
-    n_resamples: int = 1000,
-    config: SignalConfig = SignalConfig(),
-    batch_size: int | None = None,
+    docs: Sequence[Document],
+    settings: CorrelateSettings,
+    run: RunSettings | Path | str,
+    *,
     block: int = 512,
-    resume: bool = False,
-    overwrite: bool = False,
     progress: Progress | None = None,
-    estimator: str = "exact",
-    samples: int = 16,
-    validate: int = 0,
-    unit_candidates: int = 0,
-) -> dict[str, pd.DataFrame]:
-    """Per-token FI and correlations for every document -> ``tokens``, ``correlations``, ``correlation_summary``.
+) -> dict[str, pd.DataFrame] | None:
+    """Per-token FI and correlations for every document -> ``tokens``, ``correlations``, ``correlation_summary``,
+    ``controls`` (with ``settings.validate``: also ``validation``, ``agreement``, ``agreement_summary``).
 
-    ``out_dir``: the results directory, or a :class:`~fi_toolkit.runs.settings.RunSettings` (what
-    ``fi correlate`` passes; then not ``resume``/``overwrite``); ``config``: the signal settings.
+    Args:
+        lm: the model, from :func:`~fi_toolkit.model.loading.load_model`.
+        docs: the documents; each must reach ``settings.document_tokens()`` tokens.
+        settings: what to measure (:class:`~fi_toolkit.studies.correlate_settings.CorrelateSettings`). With
+            ``estimator="fisher"`` the gradient estimate at every position of ``[sinks, p - w)``; with
+            ``unit_candidates = n > 0`` (exact only) every document is split into blocks of ``n`` candidates,
+            each a unit of its own, the coefficients computed when the blocks are joined (the same tables as
+            an unsplit run's).
+        run: the results directory, or a :class:`~fi_toolkit.runs.settings.RunSettings` (resume, overwrite).
+        block: query positions per block of the continuation forward.
+        progress: ``progress(unit, done, total)`` after each batch.
 
-    ``estimator="fisher"``: the gradient estimate at every position of ``[sinks, p - w)``
-    (``candidates`` unused), ``samples`` label draws; ``validate = N`` adds exact leave-one-out FI at
-    N entropy-stratified positions and the tables ``validation``, ``agreement``, ``agreement_summary``.
-
-    ``unit_candidates = n > 0`` (exact only) splits every document into blocks of ``n`` candidates,
-    each a unit of its own; the coefficients are computed when the blocks are joined, and
-    the tables are the same as an unsplit run's.
+    Returns:
+        The tables; under torchrun the units are shared among the ranks, rank 0 returns the tables, the
+        others None.
     """
+    check_type("settings", settings, CorrelateSettings)
+    s, config, prefix, chunks = settings, settings.signals, settings.prefix, settings.chunks
+    exact = s.estimator == "exact"
+    candidates = s.candidates if exact else "all"
     kind, n_wanted = parse_candidates(candidates)
-    config.check()
-    if sinks < 0 or n_resamples < 0 or seed < 0 or (batch_size is not None and batch_size < 1):
-        raise FIError(
-            "sinks, seed and n_resamples must be >= 0 and batch_size >= 1",
-            parameter=("sinks", "seed", "n_resamples", "batch_size"),
-        )
-    if sinks >= prefix - config.window:
-        raise FIError(
-            f"sinks {sinks} leaves no candidates: the scored prefix [0, {prefix - config.window}) "
-            f"has {prefix - config.window} positions",
-            parameter="sinks",
-        )
-    check_estimator(estimator, samples, validate, prefix - config.window - sinks)
-    check_unit_candidates(unit_candidates, estimator)
-    settings = {
+    samples = s.samples if s.samples is not None else DEFAULT_SAMPLES
+    validate = s.validate or 0
+    described = {
         **_describe(lm, docs, prefix, chunks, config),
         "candidates": candidates,
-        "sinks": sinks,
-        "seed": seed,
-        "n_resamples": n_resamples,
+        "sinks": s.sinks,
+        "seed": s.seed,
+        "n_resamples": s.resamples,
     }
-    if estimator != "exact":  # exact runs keep the settings they always had, so their --resume still matches
-        settings.update(candidates="all", estimator=estimator, samples=samples, validate=validate)
-    if unit_candidates:
-        settings["unit_candidates"] = unit_candidates
-    n_candidates = min(prefix - config.window - sinks, n_wanted or prefix)
-    units, costs = split_units(docs, n_candidates, unit_candidates)
-    where = run_settings(out_dir, resume, overwrite).check()
-    run = ResumableRun(where.out, "correlate", settings, where.resume, where.overwrite)
-    setup = _document_setup(lm, prefix, config, chunks, block, bool(unit_candidates))
+    if not exact:  # exact runs keep the settings they always had, so their --resume still matches
+        described.update(candidates="all", estimator=s.estimator, samples=samples, validate=validate)
+    if s.unit_candidates:
+        described["unit_candidates"] = s.unit_candidates
+    n_candidates = min(prefix - config.window - s.sinks, n_wanted or prefix)
+    units, costs = split_units(docs, n_candidates, s.unit_candidates)
+    where = run_settings(run).check()
+    resumable = ResumableRun(where.out, "correlate", described, where.resume, where.overwrite)
+    setup = _document_setup(lm, prefix, config, chunks, block, bool(s.unit_candidates))
 
     def compute(unit):
         doc, (trace, reference) = setup(unit)
-        if estimator == "fisher":
+        if not exact:
             total = samples + (validate + len(CONTROL_LABELS) if validate else 0)
         else:
-            total = len(range(n_candidates)[part_slice(unit, unit_candidates)])
+            total = len(range(n_candidates)[part_slice(unit, s.unit_candidates)])
             total += len(CONTROL_LABELS) if getattr(unit, "index", 0) == 0 else 0
         done = [0]
 
@@ -214,17 +204,17 @@ def run_correlate(
             trace,
             chunks,
             candidates,
-            sinks,
-            seed,
-            n_resamples,
-            batch_size,
+            s.sinks,
+            s.seed,
+            s.resamples,
+            s.batch_size,
             block,
             _token_text(lm),
             tick,
-            estimator,
+            s.estimator,
             samples,
             validate,
-            part_slice(unit, unit_candidates) if unit_candidates else None,
+            part_slice(unit, s.unit_candidates) if s.unit_candidates else None,
             reference,
         )
 
@@ -235,67 +225,60 @@ def run_correlate(
         return out
 
     def assemble(doc, parts):
-        return assemble_parts(doc.name, parts, chunks, prefix, n_resamples, seed, kind)
+        return assemble_parts(doc.name, parts, chunks, prefix, s.resamples, s.seed, kind)
 
-    return execute_run(
-        lm, run, units, compute, summaries, _floors("controls"), costs, assemble if unit_candidates else None
-    )
+    joined = assemble if s.unit_candidates else None
+    return execute_run(lm, resumable, units, compute, summaries, _floors("controls"), costs, joined)
 
 
 def run_nearfar(
     lm,
-    docs,
-    out_dir: Path | RunSettings,
-    prefix: int,
-    distances: Sequence[int],
-    chunk_len: int,
-    budget: str = "remove=0.1",
-    seeds: int = 3,
-    sinks: Sequence[int] = (4, 0),
-    config: SignalConfig = SignalConfig(),
-    batch_size: int | None = None,
+    docs: Sequence[Document],
+    settings: NearfarSettings,
+    run: RunSettings | Path | str,
+    *,
     block: int = 512,
-    resume: bool = False,
-    overwrite: bool = False,
     progress: Progress | None = None,
-    unit_sets: int = 0,
-    selections: Sequence[str] = (),
-) -> dict[str, pd.DataFrame]:
+) -> dict[str, pd.DataFrame] | None:
     """Near/far set analysis for every document -> ``nearfar``, ``token_classes`` and their summaries/tests.
 
-    ``selections``: ``--select`` specs measured beside the study's sets (``kvpress:NAME@RATIO``,
-    ``policy:NAME@BUDGET``), each resolved once per document (:func:`nearfar_document`).
+    Args:
+        lm: the model, from :func:`~fi_toolkit.model.loading.load_model`.
+        docs: the documents; each must reach ``settings.document_tokens()`` tokens.
+        settings: what to measure (:class:`~fi_toolkit.studies.nearfar_settings.NearfarSettings`). Its
+            ``selections`` are measured beside the study's sets, each resolved once per document
+            (:func:`nearfar_document`); ``unit_sets = n > 0`` splits every document into parts of ``n`` sets
+            (the controls go with the first), each a unit of its own, so torchrun's ranks share documents
+            when they are few: consecutive parts of one document on one rank share its trace and reference
+            run, and the tables are the same as an unsplit run's.
+        run: the results directory, or a :class:`~fi_toolkit.runs.settings.RunSettings` (resume, overwrite).
+        block: query positions per block of the continuation forward.
+        progress: ``progress(unit, done, 0)`` after each batch.
 
-    ``out_dir``: the results directory or a :class:`~fi_toolkit.runs.settings.RunSettings` (as in
-    :func:`run_correlate`).
-
-    ``unit_sets = n > 0`` splits every document into parts of ``n`` sets (the controls go with the
-    first), each a unit of its own: torchrun's ranks then share documents when they are few.
-    Consecutive parts of one document on one rank share its trace and reference run; the tables are
-    the same as an unsplit run's.
+    Returns:
+        The tables; under torchrun the units are shared among the ranks, rank 0 returns the tables, the
+        others None.
     """
-    chunks = nearfar_chunks(prefix, distances, chunk_len)
-    config.check()
-    if (batch_size is not None and batch_size < 1) or any(s < 0 for s in sinks):
-        raise FIError("batch_size must be >= 1 and sink counts >= 0", parameter="batch_size")
-    check_unit_size(unit_sets, "unit_sets")
-    settings = {
+    check_type("settings", settings, NearfarSettings)
+    s, config, prefix, chunks = settings, settings.signals, settings.prefix, settings.chunks
+    sinks = s.sink_options
+    described = {
         **_describe(lm, docs, prefix, chunks, config),
-        "distances": sorted(distances),
-        "chunk_len": chunk_len,
-        "budget": Budget.parse(budget).label,
-        "seeds": seeds,
+        "distances": sorted(s.distances),
+        "chunk_len": s.chunk_len,
+        "budget": s.budget.label,
+        "seeds": s.seeds,
         "sinks": list(sinks),
     }
-    if selections:  # runs without them keep the settings they always had, so their --resume still matches
-        settings["selections"] = list(selections)
-    n_sets = count_sets(budget, seeds, sinks, selections)
-    units, costs = split_units(docs, n_sets, unit_sets)
-    if unit_sets:  # unsplit runs keep the settings they always had, so their --resume still matches
-        settings["unit_sets"] = unit_sets
-    where = run_settings(out_dir, resume, overwrite).check()
-    run = ResumableRun(where.out, "nearfar", settings, where.resume, where.overwrite)
-    setup = _document_setup(lm, prefix, config, chunks, block, bool(unit_sets))
+    if s.selections:  # runs without them keep the settings they always had, so their --resume still matches
+        described["selections"] = list(s.selections)
+    n_sets = count_sets(s.budget, s.seeds, sinks, s.selections)
+    units, costs = split_units(docs, n_sets, s.unit_sets)
+    if s.unit_sets:  # unsplit runs keep the settings they always had, so their --resume still matches
+        described["unit_sets"] = s.unit_sets
+    where = run_settings(run).check()
+    resumable = ResumableRun(where.out, "nearfar", described, where.resume, where.overwrite)
+    setup = _document_setup(lm, prefix, config, chunks, block, bool(s.unit_sets))
 
     def compute(unit):
         doc, (trace, reference) = setup(unit)
@@ -311,16 +294,16 @@ def run_nearfar(
             doc,
             trace,
             chunks,
-            budget,
-            seeds,
-            tuple(sinks),
-            batch_size,
+            s.budget,
+            s.seeds,
+            sinks,
+            s.batch_size,
             block,
             _token_text(lm),
             tick,
-            part_slice(unit, unit_sets),
+            part_slice(unit, s.unit_sets),
             reference,
-            selections,
+            s.selections,
         )
 
     def summaries(tables):
@@ -335,7 +318,8 @@ def run_nearfar(
     def assemble(doc, parts):
         return {"nearfar": flag_below_noise_floor(parts["nearfar"]), "token_classes": parts["token_classes"]}
 
-    return execute_run(lm, run, units, compute, summaries, _floors("nearfar"), costs, assemble if unit_sets else None)
+    joined = assemble if s.unit_sets else None
+    return execute_run(lm, resumable, units, compute, summaries, _floors("nearfar"), costs, joined)
 
 
 def _document_setup(lm, prefix: int, config: SignalConfig, chunks: Sequence[Chunk], block: int, split: bool):
