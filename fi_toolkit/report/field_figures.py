@@ -73,19 +73,20 @@ def field_headroom(board: pd.DataFrame, text: str):
         "Field map: share of the random-to-oracle FI gap each method closes (0: random positions with sinks kept, "
         "1: the FI oracle; 95 % CI over documents)"
     )
-    fig.suptitle("\n".join(textwrap.wrap(title, int(fig.get_figwidth() * 11))), fontsize=10)
-    top = 1 - 0.75 / height  # room for the two-line title and the legend under it
+    inch = 1 / height  # one inch in figure coordinates: the title's two lines, then the legend, then the panels
+    fig.suptitle("\n".join(textwrap.wrap(title, int(fig.get_figwidth() * 11))), fontsize=10, y=1 - 0.1 * inch)
+    top = 1 - 0.6 * inch
     fig.legend(
         handles,
         ["project policy", "press", "anchor"],
         loc="upper center",
-        bbox_to_anchor=(0.5, top + 0.1 / height),
+        bbox_to_anchor=(0.5, top),
         ncol=3,
         fontsize=8,
         frameon=False,
     )
     fig.text(0.5, 0.005, text, ha="center", va="bottom", fontsize=7, color="#444", wrap=True)
-    fig.tight_layout(rect=(0, min(0.3, 0.45 / height), 1, top - 0.15 / height), w_pad=2.0)
+    fig.tight_layout(rect=(0, min(0.3, 0.45 * inch), 1, top - 0.35 * inch), w_pad=2.0)
     return fig
 
 
