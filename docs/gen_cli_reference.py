@@ -75,12 +75,20 @@ def _first(cmd) -> str:
     return _text((cmd.help or "").strip().split("\n\n")[0])
 
 
+def typer_version() -> str:
+    """The installed typer's version: its help rendering (usage, option types) changes between releases."""
+    from importlib.metadata import version
+
+    return version("typer")
+
+
 def render() -> str:
     root, root_ctx = command_tree()
     lines = [
         "# CLI reference",
         "",
-        "Generated from the typer app by `python docs/gen_cli_reference.py` (`make docs` runs it); do not edit.",
+        f"Generated from the typer app by `python docs/gen_cli_reference.py` (`make docs` runs it) with typer "
+        f"{typer_version()}; do not edit.",
         "Every command prints one `error: …` line and exits 2 on bad input.",
         "",
         f"`fi`: {_text(root.help)}",

@@ -185,8 +185,18 @@ def test_every_option_of_every_command_is_in_the_cli_reference():
 
 def test_the_cli_reference_is_what_the_generator_writes():
     """docs/reference/cli.md equals what docs/gen_cli_reference.py writes from the typer app now: an option or
-    a command (or a sub-app's subcommand) added without regenerating it fails here."""
-    assert CLI_MD.read_text() == _generator("gen_cli_reference").render(), "run python docs/gen_cli_reference.py"
+    a command (or a sub-app's subcommand) added without regenerating it fails here. Typer renders usage and option
+    types differently between releases, so the comparison runs under the typer the file was generated with (the
+    lowest supported one, in make test-min, still runs the option check above)."""
+    generator = _generator("gen_cli_reference")
+    committed = CLI_MD.read_text()
+    made_with = re.search(r"with typer (\S+);", committed)
+    assert made_with, "docs/reference/cli.md names no typer version: run python docs/gen_cli_reference.py"
+    if made_with[1] != generator.typer_version():
+        pytest.skip(
+            f"docs/reference/cli.md was generated with typer {made_with[1]}, this is {generator.typer_version()}"
+        )
+    assert committed == generator.render(), "run python docs/gen_cli_reference.py"
 
 
 def test_the_policy_reference_is_what_the_registry_generates():
