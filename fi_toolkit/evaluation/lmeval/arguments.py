@@ -209,7 +209,6 @@ def parse_backend_args(**kwargs) -> BackendArgs:
         else:
             options[key] = value
     args.policy, args.pretrained, args.dtype = str(args.policy), str(args.pretrained), str(args.dtype)
-    args.device = check_device(str(args.device))
     args.batch_size = check_batch_size(args.batch_size)
     args.max_batch_size = _integer("max_batch_size", args.max_batch_size, 1)
     args.interval = _integer("interval", args.interval, 1)
@@ -238,4 +237,5 @@ def parse_backend_args(**kwargs) -> BackendArgs:
     from fi_toolkit.model.loading import resolve_dtype  # imports torch: the checks above answer without it
 
     resolve_dtype(args.dtype)
+    args.device = check_device(str(args.device))  # torch too: after every check that needs none
     return args
