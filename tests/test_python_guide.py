@@ -1,6 +1,7 @@
 """The Python guide's run-function examples (docs/guides/python.md, "A command from Python"), run verbatim
 with the embedded model, and checked against the command line: ``run_probe`` gives the FI that ``fi probe``
-writes with the same options, ``run_field`` the leaderboard that ``fi field`` writes."""
+writes with the same options, ``run_field`` the leaderboard that ``fi field`` writes, ``run_eval`` the
+replay tables that ``fi eval`` writes."""
 
 from __future__ import annotations
 
@@ -23,9 +24,9 @@ def section_blocks(title: str) -> list[str]:
     return re.findall(r"```python\n(.*?)```", section, flags=re.S)
 
 
-def test_the_section_holds_two_examples_of_three_lines():
+def test_the_section_holds_three_examples_of_three_lines():
     blocks = section_blocks("A command from Python")
-    assert len(blocks) == 2
+    assert len(blocks) == 3
     for block in blocks:  # the imports, then three lines (the model is loaded once, in the first)
         lines = [line for line in block.splitlines() if line and not line.startswith(("from ", "import "))]
         assert len(lines) - ("load_model()" in block) == 3
@@ -56,3 +57,12 @@ def test_the_run_function_examples_run_and_equal_the_command_line(tmp_path, monk
         ours, theirs = (t.set_index("method")[column].sort_index().to_numpy() for t in (mine, board))
         assert ours.tobytes() == theirs.tobytes(), column
     assert list(tables["leaderboard"]["method"]) == list(mine["method"])
+
+    evals = ["eval", "alice", "--policy", "snapkv", "--budget", "keep=0.5", "--prompt", "128", "--length", "224"]
+    code, _, err = run_cli([*evals, "--interval", "32", "--free-tokens", "8", "--out", "e"], capsys)
+    assert code == 0, err
+    replays = scope["replays"]
+    assert list(replays["replay_summary"]["policy"]) == ["full", "snapkv"]
+    for name in ("replay_summary", "segment_summary", "positions"):  # no wall time in these: byte for byte
+        mine, theirs = (tmp_path / d / f"{name}.csv" for d in (Path("runs") / "eval", Path("e")))
+        assert mine.read_bytes() == theirs.read_bytes(), name
