@@ -19,6 +19,7 @@ from rich.table import Table
 from fi_toolkit.cli.options import _progress, err, out, settings_options, unit_progress
 from fi_toolkit.cli.study import _read_documents
 from fi_toolkit.errors import FIError
+from fi_toolkit.evaluation.settings import DEFAULT_CONTEXTS as CONTEXTS
 from fi_toolkit.evaluation.settings import DEFAULT_POLICIES as POLICIES
 from fi_toolkit.evaluation.settings import TaskEvalSettings, TaskSettings, TextEvalSettings, split_list
 from fi_toolkit.model.settings import ModelSettings
@@ -27,10 +28,7 @@ from fi_toolkit.runs.settings import RunSettings
 from fi_toolkit.signals.config import SignalConfig
 
 DEFAULT_POLICIES = ",".join(POLICIES)
-DEFAULT_TASKS = "passkey,multikey_needle,variable_tracking"
-DEFAULT_CONTEXTS = (
-    "1024"  # where SmolLM2-135M solves passkey and multi-key needle best (analyses/results/eval/task_lengths.csv)
-)
+DEFAULT_CONTEXTS = ",".join(map(str, CONTEXTS))
 
 
 def int_list(text: str, option: str, minimum: int = 1) -> list[int]:
@@ -150,21 +148,31 @@ def eval_(
     if tables is None:  # a rank other than 0 of a sharded run: rank 0 reports
         return
     if texts is None:
-        _print_tasks(tables)
-        err.print(
-            f"results: {run.out}/ (task_summary.csv, answers.csv, kl_accuracy.csv, manifest.json)",
-            markup=False,
-            highlight=False,
-        )
-        return
-    _print_text(tables, len(docs), settings.text_setting())
+        _report_tasks(tables, run)
+    else:
+        _report_text(tables, len(docs), settings, run)
+
+
+def _report_text(tables, n_docs: int, settings: TextEvalSettings, run: RunSettings) -> None:
+    """The replay table, the noise-floor warning and where the tables are."""
     from fi_toolkit.cli.console import print_warning
     from fi_toolkit.evaluation.replay_runs import FULL
     from fi_toolkit.probe.noise_floor import text_noise_warning
 
+    _print_text(tables, n_docs, settings.text_setting())
     print_warning(text_noise_warning(tables["replays"], FULL))
     err.print(
         f"results: {run.out}/ (replay_summary.csv, replays.csv, segments.csv, positions.csv, manifest.json)",
+        markup=False,
+        highlight=False,
+    )
+
+
+def _report_tasks(tables, run: RunSettings) -> None:
+    """The accuracy table, does replay KL predict it, and where the tables are."""
+    _print_tasks(tables)
+    err.print(
+        f"results: {run.out}/ (task_summary.csv, answers.csv, kl_accuracy.csv, manifest.json)",
         markup=False,
         highlight=False,
     )
