@@ -24,10 +24,10 @@ import pandas as pd  # noqa: E402
 from _common import ROOT, copy_results  # noqa: E402
 
 from fi_toolkit import load_model  # noqa: E402
-from fi_toolkit.cli.eval import make_policies  # noqa: E402
 from fi_toolkit.compress.decoder import signal_config_for  # noqa: E402
 from fi_toolkit.documents import BUNDLED, load_document  # noqa: E402
 from fi_toolkit.evaluation import TextSetting, make_units, run_eval_tasks, run_eval_text  # noqa: E402
+from fi_toolkit.evaluation.settings import make_policies  # noqa: E402
 from fi_toolkit.evaluation.tasks import TASKS  # noqa: E402
 from fi_toolkit.report import build_report  # noqa: E402
 from fi_toolkit.runs.results import atomic_write_text, write_table  # noqa: E402

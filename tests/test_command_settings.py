@@ -314,3 +314,174 @@ def test_the_settings_modules_import_nothing_heavy():
     root = Path(__file__).resolve().parents[1]
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, check=True)
     assert done.stdout.strip() == "[]"
+
+
+# ---- fi eval: TextEvalSettings (documents) and TaskEvalSettings (--task) ------------------------------------
+
+
+@pytest.fixture
+def built_eval(monkeypatch):
+    """Record the eval settings objects a command builds, and stop it where it would load the model."""
+    from fi_toolkit.evaluation.settings import TaskEvalSettings, TextEvalSettings
+
+    seen: dict = {}
+    for cls in (TextEvalSettings, TaskEvalSettings):
+        original = cls.__post_init__
+
+        def record(self, original=original, name=cls.__name__):
+            original(self)
+            seen[name] = self
+
+        monkeypatch.setattr(cls, "__post_init__", record)
+    monkeypatch.setattr(ModelSettings, "load", lambda self, **kwargs: (_ for _ in ()).throw(FIError(STOP)))
+    return seen
+
+
+def test_eval_text_cli_builds_what_python_builds(built_eval, tmp_path, monkeypatch, capsys):
+    from fi_toolkit.compress.future import DOCUMENT
+    from fi_toolkit.evaluation.settings import TextEvalSettings
+
+    monkeypatch.chdir(tmp_path)
+    args = ["eval", "alice", "--policy", "snapkv,infokv:alpha=0.5,tau=2", "--budget", "0.5,remove=0.25"]
+    args += ["--prompt", "128", "--length", "224", "--interval", "32", "--free-tokens", "8", "--resamples", "50"]
+    code, _, err = run_cli([*args, "--window", "16", "--unit-policies", "2", "--out", "o"], capsys)
+    assert (code, err) == (2, f"error: {STOP}\n")
+    python = TextEvalSettings(
+        policies=["snapkv", "infokv:alpha=0.5,tau=2"],
+        budgets=["keep=0.5", "remove=0.25"],
+        interval=32,
+        resamples=50,
+        signals=SignalConfig(window=16),
+        prompt=128,
+        length=224,
+        free_tokens=8,
+        unit_policies=2,
+    )
+    assert built_eval["TextEvalSettings"] == python
+    assert built_eval["TextEvalSettings"].policy_runs() == python.policy_runs()
+    # what the options say, parsed: each policy at each budget, name by name; 224 tokens per document
+    assert python.policies == ("snapkv", "infokv:alpha=0.5,tau=2") and python.future == DOCUMENT
+    assert python.budgets == (Budget.parse("keep=0.5"), Budget.parse("remove=0.25"))
+    labels = ["snapkv@keep=0.5", "snapkv@remove=0.25", "infokv:alpha=0.5,tau=2.0@keep=0.5"]
+    assert [p.label for p in python.policy_runs()] == [*labels, "infokv:alpha=0.5,tau=2.0@remove=0.25"]
+    assert {p.window for p in python.policy_runs()} == {16}
+    assert (python.document_tokens(), python.text_setting().total()) == (224, 224)
+
+
+def test_eval_text_defaults_are_the_cli_defaults(built_eval, tmp_path, monkeypatch, capsys):
+    from fi_toolkit.evaluation.settings import TextEvalSettings
+
+    monkeypatch.chdir(tmp_path)
+    assert run_cli(["eval", "--out", "o"], capsys)[0] == 2
+    default = TextEvalSettings()
+    assert built_eval["TextEvalSettings"] == default
+    assert len(default.policy_runs()) == 7 * 3 and default.budgets[0] == Budget.parse("keep=0.1")
+    assert (default.prompt, default.document_tokens(), default.interval, default.free_tokens) == (1024, 2048, 256, 64)
+    generated = TextEvalSettings(policies="snapkv", budgets="0.5", prompt=128, future="generated:64")
+    assert (generated.document_tokens(), generated.text_setting().total()) == (128, 192)  # the model writes 64
+
+
+def test_eval_task_cli_builds_what_python_builds(built_eval, tmp_path, monkeypatch, capsys):
+    from fi_toolkit.evaluation.settings import TaskEvalSettings, TaskSettings
+
+    monkeypatch.chdir(tmp_path)
+    args = ["eval", "--task", "niah,passkey", "--context", "300,400", "--samples", "2", "--max-new", "5"]
+    args += ["--policy", "snapkv", "--budget", "0.5", "--interval", "8", "--resamples", "20", "--out", "o"]
+    code, _, err = run_cli(args, capsys)
+    assert (code, err) == (2, f"error: {STOP}\n")
+    tasks = TaskSettings(("niah", "passkey"), (300, 400), 2, max_new=5)
+    python = TaskEvalSettings(policies=["snapkv"], budgets=["keep=0.5"], interval=8, resamples=20, tasks=tasks)
+    assert built_eval["TaskEvalSettings"] == python and "TextEvalSettings" not in built_eval
+    assert python.tasks.tasks == ("multikey_needle", "passkey")  # checked on construction: aliases resolved
+    assert [p.label for p in python.policy_runs()] == ["snapkv@keep=0.5"]
+
+
+def _text(**kwargs):
+    from fi_toolkit.evaluation.settings import TextEvalSettings
+
+    return TextEvalSettings(**{"policies": "snapkv", "budgets": "0.5", **kwargs})
+
+
+def _task(**kwargs):
+    from fi_toolkit.evaluation.settings import TaskEvalSettings
+
+    return TaskEvalSettings(**{"policies": "snapkv", "budgets": "0.5", **kwargs})
+
+
+def _tasks(**kwargs):
+    from fi_toolkit.evaluation.settings import TaskSettings
+
+    return TaskSettings(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "make, message, parameter",
+    [
+        (lambda: _text(interval=0), "interval must be >= 1, got 0", "interval"),
+        (lambda: _text(resamples=-1), "resamples must lie in [0, 100,000], got -1", "resamples"),
+        (lambda: _text(unit_policies=-3), "unit_policies must be >= 0 (0: one unit per document)", "unit_policies"),
+        (lambda: _text(free_tokens=-1), "free_tokens must be >= 0, got -1", "free_tokens"),
+        (lambda: _text(prompt=1024, length=1024), "length 1024 leaves nothing after the 1024-token prompt", "length"),
+        (lambda: _text(future="generated:64", length=900), "length and future generated:64 both set", "length"),
+        (lambda: _text(future="generated:0"), "future generated:0 generates nothing", "future"),
+        (lambda: _text(budgets="0.1,"), "--budget must be a comma-separated list without empty items", None),
+        (lambda: _text(budgets="0.5,keep=0.5"), "--budget gives one budget twice", None),
+        (lambda: _text(policies=["infokv", "lru"]), "unknown policy 'lru'", None),
+        (lambda: _text(policies=5), "policies must be a list or a comma-separated string, got 5", "policies"),
+        (lambda: _text(budgets="0.01", prompt=512, length=1024), "keeps at most 10 of the 1024 tokens", None),
+        (lambda: _text(signals=SignalConfig(alpha=2.0)), "alpha must lie in [0, 1]", "alpha"),
+        (lambda: _task(policies="fi-oracle"), "--policy fi-oracle: fi-oracle is an oracle that sees the future", None),
+        (lambda: _task(tasks=_tasks(samples=0)), "samples must lie in [1, 1,000], got 0", "samples"),
+        (lambda: _task(tasks=_tasks(tasks=("sudoku",))), "unknown task 'sudoku'", None),
+        (lambda: _task(budgets="0.05", tasks=_tasks(contexts=(512,))), "keeps 26 of a 512-token context", None),
+        (lambda: _task(tasks=("passkey",)), "tasks must be a TaskSettings", "tasks"),
+    ],
+)
+def test_eval_settings_refuse_on_construction_in_one_line(make, message, parameter):
+    with pytest.raises(FIError) as exc:
+        make()
+    assert message in str(exc.value) and "\n" not in str(exc.value)
+    assert exc.value.parameter == parameter
+
+
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        (["eval", "--unit-policies", "-3"], "error: --unit-policies must be >= 0 (0: one unit per document), got -3"),
+        (["eval", "--free-tokens=-1"], "error: --free-tokens must be >= 0, got -1"),
+        (
+            ["eval", "--future", "generated:64", "--length", "900"],
+            "error: --length and --future generated:64 both set the length: give one",
+        ),
+        (["eval", "--task", "passkey", "--samples", "0"], "error: --samples must lie in [1, 1,000], got 0"),
+    ],
+)
+def test_fi_eval_names_its_flags_in_the_settings_messages(args, line, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(args, capsys)
+    assert (code, err) == (2, line + "\n")
+
+
+def test_run_eval_refuses_a_mismatch_before_touching_the_model(tmp_path):
+    from fi_toolkit.evaluation import run_eval
+
+    with pytest.raises(FIError, match="a text run needs documents"):
+        run_eval(None, None, _text(), tmp_path / "o")
+    with pytest.raises(FIError, match="give documents or a task run's settings, not both"):
+        run_eval(None, ["doc"], _task(), tmp_path / "o")
+    with pytest.raises(FIError, match="settings must be a TextEvalSettings or TaskEvalSettings"):
+        run_eval(None, None, "snapkv", tmp_path / "o")
+    assert not (tmp_path / "o").exists()
+
+
+def test_eval_settings_are_frozen_and_their_module_imports_nothing_heavy():
+    s = _text()
+    with pytest.raises(AttributeError):
+        s.prompt = 64
+    code = (
+        "import sys; import fi_toolkit.evaluation.settings; "
+        "print(sorted(m for m in ('torch', 'pandas', 'scipy', 'transformers') if m in sys.modules))"
+    )
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, check=True)
+    assert done.stdout.strip() == "[]"

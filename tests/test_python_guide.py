@@ -2,7 +2,7 @@
 with the embedded model, and checked against the command line: ``run_probe`` gives the FI that ``fi probe``
 writes with the same options, ``run_field`` the leaderboard that ``fi field`` writes, ``run_correlate`` and
 ``run_nearfar`` the tables that ``fi correlate`` and ``fi nearfar`` write (each also against a recomputation
-from its own per-token or per-set table)."""
+from its own per-token or per-set table), ``run_eval`` the replay tables that ``fi eval`` writes."""
 
 from __future__ import annotations
 
@@ -27,9 +27,9 @@ def section_blocks(title: str) -> list[str]:
     return re.findall(r"```python\n(.*?)```", section, flags=re.S)
 
 
-def test_the_section_holds_four_examples_of_three_lines():
+def test_the_section_holds_five_examples_of_three_lines():
     blocks = section_blocks("A command from Python")
-    assert len(blocks) == 4
+    assert len(blocks) == 5
     for block in blocks:  # the imports, then three lines (the model is loaded once, in the first)
         lines = [line for line in block.splitlines() if line and not line.startswith(("from ", "import "))]
         assert len(lines) - ("load_model()" in block) == 3
@@ -39,7 +39,8 @@ def test_the_section_holds_four_examples_of_three_lines():
 def test_the_run_function_examples_run_and_equal_the_command_line(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     scope: dict = {}
-    for block in section_blocks("A command from Python")[:2]:
+    blocks = section_blocks("A command from Python")
+    for block in blocks[:2] + blocks[4:]:  # probe, field and eval (correlate and nearfar: the next test)
         exec(compile(block, str(GUIDE), "exec"), scope)
     probed, tables = scope["probed"], scope["tables"]
 
@@ -61,6 +62,15 @@ def test_the_run_function_examples_run_and_equal_the_command_line(tmp_path, monk
         assert ours.tobytes() == theirs.tobytes(), column
     assert list(tables["leaderboard"]["method"]) == list(mine["method"])
 
+    evals = ["eval", "alice", "--policy", "snapkv", "--budget", "keep=0.5", "--prompt", "128", "--length", "224"]
+    code, _, err = run_cli([*evals, "--interval", "32", "--free-tokens", "8", "--out", "e"], capsys)
+    assert code == 0, err
+    replays = scope["replays"]
+    assert list(replays["replay_summary"]["policy"]) == ["full", "snapkv"]
+    for name in ("replay_summary", "segment_summary", "positions"):  # no wall time in these: byte for byte
+        mine, theirs = (tmp_path / d / f"{name}.csv" for d in (Path("runs") / "eval", Path("e")))
+        assert mine.read_bytes() == theirs.read_bytes(), name
+
 
 @pytest.mark.smollm
 def test_the_study_examples_run_and_equal_the_command_line(tmp_path, monkeypatch, capsys):
@@ -71,7 +81,7 @@ def test_the_study_examples_run_and_equal_the_command_line(tmp_path, monkeypatch
 
     monkeypatch.chdir(tmp_path)
     scope: dict = {"lm": load_model(), "load_documents": load_documents}
-    for block in section_blocks("A command from Python")[2:]:
+    for block in section_blocks("A command from Python")[2:4]:
         exec(compile(block, str(GUIDE), "exec"), scope)
     found, nearfar = scope["found"], scope["nearfar"]
 

@@ -2,7 +2,10 @@
 
 Two kinds of run, one command: documents (teacher-forced replay of the document or of the model's own
 continuation, ``--future``, plus free generation) or ``--task`` (generated long-context tasks answered
-greedily). Lists are comma-separated; every list and option is checked before the model is loaded.
+greedily). Lists are comma-separated. The options become a
+:class:`~fi_toolkit.evaluation.settings.TextEvalSettings` or a
+:class:`~fi_toolkit.evaluation.settings.TaskEvalSettings` (checked on construction, before the model loads),
+:func:`fi_toolkit.evaluation.run_eval` computes, and this module prints.
 """
 
 from __future__ import annotations
@@ -13,40 +16,23 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from fi_toolkit.cli.options import (
-    _progress,
-    check_resamples,
-    err,
-    first_repeat,
-    out,
-    settings_options,
-    unit_progress,
-)
+from fi_toolkit.cli.options import _progress, err, out, settings_options, unit_progress
 from fi_toolkit.cli.study import _read_documents
 from fi_toolkit.errors import FIError
+from fi_toolkit.evaluation.settings import DEFAULT_CONTEXTS as CONTEXTS
+from fi_toolkit.evaluation.settings import DEFAULT_POLICIES as POLICIES
+from fi_toolkit.evaluation.settings import TaskEvalSettings, TaskSettings, TextEvalSettings, split_list
 from fi_toolkit.model.settings import ModelSettings
 from fi_toolkit.policies.registry import policy_help
 from fi_toolkit.runs.settings import RunSettings
 from fi_toolkit.signals.config import SignalConfig
 
-DEFAULT_POLICIES = "infokv,snapkv,pyramidkv,streaming,h2o,knorm,random"
-DEFAULT_TASKS = "passkey,multikey_needle,variable_tracking"
-DEFAULT_CONTEXTS = (
-    "1024"  # where SmolLM2-135M solves passkey and multi-key needle best (analyses/results/eval/task_lengths.csv)
-)
-
-
-def split_list(text: str, option: str) -> list[str]:
-    """``a,b,c`` -> items; an empty item (``a,,b``, a trailing comma) or an empty list is refused."""
-    items = [t.strip() for t in text.split(",")]
-    if not text.strip() or any(not t for t in items):
-        raise FIError(f"{option} must be a comma-separated list without empty items, got '{text}'")
-    if len(set(items)) != len(items):
-        raise FIError(f"{option} lists an item twice: '{text}'")
-    return items
+DEFAULT_POLICIES = ",".join(POLICIES)
+DEFAULT_CONTEXTS = ",".join(map(str, CONTEXTS))
 
 
 def int_list(text: str, option: str, minimum: int = 1) -> list[int]:
+    """``1024,2048`` -> whole numbers, each at least ``minimum``."""
     values = []
     for item in split_list(text, option):
         try:
@@ -57,55 +43,6 @@ def int_list(text: str, option: str, minimum: int = 1) -> list[int]:
             raise FIError(f"{option} values must be >= {minimum}, got {value}")
         values.append(value)
     return values
-
-
-def make_policies(names: str, budgets: str, window: int, alpha: float, tau: float, top_k: int, future: bool = False):
-    """The policy x budget list; ``future``: a replay of known text, where the FI oracle may look ahead
-    (refused otherwise, and with the prefill oracle's options)."""
-    from fi_toolkit.budget import Budget
-    from fi_toolkit.policies.registry import resolve, split_policies
-
-    spelled = split_list(budgets, "--budget")
-    parsed = [Budget.parse(b, "--budget") for b in spelled]
-    pair = first_repeat(zip(spelled, parsed), key=lambda sb: sb[1])
-    if pair:
-        raise FIError(f"--budget gives one budget twice: '{pair[0][0]}' and '{pair[1][0]}' are both {pair[0][1].label}")
-    # one prefill's signals serve every policy: window and top_k are the run's (--window, --top-k)
-    names = split_policies(names, "--policy")
-    policies = [
-        [
-            resolve(
-                name,
-                b,
-                window,
-                where=f"--policy {name}",
-                shared=("window", "top_k"),
-                alpha=alpha,
-                tau=tau,
-                top_k=top_k,
-                future=future,
-            )
-            for b in parsed
-        ]
-        for name in names
-    ]
-    if future:
-        from fi_toolkit.policies.fi_oracle import check_decoding_oracle
-
-        for name, row in zip(names, policies):
-            check_decoding_oracle(row[0], f"--policy {name}")
-    pair = first_repeat(zip(names, policies), key=lambda np: _policy_key(np[1][0]))
-    if pair:
-        raise FIError(
-            f"--policy gives one policy twice: '{pair[0][0]}' and '{pair[1][0]}' are the same policy "
-            "with the same options"
-        )
-    return [p for row in policies for p in row]
-
-
-def _policy_key(policy):
-    """What makes two parsed policies equal: their class and fields (options, budget, window), not their label."""
-    return type(policy), repr(policy)
 
 
 @settings_options()
@@ -175,58 +112,54 @@ def eval_(
     """Replay KL, top-1 agreement, ΔNLL and free-generation agreement on text, or task accuracy, per policy and
     budget."""
     model.check()
-    config = signals.check()
-    policies = make_policies(policy, budget, config.window, config.alpha, config.tau, config.top_k, future=task is None)
-    if interval < 1:
-        raise FIError(f"--interval must be >= 1, got {interval}")
-    check_resamples(resamples)
-    from fi_toolkit.runs.units import check_unit_size
-
-    check_unit_size(unit_policies, "--unit-policies")
+    if task is not None and documents:
+        raise FIError("give documents or --task, not both")
+    if task is not None and unit_policies:
+        raise FIError("--unit-policies splits text documents; a task run's unit is already one sample")
+    common = dict(policies=policy, budgets=budget, interval=interval, resamples=resamples, signals=signals)
     if task is not None:
-        if documents:
-            raise FIError("give documents or --task, not both")
-        if unit_policies:
-            raise FIError("--unit-policies splits text documents; a task run's unit is already one sample")
-        return _eval_tasks(task, context, samples, protocol, max_new, policies, config, interval, resamples, model, run)
-    from fi_toolkit.compress.future import parse_future
-
-    fut = parse_future(future)
-    if fut.generated and length is not None:
-        raise FIError(f"--length and --future {fut.label} both set the length; give one")
-    from fi_toolkit.compress.decoder import check_budget  # the checks above import nothing heavy
-    from fi_toolkit.evaluation import TextSetting
-
-    setting = TextSetting(prompt, length or 2048, interval, fut, free_tokens)
-    setting.check()
-    for p in policies:
-        check_budget(p, prompt, setting.total() - prompt, p.compress_prompt)
-    texts = _read_documents(documents)
-    run.check("eval")
-    from fi_toolkit.documents import tokenize_texts
-    from fi_toolkit.evaluation import run_eval_text
-
-    lm = model.load()
-    docs = tokenize_texts(texts, lm.tokenizer, max_tokens=setting.length if not fut.generated else prompt)
-    with _progress() as bar:
-        tables = run_eval_text(
-            lm,
-            docs,
-            run,
-            policies,
-            setting,
-            config,
-            progress=unit_progress(bar, "eval"),
-            n_resamples=resamples,
+        tasks = TaskSettings(
+            tuple(split_list(task, "--task")),
+            tuple(int_list(context, "--context")),
+            samples,
+            tuple(split_list(protocol, "--protocol")),
+            max_new,
+        )
+        settings = TaskEvalSettings(**common, tasks=tasks)
+        texts = None
+    else:
+        settings = TextEvalSettings(
+            **common,
+            prompt=prompt,
+            length=length,
+            future=future,
+            free_tokens=free_tokens,
             unit_policies=unit_policies,
         )
+        texts = _read_documents(documents)
+    run.check("eval")
+    from fi_toolkit.documents import tokenize_texts
+    from fi_toolkit.evaluation import run_eval
+
+    lm = model.load()
+    docs = None if texts is None else tokenize_texts(texts, lm.tokenizer, max_tokens=settings.document_tokens())
+    with _progress() as bar:
+        tables = run_eval(lm, docs, settings, run, progress=unit_progress(bar, "eval"))
     if tables is None:  # a rank other than 0 of a sharded run: rank 0 reports
         return
-    _print_text(tables, len(docs), setting)
+    if texts is None:
+        _report_tasks(tables, run)
+    else:
+        _report_text(tables, len(docs), settings, run)
+
+
+def _report_text(tables, n_docs: int, settings: TextEvalSettings, run: RunSettings) -> None:
+    """The replay table, the noise-floor warning and where the tables are."""
     from fi_toolkit.cli.console import print_warning
     from fi_toolkit.evaluation.replay_runs import FULL
     from fi_toolkit.probe.noise_floor import text_noise_warning
 
+    _print_text(tables, n_docs, settings.text_setting())
     print_warning(text_noise_warning(tables["replays"], FULL))
     err.print(
         f"results: {run.out}/ (replay_summary.csv, replays.csv, segments.csv, positions.csv, manifest.json)",
@@ -235,53 +168,8 @@ def eval_(
     )
 
 
-def _eval_tasks(
-    task,
-    context,
-    samples,
-    protocol,
-    max_new,
-    policies,
-    config,
-    interval,
-    resamples,
-    model: ModelSettings,
-    run: RunSettings,
-):
-    """``fi eval --task``: the lists parsed into a :class:`~fi_toolkit.evaluation.settings.TaskSettings`,
-    checked with the budgets before the model is loaded, then :func:`fi_toolkit.evaluation.run_eval_tasks`."""
-    from fi_toolkit.evaluation import run_eval_tasks
-    from fi_toolkit.evaluation.settings import TaskSettings
-
-    tasks = TaskSettings(
-        tuple(split_list(task, "--task")),
-        tuple(int_list(context, "--context")),
-        samples,
-        tuple(split_list(protocol, "--protocol")),
-        max_new,
-    ).check()
-    contexts = tasks.contexts
-    for p in policies:  # the smallest prompt a compression can see: the context without the question
-        if p.budget.kept(min(contexts)) <= config.window and p.compress_prompt:
-            raise FIError(
-                f"budget {p.budget.label} keeps {p.budget.kept(min(contexts))} of a {min(contexts)}-token "
-                f"context, not above the window of {config.window}"
-            )
-    run.check("eval")
-    lm = model.load()
-    with _progress() as bar:
-        tables = run_eval_tasks(
-            lm,
-            tasks,
-            run,
-            policies,
-            config=config,
-            interval=interval,
-            progress=unit_progress(bar, "eval"),
-            n_resamples=resamples,
-        )
-    if tables is None:
-        return
+def _report_tasks(tables, run: RunSettings) -> None:
+    """The accuracy table, does replay KL predict it, and where the tables are."""
     _print_tasks(tables)
     err.print(
         f"results: {run.out}/ (task_summary.csv, answers.csv, kl_accuracy.csv, manifest.json)",

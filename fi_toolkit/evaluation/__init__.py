@@ -21,7 +21,8 @@ _EXPORTS = {
     **dict.fromkeys(
         ["FULL", "TextSetting", "divergence", "evaluate_text", "free_generation"], "fi_toolkit.evaluation.replay_runs"
     ),
-    **dict.fromkeys(["run_eval_tasks", "run_eval_text"], "fi_toolkit.evaluation.run"),
+    **dict.fromkeys(["run_eval", "run_eval_tasks", "run_eval_text"], "fi_toolkit.evaluation.run"),
+    **dict.fromkeys(["TaskEvalSettings", "TaskSettings", "TextEvalSettings"], "fi_toolkit.evaluation.settings"),
     **dict.fromkeys(
         ["kl_accuracy_table", "mean_ci", "summarise_answers", "summarise_replays", "summarise_segments"],
         "fi_toolkit.evaluation.summaries",

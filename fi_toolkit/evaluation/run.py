@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import pandas as pd
 
+from fi_toolkit.documents import Document
 from fi_toolkit.errors import FIError
 from fi_toolkit.evaluation.replay_runs import FULL, TextSetting, evaluate_text, text_context
-from fi_toolkit.evaluation.settings import TaskSettings
+from fi_toolkit.evaluation.settings import TaskEvalSettings, TaskSettings, TextEvalSettings
 from fi_toolkit.evaluation.summaries import (
     kl_accuracy_table,
     summarise_answers,
@@ -31,7 +32,7 @@ from fi_toolkit.policies import Policy
 from fi_toolkit.probe.experiment import max_context
 from fi_toolkit.probe.noise_floor import text_noise_floor
 from fi_toolkit.runs.resumable import ResumableRun, check_unit_size, last_document, part_slice, split_units
-from fi_toolkit.runs.settings import RunSettings, run_settings
+from fi_toolkit.runs.settings import RunSettings, check_type, run_settings
 from fi_toolkit.signals.config import SignalConfig
 from fi_toolkit.studies.study import execute_run
 
@@ -48,6 +49,60 @@ def _model_settings(lm, config: SignalConfig, policies: list[Policy]) -> dict:
     }
 
 
+def run_eval(
+    lm,
+    docs: Sequence[Document] | None,
+    settings: TextEvalSettings | TaskEvalSettings,
+    run: RunSettings | Path | str,
+    *,
+    progress: Progress | None = None,
+) -> dict[str, pd.DataFrame] | None:
+    """``fi eval``: every policy of ``settings`` at every budget, beside the full cache -> the tables.
+
+    Args:
+        lm: the model, from :func:`~fi_toolkit.model.loading.load_model`.
+        docs: the documents of a text run, each of at least ``settings.document_tokens()`` tokens (read them
+            with that ``max_tokens``); None for a task run, whose samples ``settings.tasks`` generates.
+        settings: a :class:`~fi_toolkit.evaluation.settings.TextEvalSettings` (replays: ``positions``,
+            ``segments``, ``replays``, ``replay_summary``, ``segment_summary``) or a
+            :class:`~fi_toolkit.evaluation.settings.TaskEvalSettings` (``answers``, ``task_summary``,
+            ``kl_accuracy``).
+        run: the results directory, or a :class:`~fi_toolkit.runs.settings.RunSettings` (resume, overwrite).
+        progress: ``progress(unit, done, total)`` as each unit advances.
+
+    Returns:
+        The tables (also written under ``run``); under torchrun rank 0 returns them, the others None.
+    """
+    check_type("settings", settings, TextEvalSettings, TaskEvalSettings)
+    where = run if isinstance(run, RunSettings) else RunSettings(Path(run))
+    if isinstance(settings, TaskEvalSettings):
+        if docs:
+            raise FIError("give documents or a task run's settings, not both", parameter="docs")
+        return run_eval_tasks(
+            lm,
+            settings.tasks,
+            where,
+            settings.policy_runs(),
+            config=settings.signals,
+            interval=settings.interval,
+            progress=progress,
+            n_resamples=settings.resamples,
+        )
+    if not docs:
+        raise FIError("a text run needs documents", parameter="docs")
+    return run_eval_text(
+        lm,
+        list(docs),
+        where,
+        settings.policy_runs(),
+        settings.text_setting(),
+        settings.signals,
+        progress=progress,
+        n_resamples=settings.resamples,
+        unit_policies=settings.unit_policies,
+    )
+
+
 def run_eval_text(
     lm,
     docs,
@@ -61,7 +116,8 @@ def run_eval_text(
     n_resamples: int = 1000,
     unit_policies: int = 0,
 ) -> dict[str, pd.DataFrame]:
-    """Replays and free generations of every document -> per-document and summary tables (module docstring).
+    """Replays and free generations of every document -> per-document and summary tables (module docstring):
+    what :func:`run_eval` runs for a text run, for callers that build their own policies and signals.
 
     ``out_dir``: the results directory, or a :class:`~fi_toolkit.runs.settings.RunSettings` (what
     ``fi eval`` passes; then not ``resume``/``overwrite``); ``setting``: the prompt, length, future...
@@ -154,7 +210,8 @@ def run_eval_tasks(
     progress: Progress | None = None,
     n_resamples: int = 1000,
 ) -> dict[str, pd.DataFrame]:
-    """Every task sample under the full cache and every policy -> ``answers``, ``task_summary``, ``kl_accuracy``.
+    """Every task sample under the full cache and every policy -> ``answers``, ``task_summary``, ``kl_accuracy``:
+    what :func:`run_eval` runs for a task run, for callers that build their own samples and policies.
 
     ``units``: the samples, or a :class:`~fi_toolkit.evaluation.settings.TaskSettings` (what ``fi eval --task``
     passes), which also gives the protocols and ``max_new`` (then not given beside it). ``out_dir``: the results

@@ -1,13 +1,29 @@
-"""What a task run of ``fi eval`` generates and how it answers: :class:`TaskSettings`, the object
-``fi eval --task`` builds and :func:`fi_toolkit.evaluation.run_eval_tasks` takes (its text twin is
-:class:`fi_toolkit.evaluation.replay_runs.TextSetting`)."""
+"""What ``fi eval`` measures: :class:`TextEvalSettings` (replays of documents) and :class:`TaskEvalSettings`
+(generated long-context tasks), the objects the command line builds and :func:`fi_toolkit.evaluation.run_eval`
+takes; :class:`TaskSettings`, the tasks a task run generates and how it answers.
+
+One class per kind of run, not one with fields that only one kind reads: a text run's prompt, length, future,
+free generation and work units mean nothing to a task run, whose samples, contexts and protocols mean
+nothing to a text run. Both hold the policies x budgets, the compression interval, the bootstrap and the
+signal options, and are checked on construction (one :class:`~fi_toolkit.errors.FIError` line; the command
+line names its flags). The policies' and budgets' messages name them as ``--policy NAME`` and ``--budget``,
+as the policy registry spells them.
+
+Imports nothing heavy at module level (no torch, no pandas): the command line builds the settings, and so
+refuses bad options, before the model loads (checking each budget against the replay imports the decoder).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import Sequence
 
+from fi_toolkit.budget import Budget
+from fi_toolkit.compress.future import DOCUMENT, Future, parse_future
 from fi_toolkit.errors import FIError
-from fi_toolkit.runs.settings import check_int, check_type
+from fi_toolkit.runs.settings import check_int, check_resamples, check_type
+from fi_toolkit.runs.units import check_unit_size
+from fi_toolkit.signals.config import SignalConfig
 
 MAX_SAMPLES = 1000  # per task and context: more is a typo, not a study (every sample is built up front)
 DEFAULT_TASKS = ("passkey", "multikey_needle", "variable_tracking")
@@ -67,3 +83,192 @@ class TaskSettings:
         from fi_toolkit.evaluation.task_runs import make_units
 
         return make_units(list(self.tasks), list(self.contexts), self.samples, tokenizer, model_config)
+
+
+DEFAULT_POLICIES = ("infokv", "snapkv", "pyramidkv", "streaming", "h2o", "knorm", "random")
+DEFAULT_BUDGETS = ("keep=0.1", "keep=0.25", "keep=0.5")
+
+
+def split_list(text: str, option: str) -> list[str]:
+    """``a,b,c`` -> items; an empty item (``a,,b``, a trailing comma) or an empty list is refused."""
+    items = [t.strip() for t in text.split(",")]
+    if not text.strip() or any(not t for t in items):
+        raise FIError(f"{option} must be a comma-separated list without empty items, got '{text}'")
+    if len(set(items)) != len(items):
+        raise FIError(f"{option} lists an item twice: '{text}'")
+    return items
+
+
+def make_policies(names: str, budgets: str, window: int, alpha: float, tau: float, top_k: int, future: bool = False):
+    """``names`` (``infokv:alpha=0.5,tau=2,snapkv``) x ``budgets`` (``0.1,keep=0.25``) -> the policies, name by
+    name, each at every budget; ``window`` and ``top_k`` are the run's (one prefill's signals serve every
+    policy), ``alpha`` and ``tau`` the defaults. ``future``: a replay of known text, where the FI oracle may
+    look ahead (refused otherwise, and with the prefill oracle's options). A budget or a policy given twice
+    (the same class and options) is refused."""
+    from fi_toolkit.policies.registry import resolve, split_policies
+
+    spelled = split_list(budgets, "--budget")
+    parsed = [Budget.parse(b, "--budget") for b in spelled]
+    pair = first_repeat(zip(spelled, parsed), key=lambda sb: sb[1])
+    if pair:
+        raise FIError(f"--budget gives one budget twice: '{pair[0][0]}' and '{pair[1][0]}' are both {pair[0][1].label}")
+    names = split_policies(names, "--policy")
+    shared = dict(shared=("window", "top_k"), alpha=alpha, tau=tau, top_k=top_k, future=future)
+    policies = [[resolve(name, b, window, where=f"--policy {name}", **shared) for b in parsed] for name in names]
+    if future:
+        from fi_toolkit.policies.fi_oracle import check_decoding_oracle
+
+        for name, row in zip(names, policies):
+            check_decoding_oracle(row[0], f"--policy {name}")
+    pair = first_repeat(zip(names, policies), key=lambda np: _policy_key(np[1][0]))
+    if pair:
+        raise FIError(
+            f"--policy gives one policy twice: '{pair[0][0]}' and '{pair[1][0]}' are the same policy "
+            "with the same options"
+        )
+    return [p for row in policies for p in row]
+
+
+def first_repeat(items, key=lambda item: item):
+    """The first pair ``(earlier, later)`` of ``items`` with equal ``key``, or None."""
+    seen: dict = {}
+    for item in items:
+        k = key(item)
+        if k in seen:
+            return seen[k], item
+        seen[k] = item
+    return None
+
+
+def _policy_key(policy):
+    """What makes two parsed policies equal: their class and fields (options, budget, window), not their label."""
+    return type(policy), repr(policy)
+
+
+def _spelled(value, name: str, kind: type = str) -> str:
+    """A comma-separated list as the command line spells it, from a string or a sequence of strings (or of
+    ``kind``, spelled by its ``label``)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, kind) or not isinstance(value, Sequence):
+        raise FIError(f"{name} must be a list or a comma-separated string, got {value!r}", parameter=name)
+    items = [v.label if isinstance(v, kind) and kind is not str else check_type(name, v, str) for v in value]
+    return ",".join(items)
+
+
+@dataclass(frozen=True)
+class _PolicyRun:
+    """What both kinds of run share: every policy of ``policies`` (names with options, as ``--policy`` spells
+    them: a list or one comma-separated string) at every budget of ``budgets`` (``keep=X``, ``remove=X``, a
+    bare X is keep=X; Budget objects or strings, or one comma-separated string), the full cache beside them;
+    compression back to the budget every ``interval`` tokens; ``resamples`` bootstrap resamples per interval
+    (0: none); ``signals``, the signal options (``window`` and ``top_k`` shared by every policy; ``alpha``
+    and ``tau`` their defaults). After construction ``policies`` is a tuple of names, ``budgets`` a tuple of
+    :class:`~fi_toolkit.budget.Budget`, and :meth:`policy_runs` the resolved policies."""
+
+    policies: Sequence[str] | str = DEFAULT_POLICIES
+    budgets: Sequence[Budget | str] | str = DEFAULT_BUDGETS
+    interval: int = 256
+    resamples: int = 1000
+    signals: SignalConfig = field(default_factory=SignalConfig)
+    _resolved: tuple = field(default=(), init=False, repr=False, compare=False)
+
+    def _check_policies(self, future: bool) -> None:
+        from fi_toolkit.policies.registry import split_policies
+
+        check_type("signals", self.signals, SignalConfig)
+        config = self.signals.check()
+        names, budgets = _spelled(self.policies, "policies"), _spelled(self.budgets, "budgets", Budget)
+        c = config
+        resolved = make_policies(names, budgets, c.window, c.alpha, c.tau, c.top_k, future=future)
+        check_int("interval", self.interval, 1)
+        check_resamples(self.resamples)
+        parsed = tuple(Budget.parse(b, "--budget") for b in split_list(budgets, "--budget"))
+        object.__setattr__(self, "policies", tuple(split_policies(names, "--policy")))
+        object.__setattr__(self, "budgets", parsed)
+        object.__setattr__(self, "_resolved", tuple(resolved))
+
+    def policy_runs(self) -> list:
+        """The policies measured beside the full cache: each name at every budget, name by name (copies:
+        a run may leave state in its policies, the settings stay as built)."""
+        import copy
+
+        return copy.deepcopy(list(self._resolved))
+
+
+@dataclass(frozen=True)
+class TextEvalSettings(_PolicyRun):
+    """``fi eval DOCUMENTS``: teacher-forced replays of each document and free generation, per policy and budget.
+
+    Besides the shared fields (:class:`_PolicyRun`): ``prompt`` tokens prefilled and compressed first;
+    ``length``, tokens in all, the prompt included (None: 2048, or with a generated future ``prompt + N``;
+    not with one); ``future``: ``document`` (its own next tokens) or ``generated:N[@SEED]`` (the model's
+    continuation); ``free_tokens``: greedy tokens generated freely per policy (0: none); ``unit_policies``:
+    work units of that many replays per document (0: one unit per document). The FI oracle (``fi-oracle``)
+    may look ahead here. After construction ``future`` is a :class:`~fi_toolkit.compress.future.Future`.
+    """
+
+    prompt: int = 1024
+    length: int | None = None
+    future: Future | str = DOCUMENT
+    free_tokens: int = 64
+    unit_policies: int = 0
+
+    def __post_init__(self):
+        self._check_policies(future=True)
+        check_unit_size(check_int("unit_policies", self.unit_policies), "unit_policies")
+        future = (
+            self.future if isinstance(self.future, Future) else parse_future(check_type("future", self.future, str))
+        )
+        if future.generated and self.length is not None:
+            raise FIError(
+                f"length and future {future.label} both set the length: give one", parameter=("length", "future")
+            )
+        object.__setattr__(self, "future", future)
+        check_int("prompt", self.prompt)
+        check_int("free_tokens", self.free_tokens)
+        if self.length is not None:
+            check_int("length", self.length)
+        setting = self.text_setting()
+        setting.check()
+        from fi_toolkit.compress.decoder import check_budget  # imports torch: the checks above need none
+
+        for p in self._resolved:
+            check_budget(p, self.prompt, setting.total() - self.prompt, p.compress_prompt)
+
+    def text_setting(self):
+        """The prompt, length, interval, future and free tokens as the replays take them
+        (:class:`~fi_toolkit.evaluation.replay_runs.TextSetting`)."""
+        from fi_toolkit.evaluation.replay_runs import TextSetting
+
+        return TextSetting(self.prompt, self.length or 2048, self.interval, self.future, self.free_tokens)
+
+    def document_tokens(self) -> int:
+        """The tokens each document needs: the length, or the prompt with a generated future (the model
+        continues it)."""
+        return self.prompt if self.future.generated else self.length or 2048
+
+
+@dataclass(frozen=True)
+class TaskEvalSettings(_PolicyRun):
+    """``fi eval --task``: generated task samples answered greedily, per policy and budget.
+
+    Besides the shared fields (:class:`_PolicyRun`): ``tasks``, what is generated and how it is answered
+    (:class:`TaskSettings`; after construction checked, aliases resolved). The FI oracle, which looks ahead
+    at known text, is refused here; every budget must keep more than the signal window of the shortest
+    context."""
+
+    tasks: TaskSettings = field(default_factory=TaskSettings)
+
+    def __post_init__(self):
+        self._check_policies(future=False)
+        tasks = check_type("tasks", self.tasks, TaskSettings).check()
+        shortest = min(tasks.contexts)
+        window = self.signals.window
+        for p in self._resolved:  # the smallest prompt a compression can see: the context without the question
+            if p.budget.kept(shortest) <= window and p.compress_prompt:
+                raise FIError(
+                    f"budget {p.budget.label} keeps {p.budget.kept(shortest)} of a {shortest}-token "
+                    f"context, not above the window of {window}"
+                )
+        object.__setattr__(self, "tasks", tasks)
