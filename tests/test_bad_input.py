@@ -1749,6 +1749,7 @@ UNWRITABLE_OUT = [
     ["correlate", "alice", "--chunk", "128:160", "--out", "{out}"],
     ["nearfar", "alice", "--out", "{out}"],
     ["eval", "alice", "--out", "{out}"],
+    ["field", "alice", "--policy", "snapkv", "--out", "{out}"],
     ["scores", "alice", "--out", "{out}.csv"],
     ["fit-data", "alice", "--chunk", "128:160", "--out", "{out}"],
     ["fit", "{run}", "--out", "{out}.json"],
