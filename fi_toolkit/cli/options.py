@@ -20,7 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from fi_toolkit.errors import FIError
 from fi_toolkit.probe.selections import check_prefix  # noqa: F401 (the commands')
-from fi_toolkit.runs.settings import check_resamples  # noqa: F401 (the library checks; the CLI names the flags)
+from fi_toolkit.runs.settings import check_resamples, first_repeat  # noqa: F401 (check_resamples: the commands')
 
 out = Console(emoji=False)
 err = Console(stderr=True, emoji=False, soft_wrap=True)  # messages stay one line at any terminal width
@@ -136,17 +136,6 @@ def unit_progress(bar: Progress, label: str):
 
 
 # --- equal specifications: compared after parsing, refused in one line naming both spellings ---
-
-
-def first_repeat(items, key=lambda item: item):
-    """The first pair ``(earlier, later)`` of ``items`` with equal ``key``, or None."""
-    seen: dict = {}
-    for item in items:
-        k = key(item)
-        if k in seen:
-            return seen[k], item
-        seen[k] = item
-    return None
 
 
 def distinct_texts(texts: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:

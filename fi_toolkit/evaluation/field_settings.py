@@ -140,4 +140,4 @@ def _check_replay_budgets(methods, budgets, config, prompt: int, total: int) -> 
             try:
                 check_budget(p, prompt, total - prompt, p.compress_prompt)
             except FIError as exc:
-                raise FIError(f"--policy {m.name} --budget {b.label}: {exc}") from None
+                raise FIError(f"method {m.name} at budget {b.label}: {exc}") from None

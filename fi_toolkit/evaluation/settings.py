@@ -21,7 +21,7 @@ from typing import Sequence
 from fi_toolkit.budget import Budget
 from fi_toolkit.compress.future import DOCUMENT, Future, parse_future
 from fi_toolkit.errors import FIError
-from fi_toolkit.runs.settings import check_int, check_resamples, check_type
+from fi_toolkit.runs.settings import check_int, check_resamples, check_type, first_repeat
 from fi_toolkit.runs.units import check_unit_size
 from fi_toolkit.signals.config import SignalConfig
 
@@ -89,13 +89,16 @@ DEFAULT_POLICIES = ("infokv", "snapkv", "pyramidkv", "streaming", "h2o", "knorm"
 DEFAULT_BUDGETS = ("keep=0.1", "keep=0.25", "keep=0.5")
 
 
-def split_list(text: str, option: str) -> list[str]:
-    """``a,b,c`` -> items; an empty item (``a,,b``, a trailing comma) or an empty list is refused."""
+def split_list(text: str, option: str, parameter: str | None = None) -> list[str]:
+    """``a,b,c`` -> items; an empty item (``a,,b``, a trailing comma) or an empty list is refused. ``option``
+    names the list in the message; ``parameter``, where given, is the command's parameter it stands for (the
+    CLI names its flag)."""
     items = [t.strip() for t in text.split(",")]
+    named = {option: parameter} if parameter else None
     if not text.strip() or any(not t for t in items):
-        raise FIError(f"{option} must be a comma-separated list without empty items, got '{text}'")
+        raise FIError(f"{option} must be a comma-separated list without empty items, got '{text}'", parameter=named)
     if len(set(items)) != len(items):
-        raise FIError(f"{option} lists an item twice: '{text}'")
+        raise FIError(f"{option} lists an item twice: '{text}'", parameter=named)
     return items
 
 
@@ -107,11 +110,14 @@ def make_policies(names: str, budgets: str, window: int, alpha: float, tau: floa
     (the same class and options) is refused."""
     from fi_toolkit.policies.registry import resolve, split_policies
 
-    spelled = split_list(budgets, "--budget")
+    spelled = split_list(budgets, "budgets", "budget")
     parsed = [Budget.parse(b, "--budget") for b in spelled]
     pair = first_repeat(zip(spelled, parsed), key=lambda sb: sb[1])
     if pair:
-        raise FIError(f"--budget gives one budget twice: '{pair[0][0]}' and '{pair[1][0]}' are both {pair[0][1].label}")
+        raise FIError(
+            f"budgets gives one budget twice: '{pair[0][0]}' and '{pair[1][0]}' are both {pair[0][1].label}",
+            parameter={"budgets": "budget"},
+        )
     names = split_policies(names, "--policy")
     shared = dict(shared=("window", "top_k"), alpha=alpha, tau=tau, top_k=top_k, future=future)
     policies = [[resolve(name, b, window, where=f"--policy {name}", **shared) for b in parsed] for name in names]
@@ -123,21 +129,11 @@ def make_policies(names: str, budgets: str, window: int, alpha: float, tau: floa
     pair = first_repeat(zip(names, policies), key=lambda np: _policy_key(np[1][0]))
     if pair:
         raise FIError(
-            f"--policy gives one policy twice: '{pair[0][0]}' and '{pair[1][0]}' are the same policy "
-            "with the same options"
+            f"policies gives one policy twice: '{pair[0][0]}' and '{pair[1][0]}' are the same policy "
+            "with the same options",
+            parameter={"policies": "policy"},
         )
     return [p for row in policies for p in row]
-
-
-def first_repeat(items, key=lambda item: item):
-    """The first pair ``(earlier, later)`` of ``items`` with equal ``key``, or None."""
-    seen: dict = {}
-    for item in items:
-        k = key(item)
-        if k in seen:
-            return seen[k], item
-        seen[k] = item
-    return None
 
 
 def _policy_key(policy):
@@ -183,7 +179,7 @@ class _PolicyRun:
         resolved = make_policies(names, budgets, c.window, c.alpha, c.tau, c.top_k, future=future)
         check_int("interval", self.interval, 1)
         check_resamples(self.resamples)
-        parsed = tuple(Budget.parse(b, "--budget") for b in split_list(budgets, "--budget"))
+        parsed = tuple(Budget.parse(b, "--budget") for b in split_list(budgets, "budgets", "budget"))
         object.__setattr__(self, "policies", tuple(split_policies(names, "--policy")))
         object.__setattr__(self, "budgets", parsed)
         object.__setattr__(self, "_resolved", tuple(resolved))

@@ -123,3 +123,14 @@ def run_settings(out_dir: Path | str | RunSettings, resume: bool = False, overwr
             raise FIError("give resume and overwrite in the RunSettings, not beside it")
         return out_dir
     return RunSettings(out_dir, resume, overwrite)
+
+
+def first_repeat(items, key=lambda item: item):
+    """The first pair ``(earlier, later)`` of ``items`` with equal ``key``, or None."""
+    seen: dict = {}
+    for item in items:
+        k = key(item)
+        if k in seen:
+            return seen[k], item
+        seen[k] = item
+    return None
