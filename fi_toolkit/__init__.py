@@ -55,6 +55,8 @@ _EXPORTS = {
     "run_correlate": "fi_toolkit.studies.study",
     "NearfarSettings": "fi_toolkit.studies.nearfar_settings",
     "run_nearfar": "fi_toolkit.studies.study",
+    "ViewSettings": "fi_toolkit.report.view_settings",
+    "run_view": "fi_toolkit.report.view_run",
     "Trace": "fi_toolkit.signals.trace",
     "trace_prefix": "fi_toolkit.signals.trace",
 }

@@ -1400,7 +1400,7 @@ CASES = [
         "view-fi-oracle-refused-as-view",
         None,
         ["view", "alice", "--policy", "fi-oracle"],
-        "--policy fi-oracle: fi view marks what compression-time policies evict",
+        "--policy fi-oracle: fi view marks what compression-time methods evict",
     ),
     (
         "select-budget-under-window-names-select",

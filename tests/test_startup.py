@@ -22,6 +22,8 @@ PUBLIC = [
     "NearfarSettings",
     "run_correlate",
     "run_nearfar",
+    "ViewSettings",
+    "run_view",
     "DEFAULT_MODEL",
     "Document",
     "FIError",

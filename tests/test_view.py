@@ -198,3 +198,46 @@ def test_fi_view_on_the_embedded_model(tmp_path, capsys):
     assert set(shown["evicted"]) == {"infokv@keep=0.25", "snapkv@keep=0.25"}
     assert shown["pairs"] == lm.model.config.num_hidden_layers * lm.model.config.num_key_value_heads
     assert read_view_meta(out) == {"document": "alice"}
+
+
+@pytest.mark.smollm
+def test_run_view_writes_the_page_fi_view_writes(tmp_path, capsys):
+    """Python's ViewSettings + run_view and the command line give the same page (all but the estimate's time)."""
+    from cli_runner import run_cli
+
+    from fi_toolkit import SignalConfig, ViewSettings, load_document, load_model, run_view
+
+    args = ["--prefix", "128", "--chunk", "128:192", "--samples", "2", "--window", "8", "--budget", "keep=0.5"]
+    code, _, err = run_cli(
+        ["view", "alice", *args, "--policy", "h2o,snapkv", "--out", str(tmp_path / "cli.html")], capsys
+    )
+    assert code == 0, err
+    lm = load_model()
+    settings = ViewSettings(
+        policies="h2o,snapkv", budget="keep=0.5", prefix=128, chunk="128:192", samples=2, signals=SignalConfig(window=8)
+    )
+    data = run_view(lm, load_document("alice", lm.tokenizer, max_tokens=192), settings, tmp_path / "py.html")
+    shown = [_payload((tmp_path / f).read_text()) for f in ("py.html", "cli.html")]
+    for page in shown:
+        assert page["settings"].pop("estimate_seconds") > 0  # the one value that is a clock's
+    assert shown[0] == shown[1]
+    assert [p.name for p in settings.policies] == ["h2o", "snapkv"] and data.prefix == 128
+
+
+def test_view_settings_refuse_in_one_line_naming_the_parameter():
+    from fi_toolkit.errors import FIError
+    from fi_toolkit.report.view_settings import ViewSettings
+
+    for kwargs, parameter, words in [
+        (dict(policies="fi-oracle"), "policies", "compression-time methods evict"),
+        (dict(budget="keep=nan"), "budget", "budget is invalid"),
+        (dict(budget="keep=1.0"), "policies", "nothing is evicted"),
+        (dict(prefix=8), "prefix", "leaves nothing to score"),
+        (dict(seed=-1), "seed", "seed must be >= 0"),
+        (dict(samples=0), "samples", "samples must be >= 1"),
+        (dict(chunk="512:768"), "chunks", "512:768"),
+    ]:
+        with pytest.raises(FIError) as caught:
+            ViewSettings(**kwargs)
+        assert words in str(caught.value) and "\n" not in str(caught.value), (kwargs, caught.value)
+        assert parameter in caught.value.parameters.values() or parameter == "chunks", (kwargs, caught.value.parameters)
