@@ -34,6 +34,8 @@ _EXPORTS = {
     "TaskSettings": "fi_toolkit.evaluation.settings",
     "TextEvalSettings": "fi_toolkit.evaluation.settings",
     "run_eval": "fi_toolkit.evaluation.run",
+    "TaskExportSettings": "fi_toolkit.evaluation.lmeval.export_settings",
+    "run_task_export": "fi_toolkit.evaluation.lmeval.export_run",
     "KeepMap": "fi_toolkit.eviction",
     "TokenSet": "fi_toolkit.eviction",
     "DEFAULT_MODEL": "fi_toolkit.model.loading",

@@ -24,6 +24,8 @@ PUBLIC = [
     "run_nearfar",
     "ViewSettings",
     "run_view",
+    "TaskExportSettings",
+    "run_task_export",
     "DEFAULT_MODEL",
     "Document",
     "FIError",

@@ -389,9 +389,12 @@ def command_flags(argv: list[str]) -> dict[str, str]:
     of flags goes stale; :data:`PARAMETER_ALIASES` adds the library's names where the command's differ."""
     import typer.main
 
-    group = typer.main.get_command(app)
-    name = next((a for a in argv if not a.startswith("-")), None)
-    command = getattr(group, "commands", {}).get(name)
+    command = typer.main.get_command(app)
+    for word in (a for a in argv if not a.startswith("-")):  # down the sub-apps: fi tasks export
+        sub = getattr(command, "commands", {}).get(word)
+        if sub is None:
+            break
+        command = sub
     flags: dict[str, str] = {}
     for param in getattr(command, "params", []):
         long = [o for o in getattr(param, "opts", []) if o.startswith("--")]

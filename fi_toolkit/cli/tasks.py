@@ -1,5 +1,6 @@
-"""``fi tasks export``: the toolkit's long-context tasks as lm-eval tasks (JSONL + YAML;
-:func:`fi_toolkit.evaluation.lmeval.export.export_tasks`)."""
+"""``fi tasks export``: the toolkit's long-context tasks as lm-eval tasks (JSONL + YAML). Parses its options into
+a :class:`~fi_toolkit.evaluation.lmeval.export_settings.TaskExportSettings`, loads the model (its tokenizer sizes
+the prompts), calls :func:`~fi_toolkit.evaluation.lmeval.export_run.run_task_export`."""
 
 from __future__ import annotations
 
@@ -36,44 +37,15 @@ def register(app: typer.Typer) -> None:
         overwrite: bool = typer.Option(False, help="Replace task files already in --out (other files stay)."),
     ):
         """Write lm-eval tasks fi_passkey, fi_multikey_needle, ... (run with lm-eval --include_path OUT)."""
-        from fi_toolkit.errors import FIError
-        from fi_toolkit.evaluation.settings import DEFAULT_TASKS
-        from fi_toolkit.runs import results
+        from fi_toolkit.evaluation.lmeval.export_settings import TaskExportSettings
 
-        names = [t.strip() for t in task.split(",") if t.strip()]
-        unknown = [t for t in names if t not in DEFAULT_TASKS]
-        if not names or unknown:
-            raise FIError(f"--task: unknown task {', '.join(unknown) or '(none)'} (tasks: {', '.join(DEFAULT_TASKS)})")
-        twice = [t for i, t in enumerate(names) if t in names[:i]]
-        if twice:
-            raise FIError(f"--task names '{twice[0]}' twice: give each task once")
-        for flag, value, minimum in (
-            ("--context", context, 1),
-            ("--samples", samples, 1),
-            ("--max-gen-toks", max_gen_toks, 1),
-            ("--seed", seed, 0),
-        ):
-            if value < minimum:
-                raise FIError(f"{flag} must be >= {minimum}, got {value}")
-        results.check_out_path(out_dir, option="--out")
-        if out_dir.is_dir():  # the export is staged beside it, then swapped in
-            results.check_stageable(out_dir, option="--out")
-        files = ["fi_scoring.py", *(f"fi_{t}.{ext}" for t in names for ext in ("jsonl", "yaml"))]
-        held = [f for f in files if (out_dir / f).exists()]
-        if held and not overwrite:
-            raise FIError(f"--out '{out_dir}' already holds {held[0]}; choose another directory or pass --overwrite")
+        settings = TaskExportSettings(task, context, samples, seed, max_gen_toks)
+        settings.check_out(out_dir, overwrite)
         # every check above imports nothing heavy (usage errors answer at once); the export does
-        from fi_toolkit.evaluation.lmeval.export import export_tasks
+        from fi_toolkit.evaluation.lmeval.export_run import run_task_export
         from fi_toolkit.model.loading import load_model
 
-        lm = load_model(model, device=device)
-        if lm.tokenizer is None:
-            raise FIError(f"model {model} has no tokenizer to size the prompts with")
-        with results.staged_dir(out_dir) as staging:  # other files in --out stay
-            yamls = export_tasks(
-                out_dir, lm.tokenizer, names, context, samples, seed, max_gen_toks, lm.config, staging=staging
-            )
-        for path in yamls:
-            out.print(str(out_dir / path.name), markup=False, highlight=False)
+        for path in run_task_export(load_model(model, device=device), settings, out_dir, overwrite):
+            out.print(str(path), markup=False, highlight=False)
 
     app.add_typer(tasks_app, name="tasks")
