@@ -196,7 +196,7 @@ def test_nearfar_defaults_are_the_cli_defaults(built, tmp_path, monkeypatch, cap
         (lambda: ProbeSettings(["128:160"], future="later"), "future must be 'document'", "future"),
         (lambda: ProbeSettings([]), "no chunk given", "chunks"),
         (lambda: ProbeSettings("128:160"), "chunks must be a list", "chunks"),
-        (lambda: ProbeSettings(["128:160"], ["magic:0.1"]), "unknown selector 'magic'", None),
+        (lambda: ProbeSettings(["128:160"], ["magic:0.1"]), "unknown selector 'magic'", "selections"),
         (lambda: ProbeSettings(["128:160"], signals=SignalConfig(alpha=2.0)), "alpha must lie in [0, 1]", "alpha"),
         (lambda: FieldSettings(prefix=256, seeds=0), "seeds must lie in [1, 1000], got 0", "seeds"),
         (lambda: FieldSettings(prefix=256, resamples=-1), "resamples must lie in [0, 100,000]", "resamples"),

@@ -26,12 +26,11 @@ from fi_toolkit.probe.noise_floor import (
     is_control,
     noise_controls,
     noise_floor,
-    noise_warning,
     text_below_noise_floor,
     text_future_floor,
     text_noise_floor,
-    text_noise_warning,
 )
+from fi_toolkit.report.noise import noise_warning, replay_noise_warning
 from fi_toolkit.signals.trace import SignalConfig, trace_prefix
 
 FLOOR = np.float32(0.25)  # exact in float32, so margin x floor = 2.5 exactly
@@ -135,11 +134,11 @@ def test_text_rule_flags_a_compressed_replay_below_margin_times_the_full_cache_r
     expected = [abs(r.mean_kl) < limit[r.document, r.future] for r in replays[replays.policy != FULL].itertuples()]
     assert expected == [True, False, False, True, False, False, False]
     assert below.tolist() == expected
-    assert text_noise_warning(replays, FULL) == (
+    assert replay_noise_warning(replays, FULL) == (
         "warning: 2 of 7 compressed replays have a mean KL below 10x the full-cache replay's (the noise floor), "
         "e.g. snapkv@0.5 on d0"
     )
-    assert text_noise_warning(replays[replays.policy != "snapkv"], FULL) is None
+    assert replay_noise_warning(replays[replays.policy != "snapkv"], FULL) is None
     assert text_future_floor(replays, FULL) == {"document": 2e-8, "generated:8": 0.0}
 
 

@@ -18,7 +18,8 @@ from fi_toolkit.model.precision import compute_dtype, upcast_compute
 from fi_toolkit.probe.chunks import Chunk
 from fi_toolkit.probe.experiment import fi_table
 from fi_toolkit.probe.forward_influence import ProbeResult, forward_influence
-from fi_toolkit.probe.noise_floor import noise_controls, noise_floor, noise_warning
+from fi_toolkit.probe.noise_floor import noise_controls, noise_floor
+from fi_toolkit.report.noise import noise_warning
 from fi_toolkit.signals.trace import SignalConfig, trace_prefix
 
 P = 192

@@ -92,7 +92,6 @@ def probe(
     Everything that can be checked without the model is checked first; the results directory is
     created only when the results are written, so a failed or interrupted run leaves none behind."""
     from fi_toolkit.documents import read_texts, tokenize_texts
-    from fi_toolkit.probe.selections import parse_selections
     from fi_toolkit.runs import results
     from fi_toolkit.runs.settings import RunSettings
     from fi_toolkit.studies.probe_settings import DEFAULT_SELECTIONS, ProbeSettings
@@ -100,7 +99,7 @@ def probe(
     model.check()
     settings = ProbeSettings(
         chunk,
-        parse_selections(list(select or DEFAULT_SELECTIONS), "--select"),  # messages name the flag and spec
+        list(select or DEFAULT_SELECTIONS),
         prefix,
         sinks,
         future,
@@ -115,7 +114,7 @@ def probe(
         results.check_out_path(Path("runs"), option="the default results directory")
     # every check above imports nothing heavy (usage errors answer at once); the work below does
     from fi_toolkit.cli.console import print_warning
-    from fi_toolkit.probe.noise_floor import noise_warning
+    from fi_toolkit.report.noise import noise_warning
     from fi_toolkit.studies.probe_run import run_probe
 
     lm = model.load()

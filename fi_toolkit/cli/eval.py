@@ -139,7 +139,7 @@ def eval_(
         texts = _read_documents(documents)
     run.check("eval")
     from fi_toolkit.documents import tokenize_texts
-    from fi_toolkit.evaluation import run_eval
+    from fi_toolkit.evaluation.run import run_eval
 
     lm = model.load()
     docs = None if texts is None else tokenize_texts(texts, lm.tokenizer, max_tokens=settings.document_tokens())
@@ -156,11 +156,10 @@ def eval_(
 def _report_text(tables, n_docs: int, settings: TextEvalSettings, run: RunSettings) -> None:
     """The replay table, the noise-floor warning and where the tables are."""
     from fi_toolkit.cli.console import print_warning
-    from fi_toolkit.evaluation.replay_runs import FULL
-    from fi_toolkit.probe.noise_floor import text_noise_warning
+    from fi_toolkit.report.noise import replay_noise_warning
 
     _print_text(tables, n_docs, settings.text_setting())
-    print_warning(text_noise_warning(tables["replays"], FULL))
+    print_warning(replay_noise_warning(tables["replays"]))
     err.print(
         f"results: {run.out}/ (replay_summary.csv, replays.csv, segments.csv, positions.csv, manifest.json)",
         markup=False,

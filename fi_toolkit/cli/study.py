@@ -99,8 +99,8 @@ def correlate(
     run.check("correlate")
     # every check above imports nothing heavy (usage errors answer at once); the study does
     from fi_toolkit.cli.console import print_warning
-    from fi_toolkit.probe.noise_floor import noise_floor, noise_warning
-    from fi_toolkit.studies import run_correlate
+    from fi_toolkit.report.noise import noise_warning
+    from fi_toolkit.studies.study import run_correlate
 
     study = lambda lm, docs, progress: run_correlate(lm, docs, settings, run, progress=progress)  # noqa: E731
     docs, tables = _run_study("correlate", model, texts, settings.document_tokens(), study)
@@ -122,7 +122,7 @@ def correlate(
                 float_format=lambda v: f"{v:+.3f}"
             )
         )
-    print_warning(noise_warning(tables["tokens"], noise_floor(tables["controls"])))
+    print_warning(noise_warning(tables["tokens"], tables["controls"]))
     extra = ", agreement.csv, validation.csv" if "agreement" in tables else ""
     err.print(
         f"results: {run.out}/ (correlations.csv, correlation_summary.csv, tokens.csv, controls.csv{extra}, "
@@ -181,8 +181,8 @@ def nearfar(
     run.check("nearfar")
     # every check above imports nothing heavy (usage errors answer at once); the study does
     from fi_toolkit.cli.console import print_warning
-    from fi_toolkit.probe.noise_floor import noise_warning
-    from fi_toolkit.studies import run_nearfar
+    from fi_toolkit.report.noise import noise_warning
+    from fi_toolkit.studies.study import run_nearfar
 
     study = lambda lm, docs, progress: run_nearfar(lm, docs, settings, run, progress=progress)  # noqa: E731
     docs, tables = _run_study("nearfar", model, texts, settings.document_tokens(), study)

@@ -9,8 +9,8 @@ produces, and which values are too small to be told from it.
 - ``fi eval``: the full-cache replay, which changes nothing either, is the control of the compressed
   replays; its ``|mean KL|`` per document and future is their floor (:func:`text_noise_floor`).
 
-Every command reports the flagged rows in one warning line (:func:`noise_warning`,
-:func:`text_noise_warning`), printed by :func:`fi_toolkit.cli.console.print_warning`.
+Every command reports the flagged rows in one warning line (:func:`fi_toolkit.report.noise.noise_warning`,
+:func:`fi_toolkit.report.noise.replay_noise_warning`), printed by :func:`fi_toolkit.cli.console.print_warning`.
 """
 
 from __future__ import annotations
@@ -90,23 +90,6 @@ def flag_below_noise_floor(table: pd.DataFrame, floors: dict | None = None) -> p
     return out
 
 
-def noise_warning(table: pd.DataFrame, floors: dict | None = None) -> str | None:
-    """One line when any measured (non-control) row is below ``NOISE_MARGIN`` x its noise floor
-    (``floors``: :func:`noise_floor` of the table holding the controls, default ``table`` itself)."""
-    if "below_noise_floor" not in table:
-        return None
-    floors = noise_floor(table) if floors is None else floors
-    measured = table[table["selector"] != CONTROL] if "selector" in table else table
-    flagged = measured["below_noise_floor"].astype(bool)
-    if not flagged.any():
-        return None
-    top = max(v for chunks in floors.values() for v in chunks.values())
-    return (
-        f"warning: {int(flagged.sum())} of {len(measured)} FI values are below {NOISE_MARGIN:g}x the noise floor "
-        f"(up to {top:.2g} nats); they measure rounding, not the eviction (column below_noise_floor)"
-    )
-
-
 def text_noise_floor(replays: pd.DataFrame, full: str) -> dict:
     """``fi eval``'s floor: ``{document: {future: |mean_kl| of the replay whose policy is full}}``
     (``full``: the full-cache replay's label, :data:`fi_toolkit.evaluation.replay_runs.FULL`)."""
@@ -132,15 +115,3 @@ def text_below_noise_floor(replays: pd.DataFrame, full: str) -> pd.Series:
     )
     kl = np.abs(rows["mean_kl"].to_numpy(dtype=np.float64))
     return pd.Series(below_margin(kl, floor), index=rows.index, dtype=bool)
-
-
-def text_noise_warning(replays: pd.DataFrame, full: str) -> str | None:
-    """One line when any compressed replay is below ``NOISE_MARGIN`` x its full-cache replay's mean KL."""
-    below = text_below_noise_floor(replays, full)
-    if not below.any():
-        return None
-    first = replays[replays["policy"] != full][below.to_numpy()].iloc[0]
-    return (
-        f"warning: {int(below.sum())} of {len(below)} compressed replays have a mean KL below {NOISE_MARGIN:g}x "
-        f"the full-cache replay's (the noise floor), e.g. {first['policy']}@{first['budget']} on {first['document']}"
-    )

@@ -64,7 +64,11 @@ class ProbeSettings:
         specs = [s for s in self.selections if not isinstance(s, Selection)]
         for s in specs:
             check_type("selections", s, str)
-        selections = tuple(s for s in self.selections if isinstance(s, Selection)) + tuple(parse_selections(specs))
+        try:
+            parsed = parse_selections(specs)
+        except FIError as exc:  # its messages spell each spec "selection SPEC": the command line names its flag
+            raise exc.about({"selection": "selections"}) from None
+        selections = tuple(s for s in self.selections if isinstance(s, Selection)) + tuple(parsed)
         check_type("signals", self.signals, SignalConfig)
         config = self.signals.check()
         if self.batch_size is not None:
@@ -75,7 +79,10 @@ class ProbeSettings:
         check_int("sinks", self.sinks)
         check_chunks(chunks, p, float("inf"), None)  # chunk starts vs p now; lengths once the documents are read
         check_prefix(p, config.window)
-        check_selections(selections, p, config.window, self.sinks)
+        try:
+            check_selections(selections, p, config.window, self.sinks)
+        except FIError as exc:
+            raise exc.about({"selection": "selections"}) from None
         for c in chunks if future.generated else []:
             if c.end > p + future.tokens:
                 raise FIError(

@@ -1,0 +1,41 @@
+"""The noise floor in words: the one warning line a run prints when some of its values sit below
+``NOISE_MARGIN`` x the noise floor (the floors themselves are :mod:`fi_toolkit.probe.noise_floor`'s). Words for a
+person are the report's; the command line prints what these return.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from fi_toolkit.evaluation.replay_runs import FULL
+from fi_toolkit.probe.noise_floor import CONTROL, NOISE_MARGIN, noise_floor, text_below_noise_floor
+
+
+def noise_warning(table: pd.DataFrame, controls: pd.DataFrame | None = None) -> str | None:
+    """One line when any measured (non-control) row of a tidy FI table is below ``NOISE_MARGIN`` x its noise
+    floor (``controls``: the table holding the control rows, default ``table`` itself)."""
+    if "below_noise_floor" not in table:
+        return None
+    floors = noise_floor(table if controls is None else controls)
+    measured = table[table["selector"] != CONTROL] if "selector" in table else table
+    flagged = measured["below_noise_floor"].astype(bool)
+    if not flagged.any():
+        return None
+    top = max(v for chunks in floors.values() for v in chunks.values())
+    return (
+        f"warning: {int(flagged.sum())} of {len(measured)} FI values are below {NOISE_MARGIN:g}x the noise floor "
+        f"(up to {top:.2g} nats); they measure rounding, not the eviction (column below_noise_floor)"
+    )
+
+
+def replay_noise_warning(replays: pd.DataFrame, full: str = FULL) -> str | None:
+    """``fi eval``'s line when any compressed replay is below ``NOISE_MARGIN`` x its full-cache replay's mean KL
+    (``full``: that replay's policy label)."""
+    below = text_below_noise_floor(replays, full)
+    if not below.any():
+        return None
+    first = replays[replays["policy"] != full][below.to_numpy()].iloc[0]
+    return (
+        f"warning: {int(below.sum())} of {len(below)} compressed replays have a mean KL below {NOISE_MARGIN:g}x "
+        f"the full-cache replay's (the noise floor), e.g. {first['policy']}@{first['budget']} on {first['document']}"
+    )
