@@ -210,8 +210,8 @@ def test_studies_pass_entropy_of(command, monkeypatch, capsys):
         raise FIError("stop here")
 
     monkeypatch.setattr(cli_study, "_run_study", fake_run_study)
-    monkeypatch.setattr("fi_toolkit.studies.run_correlate", lambda *a, **k: seen.append(a))
-    monkeypatch.setattr("fi_toolkit.studies.run_nearfar", lambda *a, **k: seen.append(a))
+    monkeypatch.setattr("fi_toolkit.studies.study.run_correlate", lambda *a, **k: seen.append(a))
+    monkeypatch.setattr("fi_toolkit.studies.study.run_nearfar", lambda *a, **k: seen.append(a))
     code, _, _ = run_cli([*command, "--entropy-of", "next", "--pool", "5"], capsys)
     assert code == 2
     seen[0](None, [], None)  # the study as the CLI built it

@@ -85,6 +85,14 @@ class Selection:
     def option(self) -> str:
         return self.source or f"selection {self.spec}"
 
+    def error(self, message: str, parameter=None) -> FIError:
+        """An error about this selection; spelled ``selection SPEC`` (no ``source``), it names the parameter
+        ``selections``, so the command line says its flag instead."""
+        named = dict(FIError("", parameter).parameters)
+        if self.source is None:
+            named.setdefault("selection", "selections")
+        return FIError(message, parameter=named)
+
     @property
     def label(self) -> str:
         if self.kind == "positions":
@@ -108,18 +116,18 @@ class Selection:
             if kept is None:  # a press without a ratio: what it removes is known once it has run
                 return 0
             if kept >= p:
-                raise FIError(f"{self.option} keeps all {p:,} prefix positions: nothing to measure")
+                raise self.error(f"{self.option} keeps all {p:,} prefix positions: nothing to measure")
             return p - kept
         if self.budget.exceeds(p):
-            raise FIError(
+            raise self.error(
                 f"{self.option}: a count of {self.budget.amount:,} is more than the {p:,} positions of the prefix"
             )
         n = self.budget.removed(p)
         candidates = max(0, p - window - sinks)
         if n == 0:
-            raise FIError(f"{self.option} removes 0 of the {p:,} prefix positions; give a larger share or a count")
+            raise self.error(f"{self.option} removes 0 of the {p:,} prefix positions; give a larger share or a count")
         if n > candidates:
-            raise FIError(
+            raise self.error(
                 f"{self.option}: removing {n:,} tokens needs more than the {candidates:,} candidate "
                 f"positions [{sinks}, {p - window}) of the prefix (sinks and the window are never picked)"
             )
@@ -155,7 +163,7 @@ class Selection:
         if self.kind == "positions":
             bad = [i for i in self.positions if i >= p]
             if bad:
-                raise FIError(f"{self.option}: position {bad[0]} is outside the prefix [0, {p})")
+                raise self.error(f"{self.option}: position {bad[0]} is outside the prefix [0, {p})")
             return TokenSet(self.label, torch.tensor(self.positions, dtype=torch.long), meta)
         n = self.check(p, p - scored, sinks)
         candidates = scored - sinks
@@ -165,7 +173,7 @@ class Selection:
         else:
             scores = token_scores(trace, self.kind, alpha)[sinks:scored]
             if not torch.isfinite(scores).all():
-                raise FIError(
+                raise self.error(
                     f"{self.option}: the {self.kind} scores hold non-finite values (NaN or inf); refusing to rank them"
                 )
             order = torch.sort(scores, descending=True, stable=True).indices  # ties: earlier position first
@@ -179,9 +187,9 @@ class Selection:
         try:
             kept = policy.tokens(prefix_len)
         except FIError as exc:  # a budget that holds no more than the window: name the selection it came from
-            raise FIError(f"{self.option}: {exc}", parameter=exc.parameters) from None
+            raise self.error(f"{self.option}: {exc}", exc.parameters) from None
         if kept >= prefix_len:
-            raise FIError(f"{self.option} keeps all {prefix_len:,} prefix positions: nothing to measure")
+            raise self.error(f"{self.option} keeps all {prefix_len:,} prefix positions: nothing to measure")
         return kept
 
     def make_policy(self, window: int | None = None, **defaults) -> Policy:
@@ -206,7 +214,7 @@ class Selection:
         policy = self.make_policy()
         span = policy.span if isinstance(policy, FIOracle) else None
         if span is not None and span[0] < prefix_len:
-            raise FIError(
+            raise self.error(
                 f"{self.option}: the oracle's chunk {span[0]}:{span[1]} starts before the "
                 f"compression point p={prefix_len}"
             )
@@ -226,7 +234,7 @@ class Selection:
             from fi_toolkit.probe.oracle import oracle_keep_map
 
             if model is None or ids is None:
-                raise FIError(f"{self.option}: the FI oracle needs the model and the document's tokens")
+                raise self.error(f"{self.option}: the FI oracle needs the model and the document's tokens")
             keep_map = oracle_keep_map(policy, model, trace, ids, chunks)
             keep_map.label = self.label
             keep_map.meta.update(selection=self.label, seed=None)
@@ -238,7 +246,7 @@ class Selection:
 
     def _provided_keep_map(self, prefix_len: int, model, ids: torch.Tensor | None) -> KeepMap:
         if model is None or ids is None:
-            raise FIError(f"{self.option}: a {self.kind} selection needs the model and the document's tokens")
+            raise self.error(f"{self.option}: a {self.kind} selection needs the model and the document's tokens")
         self.check(prefix_len, 0, 0)
         keep_map = self.provided.keep_map(model, ids, prefix_len, self.option)
         keep_map.meta.update(selection=self.label, seed=None)
