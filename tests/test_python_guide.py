@@ -27,9 +27,16 @@ def section_blocks(title: str) -> list[str]:
     return re.findall(r"```python\n(.*?)```", section, flags=re.S)
 
 
-def test_the_section_holds_five_examples_of_three_lines():
+def block_with(name: str) -> str:
+    """The one example of the section that calls ``name``."""
+    found = [b for b in section_blocks("A command from Python") if f"{name}(" in b]
+    assert len(found) == 1, name
+    return found[0]
+
+
+def test_the_section_holds_seven_examples_of_three_lines():
     blocks = section_blocks("A command from Python")
-    assert len(blocks) == 5
+    assert len(blocks) == 7
     for block in blocks:  # the imports, then three lines (the model is loaded once, in the first)
         lines = [line for line in block.splitlines() if line and not line.startswith(("from ", "import "))]
         assert len(lines) - ("load_model()" in block) == 3
@@ -107,3 +114,37 @@ def test_the_study_examples_run_and_equal_the_command_line(tmp_path, monkeypatch
     share = sets["fi"].xs(32, level="distance_from_p") / sets["fi"].xs(0, level="distance_from_p")
     np.testing.assert_allclose(sets["fi_share_near"].xs(32, level="distance_from_p"), share, rtol=1e-12)
     assert len(share) == 2 * 5  # entropy, attention, distance, infokv and one random set, with and without sinks
+
+
+@pytest.mark.smollm
+def test_the_page_and_task_examples_write_what_the_command_line_writes(tmp_path, monkeypatch, capsys):
+    """run_view's page equals fi view's with the same options (all but the estimate's clock); run_task_export's
+    files equal fi tasks export's (the YAMLs name their data files by absolute path: compared with it replaced)."""
+    import json
+
+    from fi_toolkit import load_model
+
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {"lm": load_model()}
+    for name in ("run_view", "run_task_export"):
+        exec(compile(block_with(name), str(GUIDE), "exec"), scope)
+
+    view = ["view", "alice", "--policy", "h2o,snapkv", "--budget", "keep=0.5", "--prefix", "128", "--chunk", "128:192"]
+    code, _, err = run_cli([*view, "--samples", "2", "--out", "cli.html"], capsys)
+    assert code == 0, err
+    pages = []
+    for path in ("alice.html", "cli.html"):
+        payload = re.search(r"id='fi-data'>(.*?)</script>", (tmp_path / path).read_text(), re.S).group(1)
+        pages.append(json.loads(payload))
+        pages[-1]["settings"].pop("estimate_seconds")
+    assert pages[0] == pages[1]
+    assert set(scope["shown"].evicted) == {"h2o@keep=0.5", "snapkv@keep=0.5"}
+
+    code, _, err = run_cli(
+        ["tasks", "export", "--task", "passkey", "--context", "256", "--samples", "2", "--out", "t"], capsys
+    )
+    assert code == 0, err
+    assert [p.name for p in scope["yamls"]] == ["fi_passkey.yaml"]
+    for name in ("fi_passkey.jsonl", "fi_passkey.yaml", "fi_scoring.py"):
+        ours, theirs = ((tmp_path / d / name).read_text() for d in ("tasks", "t"))
+        assert ours.replace(str(tmp_path / "tasks"), "OUT") == theirs.replace(str(tmp_path / "t"), "OUT"), name
