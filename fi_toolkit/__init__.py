@@ -55,6 +55,10 @@ _EXPORTS = {
     "run_correlate": "fi_toolkit.studies.study",
     "NearfarSettings": "fi_toolkit.studies.nearfar_settings",
     "run_nearfar": "fi_toolkit.studies.study",
+    "FitDataSettings": "fi_toolkit.studies.fit_settings",
+    "FitSettings": "fi_toolkit.studies.fit_settings",
+    "run_fit_data": "fi_toolkit.studies.fit_run",
+    "run_fit": "fi_toolkit.studies.fit_run",
     "Trace": "fi_toolkit.signals.trace",
     "trace_prefix": "fi_toolkit.signals.trace",
 }
