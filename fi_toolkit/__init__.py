@@ -59,6 +59,10 @@ _EXPORTS = {
     "run_nearfar": "fi_toolkit.studies.study",
     "ViewSettings": "fi_toolkit.report.view_settings",
     "run_view": "fi_toolkit.report.view_run",
+    "FitDataSettings": "fi_toolkit.studies.fit_settings",
+    "FitSettings": "fi_toolkit.studies.fit_settings",
+    "run_fit_data": "fi_toolkit.studies.fit_run",
+    "run_fit": "fi_toolkit.studies.fit_run",
     "Trace": "fi_toolkit.signals.trace",
     "trace_prefix": "fi_toolkit.signals.trace",
 }

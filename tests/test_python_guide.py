@@ -2,7 +2,8 @@
 with the embedded model, and checked against the command line: ``run_probe`` gives the FI that ``fi probe``
 writes with the same options, ``run_field`` the leaderboard that ``fi field`` writes, ``run_correlate`` and
 ``run_nearfar`` the tables that ``fi correlate`` and ``fi nearfar`` write (each also against a recomputation
-from its own per-token or per-set table), ``run_eval`` the replay tables that ``fi eval`` writes."""
+from its own per-token or per-set table), ``run_eval`` the replay tables that ``fi eval`` writes, ``run_fit_data``
+and ``run_fit`` the rows and the policy file that ``fi fit-data`` and ``fi fit`` write."""
 
 from __future__ import annotations
 
@@ -34,9 +35,9 @@ def block_with(name: str) -> str:
     return found[0]
 
 
-def test_the_section_holds_seven_examples_of_three_lines():
+def test_the_section_holds_nine_examples_of_three_lines():
     blocks = section_blocks("A command from Python")
-    assert len(blocks) == 7
+    assert len(blocks) == 9
     for block in blocks:  # the imports, then three lines (the model is loaded once, in the first)
         lines = [line for line in block.splitlines() if line and not line.startswith(("from ", "import "))]
         assert len(lines) - ("load_model()" in block) == 3
@@ -47,7 +48,7 @@ def test_the_run_function_examples_run_and_equal_the_command_line(tmp_path, monk
     monkeypatch.chdir(tmp_path)
     scope: dict = {}
     blocks = section_blocks("A command from Python")
-    for block in blocks[:2] + blocks[4:]:  # probe, field and eval (correlate and nearfar: the next test)
+    for block in blocks[:2] + blocks[4:5]:  # probe, field and eval (correlate, nearfar and fitting: their own tests)
         exec(compile(block, str(GUIDE), "exec"), scope)
     probed, tables = scope["probed"], scope["tables"]
 
@@ -148,3 +149,32 @@ def test_the_page_and_task_examples_write_what_the_command_line_writes(tmp_path,
     for name in ("fi_passkey.jsonl", "fi_passkey.yaml", "fi_scoring.py"):
         ours, theirs = ((tmp_path / d / name).read_text() for d in ("tasks", "t"))
         assert ours.replace(str(tmp_path / "tasks"), "OUT") == theirs.replace(str(tmp_path / "t"), "OUT"), name
+
+
+@pytest.mark.smollm
+def test_the_fit_examples_run_and_equal_the_command_line(tmp_path, monkeypatch, capsys):
+    """run_fit_data and run_fit as the guide calls them (p = 64, alice and hamlet, two label draws): the rows
+    ``fi fit-data`` writes with the same options and the policy file ``fi fit`` writes from the same run, byte
+    for byte; the record returned is the file's, and its rows are every layer, KV head and position before the
+    window."""
+    import json
+
+    from fi_toolkit import load_documents, load_model
+
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {"lm": load_model(), "load_documents": load_documents}
+    for block in [b for b in section_blocks("A command from Python") if "run_fit" in b]:
+        exec(compile(block, str(GUIDE), "exec"), scope)
+    rows, policy = scope["rows"], scope["policy"]
+
+    code, _, err = run_cli(["fit-data", "alice", "hamlet", "--chunk", "64:96", "--samples", "2", "--out", "fd"], capsys)
+    assert code == 0, err
+    assert (tmp_path / "fd" / "fit_rows.parquet").read_bytes() == (
+        tmp_path / "runs/fitdata/fit_rows.parquet"
+    ).read_bytes()
+    code, stdout, err = run_cli(["fit", "runs/fitdata", "--features", "decoding", "--out", "p.json"], capsys)
+    assert code == 0, err
+    assert (tmp_path / "p.json").read_bytes() == (tmp_path / "runs" / "policy.json").read_bytes()
+    assert json.loads((tmp_path / "p.json").read_text()) == json.loads(json.dumps(policy))
+    assert len(rows) == 2 * 30 * 3 * (64 - 32) and list(dict.fromkeys(rows["document"])) == ["alice", "hamlet"]
+    assert f"fitted {policy['cross_validation']['mean']['spearman_fitted']:+.3f}" in stdout

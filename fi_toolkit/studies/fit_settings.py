@@ -1,0 +1,144 @@
+"""What ``fi fit-data`` and ``fi fit`` do: :class:`FitDataSettings` (the training rows' target and candidates),
+which :func:`fi_toolkit.studies.fit_run.run_fit_data` takes, and :class:`FitSettings` (the learner and what it
+fits), which :func:`fi_toolkit.studies.fit_run.run_fit` takes. Imports nothing heavy (no torch, no pandas): the
+command line builds them, and so refuses bad options, before the model loads or a run is read.
+
+The settings hold what is computed, not the documents or the runs: those are the run functions' other
+arguments, so one settings object makes rows of any documents, or fits any runs.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from fi_toolkit.errors import FIError
+from fi_toolkit.policies.features import EXTRA, check_feature_names, check_features
+from fi_toolkit.policies.fitted import FEATURES
+from fi_toolkit.probe.chunks import Chunk, check_chunks, parse_chunk
+from fi_toolkit.probe.estimator_options import DEFAULT_SAMPLES, check_samples
+from fi_toolkit.probe.selections import check_prefix
+from fi_toolkit.runs.settings import check_int, check_type
+from fi_toolkit.signals.config import SignalConfig
+from fi_toolkit.studies.fit_options import DECODING_FEATURES, DEFAULT_FEATURES, TARGETS
+
+LEARNERS = ("ridge", "lambdarank")
+DEFAULT_TARGET = "rank"
+DEFAULT_RIDGE = 1e-3
+
+
+@dataclass(frozen=True)
+class FitDataSettings:
+    """``fi fit-data``'s options, checked on construction (one :class:`~fi_toolkit.errors.FIError` line naming
+    the parameter; the command line names its flag).
+
+    ``chunks``: future chunks ``START:END`` (strings or :class:`~fi_toolkit.probe.chunks.Chunk`) whose mean
+    Fisher FI is the target; ``prefix``: the compression point ``p`` (default the smallest chunk start);
+    ``sinks``: the first positions left out of the rows (default 0: the fitted policy ranks them too);
+    ``samples``: label draws of the Fisher estimator per chunk; ``seed``: of the label draws; ``signals``:
+    the signal options (they define the features). After construction ``chunks`` is a tuple of parsed chunks
+    and ``prefix`` an int.
+    """
+
+    chunks: Sequence[Chunk | str]
+    prefix: int | None = None
+    sinks: int = 0
+    samples: int = DEFAULT_SAMPLES
+    seed: int = 0
+    signals: SignalConfig = field(default_factory=SignalConfig)
+
+    def __post_init__(self):
+        if isinstance(self.chunks, (str, Chunk)) or not isinstance(self.chunks, Sequence):
+            raise FIError(f"chunks must be a list of START:END chunks, got {self.chunks!r}", parameter="chunks")
+        chunks = tuple(c if isinstance(c, Chunk) else parse_chunk(check_type("chunks", c, str)) for c in self.chunks)
+        if not chunks:
+            raise FIError("no chunk given: pass at least one START:END in chunks", parameter="chunks")
+        p = min(c.start for c in chunks) if self.prefix is None else check_int("prefix", self.prefix)
+        check_type("signals", self.signals, SignalConfig)
+        window = self.signals.check().window
+        check_chunks(chunks, p, float("inf"), None)  # chunk starts vs p now; lengths once the documents are read
+        check_prefix(p, window)
+        if not 0 <= check_int("sinks", self.sinks) < p - window:  # rows hold [sinks, p - w): at least one
+            raise FIError(f"sinks must lie in [0, {p - window}), got {self.sinks}", parameter="sinks")
+        check_samples(check_int("samples", self.samples, 1))
+        check_int("seed", self.seed, 0)
+        object.__setattr__(self, "chunks", chunks)
+        object.__setattr__(self, "prefix", p)
+
+    def document_tokens(self) -> int:
+        """The tokens each document needs: the end of the last chunk."""
+        return max(c.end for c in self.chunks)
+
+
+@dataclass(frozen=True)
+class FitSettings:
+    """``fi fit``'s options, checked on construction (one :class:`~fi_toolkit.errors.FIError` line naming the
+    parameter; the command line names its flag).
+
+    ``learner``: ``ridge`` (a linear score of standardised features, ``fitted:path=FILE``) or ``lambdarank``
+    (LightGBM LambdaRank on within-head FI ranks, ``learned:path=FILE``); ``features``: a list or a
+    comma-separated string of feature names, ``decoding`` (every feature a decoding compression can compute),
+    or None (every feature); the lambdarank learner adds :data:`~fi_toolkit.policies.features.EXTRA` to
+    ``decoding`` and None; ``target`` (ridge only): ``rank`` (within-head rank of FI, the default) or ``log``
+    (log FI); ``ridge`` (ridge only): the penalty lambda, times the number of rows, on the standardised
+    coefficients (default 1e-3); ``exclude``: documents whose rows are left out, to test the policy on them.
+
+    After construction ``features`` and ``exclude`` are tuples of names and ``ridge`` a float; an option that
+    does not go with the learner stays None (ridge: ``target`` becomes ``rank`` and ``ridge`` 1e-3 when not
+    given), so building the object again from its fields gives the same object.
+    """
+
+    learner: str = "ridge"
+    features: Sequence[str] | str | None = None
+    target: str | None = None
+    ridge: float | None = None
+    exclude: Sequence[str] = ()
+
+    def __post_init__(self):
+        learner = check_type("learner", self.learner, str)
+        if learner not in LEARNERS:
+            raise FIError(f"learner must be ridge or lambdarank, got '{learner}'", parameter="learner")
+        names = self._feature_names(learner)
+        if learner == "ridge":
+            check_feature_names(names, FEATURES)
+            target, penalty = self._linear_options()
+        else:
+            check_features(names)
+            given = [n for n in ("target", "ridge") if getattr(self, n) is not None]
+            if given:
+                raise FIError(
+                    f"{' and '.join(given)} go{'es' if len(given) == 1 else ''} with learner 'ridge', not 'lambdarank'",
+                    parameter=(*given, "learner"),
+                )
+            target, penalty = None, None
+        if isinstance(self.exclude, str) or not isinstance(self.exclude, Sequence):
+            raise FIError(f"exclude must be a list of document names, got {self.exclude!r}", parameter="exclude")
+        exclude = tuple(check_type("exclude", d, str) for d in self.exclude)
+        parsed = (("features", names), ("target", target), ("ridge", penalty), ("exclude", exclude))
+        for name, value in parsed:
+            object.__setattr__(self, name, value)
+
+    def _feature_names(self, learner: str) -> tuple[str, ...]:
+        """The features as a tuple of names: None and ``decoding`` name sets, a string is comma-separated."""
+        features = self.features
+        extra = tuple(EXTRA) if learner == "lambdarank" else ()
+        if features is None or (isinstance(features, str) and features.strip() == "decoding"):
+            return (DECODING_FEATURES if features else DEFAULT_FEATURES) + extra
+        if isinstance(features, str):
+            return tuple(f.strip() for f in features.split(","))
+        if not isinstance(features, Sequence):
+            raise FIError(f"features must be a list of names or a string, got {features!r}", parameter="features")
+        return tuple(check_type("features", f, str) for f in features)
+
+    def _linear_options(self) -> tuple[str, float]:
+        """(target, ridge penalty) of the linear fit, defaults filled in; the penalty a float, as the CLI's."""
+        target = DEFAULT_TARGET if self.target is None else check_type("target", self.target, str)
+        if target not in TARGETS:
+            raise FIError(f"target must be one of {', '.join(TARGETS)}, got '{target}'", parameter="target")
+        penalty = DEFAULT_RIDGE if self.ridge is None else self.ridge
+        real = isinstance(penalty, numbers.Real) and not isinstance(penalty, bool)
+        if not (real and math.isfinite(penalty) and penalty >= 0):
+            raise FIError(f"ridge must be a finite number >= 0, got {penalty}", parameter="ridge")
+        return target, float(penalty)
