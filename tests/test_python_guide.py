@@ -2,10 +2,12 @@
 with the embedded model, and checked against the command line: ``run_probe`` gives the FI that ``fi probe``
 writes with the same options, ``run_field`` the leaderboard that ``fi field`` writes, ``run_correlate`` and
 ``run_nearfar`` the tables that ``fi correlate`` and ``fi nearfar`` write (each also against a recomputation
-from its own per-token or per-set table), ``run_eval`` the replay tables that ``fi eval`` writes."""
+from its own per-token or per-set table), ``run_eval`` the replay tables that ``fi eval`` writes, ``run_scores``
+the file that ``fi scores`` writes and ``run_generate`` the text and statistics that ``fi generate`` prints."""
 
 from __future__ import annotations
 
+import io
 import re
 from pathlib import Path
 
@@ -27,9 +29,15 @@ def section_blocks(title: str) -> list[str]:
     return re.findall(r"```python\n(.*?)```", section, flags=re.S)
 
 
-def test_the_section_holds_five_examples_of_three_lines():
+def block_with(name: str) -> str:
+    """The example of ``A command from Python`` that calls ``name``."""
+    (block,) = [b for b in section_blocks("A command from Python") if f"{name}(" in b]
+    return block
+
+
+def test_the_section_holds_seven_examples_of_three_lines():
     blocks = section_blocks("A command from Python")
-    assert len(blocks) == 5
+    assert len(blocks) == 7
     for block in blocks:  # the imports, then three lines (the model is loaded once, in the first)
         lines = [line for line in block.splitlines() if line and not line.startswith(("from ", "import "))]
         assert len(lines) - ("load_model()" in block) == 3
@@ -40,7 +48,7 @@ def test_the_run_function_examples_run_and_equal_the_command_line(tmp_path, monk
     monkeypatch.chdir(tmp_path)
     scope: dict = {}
     blocks = section_blocks("A command from Python")
-    for block in blocks[:2] + blocks[4:]:  # probe, field and eval (correlate and nearfar: the next test)
+    for block in blocks[:2] + [block_with("run_eval")]:  # probe, field and eval (correlate and nearfar: the next)
         exec(compile(block, str(GUIDE), "exec"), scope)
     probed, tables = scope["probed"], scope["tables"]
 
@@ -107,3 +115,45 @@ def test_the_study_examples_run_and_equal_the_command_line(tmp_path, monkeypatch
     share = sets["fi"].xs(32, level="distance_from_p") / sets["fi"].xs(0, level="distance_from_p")
     np.testing.assert_allclose(sets["fi_share_near"].xs(32, level="distance_from_p"), share, rtol=1e-12)
     assert len(share) == 2 * 5  # entropy, attention, distance, infokv and one random set, with and without sinks
+
+
+def _untimed_rows(text: str) -> list[list[str]]:
+    """The cells of a rich table's rows, but the rows that hold wall time or process memory (they differ from
+    run to run by nature: prefill, decoding, compression time, peak memory)."""
+    timed = ("prefill", "decoding", "compression time", "peak memory")
+    rows = [[c.strip() for c in line.strip().strip("│").split("│")] for line in text.splitlines() if "│" in line]
+    return [r for r in rows if not r[0].startswith(timed)]
+
+
+@pytest.mark.smollm
+def test_the_scores_and_generate_examples_equal_the_command_line(tmp_path, monkeypatch, capsys):
+    """run_scores writes the file ``fi scores`` writes with the same options, byte for byte; run_generate gives
+    the text ``fi generate`` prints (streamed, then a newline) and its statistics but the timed rows."""
+    from rich.console import Console
+
+    from fi_toolkit import load_documents, load_model
+    from fi_toolkit.cli.generate import stats_table
+
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {"lm": load_model(), "load_documents": load_documents}
+    for name in ("run_scores", "run_generate"):
+        exec(compile(block_with(name), str(GUIDE), "exec"), scope)
+
+    args = ["scores", "alice", "--prefix", "128", "--fi-chunk", "128:160", "--estimator", "fisher", "--samples", "4"]
+    code, _, err = run_cli([*args, "--out", "cli.csv"], capsys)
+    assert code == 0, err
+    assert (tmp_path / "scores.csv").read_bytes() == (tmp_path / "cli.csv").read_bytes()
+    per_token = scope["per_token"]
+    assert len(per_token) == 128 and per_token["fi_128:160"].notna().all() and "fi_se_128:160" in per_token
+
+    prompt = "Tell me a short story about a white rabbit who is always late."
+    args = ["generate", prompt, "--policy", "snapkv", "--budget", "keep=40", "--interval", "8", "--max-new", "24"]
+    code, out, err = run_cli(args, capsys)
+    assert code == 0, err
+    result, generation = scope["result"], scope["generation"]
+    assert out == result.text + "\n" and result.stats.new_tokens == 24 and result.stats.compressions == 2
+    table = Console(file=io.StringIO(), width=200, record=True)
+    table.print(stats_table(result.stats, generation.label))
+    assert f"generation ({generation.label})" in err and generation.label == "snapkv@keep=40"
+    rows = _untimed_rows(err)  # prompt and new tokens, compressions, cache full, kept and at peak
+    assert len(rows) == 6 and _untimed_rows(table.export_text()) == rows
