@@ -721,3 +721,41 @@ def test_scores_and_generate_settings_are_frozen_and_import_nothing_heavy():
     root = Path(__file__).resolve().parents[1]
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def _imported(tree) -> set[str]:
+    import ast
+
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+    return found
+
+
+def test_the_scores_and_generate_commands_import_only_their_settings_and_run_function():
+    """The commands parse, build the settings, load, call the run function and print: the work (the trace, the
+    estimators, the decoder) is reached only through ``run_scores`` and ``run_generate``."""
+    import ast
+
+    import fi_toolkit.cli.app as app
+    import fi_toolkit.cli.generate as generate
+
+    (scores,) = [n for n in ast.parse(Path(app.__file__).read_text()).body if getattr(n, "name", "") == "scores"]
+    assert _imported(scores) == {
+        "fi_toolkit.documents",
+        "fi_toolkit.runs.settings",
+        "fi_toolkit.studies.scores_settings",
+        "fi_toolkit.studies.scores_run",
+    }
+    assert {m for m in _imported(ast.parse(Path(generate.__file__).read_text())) if m.startswith("fi_toolkit")} == {
+        "fi_toolkit.cli.options",
+        "fi_toolkit.errors",
+        "fi_toolkit.model.settings",
+        "fi_toolkit.policies.registry",
+        "fi_toolkit.signals.config",
+        "fi_toolkit.compress.generate_settings",
+        "fi_toolkit.compress.generate_run",
+    }
