@@ -220,7 +220,9 @@ def scores(
     from fi_toolkit.studies.scores_settings import ScoresSettings, scores_file
 
     model.check()
-    settings = ScoresSettings(prefix, fi_chunk or (), estimator, samples, seed, signals)
+    settings = ScoresSettings(
+        prefix=prefix, fi_chunks=fi_chunk or (), estimator=estimator, samples=samples, seed=seed, signals=signals
+    )
     run = scores_file(RunSettings(out_file, overwrite=overwrite))
     texts = read_texts(document)[:1]
     from fi_toolkit.studies.scores_run import idle_rank, run_scores  # the checks above import nothing heavy

@@ -108,7 +108,16 @@ def generate(
     if (prompt is None) == (file is None):
         raise FIError("give a prompt or --file (exactly one)")
     settings = GenerateSettings(
-        policy, budget, interval, max_new, compress_prompt, temperature, top_p, seed, chat, signals
+        policy=policy,
+        budget=budget,
+        interval=interval,
+        max_new=max_new,
+        compress_prompt=compress_prompt,
+        temperature=temperature,
+        top_p=top_p,
+        seed=seed,
+        chat=chat,
+        signals=signals,
     )
     prompt = _read_prompt(file) if file is not None else prompt
     # every check above imports nothing heavy but a kvpress policy (usage errors answer at once)
@@ -123,6 +132,7 @@ def generate(
 
 
 def _read_prompt(file: Path) -> str:
+    """The prompt file's text (undecodable bytes replaced); a directory or a missing file refused in one line."""
     if file.is_dir():
         raise FIError(f"--file '{file}' is a directory, not a prompt file")
     if not file.is_file():
