@@ -24,6 +24,8 @@ __version__ = "0.1.0"
 
 # public name -> the module that defines it
 _EXPORTS = {
+    "GenerateSettings": "fi_toolkit.compress.generate_settings",
+    "run_generate": "fi_toolkit.compress.generate_run",
     "Document": "fi_toolkit.documents",
     "load_document": "fi_toolkit.documents",
     "load_documents": "fi_toolkit.documents",
@@ -63,6 +65,8 @@ _EXPORTS = {
     "FitSettings": "fi_toolkit.studies.fit_settings",
     "run_fit_data": "fi_toolkit.studies.fit_run",
     "run_fit": "fi_toolkit.studies.fit_run",
+    "ScoresSettings": "fi_toolkit.studies.scores_settings",
+    "run_scores": "fi_toolkit.studies.scores_run",
     "Trace": "fi_toolkit.signals.trace",
     "trace_prefix": "fi_toolkit.signals.trace",
 }

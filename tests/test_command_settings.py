@@ -1,7 +1,7 @@
-"""Command settings (``ProbeSettings``, ``FieldSettings``, ``CorrelateSettings``, ``NearfarSettings``): checked on
-construction with one line naming the Python parameter, the command line builds the object Python builds (and
-names its flags in the same messages), the parsed values are what the options say, and the settings modules
-import nothing heavy."""
+"""Command settings (``ProbeSettings``, ``FieldSettings``, ``CorrelateSettings``, ``NearfarSettings``, the eval
+settings, ``ScoresSettings``, ``GenerateSettings``): checked on construction with one line naming the Python
+parameter, the command line builds the object Python builds (and names its flags in the same messages), the
+parsed values are what the options say, and the settings modules import nothing heavy."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from fi_toolkit.errors import FIError
 from fi_toolkit.evaluation.field_settings import FieldSettings
 from fi_toolkit.model.settings import ModelSettings
 from fi_toolkit.probe.chunks import Chunk
+from fi_toolkit.runs.settings import RunSettings
 from fi_toolkit.signals.config import SignalConfig
 from fi_toolkit.studies.correlate_settings import CorrelateSettings
 from fi_toolkit.studies.field_spec import POLICY, Method
@@ -485,3 +486,276 @@ def test_eval_settings_are_frozen_and_their_module_imports_nothing_heavy():
     root = Path(__file__).resolve().parents[1]
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, check=True)
     assert done.stdout.strip() == "[]"
+
+
+# ---- fi scores: ScoresSettings (and scores_file, where the table goes); fi generate: GenerateSettings -------
+
+
+@pytest.fixture
+def built_sg(monkeypatch):
+    """Record the ScoresSettings and GenerateSettings a command builds, and stop it where it would load the model."""
+    from fi_toolkit.compress.generate_settings import GenerateSettings
+    from fi_toolkit.studies.scores_settings import ScoresSettings
+
+    seen: dict = {}
+    for cls in (ScoresSettings, GenerateSettings):
+        original = cls.__post_init__
+
+        def record(self, original=original, name=cls.__name__):
+            original(self)
+            seen[name] = self
+
+        monkeypatch.setattr(cls, "__post_init__", record)
+    monkeypatch.setattr(ModelSettings, "load", lambda self, **kwargs: (_ for _ in ()).throw(FIError(STOP)))
+    return seen
+
+
+def test_scores_cli_builds_what_python_builds(built_sg, tmp_path, monkeypatch, capsys):
+    from fi_toolkit.studies.scores_settings import ScoresSettings
+
+    monkeypatch.chdir(tmp_path)
+    args = ["scores", "alice", "--prefix", "128", "--fi-chunk", "128:160", "--fi-chunk", "150:192"]
+    args += ["--estimator", "FISHER", "--samples", "4", "--seed", "3", "--window", "16", "--out", "s.parquet"]
+    code, _, err = run_cli(args, capsys)
+    assert (code, err) == (2, f"error: {STOP}\n")
+    python = ScoresSettings(
+        prefix=128,
+        fi_chunks=["128:160", "150:192"],
+        estimator="fisher",
+        samples=4,
+        seed=3,
+        signals=SignalConfig(window=16),
+    )
+    assert built_sg["ScoresSettings"] == python
+    # what the options say, parsed: 192 tokens read; the options rebuilt from the fields give the same object
+    assert python.fi_chunks == (Chunk(128, 160), Chunk(150, 192)) and python.document_tokens() == 192
+    assert replace(python, seed=5).samples == 4 and replace(python, prefix=120).fi_chunks == python.fi_chunks
+
+
+def test_scores_defaults_are_the_cli_defaults(built_sg, tmp_path, monkeypatch, capsys):
+    from fi_toolkit.studies.scores_settings import ScoresSettings
+
+    monkeypatch.chdir(tmp_path)
+    assert run_cli(["scores"], capsys)[0] == 2
+    default = ScoresSettings()
+    assert built_sg["ScoresSettings"] == default
+    assert (default.prefix, default.fi_chunks, default.estimator, default.document_tokens()) == (2048, (), None, 2048)
+    # with chunks: fisher unless told, 16 label draws from seed 0; exact takes neither
+    fisher = ScoresSettings(prefix=128, fi_chunks=["128:160"])
+    assert (fisher.estimator, fisher.samples, fisher.seed) == ("fisher", 16, 0) and replace(fisher) == fisher
+    exact = ScoresSettings(prefix=128, fi_chunks=["128:160"], estimator="exact")
+    assert (exact.estimator, exact.samples, exact.seed) == ("exact", None, None) and replace(exact) == exact
+
+
+def test_generate_cli_builds_what_python_builds(built_sg, tmp_path, monkeypatch, capsys):
+    from fi_toolkit.compress.generate_settings import GenerateSettings
+
+    monkeypatch.chdir(tmp_path)
+    args = ["generate", "hi", "--policy", "snapkv", "--budget", "0.5", "--interval", "8", "--max-new", "5"]
+    args += ["--keep-prompt", "--temperature", "0.7", "--top-p", "0.9", "--seed", "3", "--raw", "--window", "16"]
+    code, _, err = run_cli(args, capsys)
+    assert (code, err) == (2, f"error: {STOP}\n")
+    python = GenerateSettings(
+        policy="snapkv",
+        budget="keep=0.5",
+        interval=8,
+        max_new=5,
+        compress_prompt=False,
+        temperature=0.7,
+        top_p=0.9,
+        seed=3,
+        chat=False,
+        signals=SignalConfig(window=16),
+    )
+    assert built_sg["GenerateSettings"] == python
+    # what the options say, parsed: the budget, the policy at it (the run's window), a fresh copy each time
+    assert python.budget == Budget.parse("keep=0.5") and python.label == "snapkv@keep=0.5"
+    policy = python.make_policy()
+    assert policy.window == 16 and policy.budget == Budget.parse("keep=0.5") and policy is not python.make_policy()
+
+
+def test_generate_defaults_are_the_cli_defaults(built_sg, tmp_path, monkeypatch, capsys):
+    from fi_toolkit.compress.generate_settings import GenerateSettings
+
+    monkeypatch.chdir(tmp_path)
+    assert run_cli(["generate", "hi"], capsys)[0] == 2
+    default = GenerateSettings()
+    assert built_sg["GenerateSettings"] == default
+    assert (default.label, default.max_new, default.interval, default.chat) == ("infokv@keep=0.25", 256, 1024, True)
+    for full in ("none", "FULL", None):
+        assert (
+            GenerateSettings(policy=full).make_policy() is None and GenerateSettings(policy=full).label == "full cache"
+        )
+
+
+def _scores(**kwargs):
+    from fi_toolkit.studies.scores_settings import ScoresSettings
+
+    return ScoresSettings(**{"prefix": 128, **kwargs})
+
+
+def _generate(**kwargs):
+    from fi_toolkit.compress.generate_settings import GenerateSettings
+
+    return GenerateSettings(**kwargs)
+
+
+def _scores_file(run):
+    from fi_toolkit.studies.scores_settings import scores_file
+
+    return scores_file(run)
+
+
+@pytest.mark.parametrize(
+    "make, message, parameter",
+    [
+        (lambda: _scores(prefix=16), "prefix 16 leaves nothing to score", "prefix"),
+        (lambda: _scores(prefix=128.0), "prefix must be a whole number, got 128.0", "prefix"),
+        (lambda: _scores(estimator="fisher"), "estimator, samples and seed go with fi_chunks START:END", "estimator"),
+        (lambda: _scores(seed=1), "estimator, samples and seed go with fi_chunks", "estimator"),
+        (lambda: _scores(fi_chunks="128:160"), "fi_chunks must be a list of START:END chunks", "fi_chunks"),
+        (lambda: _scores(fi_chunks=["9:3"]), "invalid chunk '9:3'", None),
+        (lambda: _scores(fi_chunks=["100:160"]), "starts before the compression point p=128", None),
+        (lambda: _scores(fi_chunks=["128:160"], estimator="taylor"), "unknown estimator 'taylor'", "estimator"),
+        (
+            lambda: _scores(fi_chunks=["128:160"], estimator="exact", samples=4),
+            "samples and seed go with estimator fisher",
+            "samples",
+        ),
+        (lambda: _scores(fi_chunks=["128:160"], seed=-1), "seed must be >= 0, got -1", "seed"),
+        (lambda: _scores(fi_chunks=["128:160"], samples=0), "samples must be >= 1, got 0", "samples"),
+        (lambda: _scores(fi_chunks=["128:160"], samples=10**9), "samples must be at most 10,000", "samples"),
+        (lambda: _scores(signals=SignalConfig(alpha=2.0)), "alpha must lie in [0, 1]", "alpha"),
+        (lambda: _scores_file("s.txt"), "out must end in .csv or .parquet, got 's.txt'", "out"),
+        (lambda: _scores_file(5), "run must be a str or Path, got 5", "run"),
+        (lambda: _scores_file(RunSettings("s.csv", resume=True)), "a scores table does not resume", "resume"),
+        (lambda: _generate(interval=0), "interval must be >= 1, got 0", "interval"),
+        (lambda: _generate(max_new=0), "max_new must be >= 1, got 0", "max_new"),
+        (lambda: _generate(temperature=float("nan")), "temperature must be a finite number, got nan", "temperature"),
+        (lambda: _generate(top_p=float("inf")), "top_p must be a finite number, got inf", "top_p"),
+        (lambda: _generate(seed=1.5), "seed must be a whole number, got 1.5", "seed"),
+        (lambda: _generate(compress_prompt="yes"), "compress_prompt must be a bool or None", "compress_prompt"),
+        (lambda: _generate(chat=None), "chat must be a bool, got None", "chat"),
+        (lambda: _generate(policy=3), "policy must be a str or None, got 3", "policy"),
+        (lambda: _generate(signals=SignalConfig(entropy_of="current")), "entropy_of must be one of", "entropy_of"),
+        (lambda: _generate(policy="lru"), "unknown policy 'lru'", None),
+        (
+            lambda: _generate(policy="fi-oracle"),
+            "--policy fi-oracle: fi-oracle is an oracle that sees the future",
+            None,
+        ),
+        (lambda: _generate(budget="hold=0.2"), "write keep=X or remove=X", None),
+        (lambda: _generate(policy="none", budget="hold=0.2"), "invalid budget: 'hold=0.2'", None),
+    ],
+)
+def test_scores_and_generate_settings_refuse_on_construction_in_one_line(make, message, parameter):
+    with pytest.raises(FIError) as exc:
+        make()
+    assert message in str(exc.value) and "\n" not in str(exc.value)
+    assert exc.value.parameter == parameter
+
+
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        (["scores", "--estimator", "fisher"], "error: --estimator, --samples and --seed go with --fi-chunk START:END"),
+        (
+            ["scores", "--prefix", "128", "--fi-chunk", "128:160", "--estimator", "exact", "--seed", "2"],
+            "error: --samples and --seed go with --estimator fisher",
+        ),
+        (["scores", "--prefix", "128", "--fi-chunk", "128:160", "--seed=-1"], "error: --seed must be >= 0, got -1"),
+        (["scores", "--out", "s.txt"], "error: --out must end in .csv or .parquet, got 's.txt'"),
+        (["generate", "hi", "--max-new", "0"], "error: --max-new must be >= 1, got 0"),
+        (["generate", "hi", "--top-p", "nan"], "error: --top-p must be a finite number, got nan"),
+        (
+            ["generate", "hi", "--entropy-of", "current"],
+            "error: --entropy-of must be one of produced, next, got 'current'",
+        ),
+    ],
+)
+def test_scores_and_generate_name_their_flags_in_the_settings_messages(args, line, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(args, capsys)
+    assert (code, err) == (2, line + "\n")
+
+
+def test_scores_refuses_an_existing_table_before_the_model(tmp_path, monkeypatch, capsys):
+    """The Python message names ``out`` and ``overwrite``; the command line's, ``--out`` and ``--overwrite``."""
+    from fi_toolkit.studies.scores_settings import scores_file
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.csv").write_text("old\n")
+    with pytest.raises(FIError, match="out 's.csv' exists; choose another file or pass overwrite$") as exc:
+        scores_file("s.csv")
+    assert exc.value.parameter == "out" and scores_file(RunSettings("s.csv", overwrite=True)).overwrite
+    code, _, err = run_cli(["scores", "--out", "s.csv"], capsys)
+    assert (code, err) == (2, "error: --out 's.csv' exists; choose another file or pass --overwrite\n")
+    assert (tmp_path / "s.csv").read_text() == "old\n"
+
+
+def test_run_scores_and_run_generate_refuse_a_mismatch_before_touching_the_model(tmp_path):
+    from fi_toolkit.compress.generate_run import run_generate
+    from fi_toolkit.studies.scores_run import run_scores
+
+    with pytest.raises(FIError, match="settings must be a ScoresSettings"):
+        run_scores(None, [], "prefix=128")
+    with pytest.raises(FIError, match="out must end in .csv or .parquet"):
+        run_scores(None, [], _scores(), tmp_path / "s.txt")
+    with pytest.raises(FIError, match="no document given"):
+        run_scores(None, [], _scores(), tmp_path / "s.csv")
+    with pytest.raises(FIError, match="settings must be a GenerateSettings"):
+        run_generate(None, "hi", "snapkv")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_scores_and_generate_settings_are_frozen_and_import_nothing_heavy():
+    for settings, name in ((_scores(), "prefix"), (_generate(), "policy")):
+        with pytest.raises(AttributeError):
+            setattr(settings, name, None)
+    code = (
+        "import sys; from fi_toolkit.studies.scores_settings import ScoresSettings, scores_file; "
+        "ScoresSettings(prefix=128, fi_chunks=['128:160']); scores_file('s.csv'); "
+        "from fi_toolkit.compress.generate_settings import GenerateSettings; GenerateSettings(policy='snapkv'); "
+        "print(sorted(m for m in ('torch', 'pandas', 'scipy', 'transformers') if m in sys.modules))"
+    )
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, check=True)
+    assert done.stdout.strip() == "[]"
+
+
+def _imported(tree) -> set[str]:
+    import ast
+
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+    return found
+
+
+def test_the_scores_and_generate_commands_import_only_their_settings_and_run_function():
+    """The commands parse, build the settings, load, call the run function and print: the work (the trace, the
+    estimators, the decoder) is reached only through ``run_scores`` and ``run_generate``."""
+    import ast
+
+    import fi_toolkit.cli.app as app
+    import fi_toolkit.cli.generate as generate
+
+    (scores,) = [n for n in ast.parse(Path(app.__file__).read_text()).body if getattr(n, "name", "") == "scores"]
+    assert _imported(scores) == {
+        "fi_toolkit.documents",
+        "fi_toolkit.runs.settings",
+        "fi_toolkit.studies.scores_settings",
+        "fi_toolkit.studies.scores_run",
+    }
+    assert {m for m in _imported(ast.parse(Path(generate.__file__).read_text())) if m.startswith("fi_toolkit")} == {
+        "fi_toolkit.cli.options",
+        "fi_toolkit.errors",
+        "fi_toolkit.model.settings",
+        "fi_toolkit.policies.registry",
+        "fi_toolkit.signals.config",
+        "fi_toolkit.compress.generate_settings",
+        "fi_toolkit.compress.generate_run",
+    }

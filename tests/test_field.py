@@ -215,3 +215,35 @@ def test_a_press_that_cannot_run_is_listed_and_the_rest_completes(tmp_path, caps
     )
     fi = read_table(out / "fi.csv")
     assert set(fi[fi["method"] == "kvpress:SnapKVPress"]["selection"]) == {"kvpress:SnapKVPress@0.5"}
+
+
+@pytest.mark.smollm
+def test_field_task_accuracy_equals_fi_eval_task_answers(tmp_path, capsys):
+    """With --task every method answers the generated tasks as fi eval --task answers them: the same outputs,
+    the same correctness and answer KL, bit for bit; the leaderboard's accuracy is the mean of the answers'
+    correctness computed here from answers.csv, and the full cache's is beside it."""
+    task = ["--task", "passkey", "--max-new", "8", "--interval", "4"]
+    field = ["field", "alice", "--policy", "snapkv", "--policy", "h2o", *COMMON, "--distances", "0,64"]
+    field += ["--chunk-len", "32", "--budget", "keep=0.5", "--resamples", "50", "--seeds", "1", *task]
+    stdout, _ = _run([*field, "--task-context", "200", "--task-samples", "2", "--out", str(tmp_path / "f")], capsys)
+    evaluate = ["eval", "--policy", "snapkv,h2o", "--budget", "keep=0.5", *task, "--context", "200"]
+    _run([*evaluate, "--samples", "2", "--resamples", "0", "--out", str(tmp_path / "e")], capsys)
+
+    mine = read_table(tmp_path / "f" / "answers.csv")
+    theirs = read_table(tmp_path / "e" / "answers.csv")
+    keys = ["task", "context", "seed", "protocol", "policy", "budget"]
+    mine, theirs = (t.sort_values(keys, kind="stable").reset_index(drop=True) for t in (mine, theirs))
+    assert len(mine) == 2 * 3  # two samples x (full cache, snapkv, h2o)
+    assert list(mine["method"]) == [{"full": "full"}.get(p, p) for p in mine["policy"]]
+    for column in ("output", "correct", "compressed_tokens", "kept_entries"):
+        assert list(mine[column]) == list(theirs[column]), column
+    assert mine["answer_kl"].to_numpy().tobytes() == theirs["answer_kl"].to_numpy().tobytes()
+
+    board = read_table(tmp_path / "f" / "leaderboard.csv").set_index("method")
+    for method in ("snapkv", "h2o"):
+        expected = mine.loc[mine["method"] == method, "correct"].astype(bool).mean()
+        assert board.loc[method, "accuracy"] == pytest.approx(expected, abs=1e-12)
+    full = mine.loc[mine["method"] == "full", "correct"].astype(bool).mean()
+    assert board.loc["snapkv", "full_accuracy"] == pytest.approx(full, abs=1e-12)
+    assert np.isnan(board.loc["random-positions", "accuracy"])  # the anchors select in prefill only
+    assert "accur" in stdout  # the printed leaderboard has the column (rich shortens its header)

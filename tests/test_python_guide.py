@@ -3,10 +3,13 @@ with the embedded model, and checked against the command line: ``run_probe`` giv
 writes with the same options, ``run_field`` the leaderboard that ``fi field`` writes, ``run_correlate`` and
 ``run_nearfar`` the tables that ``fi correlate`` and ``fi nearfar`` write (each also against a recomputation
 from its own per-token or per-set table), ``run_eval`` the replay tables that ``fi eval`` writes, ``run_fit_data``
-and ``run_fit`` the rows and the policy file that ``fi fit-data`` and ``fi fit`` write."""
+and ``run_fit`` the rows and the policy file that ``fi fit-data`` and ``fi fit`` write, ``run_view`` and
+``run_task_export`` the page and files of ``fi view`` and ``fi tasks export``, ``run_scores`` the file that
+``fi scores`` writes and ``run_generate`` the text and statistics that ``fi generate`` prints."""
 
 from __future__ import annotations
 
+import io
 import re
 from pathlib import Path
 
@@ -30,14 +33,13 @@ def section_blocks(title: str) -> list[str]:
 
 def block_with(name: str) -> str:
     """The one example of the section that calls ``name``."""
-    found = [b for b in section_blocks("A command from Python") if f"{name}(" in b]
-    assert len(found) == 1, name
-    return found[0]
+    (block,) = [b for b in section_blocks("A command from Python") if f"{name}(" in b]
+    return block
 
 
-def test_the_section_holds_nine_examples_of_three_lines():
+def test_the_section_holds_twelve_examples_of_three_lines():
     blocks = section_blocks("A command from Python")
-    assert len(blocks) == 9
+    assert len(blocks) == 12
     for block in blocks:  # the imports, then three lines (the model is loaded once, in the first)
         lines = [line for line in block.splitlines() if line and not line.startswith(("from ", "import "))]
         assert len(lines) - ("load_model()" in block) == 3
@@ -48,7 +50,7 @@ def test_the_run_function_examples_run_and_equal_the_command_line(tmp_path, monk
     monkeypatch.chdir(tmp_path)
     scope: dict = {}
     blocks = section_blocks("A command from Python")
-    for block in blocks[:2] + blocks[4:5]:  # probe, field and eval (correlate, nearfar and fitting: their own tests)
+    for block in blocks[:2] + [block_with("run_eval")]:  # probe, field and eval (the others: their own tests)
         exec(compile(block, str(GUIDE), "exec"), scope)
     probed, tables = scope["probed"], scope["tables"]
 
@@ -78,6 +80,14 @@ def test_the_run_function_examples_run_and_equal_the_command_line(tmp_path, monk
     for name in ("replay_summary", "segment_summary", "positions"):  # no wall time in these: byte for byte
         mine, theirs = (tmp_path / d / f"{name}.csv" for d in (Path("runs") / "eval", Path("e")))
         assert mine.read_bytes() == theirs.read_bytes(), name
+
+    exec(compile(block_with("build_report"), str(GUIDE), "exec"), scope)  # the report of the two runs above
+    code, _, err = run_cli(["report", "runs/field", "runs/eval", "--format", "md,csv", "--out", "r"], capsys)
+    assert code == 0, err
+    written = sorted(str(p.relative_to(tmp_path / "report")) for p in scope["written"])
+    assert written == sorted(str(p.relative_to(tmp_path / "r")) for p in (tmp_path / "r").rglob("*") if p.is_file())
+    assert "figures/field__field_headroom.png" in written and "report.md" in written
+    assert (tmp_path / "report" / "report.md").read_text() == (tmp_path / "r" / "report.md").read_text()
 
 
 @pytest.mark.smollm
@@ -178,3 +188,45 @@ def test_the_fit_examples_run_and_equal_the_command_line(tmp_path, monkeypatch, 
     assert json.loads((tmp_path / "p.json").read_text()) == json.loads(json.dumps(policy))
     assert len(rows) == 2 * 30 * 3 * (64 - 32) and list(dict.fromkeys(rows["document"])) == ["alice", "hamlet"]
     assert f"fitted {policy['cross_validation']['mean']['spearman_fitted']:+.3f}" in stdout
+
+
+def _untimed_rows(text: str) -> list[list[str]]:
+    """The cells of a rich table's rows, but the rows that hold wall time or process memory (they differ from
+    run to run by nature: prefill, decoding, compression time, peak memory)."""
+    timed = ("prefill", "decoding", "compression time", "peak memory")
+    rows = [[c.strip() for c in line.strip().strip("│").split("│")] for line in text.splitlines() if "│" in line]
+    return [r for r in rows if not r[0].startswith(timed)]
+
+
+@pytest.mark.smollm
+def test_the_scores_and_generate_examples_equal_the_command_line(tmp_path, monkeypatch, capsys):
+    """run_scores writes the file ``fi scores`` writes with the same options, byte for byte; run_generate gives
+    the text ``fi generate`` prints (streamed, then a newline) and its statistics but the timed rows."""
+    from rich.console import Console
+
+    from fi_toolkit import load_documents, load_model
+    from fi_toolkit.cli.generate import stats_table
+
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {"lm": load_model(), "load_documents": load_documents}
+    for name in ("run_scores", "run_generate"):
+        exec(compile(block_with(name), str(GUIDE), "exec"), scope)
+
+    args = ["scores", "alice", "--prefix", "128", "--fi-chunk", "128:160", "--estimator", "fisher", "--samples", "4"]
+    code, _, err = run_cli([*args, "--out", "cli.csv"], capsys)
+    assert code == 0, err
+    assert (tmp_path / "scores.csv").read_bytes() == (tmp_path / "cli.csv").read_bytes()
+    per_token = scope["per_token"]
+    assert len(per_token) == 128 and per_token["fi_128:160"].notna().all() and "fi_se_128:160" in per_token
+
+    prompt = "Tell me a short story about a white rabbit who is always late."
+    args = ["generate", prompt, "--policy", "snapkv", "--budget", "keep=40", "--interval", "8", "--max-new", "24"]
+    code, out, err = run_cli(args, capsys)
+    assert code == 0, err
+    result, generation = scope["result"], scope["generation"]
+    assert out == result.text + "\n" and result.stats.new_tokens == 24 and result.stats.compressions == 2
+    table = Console(file=io.StringIO(), width=200, record=True)
+    table.print(stats_table(result.stats, generation.label))
+    assert f"generation ({generation.label})" in err and generation.label == "snapkv@keep=40"
+    rows = _untimed_rows(err)  # prompt and new tokens, compressions, cache full, kept and at peak
+    assert len(rows) == 6 and _untimed_rows(table.export_text()) == rows

@@ -62,7 +62,7 @@ MODEL = ModelSettings("some/model", None, "auto", "bfloat16", False)
     "command, run",
     [
         (["probe", "--chunk", "128:160"], None),
-        (["scores", "--prefix", "128"], None),
+        (["scores", "--prefix", "128"], RunSettings(Path("scores.csv"))),  # the table's file
         (["correlate", "--chunk", "128:160", "--out", "c", "--resume"], RunSettings(Path("c"), resume=True)),
         (["nearfar", "--prefix", "128", "--out", "n", "--overwrite"], RunSettings("n", overwrite=True)),
         (["eval", "--prompt", "512", "--length", "1024", "--out", "e"], RunSettings(Path("e"))),
@@ -80,7 +80,7 @@ def test_cli_builds_what_python_builds(command, run, built, tmp_path, monkeypatc
     "command, run",
     [
         (["probe", "--chunk", "128:160"], None),
-        (["scores", "--prefix", "128"], None),
+        (["scores", "--prefix", "128"], RunSettings(Path("scores.csv"))),  # the table's file
         (["correlate", "--chunk", "128:160"], RunSettings(Path("runs/correlate"))),
         (["nearfar"], RunSettings(Path("runs/nearfar"))),
         (["eval"], RunSettings(Path("runs/eval"))),

@@ -22,7 +22,6 @@ from fi_toolkit.cli import INTERRUPTED, INTERRUPTED_LINE
 from fi_toolkit.cli.options import (
     OverwriteOpt,
     _progress,
-    check_prefix,
     distinct_texts,
     err,
     out,
@@ -216,110 +215,62 @@ def scores(
 ):
     """Write per-token signals (H, A, D, E, S; per layer too) with the token text; with --fi-chunk, per-token FI too."""
     from fi_toolkit.documents import read_texts, tokenize_texts
-    from fi_toolkit.runs import results
+    from fi_toolkit.runs.settings import RunSettings
+    from fi_toolkit.studies.scores_settings import ScoresSettings, scores_file
 
     model.check()
-    config = signals.check()
-    check_prefix(prefix, config.window)
-    fi_chunks, estimator, samples, seed = _score_fi_options(fi_chunk, estimator, samples, seed, prefix)
-    if out_file.suffix not in (".csv", ".parquet"):
-        raise FIError(f"--out must end in .csv or .parquet, got '{out_file}'")
-    results.check_out_path(out_file, want_dir=False)
-    if out_file.exists() and not overwrite:
-        raise FIError(f"--out '{out_file}' exists; choose another file or pass --overwrite")
+    settings = ScoresSettings(
+        prefix=prefix, fi_chunks=fi_chunk or (), estimator=estimator, samples=samples, seed=seed, signals=signals
+    )
+    run = scores_file(RunSettings(out_file, overwrite=overwrite))
     texts = read_texts(document)[:1]
-    from fi_toolkit.probe.experiment import max_context, trace_document  # the checks above import nothing heavy
-    from fi_toolkit.runs.distributed import current
+    from fi_toolkit.studies.scores_run import idle_rank, run_scores  # the checks above import nothing heavy
 
-    world = current()
-    shared_positions = bool(fi_chunks) and estimator == "exact"  # exact per-token FI: positions split among ranks
-    if world.sharded and not world.main and not shared_positions:
+    idle = idle_rank(settings)
+    if idle is not None:
         err.print(
-            f"note: rank {world.rank} of {world.size} has no unit to compute (fi scores reads one document; "
+            f"note: rank {idle.rank} of {idle.size} has no unit to compute (fi scores reads one document; "
             "rank 0 computes it)",
             markup=False,
             highlight=False,
         )
         return
     lm = model.load()
-    doc = tokenize_texts(texts, lm.tokenizer, max_tokens=max([prefix] + [c.end for c in fi_chunks]))[0]
+    doc = tokenize_texts(texts, lm.tokenizer, max_tokens=settings.document_tokens())[0]
     with _progress() as bar:
-        task = bar.add_task(f"trace {doc.name}", total=None)
-        trace = trace_document(lm, doc, prefix, config)
-        tokens = [lm.tokenizer.decode([int(i)]) for i in doc.ids[:prefix]]
-        table = trace.token_table(tokens)
-        table.insert(0, "document", doc.name)
-        if fi_chunks:
-            from fi_toolkit.probe.chunks import check_chunks
-
-            check_chunks(fi_chunks, prefix, len(doc), max_context(lm))
-            bar.update(task, description=f"FI ({estimator}) {doc.name}", total=None)
-            _add_fi_columns(lm, doc, trace, table, fi_chunks, estimator, samples, seed, world)
-    if not world.main:  # its block of positions went to rank 0, which writes the file
+        table = run_scores(lm, doc, settings, run, progress=_scores_progress(bar))
+    if table is None:  # a rank other than 0: its block of positions went to rank 0, which writes the file
         return
-    results.write_table(out_file, table)
     err.print(f"wrote {len(table):,} tokens x {table.shape[1]} columns to {out_file}", markup=False, highlight=False)
+    _print_signal_summary(table, int((~table.in_window).sum()), doc.name)
+
+
+def _scores_progress(bar):
+    """``run_scores``' progress as one bar per document, its description the stage."""
+    tasks: dict = {}
+
+    def progress(name: str, stage: str) -> None:
+        if name not in tasks:
+            tasks[name] = bar.add_task(f"{stage} {name}", total=None)
+        bar.update(tasks[name], description=f"{stage} {name}", total=None)
+
+    return progress
+
+
+def _print_signal_summary(table, scored: int, name: str) -> None:
+    """Mean, std, min and max of H, A, D and S over the scored prefix ``[0, p - w)``."""
     summary = (
         table[~table.in_window][["entropy", "attention", "distance", "infokv"]]
         .describe()
         .loc[["mean", "std", "min", "max"]]
     )
-    t = Table(title=f"signals over the scored prefix [0, {trace.scored}) of '{doc.name}'")
+    t = Table(title=f"signals over the scored prefix [0, {scored}) of '{name}'")
     t.add_column("")
     for c in summary.columns:
         t.add_column(c, justify="right")
     for stat, row in summary.iterrows():
         t.add_row(stat, *[f"{v:.4g}" for v in row])
     out.print(t)
-
-
-def _score_fi_options(fi_chunk, estimator, samples, seed, prefix: int):
-    """``fi scores``' FI options -> (chunks, estimator, samples, seed); options that would be ignored are refused."""
-    from fi_toolkit.probe.chunks import check_chunks, parse_chunk
-    from fi_toolkit.probe.estimator_options import DEFAULT_SAMPLES, ESTIMATORS, check_samples
-
-    if not fi_chunk:
-        if estimator is not None or samples is not None or seed is not None:
-            raise FIError("--estimator, --samples and --seed go with --fi-chunk START:END")
-        return [], None, None, None
-    chunks = [parse_chunk(c) for c in fi_chunk]
-    check_chunks(chunks, prefix, float("inf"), None)
-    estimator = (estimator or "fisher").strip().lower()
-    if estimator not in ESTIMATORS:
-        raise FIError(f"unknown --estimator '{estimator}' (choose {' or '.join(ESTIMATORS)})")
-    if estimator == "exact" and (samples is not None or seed is not None):
-        raise FIError("--samples and --seed go with --estimator fisher")
-    if seed is not None and seed < 0:
-        raise FIError(f"--seed must be >= 0, got {seed}")
-    return chunks, estimator, check_samples(DEFAULT_SAMPLES if samples is None else samples), seed or 0
-
-
-def _add_fi_columns(lm, doc, trace, table, chunks, estimator: str, samples: int, seed: int, world) -> None:
-    """Per-token FI of every prefix position as columns ``fi_<chunk>`` (fisher: ``fi_se_<chunk>`` too).
-
-    Exact FI under torchrun: every rank measures one contiguous block of the positions (equal counts:
-    each costs one forward over the chunks) and rank 0 gathers them in order."""
-    import torch
-
-    if estimator == "fisher":
-        from fi_toolkit.probe.estimator import fisher_fi
-
-        est = fisher_fi(lm.model, trace, doc.ids, chunks, samples, seed)
-        fi, se = est.fi, est.se
-    else:
-        from fi_toolkit.studies import per_token_fi
-
-        block = torch.arange(trace.prefix_len).tensor_split(world.size)[world.rank]
-        result = per_token_fi(lm.model, trace, doc.ids, block, chunks, controls=False)
-        blocks = world.gather(result.fi().double())
-        if blocks is None:
-            return
-        fi, se = torch.cat(blocks), None
-    table.insert(table.columns.get_loc("in_window"), "fi_estimator", estimator)
-    for k, c in enumerate(chunks):
-        table[f"fi_{c.label}"] = fi[:, k].numpy()
-        if se is not None:
-            table[f"fi_se_{c.label}"] = se[:, k].numpy()
 
 
 @app.command()
@@ -373,6 +324,8 @@ PARAMETER_ALIASES = {
     "selections": ("select",),
     "selection": ("select",),
     "chunks": ("chunk", "fi_chunk"),
+    "fi_chunks": ("fi_chunk",),
+    "out": ("out_file",),
     "policies": ("policy",),
     "tasks": ("task",),
     "contexts": ("context",),

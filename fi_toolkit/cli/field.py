@@ -52,6 +52,15 @@ def field(
         None, help="--replay: tokens in all, the prompt p included (default: the far chunk's end)."
     ),
     resamples: int = typer.Option(2000, help="Bootstrap resamples of each headroom CI (0: none)."),
+    task: Optional[str] = typer.Option(
+        None,
+        help="Also the accuracy of every method on these generated tasks, comma-separated (passkey, "
+        "multikey_needle, variable_tracking), answered as fi eval --task answers them, compressing every "
+        "--interval tokens.",
+    ),
+    task_context: str = typer.Option("1024", help="--task: prompt lengths in tokens, comma-separated."),
+    task_samples: int = typer.Option(4, help="--task: samples per task and prompt length (seeds 0..N-1)."),
+    max_new: int = typer.Option(12, help="--task: greedy tokens each answer may take."),
     model: ModelSettings = ModelSettings(),
     signals: SignalConfig = SignalConfig(),
     batch_size: Optional[int] = typer.Option(
@@ -81,6 +90,7 @@ def field(
         resamples=resamples,
         signals=signals,
         batch_size=batch_size,
+        tasks=None if task is None else _tasks(task, task_context, task_samples, max_new),
     )
     texts = _read_documents(documents)
     if not texts:
@@ -105,10 +115,21 @@ def field(
         )
     err.print(
         f"results: {run.out}/ (leaderboard.csv, leaderboard.json, headroom.csv, tests.csv, fi.csv, replays.csv, "
-        "refused.csv, manifest.json)",
+        + ("answers.csv, task_summary.csv, " if settings.tasks is not None else "")
+        + "refused.csv, manifest.json)",
         markup=False,
         highlight=False,
     )
+
+
+def _tasks(task: str, contexts: str, samples: int, max_new: int):
+    """``--task`` and its options -> the :class:`~fi_toolkit.evaluation.settings.TaskSettings` (question-agnostic,
+    as fi eval's default: the compression never sees the question)."""
+    from fi_toolkit.cli.eval import int_list
+    from fi_toolkit.evaluation.settings import TaskSettings, split_list
+
+    names, lengths = tuple(split_list(task, "--task")), tuple(int_list(contexts, "--task-context"))
+    return TaskSettings(names, lengths, samples, max_new=max_new)
 
 
 def _print_leaderboard(tables, n_docs: int, prefix: int) -> None:
@@ -122,7 +143,8 @@ def _print_leaderboard(tables, n_docs: int, prefix: int) -> None:
         "sinks kept, 1 = the FI oracle that saw the chunk) [95 % CI over documents]"
     )
     cols = ["budget", "method"] + [f"FI {c}" for c in chunks] + [f"headroom {c}" for c in chunks]
-    cols += ["replay KL", "s/compression"]
+    tasks = "accuracy" in board
+    cols += ["replay KL"] + (["accuracy"] if tasks else []) + ["s/compression"]
     for c in cols:
         t.add_column(c, justify="left" if c in ("budget", "method") else "right")
     for _, r in board.iterrows():
@@ -137,9 +159,15 @@ def _print_leaderboard(tables, n_docs: int, prefix: int) -> None:
             *[f"{r[f'fi_{c}']:.4f}" for c in chunks],
             *heads,
             "" if kl is None or kl != kl else f"{kl:.4g}",
+            *([_accuracy(r)] if tasks else []),
             f"{r['compress_seconds']:.3f}",
         )
     out.print(t)
+
+
+def _accuracy(row) -> str:
+    a = row.get("accuracy")
+    return "" if a is None or a != a else f"{a:.2f} (full {row['full_accuracy']:.2f})"
 
 
 def register(app: typer.Typer) -> None:

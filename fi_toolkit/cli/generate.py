@@ -1,5 +1,6 @@
-"""``fi generate``: text generation with a compressed KV cache (a thin shell over
-:func:`fi_toolkit.compress.decoder.generate`).
+"""``fi generate``: text generation with a compressed KV cache. Its options become a
+:class:`~fi_toolkit.compress.generate_settings.GenerateSettings` (checked on construction, before the model
+loads), :func:`fi_toolkit.compress.generate_run.run_generate` generates, and this module prints.
 
 Generated text streams to stdout; the statistics table goes to stderr at the end.
 """
@@ -13,7 +14,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from fi_toolkit.cli.options import check_entropy_of, check_finite, err, settings_options
+from fi_toolkit.cli.options import err, settings_options
 from fi_toolkit.errors import FIError
 from fi_toolkit.model.settings import ModelSettings
 from fi_toolkit.policies.registry import policy_help
@@ -102,67 +103,50 @@ def generate(
     stream: bool = typer.Option(True, "--stream/--no-stream", help="Stream text as it is generated."),
 ):
     """Generate text with the KV cache compressed by a policy (prefill and every --interval tokens)."""
+    from fi_toolkit.compress.generate_settings import GenerateSettings
+
     if (prompt is None) == (file is None):
         raise FIError("give a prompt or --file (exactly one)")
-    check_finite("--temperature", temperature)
-    check_finite("--top-p", top_p)
-    check_entropy_of(signals.entropy_of)
-    if interval < 1:
-        raise FIError(f"--interval must be >= 1, got {interval}")
-    if max_new < 1:
-        raise FIError(f"--max-new must be >= 1, got {max_new}")
-    if file is not None:
-        if file.is_dir():
-            raise FIError(f"--file '{file}' is a directory, not a prompt file")
-        if not file.is_file():
-            raise FIError(f"prompt file not found: {file}")
-        try:
-            prompt = file.read_text(encoding="utf-8", errors="replace")
-        except OSError as exc:
-            raise FIError(f"cannot read --file '{file}': {exc.strerror}") from None
-    chosen = None
-    if policy.strip().lower() not in ("none", "full"):
-        from fi_toolkit.policies.registry import resolve
-
-        chosen = resolve(
-            policy,
-            budget,
-            signals.window,
-            where=f"--policy {policy}",
-            alpha=signals.alpha,
-            tau=signals.tau,
-            top_k=signals.top_k,
-        )
-    # every check above imports nothing heavy but a kvpress policy (usage errors answer at once)
-    from fi_toolkit.compress.decoder import generate as run_generate
-    from fi_toolkit.compress.decoder import signal_config_for
-
-    config = signal_config_for(chosen, pool_kernel=signals.pool_kernel, entropy_of=signals.entropy_of)
-    lm = model.load()
-
-    def emit(text: str) -> None:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-
-    result = run_generate(
-        lm.model,
-        lm.tokenizer,
-        prompt,
-        chosen,
-        max_new_tokens=max_new,
+    settings = GenerateSettings(
+        policy=policy,
+        budget=budget,
         interval=interval,
+        max_new=max_new,
         compress_prompt=compress_prompt,
         temperature=temperature,
         top_p=top_p,
         seed=seed,
-        chat=None if chat else False,
-        on_text=emit if stream else None,
-        config=config,
+        chat=chat,
+        signals=signals,
     )
+    prompt = _read_prompt(file) if file is not None else prompt
+    # every check above imports nothing heavy but a kvpress policy (usage errors answer at once)
+    from fi_toolkit.compress.generate_run import run_generate
+
+    lm = model.load()
+    result = run_generate(lm, prompt, settings, _emit if stream else None)
     if not stream:
-        emit(result.text)
-    emit("\n")
-    err.print(stats_table(result.stats, chosen.label if chosen else "full cache"))
+        _emit(result.text)
+    _emit("\n")
+    err.print(stats_table(result.stats, settings.label))
+
+
+def _read_prompt(file: Path) -> str:
+    """The prompt file's text (undecodable bytes replaced); a directory or a missing file refused in one line."""
+    if file.is_dir():
+        raise FIError(f"--file '{file}' is a directory, not a prompt file")
+    if not file.is_file():
+        raise FIError(f"prompt file not found: {file}")
+    try:
+        return file.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise FIError(f"cannot read --file '{file}': {exc.strerror}") from None
+
+
+def _emit(text: str) -> None:
+    """Generated text to stdout as it comes."""
+    sys.stdout.write(text)
+    sys.stdout.flush()
 
 
 def register(app: typer.Typer) -> None:

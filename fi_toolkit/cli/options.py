@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import math
 import types
 import typing
 
@@ -19,8 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from fi_toolkit.errors import FIError
-from fi_toolkit.probe.selections import check_prefix  # noqa: F401 (the commands')
-from fi_toolkit.runs.settings import check_resamples, first_repeat  # noqa: F401 (check_resamples: the commands')
+from fi_toolkit.runs.settings import first_repeat
 
 out = Console(emoji=False)
 err = Console(stderr=True, emoji=False, soft_wrap=True)  # messages stay one line at any terminal width
@@ -94,21 +92,6 @@ def _cli_type(cls, f):
         args = [a for a in typing.get_args(hint) if a is not type(None)]
         hint = typing.Optional[args[0]] if len(args) == 1 else hint
     return hint
-
-
-def check_entropy_of(entropy_of: str) -> str:
-    from fi_toolkit.signals.config import ENTROPY_OF
-
-    if entropy_of not in ENTROPY_OF:
-        raise FIError(f"--entropy-of must be one of {', '.join(ENTROPY_OF)}, got '{entropy_of}'")
-    return entropy_of
-
-
-def check_finite(name: str, value: float) -> float:
-    """Typer parses 'nan' and 'inf' as floats; refuse them with one line."""
-    if not math.isfinite(value):
-        raise FIError(f"{name} must be a finite number, got {value}")
-    return value
 
 
 def _progress() -> Progress:

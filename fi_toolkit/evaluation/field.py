@@ -37,7 +37,9 @@ from fi_toolkit.compress.future import DOCUMENT
 from fi_toolkit.documents import Document
 from fi_toolkit.errors import FIError
 from fi_toolkit.evaluation.field_settings import FieldSettings
+from fi_toolkit.evaluation.field_tasks import accuracy_columns, task_cell, task_entries, task_summary
 from fi_toolkit.evaluation.replay_runs import TextSetting, evaluate_text, text_context
+from fi_toolkit.evaluation.task_runs import SampleUnit
 from fi_toolkit.model.loading import dtype_name
 from fi_toolkit.policies import registry
 from fi_toolkit.probe.chunks import Chunk, check_chunks
@@ -115,6 +117,29 @@ def _refusal(document: str, method: str, kind: str, budget: str, stage: str, rea
     }
 
 
+def _task_refusal(method: str, kind: str, budget: str, reason: str) -> dict:
+    return _refusal("(tasks)", method, kind, budget, "tasks", reason)
+
+
+def _empty_cell() -> dict[str, pd.DataFrame]:
+    """A task sample's unit holds no prefill FI, replay or refusal (the tables every unit saves)."""
+    return {
+        "fi": pd.DataFrame(columns=FI_COLUMNS),
+        "replays": pd.DataFrame(columns=NO_REPLAY),
+        "refused": pd.DataFrame(columns=REFUSED_COLUMNS),
+    }
+
+
+def _task_manifest(tasks) -> dict:
+    return {
+        "tasks": list(tasks.tasks),
+        "contexts": list(tasks.contexts),
+        "samples": tasks.samples,
+        "protocols": list(tasks.protocols),
+        "max_new": tasks.max_new,
+    }
+
+
 def _reason(exc: FIError, where: str) -> str:
     text = str(exc)
     return text[len(where) + 2 :] if text.startswith(f"{where}: ") else text
@@ -179,6 +204,14 @@ def run_field(
         else {"interval": replay.interval, "length": replay.total(), "future": replay.future.label},
     }
     units, costs = split_units(docs, len(cells), 1)
+    entries, samples = [], []
+    if settings.tasks is not None:
+        entries, task_refused = task_entries(methods, budgets, config, settings.tasks, _task_refusal)
+        catalog_refused += task_refused
+        samples = settings.tasks.units(lm.tokenizer, lm.model.config)
+        units += samples
+        costs += [len(u) * (len(entries) + 1) * 4 for u in samples]  # a generation per entry: ~4 forwards' worth
+        manifest["tasks"] = {**_task_manifest(settings.tasks), "interval": settings.interval}
     where = run_settings(run).check()
     resumable = ResumableRun(where.out, "field", manifest, where.resume, where.overwrite)
 
@@ -189,9 +222,12 @@ def run_field(
     setup = last_document(make)
 
     def compute(unit):
+        if isinstance(unit, SampleUnit):
+            answers = task_cell(lm, unit, entries, settings.tasks, settings.interval, config)
+            return {**_empty_cell(), "answers": answers}
         doc, shared = setup(unit)
         method = cells[unit.index]
-        return field_cell(
+        tables = field_cell(
             lm,
             doc,
             shared,
@@ -207,12 +243,17 @@ def run_field(
             progress,
             unit,
         )
+        return tables if not samples else {**tables, "answers": pd.DataFrame(columns=["method", "kind"])}
 
     def summaries(tables):
         refused = pd.concat(
             [pd.DataFrame(catalog_refused, columns=REFUSED_COLUMNS), tables["refused"]], ignore_index=True
         )
-        return {"refused": refused, **field_summaries(tables["fi"], tables["replays"], settings.resamples)}
+        found = {"refused": refused, **field_summaries(tables["fi"], tables["replays"], settings.resamples)}
+        if samples and len(tables["answers"]) and "leaderboard" in found:
+            found["task_summary"] = task_summary(tables["answers"], settings.resamples)
+            found["leaderboard"] = accuracy_columns(found["leaderboard"], found["task_summary"])
+        return found
 
     def extra(tables):
         return {"methods": [m.name for m in cells], "refused_methods": sorted(set(tables["refused"]["method"]))}

@@ -16,6 +16,7 @@ from typing import Sequence
 
 from fi_toolkit.budget import Budget
 from fi_toolkit.errors import FIError
+from fi_toolkit.evaluation.settings import TaskSettings
 from fi_toolkit.probe.chunks import Chunk
 from fi_toolkit.probe.selections import check_prefix, check_sinks
 from fi_toolkit.runs.settings import check_int, check_resamples, check_type
@@ -47,8 +48,11 @@ class FieldSettings:
     in decoding, compressing every ``interval`` tokens up to ``length`` tokens (default: the far chunk's
     end). ``resamples``: bootstrap resamples per headroom CI (0: none). ``signals``: the signal options;
     ``batch_size``: evictions per batched forward (None: 1 on CPU, 8 on CUDA). ``presses``: also every press
-    the providers offer that takes a budget (None: when no methods are named). After construction
-    ``methods``, ``budgets`` and ``distances`` are tuples of parsed values and ``presses`` a bool.
+    the providers offer that takes a budget (None: when no methods are named). ``tasks``: also every method's
+    accuracy on these generated tasks, answered as ``fi eval --task`` answers them, compressing every
+    ``interval`` tokens (:mod:`fi_toolkit.evaluation.field_tasks`; None: no tasks). After construction
+    ``methods``, ``budgets`` and ``distances`` are tuples of parsed values, ``presses`` a bool and ``tasks``
+    checked.
     """
 
     methods: Sequence[Method | str] | None = None
@@ -65,6 +69,7 @@ class FieldSettings:
     signals: SignalConfig = field(default_factory=SignalConfig)
     batch_size: int | None = None
     presses: bool | None = None
+    tasks: TaskSettings | None = None
 
     def __post_init__(self):
         check_type("signals", self.signals, SignalConfig)
@@ -96,7 +101,12 @@ class FieldSettings:
         elif self.length is not None:
             raise FIError("length sets the replay: it goes with replay", parameter=("length", "replay"))
         presses = self.methods is None if self.presses is None else check_type("presses", self.presses, bool)
+        tasks = check_type("tasks", self.tasks, TaskSettings, optional=True)
+        if tasks is not None:
+            tasks = tasks.check()
+            check_int("interval", self.interval, 1)
         parsed = (("methods", methods), ("budgets", budgets), ("distances", tuple(distances)), ("presses", presses))
+        parsed += (("tasks", tasks),)
         for name, value in parsed:
             object.__setattr__(self, name, value)
 

@@ -69,8 +69,9 @@ EVAL_KINDS = {"text": "eval-text", "tasks": "eval-tasks"}  # fi eval writes comm
 # Tables a run holds only with some settings (fi correlate --estimator fisher --validate N), read when present.
 OPTIONAL_TABLES = {
     "correlate": [("agreement", True), ("agreement_summary", True), ("validation", False)],
-    "probe": [("headroom", True)],
-}  # fi probe beside an FI oracle and random sets
+    "probe": [("headroom", True)],  # fi probe beside an FI oracle and random sets
+    "field": [("task_summary", True), ("answers", False)],  # fi field --task
+}
 SHOWN_COLUMNS = {  # columns shown in HTML/Markdown, results first (all columns stay in CSV/JSON)
     "correlation_summary": [
         "chunk",
@@ -258,6 +259,8 @@ def _figures(run: dict) -> list[tuple[str, object]]:
             ("field_headroom", field_figures.field_headroom(t["leaderboard"], cap)),
             ("fi_vs_replay", field_figures.fi_vs_replay(t["leaderboard"], cap)),
         ]
+        if "task_summary" in t:  # fi field --task: each method's accuracy at each budget, the full cache's beside
+            made.append(("accuracy_vs_budget", eval_figures.accuracy_vs_retention(t["task_summary"], cap)))
     elif run["kind"] == "nearfar":
         made = [
             ("fi_vs_distance", figures.nearfar_distance(t["nearfar"], cap)),

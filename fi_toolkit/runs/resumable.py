@@ -671,10 +671,13 @@ def read_tables(sources: Sequence) -> pd.DataFrame:
     """Result CSVs (paths or text buffers) one after the other, typed once over all of them (:func:`typed`)."""
     sources = [s.read() if hasattr(s, "read") else Path(s) for s in sources]  # a buffer is read twice below
     opened = [(lambda s=s: io.StringIO(s) if isinstance(s, str) else s) for s in sources]
-    return typed(
-        pd.concat([_guessed_table(o()) for o in opened], ignore_index=True),
-        concat_text([read_text_table(o()) for o in opened]),
-    )
+    guessed, texts = [_guessed_table(o()) for o in opened], [read_text_table(o()) for o in opened]
+    columns = list(dict.fromkeys(c for g in guessed for c in g.columns))
+    held = [i for i, g in enumerate(guessed) if len(g)]
+    if held and len(held) < len(guessed):  # a part with no rows has no types to give: it must not make ints text
+        guessed, texts = [guessed[i] for i in held], [texts[i] for i in held]
+    table = typed(pd.concat(guessed, ignore_index=True), concat_text(texts))
+    return table if list(table.columns) == columns else table.reindex(columns=columns)
 
 
 def read_table(path) -> pd.DataFrame:
