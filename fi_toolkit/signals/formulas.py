@@ -106,3 +106,18 @@ def entropy_of_tokens(at_position: torch.Tensor, entropy_of: str) -> torch.Tenso
     if entropy_of == "next":
         return at_position
     return torch.cat([at_position.new_zeros(1), at_position[:-1]])
+
+
+QUERY_SINKS = 4  # ExpectedAttention's sink count (kvpress's ``n_sink``): rows and slots left out of its statistics
+
+
+def add_query_moments(moments: tuple | None, queries: torch.Tensor) -> tuple:
+    """Running ``(count, sum, sum of outer products)`` of pre-RoPE queries ``[Hq, m, hd]`` -> ``(int, [Hq, hd],
+    [Hq, hd, hd])``, float64 (float32 on a device without it): ExpectedAttention's query mean and covariance
+    (arXiv 2510.00636) are read from them, so the rows themselves are never kept."""
+    dtype = torch.float32 if queries.device.type == "mps" else torch.float64
+    q = queries.to(dtype)
+    count, total, outer = q.shape[1], q.sum(dim=1), torch.einsum("hmi,hmj->hij", q, q)
+    if moments is None:
+        return count, total, outer
+    return moments[0] + count, moments[1] + total, moments[2] + outer
