@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 
 from fi_toolkit.errors import FIError
 from fi_toolkit.policies.fitted import FEATURES, feature_matrix
-from fi_toolkit.signals.formulas import QUERY_SINKS
+from fi_toolkit.signals.config import QUERY_SINKS
 
 if TYPE_CHECKING:
     import torch
@@ -171,11 +171,12 @@ def tova(last_query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     return torch.cat([attention, attention.max()[None] + 1]).expand(hkv, n)
 
 
-def _expected_attention(s: Signals, layer: int) -> torch.Tensor:
+def expected_attention_scores(s: Signals, layer: int) -> torch.Tensor:
+    """:func:`expected_attention` of one layer of the signals ``s`` -> ``[Hkv, n_l]`` float64."""
     moments = None if s.query_moments is None else s.query_moments[layer]
     if moments is None or s.rotary is None:
         raise FIError(
-            "the learned policy's expected_attention needs the statistics of the queries fed since the last "
+            "expected_attention needs the statistics of the queries fed since the last "
             "compression and the model's rotary embedding; these signals carry none"
         )
     keys = s.keys[layer]
@@ -183,9 +184,10 @@ def _expected_attention(s: Signals, layer: int) -> torch.Tensor:
     return expected_attention(moments, keys, _values(s, layer, "expected_attention"), rotation)
 
 
-def _tova(s: Signals, layer: int) -> torch.Tensor:
+def tova_scores(s: Signals, layer: int) -> torch.Tensor:
+    """:func:`tova` of one layer of the signals ``s`` -> ``[Hkv, n_l]`` float64."""
     if s.last_query is None:
-        raise FIError("the learned policy's tova needs the last row's query; these signals carry none")
+        raise FIError("tova needs the last row's query; these signals carry none")
     return tova(s.last_query[layer], s.keys[layer])
 
 
@@ -236,9 +238,9 @@ def learned_matrix(s: Signals, layer: int, names, entropy_of: str, tau: float) -
             wo = wo_vnorm(_values(s, layer, name), _out_proj(s, layer)) if wo is None else wo
             rows.append(wo if name == "wo_vnorm" else _accumulated(s, layer).to(wo.device) * wo)
         elif name == "expected_attention":
-            rows.append(_expected_attention(s, layer).to(device))
+            rows.append(expected_attention_scores(s, layer).to(device))
         elif name == "tova":
-            rows.append(_tova(s, layer).to(device))
+            rows.append(tova_scores(s, layer).to(device))
         else:
             rows.append(feature_matrix(s, layer, [name], entropy_of, tau)[0])
     return torch.stack(rows)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from fi_toolkit.signals.config import QUERY_SINKS  # noqa: F401 (the tracker reads it here)
+
 
 def topk_entropy(logits: torch.Tensor, k: int) -> torch.Tensor:
     """Entropy (nats) of the softmax over the ``k`` largest logits; ``k >= V`` is the full entropy."""
@@ -106,9 +108,6 @@ def entropy_of_tokens(at_position: torch.Tensor, entropy_of: str) -> torch.Tenso
     if entropy_of == "next":
         return at_position
     return torch.cat([at_position.new_zeros(1), at_position[:-1]])
-
-
-QUERY_SINKS = 4  # ExpectedAttention's sink count (kvpress's ``n_sink``): rows and slots left out of its statistics
 
 
 def add_query_moments(moments: tuple | None, queries: torch.Tensor) -> tuple:
