@@ -6,7 +6,9 @@ Score: :func:`fi_toolkit.policies.features.expected_attention`, the attention of
 rotated by RoPE averaged over the next 512 positions) over each key, averaged over the KV group, times
 ``||v||``; the first 4 slots are kept as the press keeps its sinks. Equal to the press's ``score`` on the same
 rows, keys and values (tests/test_features_kvpress.py); unlike the press, the most recent ``window`` entries
-are always kept, as by every policy here. Defaults: ``window=32, budget=0.25``.
+are always kept, as by every policy here. While decoding it needs more than 4 rows fed since the last compression
+(the press's buffer of rows, emptied at each compression); the future starts at the next position. Defaults:
+``window=32, budget=0.25``.
 """
 
 from __future__ import annotations
