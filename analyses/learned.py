@@ -3,16 +3,16 @@
 Trains ``fi fit --learner lambdarank`` on the bundled documents (``fi fit-data``: Fisher FI, target the mean
 over a near and a far chunk), then probes unseen public-domain texts from ``../shared/corpus/`` (none of
 them bundled: As You Like It, Paradise Lost, Macbeth, The Tempest, Julius Caesar) at p = 256, keep 25 % and
-50 %, near chunk 256:384 and far chunk 512:640: the learned policy against H2O, SnapKV, InfoKV and
-the FI oracle fitted on the chunk measured; three random sets per budget. (A TOVA-like score is not in the
-comparison: the window is a signal option a probe's policies share, so SnapKV with window 1 cannot run beside
-the others, and the project has no in-house TOVA policy.) Writes to analyses/results/learned/ (``--tiny``: a CI-sized
+50 %, near chunk 256:384 and far chunk 512:640: the learned policy against H2O, SnapKV, InfoKV,
+ExpectedAttention, TOVA (the in-house policies, equal to kvpress's presses' scores) and the FI oracle fitted on
+the chunk measured; three random sets per budget. Writes to analyses/results/learned/ (``--tiny``: a CI-sized
 run, p = 128, keep 50 %, two documents each side, to --results given):
 
 - ``model.json``: the trained model (``learned:path=...``);
 - ``fi.csv``: the probe's table;
 - ``headroom.csv``: :func:`fi_toolkit.probe.headroom.headroom_table`, oracle fitted on the chunk measured;
-- ``wins.csv``: per document x budget x chunk, the learned FI against H2O's and the best heuristic's;
+- ``wins.csv``: per document x budget x chunk, the learned FI against H2O's, the best rival's (of the five)
+  and the best of H2O, SnapKV and InfoKV (the rivals of the earlier runs);
 - ``importance.png``: LightGBM gain per feature.
 
     python analyses/learned.py                  # the study (about 25 min on one shared CPU core)
@@ -41,7 +41,8 @@ CORPUS = next((c for c in (ROOT.parent / "shared" / "corpus", Path("/work/shared
 UNSEEN = ["asyoulik.txt", "plrabn12.txt", "macbeth_gut.txt", "tempest_gut.txt", "julius_caesar_gut.txt"]
 FULL = {"prefix": 256, "chunks": ["256:384", "512:640"], "budgets": ["0.25", "0.5"], "samples": 16}
 TINY = {"prefix": 128, "chunks": ["128:160", "192:224"], "budgets": ["0.5"], "samples": 2}
-HEURISTICS = ("h2o", "snapkv", "infokv")
+HEURISTICS = ("h2o", "snapkv", "infokv", "expected_attention", "tova")
+PREVIOUS = ("h2o", "snapkv", "infokv")  # the rivals of the runs before ExpectedAttention and TOVA joined
 
 
 def fi(*args: str) -> None:
@@ -69,17 +70,18 @@ def selects(setting: dict, model: Path) -> list[str]:
 
 
 def name_of(selection: str) -> str:
-    """A short name of a probe selection: learned, h2o, snapkv, infokv, oracle, random."""
+    """A short name of a probe selection: learned, oracle, random or one of :data:`HEURISTICS`."""
     if "learned" in selection:
         return "learned"
-    for key in ("fi-oracle", "h2o", "snapkv", "infokv"):
+    for key in ("fi-oracle", *HEURISTICS):
         if key in selection:
             return "oracle" if key == "fi-oracle" else key
     return "random"
 
 
 def wins(table: pd.DataFrame) -> pd.DataFrame:
-    """Per document x removed count x chunk: learned, H2O and best-heuristic FI (lower is better)."""
+    """Per document x removed count x chunk: learned, H2O, best-rival and best-of-:data:`PREVIOUS` FI (lower is
+    better)."""
     t = table[~table["selector"].isin([CONTROL, RANDOM, ORACLE])].assign(
         name=lambda d: d["selection"].map(name_of), n=lambda d: d["n_removed"].round(3)
     )
@@ -87,6 +89,7 @@ def wins(table: pd.DataFrame) -> pd.DataFrame:
     for (doc, n, chunk), g in t.groupby(["document", "n", "chunk"], sort=False):
         by = g.groupby("name")["fi"].mean()
         heur = by.drop("learned")
+        previous = heur[list(PREVIOUS)]
         rows.append(
             {
                 "document": doc,
@@ -98,6 +101,9 @@ def wins(table: pd.DataFrame) -> pd.DataFrame:
                 "best_heuristic_fi": heur.min(),
                 "beats_h2o": bool(by["learned"] < by["h2o"]),
                 "beats_best": bool(by["learned"] < heur.min()),
+                "best_previous": previous.idxmin(),
+                "best_previous_fi": previous.min(),
+                "beats_best_previous": bool(by["learned"] < previous.min()),
             }
         )
     return pd.DataFrame(rows)
@@ -169,7 +175,8 @@ def main() -> None:
     )
     print(
         f"learned beats H2O in {int(w.beats_h2o.sum())} of {len(w)} document x budget x chunk cells; "
-        f"the best heuristic in {int(w.beats_best.sum())} of {len(w)}"
+        f"the best rival ({', '.join(HEURISTICS)}) in {int(w.beats_best.sum())} of {len(w)}; "
+        f"the best of {', '.join(PREVIOUS)} in {int(w.beats_best_previous.sum())} of {len(w)}"
     )
     print("training cross-validation (mean within-head Spearman):", record["cross_validation"]["mean"])
 

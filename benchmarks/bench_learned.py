@@ -1,4 +1,4 @@
-"""The learned policy's cost per compression beside SnapKV, InfoKV and H2O.
+"""The learned policy's cost per compression beside SnapKV, InfoKV, H2O, ExpectedAttention and TOVA.
 
 On SmolLM2 (embedded), 'alice', p = 256 (``--prefix``), keep 25 %: the wall time of ``policy.keep_map(trace)``
 (every layer's scores and selection; the trace is shared and not timed) for ``learned:path=MODEL`` and the
@@ -42,6 +42,8 @@ def main() -> None:
         "snapkv": "snapkv",
         "infokv": "infokv",
         "h2o": "h2o",
+        "expected_attention": "expected_attention",
+        "tova": "tova",
     }
     times = {}
     for name, spec in specs.items():
@@ -54,7 +56,7 @@ def main() -> None:
         times[name] = best
     lines = [
         f"SmolLM2-135M, alice, p = {args.prefix}, keep 25 %, {args.threads} thread(s), fastest of {args.repeats}:",
-        *(f"  {name:8s} {1000 * t:8.1f} ms per compression (keep_map)" for name, t in times.items()),
+        *(f"  {name:18s} {1000 * t:8.1f} ms per compression (keep_map)" for name, t in times.items()),
         *(f"  learned / {name}: {times['learned'] / times[name]:.1f}x" for name in specs if name != "learned"),
     ]
     text = "\n".join(lines) + "\n"

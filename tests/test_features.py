@@ -13,7 +13,8 @@ import torch
 
 from fi_toolkit import SignalConfig
 from fi_toolkit.errors import FIError
-from fi_toolkit.policies.features import learned_matrix, wo_vnorm
+from fi_toolkit.policies.features import FUTURE_POSITIONS, learned_matrix, wo_vnorm
+from fi_toolkit.signals.formulas import QUERY_SINKS
 from fi_toolkit.signals.policy_view import Signals
 from fi_toolkit.signals.trace import trace_prefix
 
@@ -93,6 +94,7 @@ def test_value_side_reads_the_model_when_the_signals_carry_no_projections(tiny, 
 
 def test_features_at_p_ignore_the_text_after_it(tiny, tiny_ids):
     names = ["keydiff", "depth", "kv_head", "log_accumulated", "attention", "vnorm", "wo_vnorm", "acc_wo_vnorm"]
+    names += ["expected_attention", "tova"]
     full = Signals.from_trace(trace_prefix(tiny.model, tiny_ids, P, CONFIG))
     cut = Signals.from_trace(trace_prefix(tiny.model, tiny_ids[:P].clone(), P, CONFIG))
     for layer in range(full.num_layers):
@@ -109,3 +111,80 @@ def test_wo_vnorm_follows_an_o_proj_changed_in_place():
     assert torch.equal(wo_vnorm(values, weight), first)
     weight.mul_(3.0)
     torch.testing.assert_close(wo_vnorm(values, weight), 3.0 * first)
+
+
+def test_expected_attention_and_tova_by_explicit_loops(tiny, tiny_ids):
+    """ExpectedAttention from the queries of rows [QUERY_SINKS, P) recomputed by the module's own q_proj (mean and
+    covariance by loops over rows, RoPE's rotation averaged over P .. P + 511 by Python's math), TOVA from the
+    last row's rotated query, each slot by a loop."""
+    s = Signals.from_trace(trace_prefix(tiny.model, tiny_ids, P, CONFIG))
+    layer, model = 1, tiny.model
+    attn = model.base_model.layers[layer].self_attn
+    hq, d = model.config.num_attention_heads, attn.head_dim
+    hkv, group = s.keys[layer].shape[1], hq // s.keys[layer].shape[1]
+    captured = []
+    handle = attn.register_forward_pre_hook(lambda m, a, kw: captured.append(kw["hidden_states"]), with_kwargs=True)
+    try:
+        trace_prefix(model, tiny_ids, P, CONFIG)
+    finally:
+        handle.remove()
+    with torch.no_grad():
+        q = attn.q_proj(torch.cat(captured, dim=1)[0]).double().view(P, hq, d)[QUERY_SINKS:]  # [m, Hq, d]
+    m = q.shape[0]
+    inv = [model.config.rope_parameters["rope_theta"] ** (-2 * (i % (d // 2)) / d) for i in range(d)]
+    cos = [sum(math.cos(t * f) for t in range(P, P + FUTURE_POSITIONS)) / FUTURE_POSITIONS for f in inv]
+    sin = [sum(math.sin(t * f) for t in range(P, P + FUTURE_POSITIONS)) / FUTURE_POSITIONS for f in inv]
+    rot = torch.zeros(d, d, dtype=torch.float64)
+    for i in range(d):
+        rot[i, i] = cos[i]
+        rot[i, (i + d // 2) % d] = -sin[i] if i < d // 2 else sin[i]
+    x = learned_matrix(s, layer, ["expected_attention", "tova"], "produced", 1.0)
+    keys, values = s.keys[layer][0].double(), s.values[layer][0].double()
+    n = keys.shape[1]
+    ea = torch.zeros(hkv, n - QUERY_SINKS, dtype=torch.float64)
+    for h in range(hq):
+        mean = sum(q[r, h] for r in range(m)) / m
+        cov = sum(torch.outer(q[r, h] - mean, q[r, h] - mean) for r in range(m)) / m
+        mean, cov = rot @ mean, rot @ cov @ rot.T
+        k = keys[h // group, QUERY_SINKS:]
+        logits = [float(k[j] @ mean) / math.sqrt(d) + float(k[j] @ cov @ k[j]) / d / 2 for j in range(len(k))]
+        top = max(logits)
+        e = [math.exp(v - top) for v in logits]
+        ea[h // group] += torch.tensor([v / sum(e) for v in e], dtype=torch.float64) / group
+    ea *= values[:, QUERY_SINKS:].norm(dim=-1)
+    torch.testing.assert_close(x[0, :, QUERY_SINKS:], ea, rtol=1e-6, atol=0)
+    torch.testing.assert_close(x[0, :, :QUERY_SINKS], (ea.max() + 1).expand(hkv, QUERY_SINKS), rtol=1e-9, atol=0)
+    last = s.last_query[layer].double()  # the rotated query of row P - 1
+    att = torch.zeros(n - 1, dtype=torch.float64)
+    for h in range(hq):
+        logits = [float(keys[h // group, j] @ last[h]) / math.sqrt(d) for j in range(n)]
+        e = [math.exp(v - max(logits)) for v in logits]
+        att += torch.tensor([v / sum(e) for v in e[:-1]], dtype=torch.float64) / hq
+    for k in range(hkv):
+        torch.testing.assert_close(x[1, k, :-1], att, rtol=1e-6, atol=0)
+        assert math.isclose(x[1, k, -1].item(), att.max().item() + 1, rel_tol=1e-9)
+
+
+def test_expected_attention_needs_the_rows_since_the_last_compression(tiny, tiny_ids):
+    """A compression empties the query statistics (the press's buffer of rows): the feature refuses in one line
+    until a row is fed, as kvpress's press cannot score without hidden states."""
+    from transformers import DynamicCache
+
+    from fi_toolkit.model.compat import cache_kwargs
+    from fi_toolkit.signals.tracker import SignalTracker
+
+    tracker = SignalTracker(CONFIG, capacity=P, accumulate=True)
+    cache = DynamicCache(config=tiny.model.config)
+    with tracker(tiny.model):
+        hidden = tiny.model.base_model(
+            input_ids=tiny_ids[:P][None], use_cache=True, **cache_kwargs(tiny.model.base_model, cache)
+        )
+        tracker.record(hidden.last_hidden_state[0])
+    tracker.start_decoding(cache)
+    positions = [torch.arange(P).expand(layer.keys.shape[1], P) for layer in cache.layers]
+    assert tracker.moments[0][0] == P - QUERY_SINKS
+    learned_matrix(tracker.view(positions), 0, ["expected_attention"], "produced", 1.0)
+    tracker.compact([p for p in positions])
+    assert tracker.moments == [None] * len(tracker.moments)
+    with pytest.raises(FIError, match="expected_attention needs the statistics of the queries"):
+        learned_matrix(tracker.view(positions), 0, ["expected_attention"], "produced", 1.0)

@@ -122,7 +122,7 @@ def test_field_resumes_per_cell_and_lists_what_cannot_run(tmp_path, capsys, monk
     calls.clear()
     stop[0] = False
     _, stderr = _run([*args, "--resume"], capsys)
-    assert "random-positions" not in calls and "fi-oracle" not in calls and len(calls) == 8  # 10 cells, 2 done
+    assert "random-positions" not in calls and "fi-oracle" not in calls and len(calls) == 10  # 12 cells, 2 done
     refused = read_table(out / "refused.csv")
     assert list(refused["method"]) == ["kvpress:*"] and "kvpress" in refused["reason"].item()
     board = read_table(out / "leaderboard.csv")

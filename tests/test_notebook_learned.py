@@ -66,7 +66,7 @@ def test_learned_notebook_runs(tmp_path):
     share = share / share.sum()
     lines = [m for line in printed.splitlines() if (m := _SHARE.match(line.strip()))]
     shown = {m.group(1): float(m.group(2)) for m in lines if m.group(1) in share.index}
-    assert set(shown) == set(record["features"]) and len(shown) == 16
+    assert set(shown) == set(record["features"]) and len(shown) == 18
     for name, value in shown.items():
         assert value == pytest.approx(share[name], abs=6e-5), name
 

@@ -20,7 +20,18 @@ from fi_toolkit.policies import InfoKV, Policy, SnapKV, registry
 from fi_toolkit.policies.registry import entries, policy_help, register, resolve
 from fi_toolkit.probe.selections import parse_selection
 
-PROJECT = ["infokv", "snapkv", "pyramidkv", "streaming", "h2o", "knorm", "random", "rpc"]  # the order tables use
+PROJECT = [
+    "infokv",
+    "snapkv",
+    "pyramidkv",
+    "streaming",
+    "h2o",
+    "knorm",
+    "random",
+    "rpc",
+    "expected_attention",
+    "tova",
+]  # the order tables use
 
 
 def test_entries_hold_every_policy_with_its_kind_and_the_defaults_its_class_has():

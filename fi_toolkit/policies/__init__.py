@@ -10,6 +10,7 @@ from __future__ import annotations
 from fi_toolkit.budget import Budget
 from fi_toolkit.policies.adaptive import Adaptive
 from fi_toolkit.policies.base import Policy, allocate, select
+from fi_toolkit.policies.expected_attention import ExpectedAttention
 from fi_toolkit.policies.fi_oracle import FIOracle
 from fi_toolkit.policies.fitted import Fitted
 from fi_toolkit.policies.h2o import H2O
@@ -30,10 +31,12 @@ from fi_toolkit.policies.registry import (
 from fi_toolkit.policies.rpc import RPC
 from fi_toolkit.policies.snapkv import SnapKV
 from fi_toolkit.policies.streaming import StreamingLLM
+from fi_toolkit.policies.tova import TOVA
 
 __all__ = [
     "Adaptive",
     "Budget",
+    "ExpectedAttention",
     "FIOracle",
     "Fitted",
     "Learned",
@@ -47,6 +50,7 @@ __all__ = [
     "Signals",
     "SnapKV",
     "StreamingLLM",
+    "TOVA",
     "allocate",
     "entries",
     "make_policy",

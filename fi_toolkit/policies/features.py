@@ -13,7 +13,22 @@ computable at the compression point from :class:`Signals` alone, per (layer, KV 
   output per unit of attention (the value side of value-aware pruning and CriticalKV).
   The mean, not the sum, so that groups of every size share one scale;
 - ``acc_wo_vnorm``: H2O's accumulated attention of the slot times ``wo_vnorm``, the attention-weighted
-  output norm (the accumulator is per KV head, so the product is too).
+  output norm (the accumulator is per KV head, so the product is too);
+- ``expected_attention``: ExpectedAttention's score (Devoto et al., arXiv 2510.00636; kvpress's
+  ``ExpectedAttentionPress``): the attention the *future* queries are expected to pay each key, modelled as
+  Gaussian with the mean ``mu`` and covariance ``S`` of the pre-RoPE queries of the rows fed since the last
+  compression (past its first ``QUERY_SINKS``), rotated by RoPE averaged over the next ``FUTURE_POSITIONS``
+  positions (``R``): per query head, ``softmax_j(k_j' R mu / sqrt(d) + k_j' R S R' k_j / (2 d))`` over the slots
+  past the first ``QUERY_SINKS``, averaged over the heads of the KV group, times ``||v_j||``; the first
+  ``QUERY_SINKS`` slots score the layer's maximum + 1 (kept, as the press keeps its sinks). The future starts
+  at the next position, ``Signals.seen`` (the press's ``q_len``, which is the same at a prefill);
+- ``tova``: TOVA's score (Oren et al., arXiv 2401.06104; kvpress's ``TOVAPress``): the softmax attention of the
+  last row's query over every slot, averaged over *all* query heads of the layer (the paper's layer-wise
+  variant, which kvpress implements: one score for every KV head), the last slot scoring the maximum + 1.
+
+ExpectedAttention reads ``Signals.query_moments`` and ``Signals.rotary`` (the tracker keeps the queries'
+sums, never the rows), TOVA ``Signals.last_query``; both equal kvpress's presses' ``score``
+(tests/test_features_kvpress.py).
 
 The value side reads ``Signals.values`` (the cache's values) and ``Signals.out_proj`` (the layers'
 ``o_proj`` weights; from ``Signals.model`` when the signals carry none).
@@ -28,6 +43,7 @@ from typing import TYPE_CHECKING
 
 from fi_toolkit.errors import FIError
 from fi_toolkit.policies.fitted import FEATURES, feature_matrix
+from fi_toolkit.signals.config import QUERY_SINKS
 
 if TYPE_CHECKING:
     import torch
@@ -41,7 +57,10 @@ EXTRA = {
     "vnorm": "L2 norm of the value",
     "wo_vnorm": "mean over the group's query heads h of ||W_o^h v||",
     "acc_wo_vnorm": "accumulated attention x wo_vnorm",
+    "expected_attention": "ExpectedAttention: expected attention of the future queries x ||v||",
+    "tova": "TOVA: attention of the last query, averaged over the layer's heads",
 }
+FUTURE_POSITIONS = 512  # ExpectedAttention's horizon (kvpress's n_future_positions default)
 LEARNED_FEATURES = (*FEATURES, *EXTRA)
 ROW_FEATURES = ("depth", "kv_head")  # known from a row's layer and head: fi fit-data stores no column for them
 
@@ -96,6 +115,82 @@ def wo_vnorm(values: torch.Tensor, out_proj: torch.Tensor) -> torch.Tensor:
     return squared.clamp_min(0).sqrt().mean(dim=1)
 
 
+def average_rotation(rotary, start: int, horizon: int, head_dim: int, like: torch.Tensor) -> torch.Tensor:
+    """RoPE's rotation averaged over positions ``[start, start + horizon)`` -> ``[d, d]`` float64:
+    ``mean_t (diag(cos_t) + diag(sin_t) P)`` with ``P q = rotate_half(q)``, from the model's own ``rotary`` module
+    (called on ``like``'s dtype and device, as the model calls it)."""
+    import torch
+
+    positions = torch.arange(start, start + horizon, device=like.device)[None]
+    cos, sin = rotary(like, positions)
+    cos, sin = cos[0].double().mean(dim=0), sin[0].double().mean(dim=0)
+    half = head_dim // 2
+    turn = torch.zeros(head_dim, head_dim, dtype=torch.float64, device=cos.device)
+    turn[:half, half:] = -torch.eye(half, dtype=torch.float64, device=cos.device)
+    turn[half:, :half] = torch.eye(half, dtype=torch.float64, device=cos.device)
+    return torch.diag(cos) + sin[:, None] * turn
+
+
+def expected_attention(
+    moments: tuple, keys: torch.Tensor, values: torch.Tensor, rotation: torch.Tensor, sinks: int = QUERY_SINKS
+) -> torch.Tensor:
+    """ExpectedAttention's score (module docstring) of keys and values ``[1, Hkv, n, d]`` under query statistics
+    ``moments`` (:func:`~fi_toolkit.signals.formulas.add_query_moments`, ``Hq`` heads) and the averaged rotation
+    ``rotation`` (:func:`average_rotation`) -> ``[Hkv, n]`` float64."""
+    import math
+
+    import torch
+
+    count, total, outer = moments
+    hkv, n, d = keys.shape[1:]
+    if n <= sinks:
+        raise FIError(f"expected_attention needs more than {sinks} slots (its sinks), got {n}")
+    mean = total.double() / count  # [Hq, d]
+    cov = outer.double() / count - mean[:, :, None] * mean[:, None, :]
+    rot = rotation.to(mean.device)
+    mean, cov = mean @ rot.T, rot @ cov @ rot.T
+    group = mean.shape[0] // hkv
+    k = keys[0, :, sinks:].double().to(mean.device).repeat_interleave(group, dim=0)  # [Hq, n - sinks, d]
+    logits = (k @ mean[:, :, None])[..., 0] / math.sqrt(d) + ((k @ cov) * k).sum(dim=-1) / d / 2
+    scores = torch.softmax(logits, dim=-1).view(hkv, group, n - sinks).mean(dim=1)
+    scores = scores * values[0, :, sinks:].double().to(scores.device).norm(dim=-1)
+    return torch.cat([scores.new_full((hkv, sinks), scores.max().item() + 1), scores], dim=1)
+
+
+def tova(last_query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """TOVA's score (module docstring) of keys ``[1, Hkv, n, d]`` under the last row's rotated query
+    ``[Hq, d]`` -> ``[Hkv, n]`` float64."""
+    import math
+
+    import torch
+
+    hkv, n, d = keys.shape[1:]
+    q = last_query.double()
+    k = keys[0].double().to(q.device).repeat_interleave(q.shape[0] // hkv, dim=0)  # [Hq, n, d]
+    attention = torch.softmax((k @ q[:, :, None])[..., 0] / math.sqrt(d), dim=-1)[:, :-1].mean(dim=0)
+    return torch.cat([attention, attention.max()[None] + 1]).expand(hkv, n)
+
+
+def expected_attention_scores(s: Signals, layer: int) -> torch.Tensor:
+    """:func:`expected_attention` of one layer of the signals ``s`` -> ``[Hkv, n_l]`` float64."""
+    moments = None if s.query_moments is None else s.query_moments[layer]
+    if moments is None or s.rotary is None:
+        raise FIError(
+            "expected_attention needs the statistics of the queries fed since the last "
+            "compression and the model's rotary embedding; these signals carry none"
+        )
+    keys = s.keys[layer]
+    rotation = average_rotation(s.rotary, s.seen, FUTURE_POSITIONS, keys.shape[-1], keys)
+    return expected_attention(moments, keys, _values(s, layer, "expected_attention"), rotation)
+
+
+def tova_scores(s: Signals, layer: int) -> torch.Tensor:
+    """:func:`tova` of one layer of the signals ``s`` -> ``[Hkv, n_l]`` float64."""
+    if s.last_query is None:
+        raise FIError("tova needs the last row's query; these signals carry none")
+    return tova(s.last_query[layer], s.keys[layer])
+
+
 def _out_proj(s: Signals, layer: int) -> torch.Tensor:
     if s.out_proj is not None:
         return s.out_proj[layer]
@@ -142,6 +237,10 @@ def learned_matrix(s: Signals, layer: int, names, entropy_of: str, tau: float) -
         elif name in ("wo_vnorm", "acc_wo_vnorm"):
             wo = wo_vnorm(_values(s, layer, name), _out_proj(s, layer)) if wo is None else wo
             rows.append(wo if name == "wo_vnorm" else _accumulated(s, layer).to(wo.device) * wo)
+        elif name == "expected_attention":
+            rows.append(expected_attention_scores(s, layer).to(device))
+        elif name == "tova":
+            rows.append(tova_scores(s, layer).to(device))
         else:
             rows.append(feature_matrix(s, layer, [name], entropy_of, tau)[0])
     return torch.stack(rows)

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Protocol
 from fi_toolkit.errors import FIError
 from fi_toolkit.policies.adaptive import Adaptive
 from fi_toolkit.policies.base import Policy
+from fi_toolkit.policies.expected_attention import ExpectedAttention
 from fi_toolkit.policies.fi_oracle import FIOracle
 from fi_toolkit.policies.fitted import Fitted
 from fi_toolkit.policies.h2o import H2O
@@ -54,6 +55,7 @@ from fi_toolkit.policies.random import RandomPolicy
 from fi_toolkit.policies.rpc import RPC
 from fi_toolkit.policies.snapkv import SnapKV
 from fi_toolkit.policies.streaming import StreamingLLM
+from fi_toolkit.policies.tova import TOVA
 
 if TYPE_CHECKING:
     import torch
@@ -520,6 +522,12 @@ register(H2O, paper="2306.14048", summary="top accumulated attention: summed, un
 register(KNorm, paper="2406.11430", summary="lowest key L2 norm")
 register(RandomPolicy, summary="uniformly random (a control)")
 register(RPC, paper="2505.13866", summary="generated tokens only, by the attention of the recent queries")
+register(
+    ExpectedAttention,
+    paper="2510.00636",
+    summary="top expected attention of the future queries (their mean and covariance, RoPE averaged) × ‖v‖",
+)
+register(TOVA, paper="2401.06104", summary="top attention of the last query, averaged over the layer's heads")
 register(Adaptive, kind=WRAPPER, paper="2407.11550", summary="adaptive layer budgets for a scored policy")
 register(FIOracle, kind=ORACLE, summary="ORACLE: keeps by estimated FI on the future text it sees")
 register(Fitted, kind=FILE_POLICY, summary="a linear score of the signals learned by fi fit (window 0: the file's)")

@@ -10,6 +10,7 @@ from fi_toolkit.errors import FIError
 from fi_toolkit.runs.settings import check_int, check_number, check_type, option
 
 ENTROPY_OF = ("produced", "next")
+QUERY_SINKS = 4  # ExpectedAttention's sink count (kvpress's ``n_sink``): rows and slots left out of its statistics
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from fi_toolkit.signals.config import QUERY_SINKS  # noqa: F401 (the tracker reads it here)
+
 
 def topk_entropy(logits: torch.Tensor, k: int) -> torch.Tensor:
     """Entropy (nats) of the softmax over the ``k`` largest logits; ``k >= V`` is the full entropy."""
@@ -106,3 +108,15 @@ def entropy_of_tokens(at_position: torch.Tensor, entropy_of: str) -> torch.Tenso
     if entropy_of == "next":
         return at_position
     return torch.cat([at_position.new_zeros(1), at_position[:-1]])
+
+
+def add_query_moments(moments: tuple | None, queries: torch.Tensor) -> tuple:
+    """Running ``(count, sum, sum of outer products)`` of pre-RoPE queries ``[Hq, m, hd]`` -> ``(int, [Hq, hd],
+    [Hq, hd, hd])``, float64 (float32 on a device without it): ExpectedAttention's query mean and covariance
+    (arXiv 2510.00636) are read from them, so the rows themselves are never kept."""
+    dtype = torch.float32 if queries.device.type == "mps" else torch.float64
+    q = queries.to(dtype)
+    count, total, outer = q.shape[1], q.sum(dim=1), torch.einsum("hmi,hmj->hij", q, q)
+    if moments is None:
+        return count, total, outer
+    return moments[0] + count, moments[1] + total, moments[2] + outer

@@ -40,6 +40,11 @@ class Signals:
     # per layer, the attention's output projection weight o_proj [hidden, Hq * head_dim] (the model's own
     # parameter, not a copy): the value-side features read W_o^h from it
     out_proj: list[torch.Tensor] | None = None
+    # per layer, (count, sum [Hq, hd], sum of outer products [Hq, hd, hd]) of the pre-RoPE queries of the rows fed
+    # since the last compression, its first QUERY_SINKS rows left out (fi_toolkit.signals.formulas.add_query_moments)
+    query_moments: list[tuple | None] | None = None
+    last_query: list[torch.Tensor] | None = None  # per layer [Hq, hd]: the RoPE-rotated query of the last row fed
+    rotary: object = None  # the model's rotary embedding module (cos, sin of any position)
 
     def __post_init__(self):
         if not self.protected:
@@ -55,7 +60,8 @@ class Signals:
     @classmethod
     def from_trace(cls, trace) -> Signals:
         """Prefill signals of a :class:`~fi_toolkit.signals.trace.Trace`: slots are prompt positions; the
-        cache's values and the output projections are the trace's."""
+        cache's values, the output projections, the query statistics, the last query and the rotary embedding
+        are the trace's."""
         p, hkv, device = trace.prefix_len, trace.num_kv_heads, trace.keys[0].device
         positions = torch.arange(p, device=device).expand(hkv, p)
         entropy = trace.entropy.to(device).expand(hkv, p)
@@ -70,4 +76,7 @@ class Signals:
             accumulated=[a.to(device) for a in trace.accumulated],
             values=list(trace.values),
             out_proj=None if trace.out_proj is None else list(trace.out_proj),
+            query_moments=None if trace.query_moments is None else list(trace.query_moments),
+            last_query=None if trace.last_query is None else list(trace.last_query),
+            rotary=trace.rotary,
         )

@@ -36,6 +36,9 @@ class Trace:
     received from the window queries, summed and unpooled: H2O's prefill accumulator). ``out_proj``: per
     layer, the attention's ``o_proj`` weight ``[hidden, Hq * head_dim]`` (the model's parameter, not a copy;
     None for a model whose attention has none): the learned policy's value-side features read it.
+    ``query_moments``, ``last_query``, ``rotary``: the tracker's query statistics of the prefill rows, the
+    rotated query of the last one and the model's rotary embedding (:class:`Signals`; ExpectedAttention's and
+    TOVA's features read them).
     """
 
     prefix_len: int
@@ -47,6 +50,9 @@ class Trace:
     accumulated: torch.Tensor
     config: SignalConfig
     out_proj: list[torch.Tensor] | None = None  # per layer, o_proj's weight [hidden, Hq * head_dim] (the model's)
+    query_moments: list[tuple | None] | None = None  # per layer (count, sum, outer sum) of the prefill's queries
+    last_query: list[torch.Tensor] | None = None  # per layer [Hq, hd], the last prefill row's rotated query
+    rotary: object = None  # the model's rotary embedding module
 
     @property
     def num_layers(self) -> int:
@@ -174,4 +180,17 @@ def tracker_trace(tracker: SignalTracker, cache: DynamicCache) -> Trace:
     distance = torch.stack([d[0].cpu() for d in view.distance])
     attention = torch.stack([a.cpu() for a in view.attention])
     accumulated = torch.stack([a.cpu() for a in view.accumulated])
-    return Trace(p, keys, values, entropy, distance, attention, accumulated, config, view.out_proj)
+    return Trace(
+        p,
+        keys,
+        values,
+        entropy,
+        distance,
+        attention,
+        accumulated,
+        config,
+        view.out_proj,
+        view.query_moments,
+        view.last_query,
+        view.rotary,
+    )

@@ -57,6 +57,9 @@ class SignalTracker:
     - ``accumulated``: per layer, H2O's accumulator ``[Hkv, n_l]`` in slot space (attention each
       cache slot received from the window queries at the prefill and from every row fed after it),
       or None before :meth:`start_decoding` and when not ``accumulate``.
+    - ``moments``: per layer, :func:`~fi_toolkit.signals.formulas.add_query_moments` of the pre-RoPE queries
+      of the rows fed since the last :meth:`compact` (the prefill's included), past the first
+      ``QUERY_SINKS`` of them (kvpress's ExpectedAttention leaves them out), or None before such a row.
     - ``inputs``, ``rope``: with ``hidden_buffer = B > 0``, per layer the attention module's inputs of the
       rows fed since :meth:`start_decoding` or the last :meth:`compact` (at most the last ``B``) ``[1, m, d]``,
       and the position
@@ -86,6 +89,8 @@ class SignalTracker:
         self.distance: torch.Tensor | None = None
         self.queries: list[torch.Tensor | None] = []
         self.accumulated: list[torch.Tensor] | None = None
+        self.moments: list[tuple | None] = []
+        self.span: list[int] = []  # per layer, rows fed since the last compact (QUERY_SINKS of them are skipped)
         self._model = None
         self._parts = None  # (decoder layers, final norm, LM head)
         self._cache = None  # the cache decoding reads keys from (start_decoding)
@@ -128,6 +133,7 @@ class SignalTracker:
         self.distance = torch.zeros(n_layers, size, device=device)
         self.queries = [None] * n_layers
         self.inputs = [None] * n_layers
+        self.moments, self.span = [None] * n_layers, [0] * n_layers
 
     def _input_hook(self, layer_idx: int):
         def hook(_module, args, kwargs):
@@ -152,6 +158,10 @@ class SignalTracker:
         self.queries[i] = (q if prev is None else torch.cat([prev, q[:, -w:]], dim=1))[:, -w:]
         if self.hidden_buffer:
             self._buffer(i, hs, kwargs["position_embeddings"])
+        skip = max(0, signals.QUERY_SINKS - self.span[i])
+        self.span[i] += hs.shape[1]
+        if hs.shape[1] > skip:
+            self.moments[i] = signals.add_query_moments(self.moments[i], queries(module, hs[:, skip:])[0])
         if accumulate:
             keys = self._cache.layers[i].keys[0]  # already holds the keys of this forward's rows (the last slots)
             acc = self.accumulated[i]
@@ -235,6 +245,7 @@ class SignalTracker:
             self.accumulated = [a.gather(1, idx.to(a.device)) for a, idx in zip(self.accumulated, keep)]
         if self.hidden_buffer:  # a compression empties the buffer, as kvpress's DecodingPress does
             self.inputs, self.rope = [None] * len(self.inputs), None
+        self.moments, self.span = [None] * len(self.moments), [0] * len(self.span)  # so do its query statistics
 
     def view(self, positions: list[torch.Tensor]) -> Signals:
         """The :class:`~fi_toolkit.signals.policy_view.Signals` a policy scores now, in slot space.
@@ -246,7 +257,9 @@ class SignalTracker:
         window attention of the last ``w`` queries over the slots); ``accumulated [Hkv, n_l]`` (None
         unless accumulating); ``values`` (the bound cache's); ``out_proj`` (per layer, the weight of the
         attention's ``o_proj``, None if one lacks it); ``inputs`` and ``rope`` (the buffered attention
-        inputs and their position embeddings; None without ``hidden_buffer``). ``protected``, ``tokens`` and
+        inputs and their position embeddings; None without ``hidden_buffer``); ``query_moments`` (``moments``),
+        ``last_query`` (the rotated query of the last row fed, per layer ``[Hq, hd]``) and ``rotary`` (the
+        model's rotary embedding module). ``protected``, ``tokens`` and
         ``model`` are the caller's to fill in."""
         if self._cache is None:
             raise FIError("view() needs start_decoding(cache) first")
@@ -262,6 +275,10 @@ class SignalTracker:
         s.out_proj = self._out_proj()
         if self.hidden_buffer:
             s.inputs, s.rope = list(self.inputs), self.rope
+        s.query_moments = list(self.moments)
+        if all(q is not None for q in self.queries):
+            s.last_query = [q[:, -1] for q in self.queries]
+        s.rotary = getattr(self._model.base_model, "rotary_emb", None)
         return s
 
     def _out_proj(self) -> list[torch.Tensor] | None:
@@ -293,6 +310,8 @@ class SignalTracker:
             else:
                 child.entropy, child.distance = self.entropy[:0].clone(), self.distance[:, :0].clone()
             child.queries = [None if q is None else q.clone() for q in self.queries]
+            child.moments = [None if m is None else (m[0], m[1].clone(), m[2].clone()) for m in self.moments]
+            child.span = list(self.span)
             child.inputs = [None if h is None or not buffer else h[:, -buffer:].clone() for h in self.inputs]
             if self.rope is not None and buffer:
                 child.rope = (self.rope[0][:, -buffer:].clone(), self.rope[1][:, -buffer:].clone())
