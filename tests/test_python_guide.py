@@ -84,8 +84,9 @@ def test_the_run_function_examples_run_and_equal_the_command_line(tmp_path, monk
     exec(compile(block_with("build_report"), str(GUIDE), "exec"), scope)  # the report of the two runs above
     code, _, err = run_cli(["report", "runs/field", "runs/eval", "--format", "md,csv", "--out", "r"], capsys)
     assert code == 0, err
-    written = sorted(str(p.relative_to(tmp_path / "report")) for p in scope["written"])
-    assert written == sorted(str(p.relative_to(tmp_path / "r")) for p in (tmp_path / "r").rglob("*") if p.is_file())
+    written = sorted(str(Path(p).resolve().relative_to((tmp_path / "report").resolve())) for p in scope["written"])
+    theirs = (tmp_path / "r").resolve()
+    assert written == sorted(str(p.relative_to(theirs)) for p in theirs.rglob("*") if p.is_file())
     assert "figures/field__field_headroom.png" in written and "report.md" in written
     assert (tmp_path / "report" / "report.md").read_text() == (tmp_path / "r" / "report.md").read_text()
 
