@@ -70,5 +70,12 @@ def test_headroom_notebook_runs(tmp_path):
     assert set(committed) == set(fresh)
     for key, (r, s, o, h, _, _) in fresh.items():  # the committed run is this run, up to a CPU's rounding
         cr, cs, co, ch, _, _ = committed[key]
-        assert (cr, cs, co) == pytest.approx((r, s, o), rel=0.02), key
-        assert ch == pytest.approx(h, abs=0.03), key
+        # An oracle keeps by estimated FI, where near-ties decide: another CPU's rounding of the Fisher estimate
+        # flips some of them (between two x86 machines the oracle's FI moved by 2.6 %, the oracle fitted on the
+        # other chunk by 7 %), so an oracle's FI is compared to 10 % and the headroom, which divides by it, to
+        # 0.05 (0.1 on an oracle's own row); the random sets and the heuristics to 2 %.
+        oracle_row = key[1].startswith("policy:fi-oracle")
+        assert cr == pytest.approx(r, rel=0.02), key
+        assert co == pytest.approx(o, rel=0.10), key
+        assert cs == pytest.approx(s, rel=0.10 if oracle_row else 0.02), key
+        assert ch == pytest.approx(h, abs=0.1 if oracle_row else 0.05), key
