@@ -97,17 +97,23 @@ def fit(
         help="'ridge' (a linear score, fitted:path=FILE) or 'lambdarank' (LightGBM LambdaRank on within-head FI "
         "ranks, learned:path=FILE; its features add depth, kv_head, keydiff, vnorm, wo_vnorm and acc_wo_vnorm).",
     ),
+    group: Optional[str] = typer.Option(
+        None,
+        help="lambdarank only: the query group, 'head' (rank within each KV head; default) or 'layer' (rank over "
+        "all KV heads of a layer, for learned:heads=global, which shares a layer's budget over its heads).",
+    ),
     overwrite: bool = typer.Option(False, help="Replace --out if it exists."),
 ):
     """Fit a linear score of compression-time signals to per-(layer, KV head) FI; cross-validated leaving one document
     out."""
-    settings = FitSettings(learner, features, target, ridge, exclude or ())
+    settings = FitSettings(learner, features, target, ridge, exclude or (), group)
     record = run_fit(settings, runs, out_file, overwrite=overwrite)
     names = settings.features
     if settings.learner == "lambdarank":
         header = (
             f"learned a LambdaRank model on {len(names)} feature(s), {record['rows']:,} rows of "
-            f"{len(record['documents'])} documents ({record['rounds']} rounds)"
+            f"{len(record['documents'])} documents ({record['rounds']} rounds, one query group per "
+            f"{'KV head' if settings.group == 'head' else 'layer'})"
         )
         weights = [f"{n:18s} gain {g:.4g}" for n, g in sorted(record["importance_gain"].items(), key=lambda t: -t[1])]
         _print_fit(header, weights, "learned", record, out_file)
@@ -131,6 +137,11 @@ def _print_fit(header: str, weights: list[str], own: str, record: dict, out_file
         f"leave-one-document-out mean within-head Spearman with FI: {own} {fmt[f'spearman_{own}']}, "
         f"snapkv {fmt['spearman_snapkv']}, infokv {fmt['spearman_infokv']}"
     )
+    if "layer_spearman_learned" in fmt:  # a per-layer ranker: how it ranks across the heads of a layer
+        out.print(
+            f"leave-one-document-out mean within-layer Spearman with FI (all KV heads): {own} "
+            f"{fmt['layer_spearman_learned']}, h2o {fmt.get('layer_spearman_h2o', 'n/a')}"
+        )
     err.print(f"wrote {out_file}", markup=False, highlight=False)
 
 

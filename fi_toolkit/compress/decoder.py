@@ -302,6 +302,11 @@ class CompressedDecoder:
         lookahead: Lookahead | None = None,
         keep_maps: bool = False,
     ):
+        if policy is not None and policy.uneven_heads:
+            raise FIError(
+                f"{policy.label} keeps different counts per KV head within a layer: a dense cache cannot hold it, "
+                "so fi probe measures it (masked per head) but compressed decoding cannot run it"
+            )
         self.model, self.policy = model, policy
         self.device = next(model.parameters()).device
         self.config = config or signal_config_for(policy)

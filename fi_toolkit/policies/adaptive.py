@@ -73,6 +73,7 @@ class Adaptive(Policy):
     needs_token_signals = property(lambda self: self.policy.needs_token_signals)
     tracks_accumulated = property(lambda self: self.policy.tracks_accumulated)
     prefill_only = property(lambda self: self.policy.prefill_only)
+    uneven_heads = property(lambda self: self.policy.uneven_heads)
 
     def scores(self, s: Signals, layer: int) -> torch.Tensor:
         """The wrapped policy's scores ``[Hkv, n_l]`` of layer ``layer`` (higher = keep)."""

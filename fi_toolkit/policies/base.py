@@ -113,6 +113,46 @@ def select(scores: torch.Tensor, keep: int, protected: int, window: int) -> torc
     return torch.sort(torch.cat([fixed.expand(hkv, -1), order], dim=-1), dim=-1).values
 
 
+def select_across_heads(scores: torch.Tensor, keep: int, protected: int, window: int) -> list[torch.Tensor]:
+    """Per KV head, its sorted kept slots when a layer's budget is shared over its heads by scores (AdaKV,
+    arXiv 2407.11550): every head keeps its protected slots and its window, and the
+    ``Hkv * (keep - protected - window)`` top-scored candidates over all the heads together fill the rest, so
+    the layer keeps exactly what :func:`select` keeps in all, and one head may keep more than ``keep``, another
+    fewer (never fewer than ``protected + window``).
+
+    Args:
+        scores: ``[Hkv, n]``, higher = keep, comparable across heads; only slots ``[protected, n - window)``
+            are read, in their own dtype (float64 scores are not rounded).
+        keep: the uniform per-head budget, ``protected + window <= keep <= n``.
+        protected: the first slots of every head, always kept.
+        window: the last slots of every head, always kept.
+
+    Returns:
+        ``Hkv`` sorted int64 tensors of slot indices. Ties go to the earlier slot, then the lower head, so
+        equal scores keep what :func:`select` keeps (the earliest candidates of every head).
+    """
+    import torch
+
+    hkv, n = scores.shape
+    device = scores.device
+    candidates = scores[:, protected : n - window]
+    if not torch.isfinite(candidates).all():
+        raise FIError(
+            "a policy produced non-finite scores (NaN or inf) for entries it may evict; refusing to rank them"
+        )
+    if keep >= n:
+        return [torch.arange(n, device=device) for _ in range(hkv)]
+    picks = keep - protected - window
+    if picks < 0:
+        raise FIError(f"a budget of {keep} cannot hold the {protected} protected entries and the window of {window}")
+    slot_major = candidates.t().reshape(-1)  # index j * Hkv + h: a stable sort puts ties in slot, then head order
+    order = torch.sort(slot_major, descending=True, stable=True).indices[: hkv * picks]
+    chosen = torch.zeros(hkv, candidates.shape[1], dtype=torch.bool, device=device)
+    chosen[order % hkv, order // hkv] = True
+    fixed = torch.cat([torch.arange(protected, device=device), torch.arange(n - window, n, device=device)])
+    return [torch.sort(torch.cat([fixed, torch.nonzero(c).flatten() + protected])).values for c in chosen]
+
+
 @dataclass
 class Policy:
     """Base of every policy: a :class:`~fi_toolkit.budget.Budget` and the observation window.
@@ -137,6 +177,7 @@ class Policy:
     tracks_accumulated: ClassVar[bool] = False  # H2O: accumulate attention over decoding steps
     prefill_only: ClassVar[bool] = False  # kvpress presses: compress the prompt only, never while decoding
     no_layer_weight: ClassVar[str] = ""  # why Adaptive refuses the policy (no scores to share layers by); "": it can
+    uneven_heads: ClassVar[bool] = False  # True: heads of a layer keep different counts (a dense cache cannot)
 
     def __post_init__(self):
         self.budget = Budget.parse(self.budget)

@@ -19,6 +19,19 @@ the signal settings, the training documents, the label settings and the library 
 trained on the five bundled documents at p = 256 (:data:`DEFAULT_MODEL`, in a source checkout only; an
 installed package has none and asks for ``path=``). Training needs LightGBM (``pip install -e '.[learned]'``);
 deploying does not.
+
+Budgets across heads: ``heads=uniform`` (the default) keeps the same ``k`` per KV head, ranked within each head;
+``heads=global`` (``learned:path=FILE,heads=global``) shares each layer's budget over its KV heads by score,
+as AdaKV (arXiv 2407.11550) does: the layer keeps the ``Hkv * (k - protected - window)`` highest-scoring
+candidates over all its heads together, on top of every head's protected slots and window
+(:func:`~fi_toolkit.policies.base.select_across_heads`), so each layer keeps in all exactly what the uniform
+policy keeps and the budget means the same. It needs a model trained with one query group per layer
+(``fi fit --learner lambdarank --group layer``, recorded as ``group`` in the file): a per-head model's scores
+are only trained to rank within a head, and LambdaRank's gradients sum to zero within each query group, so
+nothing in its training sets the offsets between heads (its gain on the KV head's index is 0), and a top-k
+across heads would share budgets by those arbitrary offsets; such a file is refused. The keep map is uneven
+(:class:`~fi_toolkit.eviction.KeepMap`): ``fi probe`` measures it by masking per head; compressed decoding,
+whose dense cache holds one count per layer, refuses the policy.
 """
 
 from __future__ import annotations
@@ -29,6 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from fi_toolkit.errors import FIError
+from fi_toolkit.policies.base import as_signals, select_across_heads
 from fi_toolkit.policies.features import EXTRA, LEARNED_FEATURES, learned_matrix  # noqa: F401 (re-exported)
 from fi_toolkit.policies.fitted import (
     TOKEN_FEATURES,
@@ -44,6 +58,8 @@ if TYPE_CHECKING:
     from fi_toolkit.signals.policy_view import Signals
 
 FORMAT = "fi_toolkit.learned/1"
+HEADS = ("uniform", "global")  # the policy's heads option: every head keeps k, or a layer's budget shared by score
+GROUPS = ("head", "layer")  # a model file's query group (absent in files made before it was recorded: head)
 # the model trained on the five bundled documents (analyses/learned.py), present in a source checkout only
 DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "analyses" / "results" / "learned" / "model.json"
 
@@ -159,6 +175,9 @@ def read_learned(path: str | Path) -> dict:
     names = data.get("features")
     check_listed_features(names, LEARNED_FEATURES, where)
     check_model_and_signals(data, where)
+    group = data.setdefault("group", "head")
+    if group not in GROUPS:
+        raise FIError(f"{where}: 'group' must be head or layer, got {group!r}")
     data["trees"] = compile_trees(data.get("model_dump"), len(names), where)
     return data
 
@@ -166,7 +185,11 @@ def read_learned(path: str | Path) -> dict:
 @dataclass
 class Learned(Fitted):
     """Keep the entries with the highest LightGBM score (module docstring); ``path``: the model JSON.
-    ``window`` (0, the default) is the one the model was trained with."""
+    ``window`` (0, the default) is the one the model was trained with; ``heads``: ``uniform`` (every KV head
+    keeps the same count) or ``global`` (a layer's budget shared over its heads by score; a model trained with
+    one query group per layer)."""
+
+    heads: str = "uniform"
 
     name: ClassVar[str] = "learned"
     no_layer_weight: ClassVar[str] = "ranks by a learned within-head score, not a mass to share layer budgets by"
@@ -182,6 +205,14 @@ class Learned(Fitted):
         super(Fitted, self).__post_init__()
         if self.window != trained_window:
             raise FIError(f"learned policy '{self.path}' was trained with window {trained_window}, not {self.window}")
+        if self.heads not in HEADS:
+            raise FIError(f"heads must be uniform or global, got '{self.heads}'")
+        if self.heads == "global" and self.fit["group"] != "layer":
+            raise FIError(
+                f"learned policy '{self.path}' ranks within each KV head (trained with group head), so its scores "
+                "are not comparable across heads: heads=global needs a model trained with group layer"
+            )
+        self.uneven_heads = self.heads == "global"
         names = self.fit["features"]
         self.needs_token_signals = any(n in TOKEN_FEATURES for n in names)
         self.tracks_accumulated = any(n in ("log_accumulated", "acc_wo_vnorm") for n in names)
@@ -198,3 +229,30 @@ class Learned(Fitted):
         if not np.isfinite(flat).all():
             raise FIError(f"learned policy '{self.path}': non-finite feature (NaN or inf)")
         return torch.from_numpy(predict(fit["trees"], flat)).reshape(hkv, n).to(x.device)
+
+    def keep_map(self, signals):
+        """:meth:`Policy.keep_map <fi_toolkit.policies.base.Policy.keep_map>`; with ``heads=global`` each layer's
+        budget (the uniform ``k`` per head, times ``Hkv``) is shared over its heads by the raw float64 scores
+        (:func:`~fi_toolkit.policies.base.select_across_heads`): an uneven keep map."""
+        if self.heads != "global":
+            return super().keep_map(signals)
+        from fi_toolkit.eviction import KeepMap
+
+        s = as_signals(signals)
+        self._check_architecture(s)
+        if s.window != self.window:
+            raise FIError(f"{self.name}: signals were traced with window {s.window}, the policy uses {self.window}")
+        k = self.tokens(s.seen, max(s.protected))
+        budgets = self.layer_budgets(s, k)
+        heads = [
+            select_across_heads(self.linear_score(s, layer), budgets[layer], s.protected[layer], s.window)
+            for layer in range(s.num_layers)
+        ]
+        meta = {
+            "selector": f"policy:{self.name}",
+            "budget": self.budget.label,
+            "policy": self.name,
+            "per_layer": budgets,
+            "heads": "global",
+        }
+        return KeepMap.from_heads(f"policy:{self.label}", heads, meta)

@@ -282,7 +282,7 @@ def _fitted(rows: pd.DataFrame, settings: FitSettings, meta: dict) -> dict:
     if settings.learner == "lambdarank":
         from fi_toolkit.studies.learned import learn_policy
 
-        return learn_policy(rows, list(settings.features), meta)
+        return learn_policy(rows, list(settings.features), meta, group=settings.group)
     from fi_toolkit.studies import fit
 
     return fit.fit_policy(rows, list(settings.features), settings.target, settings.ridge, meta)

@@ -27,6 +27,8 @@ from fi_toolkit.studies.fit_options import DECODING_FEATURES, DEFAULT_FEATURES, 
 LEARNERS = ("ridge", "lambdarank")
 DEFAULT_TARGET = "rank"
 DEFAULT_RIDGE = 1e-3
+GROUPS = ("head", "layer")  # the lambdarank learner's query groups: per (document, layer, KV head) or per layer
+DEFAULT_GROUP = "head"
 
 
 @dataclass(frozen=True)
@@ -83,11 +85,15 @@ class FitSettings:
     or None (every feature); the lambdarank learner adds :data:`~fi_toolkit.policies.features.EXTRA` to
     ``decoding`` and None; ``target`` (ridge only): ``rank`` (within-head rank of FI, the default) or ``log``
     (log FI); ``ridge`` (ridge only): the penalty lambda, times the number of rows, on the standardised
-    coefficients (default 1e-3); ``exclude``: documents whose rows are left out, to test the policy on them.
+    coefficients (default 1e-3); ``exclude``: documents whose rows are left out, to test the policy on them;
+    ``group`` (lambdarank only): the query group, ``head`` (one per document, layer and KV head: scores rank
+    within a head, the default) or ``layer`` (one per document and layer: scores rank over all the layer's KV
+    heads, for ``learned:heads=global``, which shares a layer's budget over its heads by them).
 
     After construction ``features`` and ``exclude`` are tuples of names and ``ridge`` a float; an option that
     does not go with the learner stays None (ridge: ``target`` becomes ``rank`` and ``ridge`` 1e-3 when not
-    given), so building the object again from its fields gives the same object.
+    given; lambdarank: ``group`` becomes ``head``), so building the object again from its fields gives the same
+    object.
     """
 
     learner: str = "ridge"
@@ -95,6 +101,7 @@ class FitSettings:
     target: str | None = None
     ridge: float | None = None
     exclude: Sequence[str] = ()
+    group: str | None = None
 
     def __post_init__(self):
         learner = check_type("learner", self.learner, str)
@@ -104,8 +111,14 @@ class FitSettings:
         if learner == "ridge":
             check_feature_names(names, FEATURES)
             target, penalty = self._linear_options()
+            if self.group is not None:
+                raise FIError("group goes with learner 'lambdarank', not 'ridge'", parameter=("group", "learner"))
+            group = None
         else:
             check_features(names)
+            group = DEFAULT_GROUP if self.group is None else check_type("group", self.group, str)
+            if group not in GROUPS:
+                raise FIError(f"group must be head or layer, got '{group}'", parameter="group")
             given = [n for n in ("target", "ridge") if getattr(self, n) is not None]
             if given:
                 raise FIError(
@@ -116,7 +129,7 @@ class FitSettings:
         if isinstance(self.exclude, str) or not isinstance(self.exclude, Sequence):
             raise FIError(f"exclude must be a list of document names, got {self.exclude!r}", parameter="exclude")
         exclude = tuple(check_type("exclude", d, str) for d in self.exclude)
-        parsed = (("features", names), ("target", target), ("ridge", penalty), ("exclude", exclude))
+        parsed = (("features", names), ("target", target), ("ridge", penalty), ("exclude", exclude), ("group", group))
         for name, value in parsed:
             object.__setattr__(self, name, value)
 
