@@ -53,7 +53,7 @@ from fi_toolkit.probe.noise_floor import CONTROL  # noqa: E402
 
 PER_HEAD = ROOT / "analyses" / "results" / "learned" / "model.json"
 VARIANTS = ("learned-head", "learned-layer", "learned-global")
-HEURISTICS = ("h2o", "snapkv", "infokv")
+HEURISTICS = study.HEURISTICS  # H2O, SnapKV, InfoKV, ExpectedAttention, TOVA
 CONTROLS = ("h2o-global", "snapkv-global", "kvpress-snapkv", "kvpress-adakv-snapkv")
 KVPRESS = ("SnapKVPress", "AdaKVPress/SnapKVPress")
 
@@ -100,6 +100,7 @@ def wins(table: pd.DataFrame) -> pd.DataFrame:
         for v in VARIANTS:
             row[f"{v}_beats_h2o"] = bool(by[v] < by["h2o"])
             row[f"{v}_beats_best"] = bool(by[v] < heur.min())
+            row[f"{v}_beats_best3"] = bool(by[v] < by[list(study.PREVIOUS)].min())  # H2O, SnapKV, InfoKV
         row["global_beats_head"] = bool(by["learned-global"] < by["learned-head"])
         row["global_beats_layer"] = bool(by["learned-global"] < by["learned-layer"])
         for c in controls:
@@ -231,7 +232,8 @@ def main() -> None:
     for v in VARIANTS:
         print(
             f"{v}: beats H2O in {int(w[f'{v}_beats_h2o'].sum())} of {len(w)} document x budget x chunk cells; "
-            f"the best heuristic in {int(w[f'{v}_beats_best'].sum())} of {len(w)}"
+            f"the best of {', '.join(HEURISTICS)} in {int(w[f'{v}_beats_best'].sum())} of {len(w)} "
+            f"(of {', '.join(study.PREVIOUS)}: {int(w[f'{v}_beats_best3'].sum())})"
         )
     print(f"learned-global beats learned-head in {int(w.global_beats_head.sum())} of {len(w)} cells, ", end="")
     print(f"learned-layer in {int(w.global_beats_layer.sum())} of {len(w)}", end="")
