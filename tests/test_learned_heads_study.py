@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CORPUS = next((c for c in (ROOT.parent / "shared" / "corpus", Path("/work/shared/corpus")) if c.is_dir()), None)
 
 pytestmark = [pytest.mark.smollm]
-HEURISTICS = ("policy:h2o", "policy:snapkv", "policy:infokv")
+HEURISTICS = ("policy:h2o", "policy:snapkv", "policy:infokv", "policy:expected_attention", "policy:tova")
+PREVIOUS = HEURISTICS[:3]  # the rivals before ExpectedAttention and TOVA joined
 P = 128  # the tiny study's compression point
 
 
@@ -62,12 +63,12 @@ def test_wins_match_the_probe_table(study):
         cell = cell[cell["n_removed"].round(3) == row["n_removed"]]
         fi = {s: cell.loc[cell["selection"] == s, "fi"].mean() for s in cell["selection"].unique()}
         glob = next(v for s, v in fi.items() if "learned" in s and "heads=global" in s)
-        heuristics = [v for s, v in fi.items() if s.split("@")[0] in HEURISTICS and "heads=global" not in s]
-        assert len(heuristics) == 3
-        assert row["learned-global"] == pytest.approx(glob) and row["best_heuristic_fi"] == pytest.approx(
-            min(heuristics)
-        )
-        assert row["learned-global_beats_best"] == (glob < min(heuristics))
+        heuristics = {s.split("@")[0]: v for s, v in fi.items() if s.split("@")[0] in HEURISTICS and "global" not in s}
+        assert len(heuristics) == 5
+        best = min(heuristics.values())
+        assert row["learned-global"] == pytest.approx(glob) and row["best_heuristic_fi"] == pytest.approx(best)
+        assert row["learned-global_beats_best"] == (glob < best)
+        assert row["learned-global_beats_best3"] == (glob < min(heuristics[h] for h in PREVIOUS))
 
 
 def test_allocation_keeps_the_uniform_total_per_layer(study):
