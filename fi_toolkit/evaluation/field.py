@@ -117,6 +117,39 @@ def _refusal(document: str, method: str, kind: str, budget: str, stage: str, rea
     }
 
 
+def _replay_setting(lm, docs, settings: FieldSettings) -> TextSetting | None:
+    """The replay's setting (None without ``replay``), every document checked to hold the chunks and the replay."""
+    for doc in docs:
+        check_chunks(settings.chunks, settings.prefix, len(doc), max_context(lm))
+    if not settings.replay:
+        return None
+    replay = TextSetting(settings.prefix, settings.replay_length(), settings.interval, DOCUMENT, 0)
+    replay.check()
+    for doc in docs:
+        doc.require(replay.total(), f"the replay length of {replay.total():,}")
+    return replay
+
+
+def _manifest(lm, docs, settings: FieldSettings, cells, replay: TextSetting | None) -> dict:
+    """What a resumed run must match: the model, the documents, the cells and every measured setting."""
+    return {
+        "model": lm.name,
+        "dtype": dtype_name(lm.dtype),
+        "compute_dtype": dtype_name(lm.compute_dtype),
+        "documents": [{"name": d.name, "sha256": d.sha256, "tokens": len(d)} for d in docs],
+        "prefix": settings.prefix,
+        "chunks": [c.label for c in settings.chunks],
+        "budgets": [b.label for b in settings.budgets],
+        "methods": [{"name": m.name, "kind": m.kind} for m in cells],
+        "sinks": settings.sinks,
+        "seeds": settings.seeds,
+        "signals": dict(settings.signals.__dict__),
+        "replay": None
+        if replay is None
+        else {"interval": replay.interval, "length": replay.total(), "future": replay.future.label},
+    }
+
+
 def _task_refusal(method: str, kind: str, budget: str, reason: str) -> dict:
     return _refusal("(tasks)", method, kind, budget, "tasks", reason)
 
@@ -172,37 +205,14 @@ def run_field(
     """
     check_type("settings", settings, FieldSettings)
     config, prefix, chunks, budgets = settings.signals, settings.prefix, settings.chunks, settings.budgets
-    replay = None
-    if settings.replay:
-        replay = TextSetting(prefix, settings.replay_length(), settings.interval, DOCUMENT, 0)
-        replay.check()
-    for doc in docs:
-        check_chunks(chunks, prefix, len(doc), max_context(lm))
-    if replay is not None:
-        for doc in docs:
-            doc.require(replay.total(), f"the replay length of {replay.total():,}")
+    replay = _replay_setting(lm, docs, settings)
     methods = list(settings.methods)
     catalog_refused: list[dict] = []
     if settings.presses:
         extra, catalog_refused = press_methods(0.75, lm.model.config.num_hidden_layers)
         methods += [m for m in extra if m.name not in {x.name for x in methods}]
     cells = [*ANCHORS, *methods]
-    manifest = {
-        "model": lm.name,
-        "dtype": dtype_name(lm.dtype),
-        "compute_dtype": dtype_name(lm.compute_dtype),
-        "documents": [{"name": d.name, "sha256": d.sha256, "tokens": len(d)} for d in docs],
-        "prefix": prefix,
-        "chunks": [c.label for c in chunks],
-        "budgets": [b.label for b in budgets],
-        "methods": [{"name": m.name, "kind": m.kind} for m in cells],
-        "sinks": settings.sinks,
-        "seeds": settings.seeds,
-        "signals": dict(config.__dict__),
-        "replay": None
-        if replay is None
-        else {"interval": replay.interval, "length": replay.total(), "future": replay.future.label},
-    }
+    manifest = _manifest(lm, docs, settings, cells, replay)
     units, costs = split_units(docs, len(cells), 1)
     entries, samples = [], []
     if settings.tasks is not None:
