@@ -19,3 +19,25 @@ def run_cli(args, capsys):
         sys.argv = sys_argv
     captured = capsys.readouterr()
     return exc.value.code, captured.out, captured.err
+
+
+STOP = "stop here"  # the line a command built by record_settings stops with, where it would load the model
+
+
+def record_settings(monkeypatch, *classes) -> dict:
+    """Record every object of the settings ``classes`` a command builds (``{class name: object}``), and stop the
+    command with ``FIError(STOP)`` where it would load the model: what the command line builds, without the work."""
+    from fi_toolkit.errors import FIError
+    from fi_toolkit.model.settings import ModelSettings
+
+    seen: dict = {}
+    for cls in classes:
+        original = cls.__post_init__
+
+        def record(self, original=original, name=cls.__name__):
+            original(self)
+            seen[name] = self
+
+        monkeypatch.setattr(cls, "__post_init__", record)
+    monkeypatch.setattr(ModelSettings, "load", lambda self, **kwargs: (_ for _ in ()).throw(FIError(STOP)))
+    return seen

@@ -11,12 +11,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from cli_runner import run_cli
+from cli_runner import STOP, record_settings, run_cli
 
 from fi_toolkit.budget import Budget
 from fi_toolkit.errors import FIError
 from fi_toolkit.evaluation.field_settings import FieldSettings
-from fi_toolkit.model.settings import ModelSettings
 from fi_toolkit.probe.chunks import Chunk
 from fi_toolkit.runs.settings import RunSettings
 from fi_toolkit.signals.config import SignalConfig
@@ -25,23 +24,11 @@ from fi_toolkit.studies.field_spec import POLICY, Method
 from fi_toolkit.studies.nearfar_settings import NearfarSettings
 from fi_toolkit.studies.probe_settings import DEFAULT_SELECTIONS, ProbeSettings
 
-STOP = "stop here"
-
 
 @pytest.fixture
 def built(monkeypatch):
     """Record every command settings object built, and stop the command where it would load the model."""
-    seen: dict = {}
-    for cls in (ProbeSettings, FieldSettings, CorrelateSettings, NearfarSettings):
-        original = cls.__post_init__
-
-        def record(self, original=original, name=cls.__name__):
-            original(self)
-            seen[name] = self
-
-        monkeypatch.setattr(cls, "__post_init__", record)
-    monkeypatch.setattr(ModelSettings, "load", lambda self, **kwargs: (_ for _ in ()).throw(FIError(STOP)))
-    return seen
+    return record_settings(monkeypatch, ProbeSettings, FieldSettings, CorrelateSettings, NearfarSettings)
 
 
 def test_probe_cli_builds_what_python_builds(built, tmp_path, monkeypatch, capsys):
@@ -325,17 +312,7 @@ def built_eval(monkeypatch):
     """Record the eval settings objects a command builds, and stop it where it would load the model."""
     from fi_toolkit.evaluation.settings import TaskEvalSettings, TextEvalSettings
 
-    seen: dict = {}
-    for cls in (TextEvalSettings, TaskEvalSettings):
-        original = cls.__post_init__
-
-        def record(self, original=original, name=cls.__name__):
-            original(self)
-            seen[name] = self
-
-        monkeypatch.setattr(cls, "__post_init__", record)
-    monkeypatch.setattr(ModelSettings, "load", lambda self, **kwargs: (_ for _ in ()).throw(FIError(STOP)))
-    return seen
+    return record_settings(monkeypatch, TextEvalSettings, TaskEvalSettings)
 
 
 def test_eval_text_cli_builds_what_python_builds(built_eval, tmp_path, monkeypatch, capsys):
@@ -497,17 +474,7 @@ def built_sg(monkeypatch):
     from fi_toolkit.compress.generate_settings import GenerateSettings
     from fi_toolkit.studies.scores_settings import ScoresSettings
 
-    seen: dict = {}
-    for cls in (ScoresSettings, GenerateSettings):
-        original = cls.__post_init__
-
-        def record(self, original=original, name=cls.__name__):
-            original(self)
-            seen[name] = self
-
-        monkeypatch.setattr(cls, "__post_init__", record)
-    monkeypatch.setattr(ModelSettings, "load", lambda self, **kwargs: (_ for _ in ()).throw(FIError(STOP)))
-    return seen
+    return record_settings(monkeypatch, ScoresSettings, GenerateSettings)
 
 
 def test_scores_cli_builds_what_python_builds(built_sg, tmp_path, monkeypatch, capsys):

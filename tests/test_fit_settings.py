@@ -13,10 +13,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from cli_runner import run_cli
+from cli_runner import STOP, record_settings, run_cli
 
 from fi_toolkit.errors import FIError
-from fi_toolkit.model.settings import ModelSettings
 from fi_toolkit.policies.features import EXTRA
 from fi_toolkit.probe.chunks import Chunk
 from fi_toolkit.signals.config import SignalConfig
@@ -24,7 +23,6 @@ from fi_toolkit.studies.fit_options import DECODING_FEATURES, DEFAULT_FEATURES
 from fi_toolkit.studies.fit_settings import FitDataSettings, FitSettings
 
 ROOT = Path(__file__).resolve().parents[1]
-STOP = "stop here"
 HEAVY = ("torch", "pandas", "numpy", "scipy", "transformers", "lightgbm")
 
 
@@ -32,16 +30,7 @@ HEAVY = ("torch", "pandas", "numpy", "scipy", "transformers", "lightgbm")
 def built(monkeypatch):
     """Record the fit settings a command builds; stop ``fi fit-data`` where it loads the model and ``fi fit``
     where it would read the runs."""
-    seen: dict = {}
-    for cls in (FitDataSettings, FitSettings):
-        original = cls.__post_init__
-
-        def record(self, original=original, name=cls.__name__):
-            original(self)
-            seen[name] = self
-
-        monkeypatch.setattr(cls, "__post_init__", record)
-    monkeypatch.setattr(ModelSettings, "load", lambda self, **kwargs: (_ for _ in ()).throw(FIError(STOP)))
+    seen = record_settings(monkeypatch, FitDataSettings, FitSettings)
     monkeypatch.setattr("fi_toolkit.cli.fit.run_fit", lambda *args, **kwargs: (_ for _ in ()).throw(FIError(STOP)))
     return seen
 
