@@ -41,3 +41,13 @@ def record_settings(monkeypatch, *classes) -> dict:
         monkeypatch.setattr(cls, "__post_init__", record)
     monkeypatch.setattr(ModelSettings, "load", lambda self, **kwargs: (_ for _ in ()).throw(FIError(STOP)))
     return seen
+
+
+def assert_refused_in_one_line(make, message: str, parameter: str | None) -> None:
+    """``make()`` raises one ``FIError`` line holding ``message`` about ``parameter`` (None: no parameter)."""
+    from fi_toolkit.errors import FIError
+
+    with pytest.raises(FIError) as exc:
+        make()
+    assert message in str(exc.value) and "\n" not in str(exc.value)
+    assert exc.value.parameter == parameter

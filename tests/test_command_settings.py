@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from cli_runner import STOP, record_settings, run_cli
+from cli_runner import STOP, assert_refused_in_one_line, record_settings, run_cli
 
 from fi_toolkit.budget import Budget
 from fi_toolkit.errors import FIError
@@ -241,10 +241,7 @@ def test_nearfar_defaults_are_the_cli_defaults(built, tmp_path, monkeypatch, cap
     ],
 )
 def test_settings_refuse_on_construction_in_one_line(make, message, parameter):
-    with pytest.raises(FIError) as exc:
-        make()
-    assert message in str(exc.value) and "\n" not in str(exc.value)
-    assert exc.value.parameter == parameter
+    assert_refused_in_one_line(make, message, parameter)
 
 
 @pytest.mark.parametrize(
@@ -416,10 +413,7 @@ def _tasks(**kwargs):
     ],
 )
 def test_eval_settings_refuse_on_construction_in_one_line(make, message, parameter):
-    with pytest.raises(FIError) as exc:
-        make()
-    assert message in str(exc.value) and "\n" not in str(exc.value)
-    assert exc.value.parameter == parameter
+    assert_refused_in_one_line(make, message, parameter)
 
 
 @pytest.mark.parametrize(
@@ -616,10 +610,7 @@ def _scores_file(run):
     ],
 )
 def test_scores_and_generate_settings_refuse_on_construction_in_one_line(make, message, parameter):
-    with pytest.raises(FIError) as exc:
-        make()
-    assert message in str(exc.value) and "\n" not in str(exc.value)
-    assert exc.value.parameter == parameter
+    assert_refused_in_one_line(make, message, parameter)
 
 
 @pytest.mark.parametrize(

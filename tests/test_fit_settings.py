@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from cli_runner import STOP, record_settings, run_cli
+from cli_runner import STOP, assert_refused_in_one_line, record_settings, run_cli
 
 from fi_toolkit.errors import FIError
 from fi_toolkit.policies.features import EXTRA
@@ -125,10 +125,7 @@ def test_fit_lambdarank_cli_builds_what_python_builds(built, tmp_path, monkeypat
     ],
 )
 def test_fit_settings_refuse_on_construction_in_one_line(make, message, parameter):
-    with pytest.raises(FIError) as exc:
-        make()
-    assert message in str(exc.value) and "\n" not in str(exc.value)
-    assert exc.value.parameter == parameter
+    assert_refused_in_one_line(make, message, parameter)
 
 
 @pytest.mark.parametrize(

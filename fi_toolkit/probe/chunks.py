@@ -50,6 +50,16 @@ def parse_chunk(spec: str) -> Chunk:
     return Chunk(start, end)
 
 
+def parse_chunks(chunks, parameter: str = "chunks") -> tuple[Chunk, ...]:
+    """A list of chunks (each a :class:`Chunk` or a ``START:END`` string) -> a tuple of :class:`Chunk`; a bare
+    string or chunk, or anything but a sequence, is refused in one line naming ``parameter`` (settings take lists)."""
+    from fi_toolkit.runs.settings import check_type
+
+    if isinstance(chunks, (str, Chunk)) or not isinstance(chunks, Sequence):
+        raise FIError(f"{parameter} must be a list of START:END chunks, got {chunks!r}", parameter=parameter)
+    return tuple(c if isinstance(c, Chunk) else parse_chunk(check_type(parameter, c, str)) for c in chunks)
+
+
 def check_chunks(chunks: Sequence[Chunk], prefix_len: int, doc_len: int, max_context: int | None) -> None:
     """``p <= l_c < r_c <= N`` for every chunk, and within the model's context."""
     if not chunks:

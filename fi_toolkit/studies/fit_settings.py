@@ -17,7 +17,7 @@ from typing import Sequence
 from fi_toolkit.errors import FIError
 from fi_toolkit.policies.features import EXTRA, check_feature_names, check_features
 from fi_toolkit.policies.fitted import FEATURES
-from fi_toolkit.probe.chunks import Chunk, check_chunks, parse_chunk
+from fi_toolkit.probe.chunks import Chunk, check_chunks, parse_chunks
 from fi_toolkit.probe.estimator_options import DEFAULT_SAMPLES, check_samples
 from fi_toolkit.probe.selections import check_prefix
 from fi_toolkit.runs.settings import check_int, check_type
@@ -52,9 +52,7 @@ class FitDataSettings:
     signals: SignalConfig = field(default_factory=SignalConfig)
 
     def __post_init__(self):
-        if isinstance(self.chunks, (str, Chunk)) or not isinstance(self.chunks, Sequence):
-            raise FIError(f"chunks must be a list of START:END chunks, got {self.chunks!r}", parameter="chunks")
-        chunks = tuple(c if isinstance(c, Chunk) else parse_chunk(check_type("chunks", c, str)) for c in self.chunks)
+        chunks = parse_chunks(self.chunks)
         if not chunks:
             raise FIError("no chunk given: pass at least one START:END in chunks", parameter="chunks")
         p = min(c.start for c in chunks) if self.prefix is None else check_int("prefix", self.prefix)

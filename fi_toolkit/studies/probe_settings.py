@@ -17,7 +17,7 @@ from typing import Sequence
 
 from fi_toolkit.compress.future import DOCUMENT, Future, parse_future
 from fi_toolkit.errors import FIError
-from fi_toolkit.probe.chunks import Chunk, check_chunks, parse_chunk
+from fi_toolkit.probe.chunks import Chunk, check_chunks, parse_chunks
 from fi_toolkit.probe.selections import Selection, check_prefix, check_selections, parse_selections
 from fi_toolkit.runs.settings import check_int, check_type
 from fi_toolkit.signals.config import SignalConfig
@@ -56,9 +56,7 @@ class ProbeSettings:
 
     def __post_init__(self):
         future = self.future if isinstance(self.future, Future) else parse_future(self.future)
-        if isinstance(self.chunks, (str, Chunk)) or not isinstance(self.chunks, Sequence):
-            raise FIError(f"chunks must be a list of START:END chunks, got {self.chunks!r}", parameter="chunks")
-        chunks = tuple(c if isinstance(c, Chunk) else parse_chunk(check_type("chunks", c, str)) for c in self.chunks)
+        chunks = parse_chunks(self.chunks)
         if isinstance(self.selections, (str, Selection)) or not isinstance(self.selections, Sequence):
             raise FIError(f"selections must be a list of specs, got {self.selections!r}", parameter="selections")
         specs = [s for s in self.selections if not isinstance(s, Selection)]

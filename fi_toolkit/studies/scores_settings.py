@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Sequence
 
 from fi_toolkit.errors import FIError
-from fi_toolkit.probe.chunks import Chunk, check_chunks, parse_chunk
+from fi_toolkit.probe.chunks import Chunk, check_chunks, parse_chunks
 from fi_toolkit.probe.estimator_options import DEFAULT_SAMPLES, ESTIMATORS, check_samples
 from fi_toolkit.probe.selections import check_prefix
 from fi_toolkit.runs.settings import RunSettings, check_int, check_type
@@ -51,13 +51,7 @@ class ScoresSettings:
         check_type("signals", self.signals, SignalConfig)
         config = self.signals.check()
         check_prefix(check_int("prefix", self.prefix), config.window)
-        if isinstance(self.fi_chunks, (str, Chunk)) or not isinstance(self.fi_chunks, Sequence):
-            raise FIError(
-                f"fi_chunks must be a list of START:END chunks, got {self.fi_chunks!r}", parameter="fi_chunks"
-            )
-        chunks = tuple(
-            c if isinstance(c, Chunk) else parse_chunk(check_type("fi_chunks", c, str)) for c in self.fi_chunks
-        )
+        chunks = parse_chunks(self.fi_chunks, "fi_chunks")
         for name, value in zip(("fi_chunks", "estimator", "samples", "seed"), self._fi_options(chunks)):
             object.__setattr__(self, name, value)
 
