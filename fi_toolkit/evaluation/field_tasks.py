@@ -69,8 +69,6 @@ def task_cell(lm, unit, entries: list[TaskEntry], tasks: TaskSettings, interval:
 def task_summary(answers: pd.DataFrame, resamples: int) -> pd.DataFrame:
     """``fi eval``'s task summary (accuracy with its interval per task, context, protocol, policy and budget)
     with each row's method."""
-    truth = {True: True, False: False, "True": True, "False": False}  # merged with the cells' empty tables as text
-    answers = answers.assign(correct=answers["correct"].map(truth).astype(bool))
     summary = summarise_answers(answers.drop(columns=["method", "kind"]), resamples)
     method = answers.drop_duplicates(["policy", "budget"]).set_index(["policy", "budget"])["method"]
     summary.insert(0, "method", [method.get((p, b), p) for p, b in zip(summary["policy"], summary["budget"])])
