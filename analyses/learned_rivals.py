@@ -214,12 +214,16 @@ def main() -> None:
     riv.to_csv(args.results / "rivals.csv", index=False)
     gap = gap_table(hr, names)
     gap.to_csv(args.results / "gap.csv", index=False)
-    removed = labelled(table).groupby(["keep", "name"])["n_removed"].agg(["min", "max"])
-    uneven = removed[removed["min"] != removed["max"]]
-    print("every selection of a budget removes as many entries" if uneven.empty else f"uneven counts:\n{uneven}")
+    removed = labelled(table).groupby(["keep", "name"])["n_removed"].agg(["min", "max"]).reset_index()
+    asked = removed["keep"].map(removed[removed["name"].isin(PROJECT)].groupby("keep")["min"].first())
+    uneven = removed[(removed["min"] != asked) | (removed["max"] != asked)]
+    if uneven.empty:
+        print("every selection of a budget removes as many entries as the in-house policies")
+    else:
+        print(f"removing another count than the in-house policies at the same budget:\n{uneven.to_string(index=False)}")
     pd.set_option("display.width", 250)
     print(riv.to_string(index=False, float_format="%.4g"))
-    print(gap.T.to_string(float_format="%.4g"))
+    print(gap.set_index(["keep", "chunk"]).T.to_string(float_format=lambda x: f"{x:.4g}"))
     for v in LEARNED:
         each = {r: int(w[f"{v}_beats_{r}"].sum()) for r in [*PROJECT, *names] if f"{v}_beats_{r}" in w}
         print(f"{v}: lower FI than, of {len(w)} cells: " + ", ".join(f"{r} {n}" for r, n in each.items()))
