@@ -24,6 +24,7 @@ a ``learned_heads.py --tiny`` results folder; to --results):
 - ``gap.csv``: per budget x chunk: the share of the best rival's gap to the oracle each learned variant closes
   (mean FI over the documents, ``(best − learned) / (best − oracle)``, best = the rival with the lowest mean FI).
 
+    # about 15 min on one shared core (the two press probes; KVgrad and KVzip take 3-5 s per compression):
     OMP_NUM_THREADS=1 python analyses/learned_rivals.py --kvpress-python .venv-kvpress/bin/python --work /tmp/lr
     python analyses/learned_rivals.py --tiny --heads-results /tmp/r --kvpress-python PY --work /tmp/w --results /tmp/o
 """
