@@ -195,3 +195,25 @@ def test_select_live_skips_dead_slots_by_hand():
     assert got == [[0, 1, 6, 7], [0, 2, 6, 7]]
     got = [g.tolist() for g in select_live(scores, 5, 1, 2, dead, across_heads=True)]
     assert got == [[0, 1, 5, 6, 7], [0, 1, 2, 6, 7]]  # then 3.0 (head 1) and 2.0 (head 0's slot 5)
+
+
+@pytest.mark.smollm
+def test_fi_eval_runs_learned_heads_global_on_smollm(tmp_path, capsys):
+    """The committed layer-group model (analyses/learned_heads.py) in a short replay: the prompt compressed by a
+    global top-k over each layer's heads, then decoded over the padded cache (its entropy_next feature is known at
+    a prefill only, so the interval leaves the prompt as the only compression)."""
+    import pandas as pd
+    from cli_runner import run_cli
+
+    from fi_toolkit.policies.learned import DEFAULT_MODEL
+
+    model = DEFAULT_MODEL.parents[1] / "learned-heads" / "model.json"
+    policy = f"learned:path={model},heads=global,learned:path={model}"
+    args = ["eval", "alice", "--policy", policy, "--budget", "keep=0.25", "--prompt", "256", "--length", "320"]
+    args += ["--interval", "512", "--free-tokens", "0", "--resamples", "0", "--out", str(tmp_path / "eval")]
+    code, _, err = run_cli(args, capsys)
+    assert code == 0, err
+    summary = pd.read_csv(tmp_path / "eval" / "replay_summary.csv").set_index("policy")
+    shared, uniform = summary.loc[f"learned:path={model},heads=global"], summary.loc[f"learned:path={model}"]
+    assert 0 < shared["mean_kl"] < 1 and shared["mean_kl"] != uniform["mean_kl"]
+    assert shared["kept_share"] == pytest.approx(uniform["kept_share"])  # the same live entries per layer
