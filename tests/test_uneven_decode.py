@@ -54,10 +54,11 @@ class SharedHeads(Policy):
 VISIBLE: dict[int, torch.Tensor] = {}
 
 
-def per_head_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+def per_head_attention(module, query, key, value, attention_mask, *args, **kwargs):
+    # (the module's own scaling: kvpress's attention patch, once imported, passes dropout where scaling would be)
     groups = query.shape[1] // key.shape[1]
     k, v = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-    scores = query @ k.transpose(-1, -2) * scaling
+    scores = query @ k.transpose(-1, -2) * module.scaling
     seen = VISIBLE[module.layer_idx].repeat_interleave(groups, dim=0)[None]  # [1, Hq, q, K]
     weights = torch.softmax(scores.masked_fill(~seen, float("-inf")), dim=-1)
     return (weights @ v).transpose(1, 2).contiguous(), weights
@@ -217,3 +218,19 @@ def test_fi_eval_runs_learned_heads_global_on_smollm(tmp_path, capsys):
     shared, uniform = summary.loc[f"learned:path={model},heads=global"], summary.loc[f"learned:path={model}"]
     assert 0 < shared["mean_kl"] < 1 and shared["mean_kl"] != uniform["mean_kl"]
     assert shared["kept_share"] == pytest.approx(uniform["kept_share"])  # the same live entries per layer
+
+
+def test_lmeval_batched_continuations_hide_the_pads(tiny):
+    """lm-eval's batched scoring runs its own forward over the compressed context's cache: the pads are hidden
+    there too, so every log-likelihood equals the one request at a time through the decoder."""
+    from fi_toolkit.evaluation.lmeval.batching import score_pairs
+    from fi_toolkit.evaluation.lmeval.requests import score_continuation
+
+    gen = torch.Generator().manual_seed(7)
+    context = torch.randint(0, 256, (P,), generator=gen).tolist()
+    pairs = [(context, torch.randint(0, 256, (m,), generator=gen).tolist()) for m in (3, 9, 5)]
+    policy = SharedHeads(budget=24, window=W)
+    batched = score_pairs(tiny.model, pairs, policy, 64, batch_size=3)
+    for (context, continuation), (logp, greedy, _) in zip(pairs, batched):
+        alone, alone_greedy, _ = score_continuation(tiny.model, context, continuation, policy, 64, CONFIG)
+        assert logp == pytest.approx(alone, rel=1e-5) and greedy == alone_greedy

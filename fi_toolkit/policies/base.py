@@ -226,7 +226,7 @@ class Policy:
     tracks_accumulated: ClassVar[bool] = False  # H2O: accumulate attention over decoding steps
     prefill_only: ClassVar[bool] = False  # kvpress presses: compress the prompt only, never while decoding
     no_layer_weight: ClassVar[str] = ""  # why Adaptive refuses the policy (no scores to share layers by); "": it can
-    uneven_heads: ClassVar[bool] = False  # True: heads of a layer keep different counts (a dense cache cannot)
+    uneven_heads: ClassVar[bool] = False  # True: heads of a layer keep different counts (decoding pads and masks)
 
     def __post_init__(self):
         self.budget = Budget.parse(self.budget)
