@@ -234,3 +234,55 @@ def test_lmeval_batched_continuations_hide_the_pads(tiny):
     for (context, continuation), (logp, greedy, _) in zip(pairs, batched):
         alone, alone_greedy, _ = score_continuation(tiny.model, context, continuation, policy, 64, CONFIG)
         assert logp == pytest.approx(alone, rel=1e-5) and greedy == alone_greedy
+
+
+def test_dead_slots_influence_no_signal_or_feature(tiny, ids):
+    """Overwrite every dead slot's key and value with noise: no live slot's signal or learned feature moves (the
+    window attention, the accumulator, KeyDiff's anchor, ExpectedAttention's and TOVA's softmax)."""
+    from fi_toolkit.policies.features import LEARNED_FEATURES, learned_matrix
+    from fi_toolkit.signals.tracker import SignalTracker
+
+    tracker = SignalTracker(CONFIG, N, accumulate=True, token_signals=True)
+    decoder = CompressedDecoder(tiny.model, SharedHeads(budget=40, window=W), N, CONFIG, tracker=tracker, interval=16)
+    names = [n for n in LEARNED_FEATURES if n != "entropy_next"]  # (known at a prefill only)
+    try:
+        with ragged_attention(tiny.model):
+            decoder.prefill(ids[:P])
+            decoder.feed(ids[P : P + 16 + 5])  # compressed at the prompt and after 16 tokens, then 5 more fed
+        dead = decoder.row.dead
+        assert dead is not None and all(bool(d.any()) for d in dead)
+
+        def features():
+            s = decoder.signals()
+            return [learned_matrix(s, layer, names, "produced", 1.0) for layer in range(4)]
+
+        before = features()
+        gen = torch.Generator().manual_seed(0)
+        for layer, d in zip(decoder.cache.layers, dead):
+            for cached in (layer.keys, layer.values):
+                cached[0][d] = 10 * torch.randn(int(d.sum()), cached.shape[-1], generator=gen)
+        after = features()
+    finally:
+        decoder.close()
+    for b, a, d in zip(before, after, dead):
+        assert torch.equal(b[:, ~d], a[:, ~d])
+        moved = (b[:, d] != a[:, d]).any(dim=1)  # the noise reached the dead slots' own key-based features
+        assert moved[names.index("key_norm")] and moved[names.index("keydiff")]
+
+
+def test_window_attention_over_dead_slots_is_over_the_live_ones_alone():
+    from fi_toolkit.signals.formulas import attention_received, window_attention
+
+    gen = torch.Generator().manual_seed(1)
+    queries, keys = torch.randn(4, 6, 8, generator=gen), torch.randn(2, 30, 8, generator=gen)
+    dead = torch.zeros(2, 30, dtype=torch.bool)
+    dead[0, 10:14], dead[1, 3:4], dead[1, 20:23] = True, True, True
+    got = window_attention(queries, keys, 0.3, 5, dead)
+    received = attention_received(queries, keys, 0.3, dead)
+    for h in range(2):
+        live = torch.nonzero(~dead[h]).flatten()
+        alone = window_attention(queries[2 * h : 2 * h + 2], keys[h : h + 1, live], 0.3, 5)[0]
+        torch.testing.assert_close(got[h, live], alone)
+        assert (got[h, dead[h]] == 0).all() and (received[h, dead[h]] == 0).all()
+        deleted = attention_received(queries[2 * h : 2 * h + 2], keys[h : h + 1, live], 0.3)[0]
+        torch.testing.assert_close(received[h, live], deleted)
