@@ -144,7 +144,8 @@ class Compression:
     prompt, at prefill), as in ``GenerationStats.compression_steps``; ``seen``: tokens in the sequence so far:
     queries at positions ``>= seen`` no longer see what it evicted. Kept only by a decoder that keeps maps
     (a replay's log): ``keep``, the policy's keep map in *slot* space (the cache before it), and
-    ``positions[l]`` ``[Hkv, k_l]``, the original positions each head holds after it."""
+    ``positions[l]`` ``[Hkv, k_l]``, the original positions each head holds after it (of an uneven map, the first
+    ``keep.head_counts[l][h]`` of head ``h``: the rest are its pads, which repeat its last)."""
 
     step: int
     seen: int
@@ -617,11 +618,9 @@ class CompressedDecoder:
         keep_map = self.policy.keep_map(replace(self.signals(), fi_estimates=estimates))
         dead = self._dead_after(keep_map)
         if row.dead is not None:  # a layer budget shared over heads may leave every live slot in place
-            before = [int((~d).sum()) for d in row.dead]
-            after = [
-                idx.numel() - (0 if dead is None else int(d.sum())) for idx, d in zip(keep_map.keep, dead or row.dead)
-            ]
-            if after == before:
+            pads = [0] * len(keep_map.keep) if dead is None else [int(d.sum()) for d in dead]
+            after = [idx.numel() - n for idx, n in zip(keep_map.keep, pads)]
+            if after == [int((~d).sum()) for d in row.dead]:
                 return None
         kept = gather_cache(
             [l.keys for l in self.cache.layers], [l.values for l in self.cache.layers], keep_map, self.model.config
