@@ -82,7 +82,8 @@ class KeepMap(Eviction):
     (AdaKV-style presses): then ``head_counts[l]`` (``[Hkv]``) says how many of each row of
     ``keep[l]`` are kept, and each row is padded to ``k_l`` (the layer's largest count) by repeating
     its last kept position, so ``visible()`` is exact as it stands. Such a map is *uneven*: the probe
-    measures it by masking per head; a dense cache cannot hold it, so :func:`gather_cache` refuses it.
+    measures it by masking per head; :func:`gather_cache` gathers the padded rows, whose pad slots
+    compressed decoding then hides per head (its dead slots, as kvpress's AdaKV masks a padded cache).
     """
 
     label: str
@@ -136,14 +137,10 @@ def gather_cache(keys: list[torch.Tensor], values: list[torch.Tensor], keep_map:
     """Physically keep only ``keep_map``'s entries, per layer and head (a new cache; inputs untouched).
 
     Cached keys are already RoPE-rotated at their original positions, so kept entries keep their
-    positions; later tokens must be fed with explicit original ``position_ids``.
+    positions; later tokens must be fed with explicit original ``position_ids``. An uneven map is gathered
+    row by row as padded: slots ``>= head_counts[l][h]`` of head ``h`` repeat its last kept entry, and whoever
+    attends to the cache must hide them (:func:`fi_toolkit.model.attention.hidden_slots`).
     """
-    if keep_map.uneven:
-        raise FIError(
-            f"keep map '{keep_map.label}' keeps different counts per KV head within a layer "
-            "(AdaKV-style): a dense cache cannot hold it, so it can be measured by `fi probe` "
-            "(masked per head) but not run by compressed decoding"
-        )
     data = [gather_layer(k, v, idx) for k, v, idx in zip(keys, values, keep_map.keep)]
     return DynamicCache(ddp_cache_data=data, config=config)
 

@@ -104,6 +104,23 @@ def test_a_press_that_merges_values_or_prunes_channels_is_refused(smollm, alice)
             bridge(spec, smollm, alice)
 
 
+def kvpress_masked_decoding(spec: str, model, ids) -> tuple[torch.Tensor, DynamicCache]:
+    """kvpress's own: its prefill of ``ids[:P]`` under the press, then the 64-token continuation ``ids[P:P + 64]``
+    in one forward, its AdaKV attention patch masking the evicted entries -> (float logits ``[64, V]``, its cache)."""
+    cont = ids[P : P + 64][None]
+    positions = torch.arange(P, P + 64)[None]
+    cache = DynamicCache(config=model.config)
+    press = make_press(parse_press_spec(spec, spec))
+    with torch.no_grad():
+        with press(model):  # kvpress's prefill: its hook records the masked entries on each layer
+            model.model(input_ids=ids[:P][None], past_key_values=cache, use_cache=True)
+        try:  # kvpress's decoding: the patched attention overwrites the masked keys in the cache
+            theirs = model(input_ids=cont, position_ids=positions, past_key_values=cache).logits[0]
+        finally:
+            restore(model, [layer.self_attn for layer in model.model.layers])
+    return theirs.float(), cache
+
+
 @pytest.mark.parametrize("spec", ["AdaKVPress/SnapKVPress@0.75", "CriticalAdaKVPress/SnapKVPress@0.75"])
 def test_adakv_keep_map_is_what_kvpress_masks_and_the_probe_masks_it_exactly(spec, smollm, alice, trace):
     """AdaKV keeps the whole cache and, while decoding, overwrites every evicted key with a fake key
@@ -117,16 +134,7 @@ def test_adakv_keep_map_is_what_kvpress_masks_and_the_probe_masks_it_exactly(spe
 
     model, ids = smollm.model, alice.ids
     cont = ids[P : P + 64][None]
-    positions = torch.arange(P, P + 64)[None]
-    cache = DynamicCache(config=model.config)
-    press = make_press(parse_press_spec(spec, spec))
-    with torch.no_grad():
-        with press(model):  # kvpress's prefill: its hook records the masked entries on each layer
-            model.model(input_ids=ids[:P][None], past_key_values=cache, use_cache=True)
-        try:  # kvpress's decoding: the patched attention overwrites the masked keys in the cache
-            theirs = model(input_ids=cont, position_ids=positions, past_key_values=cache).logits[0]
-        finally:
-            restore(model, [layer.self_attn for layer in model.model.layers])
+    theirs, cache = kvpress_masked_decoding(spec, model, ids)
     visible = keep_map.visible(P)
     for layer, original in enumerate(trace.keys):
         left = cache.layers[layer].keys[0, :, :P]
@@ -291,15 +299,25 @@ def test_a_press_in_fi_eval_compresses_the_prompt_as_the_bridge_does_then_at_eve
     assert masking.prefill_only  # kvpress applies it at the prefill only
 
 
-def test_an_adakv_press_in_fi_eval_is_refused_in_one_line(smollm, alice):
-    from fi_toolkit.compress.replay import replay
-    from fi_toolkit.errors import FIError
+def test_an_adakv_press_decodes_as_kvpress_masked_decoding(smollm, alice):
+    """The decode loop holds the press's uneven prompt map padded and hides the pads per head: the continuation's
+    logits are kvpress's own masked decoding's (which overwrites the evicted keys in its full cache)."""
+    from fi_toolkit.compress.decoder import CompressedDecoder
+    from fi_toolkit.model.attention import ragged_attention
     from fi_toolkit.policies.registry import resolve
 
-    # (window 16: with kvpress's default window of 64, a 256-token prompt at keep=0.25 keeps the window alone)
-    policy = resolve("kvpress:AdaKVPress/SnapKVPress:window_size=16", budget="keep=0.25")
-    with pytest.raises(FIError, match="different counts per KV head"):
-        replay(smollm.model, alice.ids[:320], 256, policy, 16)
+    model, ids = smollm.model, alice.ids
+    theirs, _ = kvpress_masked_decoding("AdaKVPress/SnapKVPress@0.75", model, ids)
+    policy = resolve("kvpress:AdaKVPress/SnapKVPress", budget="keep=0.25")  # compression_ratio 0.75 of 1,024
+    decoder = CompressedDecoder(model, policy, P + 64, interval=16)
+    try:
+        with ragged_attention(model):
+            _, keep = decoder.prefill(ids[:P])
+            ours = decoder.feed(ids[P : P + 64])
+    finally:
+        decoder.close()
+    assert keep.uneven and decoder.row.dead is not None and decoder.compression_steps == [0]  # the prompt only
+    assert (ours - theirs).abs().max() < 1e-4
 
 
 # --- the command line ------------------------------------------------------------------------------

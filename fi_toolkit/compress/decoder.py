@@ -23,6 +23,13 @@ prefill chunk (``prefill_chunk`` tokens x L layers x d) and never for more; per-
 ``(L + 1) x (prompt + max_new)`` float32; window attention reads ``w`` queries per layer, never an
 ``N x N`` matrix. Uneven per-layer budgets (adaptive InfoKV, PyramidKV) run through
 :func:`fi_toolkit.model.attention.ragged_attention`.
+
+Keep maps whose KV heads keep different counts (``learned:heads=global``, kvpress's AdaKV-style masked presses
+at the prompt) are held as kvpress's AdaKV holds them: a padded dense cache plus a mask. Each head's row is
+gathered padded (its pad slots repeat its last kept slot) and the pads are *dead* (``RowState.dead``): every
+forward hides them per KV head in every layer (:func:`fi_toolkit.model.attention.hidden_slots`, exactly zero
+weight), the tracker gives them no attention, and no later compression keeps one (``Signals.dead``). Masking
+equals deletion (tests/test_uneven_decode.py). While every head is even nothing of this runs.
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ from fi_toolkit.compress.sampling import Sampling
 from fi_toolkit.errors import FIError
 from fi_toolkit.eviction import KeepMap, gather_cache
 from fi_toolkit.model.architectures import check_model, context_limit, context_phrase, decoder_parts
-from fi_toolkit.model.attention import ragged_attention
+from fi_toolkit.model.attention import hidden_slots, ragged_attention
 from fi_toolkit.model.compat import cache_kwargs
 from fi_toolkit.policies import Policy, Signals
 from fi_toolkit.signals.config import SignalConfig
@@ -137,7 +144,8 @@ class Compression:
     prompt, at prefill), as in ``GenerationStats.compression_steps``; ``seen``: tokens in the sequence so far:
     queries at positions ``>= seen`` no longer see what it evicted. Kept only by a decoder that keeps maps
     (a replay's log): ``keep``, the policy's keep map in *slot* space (the cache before it), and
-    ``positions[l]`` ``[Hkv, k_l]``, the original positions each head holds after it."""
+    ``positions[l]`` ``[Hkv, k_l]``, the original positions each head holds after it (of an uneven map, the first
+    ``keep.head_counts[l][h]`` of head ``h``: the rest are its pads, which repeat its last)."""
 
     step: int
     seen: int
@@ -154,7 +162,9 @@ class RowState:
 
     ``seen``: tokens fed; ``prompt_len``: the prompt's tokens (prefilled, or fed after the prefill as its
     tail), from which the schedule counts; ``positions[l]`` ``[Hkv, n_l]``: the original position of every
-    cache slot; ``protected[l]``: leading slots never evicted (the prompt, when it is not compressible);
+    cache slot; ``dead[l]`` ``[Hkv, n_l]`` bool: the slots no query may see (the pads of an uneven keep map;
+    None while every head is even; a dead slot never comes back alive); ``protected[l]``: leading slots never
+    evicted (the prompt, when it is not compressible);
     ``tokens`` ``[capacity]``: fed ids by position (kvpress presses read them); ``lookahead``: the known
     future of a replay (what an oracle policy looks ahead to). The record: ``compressions`` (those that
     evicted), ``cache_lengths`` (the longest layer after each token fed after the prefill, before any
@@ -168,6 +178,7 @@ class RowState:
     seen: int = 0
     prompt_len: int = 0
     positions: list[torch.Tensor] = field(default_factory=list)
+    dead: list[torch.Tensor] | None = None
     protected: list[int] = field(default_factory=list)
     compressions: list[Compression] = field(default_factory=list)
     cache_lengths: list[int] = field(default_factory=list)
@@ -302,11 +313,6 @@ class CompressedDecoder:
         lookahead: Lookahead | None = None,
         keep_maps: bool = False,
     ):
-        if policy is not None and policy.uneven_heads:
-            raise FIError(
-                f"{policy.label} keeps different counts per KV head within a layer: a dense cache cannot hold it, "
-                "so fi probe measures it (masked per head) but compressed decoding cannot run it"
-            )
         self.model, self.policy = model, policy
         self.device = next(model.parameters()).device
         self.config = config or signal_config_for(policy)
@@ -418,12 +424,13 @@ class CompressedDecoder:
         if row.seen + q > row.tokens.numel():  # past the capacity the caller gave: grow the record
             row.tokens = torch.cat([row.tokens, row.tokens.new_zeros(row.seen + q - row.tokens.numel())])
         row.tokens[row.seen : row.seen + q] = ids.cpu()
-        hidden = self.model.base_model(
-            input_ids=ids[None].to(self.device),
-            position_ids=positions,
-            use_cache=True,
-            **cache_kwargs(self.model.base_model, self.cache),
-        ).last_hidden_state[0]
+        with hidden_slots(self.model, row.dead):  # an uneven cache's dead slots hidden per head (None: none)
+            hidden = self.model.base_model(
+                input_ids=ids[None].to(self.device),
+                position_ids=positions,
+                use_cache=True,
+                **cache_kwargs(self.model.base_model, self.cache),
+            ).last_hidden_state[0]
         logits = self.lm_head(hidden if every_row else hidden[-1:]).float()
         if self.tracker:
             self.tracker.record(hidden, logits[-1] if q == 1 else None)
@@ -485,7 +492,7 @@ class CompressedDecoder:
                 end = min(end, start + point - row.fed)
             if max_block is not None:
                 end = min(end, start + max_block)
-            lengths = self.lengths()
+            lengths = self.entries()
             yield FedBlock(self._feed(ids[start:end]), start, lengths)
             start = end
             if (start < ids.numel() or compress_at_end) and self.schedule.compresses_at(row.fed):
@@ -510,6 +517,8 @@ class CompressedDecoder:
         row, q = self.row, ids.numel()
         new = torch.arange(row.seen, row.seen + q, device=self.device).expand(row.positions[0].shape[0], q)
         row.positions = [torch.cat([pos, new], dim=1) for pos in row.positions]
+        if row.dead is not None:  # the new slots are live
+            row.dead = [torch.nn.functional.pad(d, (0, q)) for d in row.dead]
         logits = self._forward(ids, every_row=True)
         longest = max(self.lengths())
         row.cache_lengths.extend(range(longest - q + 1, longest + 1))
@@ -548,13 +557,32 @@ class CompressedDecoder:
             logits = self.step(tokens[-1])
 
     def lengths(self) -> list[int]:
+        """Every layer's slots (dead ones included: what the cache holds)."""
         return [int(l.keys.shape[2]) for l in self.cache.layers]
+
+    def live(self) -> list[torch.Tensor]:
+        """Per layer, the live slots of each KV head ``[Hkv]`` (every slot while no head has a dead one)."""
+        if self.row.dead is None:
+            return [torch.full((l.keys.shape[1],), int(l.keys.shape[2])) for l in self.cache.layers]
+        return [(~d).sum(dim=1).cpu() for d in self.row.dead]
+
+    def entries(self) -> list[int] | list[float]:
+        """Per layer, the entries a query attends to in the cache: :meth:`lengths` while every head is even,
+        else the mean over its KV heads of their live slots."""
+        if self.row.dead is None:
+            return self.lengths()
+        return [float(n.double().mean()) for n in self.live()]
 
     def signals(self) -> Signals:
         """The policy's view of the current cache, in slot space: the tracker's view (none without one),
         with the decoder's protected slots, token ids and model."""
         row = self.row
-        mine = {"protected": list(row.protected), "tokens": row.tokens[: row.seen], "model": self.model}
+        mine = {
+            "protected": list(row.protected),
+            "tokens": row.tokens[: row.seen],
+            "model": self.model,
+            "dead": row.dead,
+        }
         if self.tracker:
             return replace(self.tracker.view(row.positions), **mine)
         return Signals(
@@ -577,7 +605,8 @@ class CompressedDecoder:
             return None
         protected = max(row.protected)
         k = self.schedule.kept(row.seen, protected, self.config.window)
-        if k is None or max(self.lengths()) <= k:
+        held = self.lengths() if row.dead is None else [int(n.max()) for n in self.live()]
+        if k is None or max(held) <= k:
             return None
         _sync(self.device)
         t0 = time.perf_counter()
@@ -587,19 +616,45 @@ class CompressedDecoder:
             if estimates is None:
                 return None  # nothing left to look ahead to (fi_toolkit.compress.lookahead)
         keep_map = self.policy.keep_map(replace(self.signals(), fi_estimates=estimates))
+        dead = self._dead_after(keep_map)
+        if row.dead is not None:  # a layer budget shared over heads may leave every live slot in place
+            pads = [0] * len(keep_map.keep) if dead is None else [int(d.sum()) for d in dead]
+            after = [idx.numel() - n for idx, n in zip(keep_map.keep, pads)]
+            if after == [int((~d).sum()) for d in row.dead]:
+                return None
         kept = gather_cache(
             [l.keys for l in self.cache.layers], [l.values for l in self.cache.layers], keep_map, self.model.config
         )
         for layer, gathered in zip(self.cache.layers, kept.layers):  # in place: the tracker reads this cache
             layer.keys, layer.values = gathered.keys, gathered.values
         row.positions = [pos.gather(1, idx) for pos, idx in zip(row.positions, keep_map.keep)]
+        row.dead = dead
         if self.tracker:
-            self.tracker.compact(keep_map.keep)
+            self.tracker.compact(keep_map.keep, dead)
         _sync(self.device)
         row.compression_seconds += time.perf_counter() - t0
         maps = (keep_map, row.positions) if row.keep_maps else ()
         row.compressions.append(Compression(row.fed, row.seen, *maps))
         return keep_map
+
+    def _dead_after(self, keep_map: KeepMap) -> list[torch.Tensor] | None:
+        """Per layer, the dead slots of the cache gathered to ``keep_map`` ``[Hkv, k_l]``: an uneven map's pads
+        (slots ``>= head_counts[l][h]``) and any slot that was dead already (a dead slot never comes back alive);
+        None when there are none."""
+        row = self.row
+        if not keep_map.uneven and row.dead is None:
+            return None
+        dead = []
+        for layer, idx in enumerate(keep_map.keep):
+            idx = idx.to(self.device)
+            d = torch.zeros(idx.shape, dtype=torch.bool, device=self.device)
+            if keep_map.uneven:
+                counts = keep_map.head_counts[layer].to(self.device)
+                d |= torch.arange(idx.shape[1], device=self.device)[None, :] >= counts[:, None]
+            if row.dead is not None:
+                d |= row.dead[layer].gather(1, idx)
+            dead.append(d)
+        return dead if any(bool(d.any()) for d in dead) else None
 
 
 def encode_prompt(tokenizer, prompt: str, chat: bool | None = None) -> torch.Tensor:

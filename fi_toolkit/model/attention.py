@@ -7,6 +7,9 @@ attention function that re-aligns a 4-D mask to each layer's key length: the mas
 (the newest keys keep their causal pattern) and cropped or left-padded with "visible" on the
 prefix side. That is exact whenever every cached prefix entry is visible, which is the case after a
 physical gather (evicted entries are gone, not masked). Single-token decoding passes no mask at all.
+
+Keep maps whose KV heads keep different counts are held padded (each head's row repeats its last kept
+slot): inside :func:`hidden_slots` the same wrapper also hides those dead slots per KV head.
 """
 
 from __future__ import annotations
@@ -33,9 +36,37 @@ def align_mask(mask: torch.Tensor | None, key_len: int) -> torch.Tensor | None:
     return F.pad(mask, (-extra, 0), value=True if mask.dtype == torch.bool else 0.0)
 
 
+# Per-head dead slots of a compressed decoder (uneven per-head keep maps held in a padded dense cache, as
+# kvpress's AdaKV does): while a `hidden_slots` block runs, the ragged attention also hides, per layer and KV
+# head, the cached slots marked dead. One decoder's forward at a time (set around each of its forwards).
+_DEAD: dict = {}
+
+
+def hide_dead(mask: torch.Tensor | None, dead: torch.Tensor, groups: int, query: torch.Tensor, key_len: int):
+    """A ``[B, 1, q, K]`` mask right-aligned to this layer's keys (bool, True: visible; additive float; or None:
+    causal) -> ``[B, Hq, q, K]`` with the first ``p`` keys hidden per head where ``dead [Hkv, p]`` is True. Query
+    head ``h`` reads KV head ``h // groups``. Hidden keys get exactly zero weight: False in a bool mask,
+    ``finfo.min`` in a float one (every query still sees its own key, so no row is all hidden)."""
+    q, p = query.shape[-2], dead.shape[1]
+    hidden = F.pad(dead.to(query.device).repeat_interleave(groups, dim=0), (0, key_len - p))[None, :, None, :]
+    if mask is None:  # causal, right-aligned: query i sees keys [0, key_len - q + i]
+        keys = torch.arange(key_len, device=query.device)
+        causal = keys[None, :] <= torch.arange(key_len - q, key_len, device=query.device)[:, None]
+        mask = torch.zeros(causal.shape, dtype=query.dtype, device=query.device).masked_fill(
+            ~causal, torch.finfo(query.dtype).min
+        )[None, None]
+    if mask.dtype == torch.bool:
+        return mask & ~hidden
+    return torch.where(hidden, torch.tensor(torch.finfo(mask.dtype).min, dtype=mask.dtype, device=mask.device), mask)
+
+
 def _ragged(attention_fn):
     def forward(module, query, key, value, attention_mask, *args, **kwargs):
-        return attention_fn(module, query, key, value, align_mask(attention_mask, key.shape[-2]), *args, **kwargs)
+        mask = align_mask(attention_mask, key.shape[-2])
+        dead = _DEAD.get("slots")
+        if dead is not None and dead[module.layer_idx] is not None:
+            mask = hide_dead(mask, dead[module.layer_idx], query.shape[1] // key.shape[1], query, key.shape[-2])
+        return attention_fn(module, query, key, value, mask, *args, **kwargs)
 
     return forward
 
@@ -83,6 +114,24 @@ def ragged_attention(model: torch.nn.Module):
         yield model
     finally:
         model.set_attn_implementation(previous)
+
+
+@contextmanager
+def hidden_slots(model: torch.nn.Module, dead: list[torch.Tensor | None] | None):
+    """Run ``model``'s forwards inside the block under :func:`ragged_attention` with, per layer, the cached slots
+    ``dead[l] [Hkv, p_l]`` (True: a pad slot no query may see) hidden per KV head from every query: a padded
+    dense cache then attends exactly as the uneven cache it holds (kvpress's AdaKV masks the same way).
+    ``dead=None`` (every head even): nothing changes, the block runs as it would without this."""
+    if dead is None:
+        yield model
+        return
+    previous = _DEAD.get("slots")
+    with ragged_attention(model):
+        _DEAD["slots"] = dead
+        try:
+            yield model
+        finally:
+            _DEAD["slots"] = previous
 
 
 # Per-head visibility of the prefix (uneven per-head keep maps, AdaKV-style): while a

@@ -153,6 +153,55 @@ def select_across_heads(scores: torch.Tensor, keep: int, protected: int, window:
     return [torch.sort(torch.cat([fixed, torch.nonzero(c).flatten() + protected])).values for c in chosen]
 
 
+def select_live(
+    scores: torch.Tensor, keep: int, protected: int, window: int, dead: torch.Tensor, across_heads: bool = False
+) -> list[torch.Tensor]:
+    """:func:`select` (``across_heads``: :func:`select_across_heads`) over each head's *live* slots, as if its dead
+    slots (``dead [Hkv, n]``, True: the pad of an uneven keep map held in a dense cache) were deleted: a head's
+    protected slots are its first ``protected`` live ones, its window its last ``window`` live ones, and only the
+    live slots between are candidates (their scores must be finite; dead slots' scores are never read). A head
+    holding ``keep`` live slots or fewer keeps them all. Across heads, the layer keeps ``Hkv * keep`` live slots
+    in all (everything live, if fewer): every head's protected slots and window, then the top-scored candidates
+    over all the heads (ties: the earlier slot, then the lower head). A dead slot is never kept.
+
+    Returns:
+        ``Hkv`` sorted int64 tensors of slot indices (counts may differ per head).
+    """
+    import torch
+
+    hkv, n = scores.shape
+    if keep - protected - window < 0:
+        raise FIError(f"a budget of {keep} cannot hold the {protected} protected entries and the window of {window}")
+    live = ~dead.to(scores.device)
+    held = live.sum(dim=1)  # [Hkv]
+    rank = live.cumsum(dim=1) - 1  # each slot's index among its head's live slots
+    fixed = live & ((rank < protected) | (rank >= (held - window)[:, None]))
+    candidates = live & ~fixed
+    values = scores if across_heads else scores.float()
+    if not torch.isfinite(values[candidates]).all():
+        raise FIError(
+            "a policy produced non-finite scores (NaN or inf) for entries it may evict; refusing to rank them"
+        )
+    ranked = values.masked_fill(~candidates, float("-inf"))
+    chosen = fixed.clone()
+    if across_heads:
+        if int(held.sum()) <= hkv * keep:
+            chosen = live
+        else:
+            picks = hkv * keep - int(fixed.sum())
+            slot_major = ranked.t().reshape(-1)  # index j * Hkv + h: ties in slot, then head order
+            order = torch.sort(slot_major, descending=True, stable=True).indices[:picks]
+            chosen[order % hkv, order // hkv] = True
+    else:
+        for h in range(hkv):
+            if int(held[h]) <= keep:
+                chosen[h] = live[h]
+            else:
+                order = torch.sort(ranked[h], descending=True, stable=True).indices[: keep - protected - window]
+                chosen[h, order] = True
+    return [torch.nonzero(c).flatten() for c in chosen]
+
+
 @dataclass
 class Policy:
     """Base of every policy: a :class:`~fi_toolkit.budget.Budget` and the observation window.
@@ -177,7 +226,7 @@ class Policy:
     tracks_accumulated: ClassVar[bool] = False  # H2O: accumulate attention over decoding steps
     prefill_only: ClassVar[bool] = False  # kvpress presses: compress the prompt only, never while decoding
     no_layer_weight: ClassVar[str] = ""  # why Adaptive refuses the policy (no scores to share layers by); "": it can
-    uneven_heads: ClassVar[bool] = False  # True: heads of a layer keep different counts (a dense cache cannot)
+    uneven_heads: ClassVar[bool] = False  # True: heads of a layer keep different counts (decoding pads and masks)
 
     def __post_init__(self):
         self.budget = Budget.parse(self.budget)
@@ -231,6 +280,10 @@ class Policy:
         lo, hi = s.protected[layer], s.slots(layer) - s.window
         if hi <= lo:
             return torch.zeros((), dtype=torch.float64)
+        dead = s.dead_in(layer)
+        if dead is not None:  # dead slots are no candidates
+            live = ~dead[:, lo:hi]
+            return self.scores(s, layer)[:, lo:hi].double()[live].mean() if bool(live.any()) else live.new_zeros(())
         return self.scores(s, layer)[:, lo:hi].double().mean()
 
     def layer_budgets(self, s: Signals, k: int) -> list[int]:
@@ -252,13 +305,34 @@ class Policy:
             raise FIError(f"{self.name}: signals were traced with window {s.window}, the policy uses {self.window}")
         k = self.tokens(s.seen, max(s.protected))
         budgets = self.layer_budgets(s, k)
-        keep = [
-            select(self.scores(s, layer), budgets[layer], s.protected[layer], s.window) for layer in range(s.num_layers)
-        ]
         meta = {
             "selector": f"policy:{self.name}",
             "budget": self.budget.label,
             "policy": self.name,
             "per_layer": budgets,
         }
+        if s.dead is not None and any(s.dead_in(layer) is not None for layer in range(s.num_layers)):
+            return KeepMap.from_heads(f"policy:{self.label}", self.live_heads(s, budgets), meta)
+        keep = [
+            select(self.scores(s, layer), budgets[layer], s.protected[layer], s.window) for layer in range(s.num_layers)
+        ]
         return KeepMap(f"policy:{self.label}", keep, meta)
+
+    def live_heads(self, s: Signals, budgets: list[int], across_heads: bool = False) -> list[list[torch.Tensor]]:
+        """Per layer, each head's kept slots when the cache holds dead slots (:func:`select_live`; a layer
+        without any, :func:`select` or :func:`select_across_heads`)."""
+        out = []
+        for layer in range(s.num_layers):
+            scores, dead = self.scores_for_heads(s, layer, across_heads), s.dead_in(layer)
+            args = (budgets[layer], s.protected[layer], s.window)
+            if dead is not None:
+                out.append(select_live(scores, *args, dead, across_heads))
+            elif across_heads:
+                out.append(select_across_heads(scores, *args))
+            else:
+                out.append(list(select(scores, *args)))
+        return out
+
+    def scores_for_heads(self, s: Signals, layer: int, across_heads: bool) -> torch.Tensor:
+        """The scores :meth:`live_heads` ranks: :meth:`scores` (a policy ranking across heads says otherwise)."""
+        return self.scores(s, layer)

@@ -65,12 +65,18 @@ LEARNED_FEATURES = (*FEATURES, *EXTRA)
 ROW_FEATURES = ("depth", "kv_head")  # known from a row's layer and head: fi fit-data stores no column for them
 
 
-def keydiff(keys: torch.Tensor) -> torch.Tensor:
-    """KeyDiff's score of keys ``[1, Hkv, n, d]`` -> ``[Hkv, n]`` float64 (module docstring)."""
+def keydiff(keys: torch.Tensor, dead: torch.Tensor | None = None) -> torch.Tensor:
+    """KeyDiff's score of keys ``[1, Hkv, n, d]`` -> ``[Hkv, n]`` float64 (module docstring); ``dead [Hkv, n]``
+    (an uneven cache's pad slots): left out of the anchor."""
     import torch
 
     k = torch.nn.functional.normalize(keys[0].double(), dim=-1)
-    anchor = torch.nn.functional.normalize(k.mean(dim=1, keepdim=True), dim=-1)
+    if dead is None:
+        mean = k.mean(dim=1, keepdim=True)
+    else:
+        live = (~dead.to(k.device)).double()[..., None]
+        mean = (k * live).sum(dim=1, keepdim=True) / live.sum(dim=1, keepdim=True)
+    anchor = torch.nn.functional.normalize(mean, dim=-1)
     return -(k * anchor).sum(dim=-1)
 
 
@@ -132,11 +138,17 @@ def average_rotation(rotary, start: int, horizon: int, head_dim: int, like: torc
 
 
 def expected_attention(
-    moments: tuple, keys: torch.Tensor, values: torch.Tensor, rotation: torch.Tensor, sinks: int = QUERY_SINKS
+    moments: tuple,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    rotation: torch.Tensor,
+    sinks: int = QUERY_SINKS,
+    dead: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """ExpectedAttention's score (module docstring) of keys and values ``[1, Hkv, n, d]`` under query statistics
     ``moments`` (:func:`~fi_toolkit.signals.formulas.add_query_moments`, ``Hq`` heads) and the averaged rotation
-    ``rotation`` (:func:`average_rotation`) -> ``[Hkv, n]`` float64."""
+    ``rotation`` (:func:`average_rotation`) -> ``[Hkv, n]`` float64. ``dead [Hkv, n]`` (an uneven cache's pad
+    slots): zero weight in the softmax, which runs over the live slots, and a score of 0."""
     import math
 
     import torch
@@ -152,14 +164,18 @@ def expected_attention(
     group = mean.shape[0] // hkv
     k = keys[0, :, sinks:].double().to(mean.device).repeat_interleave(group, dim=0)  # [Hq, n - sinks, d]
     logits = (k @ mean[:, :, None])[..., 0] / math.sqrt(d) + ((k @ cov) * k).sum(dim=-1) / d / 2
+    if dead is not None:
+        hidden = dead[:, sinks:].to(logits.device).repeat_interleave(group, dim=0)
+        logits = logits.masked_fill(hidden, float("-inf"))
     scores = torch.softmax(logits, dim=-1).view(hkv, group, n - sinks).mean(dim=1)
     scores = scores * values[0, :, sinks:].double().to(scores.device).norm(dim=-1)
     return torch.cat([scores.new_full((hkv, sinks), scores.max().item() + 1), scores], dim=1)
 
 
-def tova(last_query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+def tova(last_query: torch.Tensor, keys: torch.Tensor, dead: torch.Tensor | None = None) -> torch.Tensor:
     """TOVA's score (module docstring) of keys ``[1, Hkv, n, d]`` under the last row's rotated query
-    ``[Hq, d]`` -> ``[Hkv, n]`` float64."""
+    ``[Hq, d]`` -> ``[Hkv, n]`` float64. ``dead [Hkv, n]`` (an uneven cache's pad slots): zero weight, each query
+    head's softmax over its KV head's live slots."""
     import math
 
     import torch
@@ -167,7 +183,10 @@ def tova(last_query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     hkv, n, d = keys.shape[1:]
     q = last_query.double()
     k = keys[0].double().to(q.device).repeat_interleave(q.shape[0] // hkv, dim=0)  # [Hq, n, d]
-    attention = torch.softmax((k @ q[:, :, None])[..., 0] / math.sqrt(d), dim=-1)[:, :-1].mean(dim=0)
+    logits = (k @ q[:, :, None])[..., 0] / math.sqrt(d)
+    if dead is not None:
+        logits = logits.masked_fill(dead.to(q.device).repeat_interleave(q.shape[0] // hkv, dim=0), float("-inf"))
+    attention = torch.softmax(logits, dim=-1)[:, :-1].mean(dim=0)
     return torch.cat([attention, attention.max()[None] + 1]).expand(hkv, n)
 
 
@@ -181,14 +200,14 @@ def expected_attention_scores(s: Signals, layer: int) -> torch.Tensor:
         )
     keys = s.keys[layer]
     rotation = average_rotation(s.rotary, s.seen, FUTURE_POSITIONS, keys.shape[-1], keys)
-    return expected_attention(moments, keys, _values(s, layer, "expected_attention"), rotation)
+    return expected_attention(moments, keys, _values(s, layer, "expected_attention"), rotation, dead=s.dead_in(layer))
 
 
 def tova_scores(s: Signals, layer: int) -> torch.Tensor:
     """:func:`tova` of one layer of the signals ``s`` -> ``[Hkv, n_l]`` float64."""
     if s.last_query is None:
         raise FIError("tova needs the last row's query; these signals carry none")
-    return tova(s.last_query[layer], s.keys[layer])
+    return tova(s.last_query[layer], s.keys[layer], s.dead_in(layer))
 
 
 def _out_proj(s: Signals, layer: int) -> torch.Tensor:
@@ -231,7 +250,7 @@ def learned_matrix(s: Signals, layer: int, names, entropy_of: str, tau: float) -
         elif name == "kv_head":
             rows.append(torch.arange(hkv, dtype=torch.float64, device=device)[:, None].expand(hkv, n))
         elif name == "keydiff":
-            rows.append(keydiff(s.keys[layer]))
+            rows.append(keydiff(s.keys[layer], s.dead_in(layer)))
         elif name == "vnorm":
             rows.append(vnorm(_values(s, layer, name)))
         elif name in ("wo_vnorm", "acc_wo_vnorm"):

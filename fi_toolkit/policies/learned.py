@@ -30,8 +30,9 @@ policy keeps and the budget means the same. It needs a model trained with one qu
 are only trained to rank within a head, and LambdaRank's gradients sum to zero within each query group, so
 nothing in its training sets the offsets between heads (its gain on the KV head's index is 0), and a top-k
 across heads would share budgets by those arbitrary offsets; such a file is refused. The keep map is uneven
-(:class:`~fi_toolkit.eviction.KeepMap`): ``fi probe`` measures it by masking per head; compressed decoding,
-whose dense cache holds one count per layer, refuses the policy.
+(:class:`~fi_toolkit.eviction.KeepMap`): ``fi probe`` measures it by masking per head; compressed decoding holds it
+padded in its dense cache and hides each head's pad slots from every query (its dead slots, as kvpress's AdaKV
+masks), and later compressions share the layer's budget over the live entries only.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from fi_toolkit.errors import FIError
-from fi_toolkit.policies.base import as_signals, select_across_heads
+from fi_toolkit.policies.base import as_signals
 from fi_toolkit.policies.features import EXTRA, LEARNED_FEATURES, learned_matrix  # noqa: F401 (re-exported)
 from fi_toolkit.policies.fitted import (
     TOKEN_FEATURES,
@@ -244,10 +245,7 @@ class Learned(Fitted):
             raise FIError(f"{self.name}: signals were traced with window {s.window}, the policy uses {self.window}")
         k = self.tokens(s.seen, max(s.protected))
         budgets = self.layer_budgets(s, k)
-        heads = [
-            select_across_heads(self.linear_score(s, layer), budgets[layer], s.protected[layer], s.window)
-            for layer in range(s.num_layers)
-        ]
+        heads = self.live_heads(s, budgets, across_heads=True)
         meta = {
             "selector": f"policy:{self.name}",
             "budget": self.budget.label,
@@ -256,3 +254,8 @@ class Learned(Fitted):
             "heads": "global",
         }
         return KeepMap.from_heads(f"policy:{self.label}", heads, meta)
+
+    def scores_for_heads(self, s: Signals, layer: int, across_heads: bool) -> torch.Tensor:
+        """Across heads, the raw float64 scores (comparable across the heads of a layer); within a head, the ranks
+        :meth:`scores` gives."""
+        return self.linear_score(s, layer) if across_heads else self.scores(s, layer)

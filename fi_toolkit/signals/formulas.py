@@ -45,12 +45,16 @@ def pool_scores(scores: torch.Tensor, kernel: int) -> torch.Tensor:
     return pooled.reshape(scores.shape)
 
 
-def attention_received(queries: torch.Tensor, keys: torch.Tensor, scaling: float) -> torch.Tensor:
+def attention_received(
+    queries: torch.Tensor, keys: torch.Tensor, scaling: float, dead: torch.Tensor | None = None
+) -> torch.Tensor:
     """Attention each key receives, summed over ``queries``, averaged over each GQA group -> ``[Hkv, p]``.
 
     ``queries [Hq, n, hd]`` are the RoPE-rotated queries of the last ``n`` positions of a sequence
     whose rotated keys are ``keys [Hkv, p, hd]``; causal softmax in float32, unpooled. This is the
     one scale H2O accumulates on (window queries at prefill, each generated query after).
+    ``dead [Hkv, p]`` (True: a pad slot of an uneven cache): those keys get exactly zero weight and the
+    softmax runs over the others, as if they were not there (the last ``n`` slots must be live).
     """
     n_q, n, _ = queries.shape
     n_kv, p, _ = keys.shape
@@ -60,6 +64,8 @@ def attention_received(queries: torch.Tensor, keys: torch.Tensor, scaling: float
     query_pos = torch.arange(p - n, p, device=keys.device)[:, None]
     key_pos = torch.arange(p, device=keys.device)[None, :]
     scores = scores.masked_fill(key_pos > query_pos, float("-inf"))
+    if dead is not None:
+        scores = scores.masked_fill(dead.to(keys.device).repeat_interleave(groups, dim=0)[:, None, :], float("-inf"))
     return torch.softmax(scores, dim=-1).sum(dim=1).view(n_kv, groups, p).mean(dim=1)
 
 
@@ -68,6 +74,7 @@ def window_attention(
     keys: torch.Tensor,
     scaling: float,
     pool_kernel: int = 7,
+    dead: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Window attention per KV head (docs/method.md, signal 4) -> ``[Hkv, p]``.
 
@@ -75,7 +82,17 @@ def window_attention(
     mean over each GQA group), average-pooled over the scored positions ``[0, p - w)`` (the window's
     own scores are left unpooled: pooling across the boundary would leak window mass into the last
     scored tokens). Pooling and the group mean are both linear, so their order does not matter.
+    ``dead [Hkv, p]`` (True: a pad slot of an uneven cache): each head is scored over its live slots alone,
+    as if the dead ones were deleted (softmax, pooling and the window's boundary), and its dead slots score 0.
     """
+    if dead is not None and bool(dead.any()):  # each head over its live slots, as if its dead ones were deleted
+        groups = queries.shape[0] // keys.shape[0]
+        out = torch.zeros(keys.shape[:2], dtype=torch.float32, device=keys.device)
+        for h, hidden in enumerate(dead.to(keys.device)):
+            live = torch.nonzero(~hidden).flatten()
+            head = queries[h * groups : (h + 1) * groups]
+            out[h, live] = window_attention(head, keys[h : h + 1, live], scaling, pool_kernel)[0]
+        return out
     w = queries.shape[1]
     p = keys.shape[1]
     attn = attention_received(queries, keys, scaling) / w

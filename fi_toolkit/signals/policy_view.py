@@ -45,6 +45,9 @@ class Signals:
     query_moments: list[tuple | None] | None = None
     last_query: list[torch.Tensor] | None = None  # per layer [Hq, hd]: the RoPE-rotated query of the last row fed
     rotary: object = None  # the model's rotary embedding module (cos, sin of any position)
+    # per layer [Hkv, n_l] bool, True: a dead slot (the pad of an uneven keep map held in a dense cache, which no
+    # query sees and no policy may keep); None while every head is even. Policies rank live slots only.
+    dead: list[torch.Tensor] | None = None
 
     def __post_init__(self):
         if not self.protected:
@@ -56,6 +59,12 @@ class Signals:
 
     def slots(self, layer: int) -> int:
         return int(self.keys[layer].shape[2])
+
+    def dead_in(self, layer: int) -> torch.Tensor | None:
+        """``layer``'s dead slots ``[Hkv, n_l]``, or None when it has none (every slot live)."""
+        if self.dead is None or self.dead[layer] is None or not bool(self.dead[layer].any()):
+            return None
+        return self.dead[layer]
 
     @classmethod
     def from_trace(cls, trace) -> Signals:

@@ -57,6 +57,9 @@ class SignalTracker:
     - ``accumulated``: per layer, H2O's accumulator ``[Hkv, n_l]`` in slot space (attention each
       cache slot received from the window queries at the prefill and from every row fed after it),
       or None before :meth:`start_decoding` and when not ``accumulate``.
+    - ``dead``: per layer, the bound cache's dead slots ``[Hkv, m_l]`` (True: a pad slot of an uneven keep map,
+      which no query sees; slots past ``m_l``, fed since, are live), as the last :meth:`compact` set them; None
+      while every head is even. Dead slots get zero attention in the accumulator and the window attention.
     - ``moments``: per layer, :func:`~fi_toolkit.signals.formulas.add_query_moments` of the pre-RoPE queries
       of the rows fed since the last :meth:`compact` (the prefill's included), past the first
       ``QUERY_SINKS`` of them (kvpress's ExpectedAttention leaves them out), or None before such a row.
@@ -89,6 +92,7 @@ class SignalTracker:
         self.distance: torch.Tensor | None = None
         self.queries: list[torch.Tensor | None] = []
         self.accumulated: list[torch.Tensor] | None = None
+        self.dead: list[torch.Tensor] | None = None
         self.moments: list[tuple | None] = []
         self.span: list[int] = []  # per layer, rows fed since the last compact (QUERY_SINKS of them are skipped)
         self._model = None
@@ -166,7 +170,9 @@ class SignalTracker:
             keys = self._cache.layers[i].keys[0]  # already holds the keys of this forward's rows (the last slots)
             acc = self.accumulated[i]
             acc = torch.cat([acc, acc.new_zeros(keys.shape[0], keys.shape[1] - acc.shape[1])], dim=1)
-            self.accumulated[i] = acc + signals.attention_received(q, keys, module.scaling)
+            self.accumulated[i] = acc + signals.attention_received(
+                q, keys, module.scaling, self._dead(i, keys.shape[1])
+            )
 
     def _buffer(self, layer: int, hidden_states: torch.Tensor, position_embeddings) -> None:
         """Append the rows just fed to ``layer``'s buffer of attention inputs (and, once per forward, their
@@ -227,12 +233,13 @@ class SignalTracker:
         if self.accumulate and self.accumulated is None:
             self.accumulated = [self._received(i, layer.keys) for i, layer in enumerate(cache.layers)]
 
-    def compact(self, keep: list[torch.Tensor]) -> None:
+    def compact(self, keep: list[torch.Tensor], dead: list[torch.Tensor] | None = None) -> None:
         """The bound cache was compacted to ``keep``: gather the per-slot state (H2O's accumulator).
 
         ``keep``: per layer, the kept slots of each KV head, ``[Hkv, n_keep_l]`` long tensors (a
-        :class:`~fi_toolkit.eviction.KeepMap`'s ``keep``). Per-position signals (H, D) and the window
-        queries do not depend on slots and stay as they are."""
+        :class:`~fi_toolkit.eviction.KeepMap`'s ``keep``). ``dead``: per layer, the compacted cache's dead
+        slots ``[Hkv, n_keep_l]`` (an uneven map's pads; None: none), whose accumulated attention is zero.
+        Per-position signals (H, D) and the window queries do not depend on slots and stay as they are."""
         if self._cache is None:
             raise FIError("compact() needs start_decoding(cache) first")
         for layer, (idx, cached) in enumerate(zip(keep, self._cache.layers, strict=True)):
@@ -243,6 +250,9 @@ class SignalTracker:
                 )
         if self.accumulated is not None:
             self.accumulated = [a.gather(1, idx.to(a.device)) for a, idx in zip(self.accumulated, keep)]
+            if dead is not None:  # a pad slot repeats its head's last kept slot: it received nothing
+                self.accumulated = [a.masked_fill(d.to(a.device), 0.0) for a, d in zip(self.accumulated, dead)]
+        self.dead = dead
         if self.hidden_buffer:  # a compression empties the buffer, as kvpress's DecodingPress does
             self.inputs, self.rope = [None] * len(self.inputs), None
         self.moments, self.span = [None] * len(self.moments), [0] * len(self.span)  # so do its query statistics
@@ -270,6 +280,8 @@ class SignalTracker:
             s.entropy = [entropy[pos] for pos in positions]
             s.distance = [self.distance[i][pos] for i, pos in enumerate(positions)]
         s.attention = [self._window_attention(i, k) for i, k in enumerate(keys)]
+        if self.dead is not None:
+            s.dead = [self._dead(i, k.shape[2]) for i, k in enumerate(keys)]
         s.accumulated = self.accumulated
         s.values = [layer.values for layer in self._cache.layers]
         s.out_proj = self._out_proj()
@@ -317,6 +329,7 @@ class SignalTracker:
                 child.rope = (self.rope[0][:, -buffer:].clone(), self.rope[1][:, -buffer:].clone())
         if accumulate and self.accumulated is not None:
             child.accumulated = [a.clone() for a in self.accumulated]
+        child.dead = None if self.dead is None else [d.clone() for d in self.dead]
         return child
 
     # ---- scores over the queries -------------------------------------------------------------------
@@ -326,7 +339,21 @@ class SignalTracker:
 
     def _window_attention(self, layer: int, keys: torch.Tensor) -> torch.Tensor:
         """Pooled window attention of ``layer`` over ``keys [1, Hkv, n, hd]`` -> ``[Hkv, n]``."""
-        return signals.window_attention(self.queries[layer], keys[0], self._scaling(layer), self.config.pool_kernel)
+        return signals.window_attention(
+            self.queries[layer],
+            keys[0],
+            self._scaling(layer),
+            self.config.pool_kernel,
+            self._dead(layer, keys.shape[2]),
+        )
+
+    def _dead(self, layer: int, n: int) -> torch.Tensor | None:
+        """``layer``'s dead slots among ``n`` (the slots fed after the last compaction are live) -> ``[Hkv, n]``
+        bool, or None when it has none."""
+        if self.dead is None:
+            return None
+        dead = self.dead[layer]
+        return torch.nn.functional.pad(dead, (0, n - dead.shape[1])) if n > dead.shape[1] else dead[:, :n]
 
     def _received(self, layer: int, keys: torch.Tensor) -> torch.Tensor:
         """Attention the kept window queries gave each of ``keys``, summed, unpooled -> ``[Hkv, n]``."""

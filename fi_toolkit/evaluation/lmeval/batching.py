@@ -36,7 +36,7 @@ from fi_toolkit.evaluation.lmeval.arguments import AUTO
 from fi_toolkit.evaluation.lmeval.requests import CacheRecord, score_continuation
 from fi_toolkit.eviction import shared_cache
 from fi_toolkit.model.architectures import decoder_parts
-from fi_toolkit.model.attention import ragged_attention
+from fi_toolkit.model.attention import hidden_slots, ragged_attention
 from fi_toolkit.model.compat import cache_kwargs
 from fi_toolkit.policies import Policy
 
@@ -198,6 +198,7 @@ def _score_from_context(
     first = first[None]  # [1, V]: the context's last logits score every continuation's first token
     keys, values = [l.keys for l in decoder.cache.layers], [l.values for l in decoder.cache.layers]
     entries, steps, label = max(decoder.lengths()), decoder.compression_steps, policy.label
+    dead = decoder.row.dead  # an uneven prompt map's pads, hidden per head in every row (None: none)
     order = sorted(members, key=lambda i: -len(pairs[i][1]))
 
     def run(rows: list[int]) -> None:
@@ -207,7 +208,7 @@ def _score_from_context(
             ids = _right_padded([f or [pairs[i][1][0]] for f, i in zip(fed, rows)], device)
             positions = torch.arange(p, p + ids.shape[1], device=device).expand(len(rows), -1)
             cache = shared_cache(keys, values, len(rows), model.config)
-            with ragged_attention(model):
+            with ragged_attention(model), hidden_slots(model, dead):
                 hidden = base(
                     input_ids=ids, position_ids=positions, use_cache=True, **cache_kwargs(base, cache)
                 ).last_hidden_state

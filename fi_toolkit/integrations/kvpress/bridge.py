@@ -255,6 +255,11 @@ class PressPolicy(Policy):
     def keep_map(self, signals) -> KeepMap:
         s = signals
         if s.inputs is not None and any(h is not None for h in s.inputs):  # rows decoded since a compression
+            if s.dead is not None and any(s.dead_in(layer) is not None for layer in range(s.num_layers)):
+                raise FIError(
+                    f"{self.name}: kvpress's decoding compression scores a dense cache; this one holds the "
+                    "masked pads of an uneven keep map"
+                )
             from fi_toolkit.integrations.kvpress.decoding import decoding_keep_map
 
             k = self.kept_total(s.seen, max(s.protected))
@@ -279,11 +284,8 @@ class PressPolicy(Policy):
                 f"{ratio:g}; kvpress needs one in (0, 1)"
             )
         spec = dataclasses.replace(self.spec, ratio=ratio)
+        # a masked press (AdaKV-style) keeps different counts per KV head: the decoder holds its map padded and
+        # hides the pads per head (compress/decoder.py)
         keep_map = run_press(make_press(spec), s.model, s.tokens, n, self.label).keep_map
-        if keep_map.uneven:
-            raise FIError(
-                f"{self.name} keeps different counts per KV head (AdaKV-style): `fi probe` measures "
-                "it (masked per head); compressed decoding needs a dense cache and cannot run it"
-            )
         keep_map.keep = [k.to(s.keys[0].device) for k in keep_map.keep]
         return keep_map
