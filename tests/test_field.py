@@ -247,3 +247,30 @@ def test_field_task_accuracy_equals_fi_eval_task_answers(tmp_path, capsys):
     assert board.loc["snapkv", "full_accuracy"] == pytest.approx(full, abs=1e-12)
     assert np.isnan(board.loc["random-positions", "accuracy"])  # the anchors select in prefill only
     assert "accur" in stdout  # the printed leaderboard has the column (rich shortens its header)
+
+
+@pytest.mark.kvpress
+@pytest.mark.smollm
+def test_a_method_failing_while_it_answers_a_task_is_refused_and_the_rest_answer_as_without_it(tmp_path, capsys):
+    """CompactorPress scores at the prefill only: at its first compression while decoding it fails. The field lists it
+    in refused.csv (stage tasks, once for both samples) and SnapKV answers exactly as fi eval --task answers alone."""
+    pytest.importorskip("kvpress")
+    task = ["--task", "passkey", "--max-new", "8", "--interval", "4"]
+    field = ["field", "alice", "--policy", "snapkv", "--policy", "kvpress:CompactorPress", *COMMON]
+    field += ["--distances", "0", "--chunk-len", "32", "--budget", "keep=0.5", "--resamples", "0", "--seeds", "1"]
+    _run([*field, *task, "--task-context", "200", "--task-samples", "2", "--out", str(tmp_path / "f")], capsys)
+    evaluate = ["eval", "--policy", "snapkv", "--budget", "keep=0.5", *task, "--context", "200", "--samples", "2"]
+    _run([*evaluate, "--resamples", "0", "--out", str(tmp_path / "e")], capsys)
+
+    refused = read_table(tmp_path / "f" / "refused.csv")
+    tasks = refused[refused["stage"] == "tasks"]
+    assert tasks["method"].tolist() == ["kvpress:CompactorPress"] and "prefill" in tasks["reason"].iloc[0]
+    keys = ["task", "context", "seed", "protocol", "policy", "budget"]
+    mine, theirs = (
+        read_table(tmp_path / d / "answers.csv").sort_values(keys, kind="stable").reset_index(drop=True)
+        for d in ("f", "e")
+    )
+    assert set(mine["method"]) == {"full", "snapkv"} and len(mine) == len(theirs) == 2 * 2
+    for column in ("output", "correct", "compressed_tokens", "kept_entries"):
+        assert list(mine[column]) == list(theirs[column]), column
+    assert mine["answer_kl"].to_numpy().tobytes() == theirs["answer_kl"].to_numpy().tobytes()

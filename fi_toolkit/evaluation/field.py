@@ -233,8 +233,8 @@ def run_field(
 
     def compute(unit):
         if isinstance(unit, SampleUnit):
-            answers = task_cell(lm, unit, entries, settings.tasks, settings.interval, config)
-            return {**_empty_cell(), "answers": answers}
+            answers, refused = task_cell(lm, unit, entries, settings.tasks, settings.interval, config, _task_refusal)
+            return {**_empty_cell(), "answers": answers, "refused": pd.DataFrame(refused, columns=REFUSED_COLUMNS)}
         doc, shared = setup(unit)
         method = cells[unit.index]
         tables = field_cell(
@@ -258,7 +258,7 @@ def run_field(
     def summaries(tables):
         refused = pd.concat(
             [pd.DataFrame(catalog_refused, columns=REFUSED_COLUMNS), tables["refused"]], ignore_index=True
-        )
+        ).drop_duplicates(ignore_index=True)  # a method failing on every task sample: one row
         found = {"refused": refused, **field_summaries(tables["fi"], tables["replays"], settings.resamples)}
         if samples and len(tables["answers"]) and "leaderboard" in found:
             found["task_summary"] = task_summary(tables["answers"], settings.resamples)

@@ -5,8 +5,10 @@ A method answers as its replay policy (:func:`~fi_toolkit.studies.field_spec.rep
 ``fi eval --policy NAME --budget B`` resolves): the prompt compressed to the budget, then every ``interval``
 generated tokens (:func:`~fi_toolkit.evaluation.task_runs.evaluate_sample`, the same call ``fi eval --task``
 makes, with the full cache first). A method and budget that cannot run on the shortest task prompt (a policy
-whose budget leaves nothing but its window, a press that cannot run in decoding) is a row of ``refused``,
-stage ``tasks``; the other methods answer.
+whose budget leaves nothing but its window) is a row of ``refused``, stage ``tasks``; so is one that fails while
+it answers (a press whose ``score()`` supports the prefill only stops at its first compression while decoding):
+the sample is then answered again without it, so the other methods' answers are what they would have been had it
+never been named.
 """
 
 from __future__ import annotations
@@ -51,9 +53,30 @@ def task_entries(methods, budgets, config, tasks: TaskSettings, refusal) -> tupl
     return entries, refused
 
 
-def task_cell(lm, unit, entries: list[TaskEntry], tasks: TaskSettings, interval: int, config) -> pd.DataFrame:
+def task_cell(
+    lm, unit, entries: list[TaskEntry], tasks: TaskSettings, interval: int, config, refusal
+) -> tuple[pd.DataFrame, list[dict]]:
     """One task sample under the full cache and every entry -> ``fi eval --task``'s ``answers`` rows with the
-    ``method`` and ``kind`` that answered (the full cache: method ``full``, kind ``full``)."""
+    ``method`` and ``kind`` that answered (the full cache: method ``full``, kind ``full``), and the ``refused``
+    rows (``refusal(method, kind, budget, reason)``) of the entries that failed while answering; the sample is
+    then answered by the others alone (each entry is tried on its own to find which fail)."""
+    try:
+        return _answers(lm, unit, entries, tasks, interval, config), []
+    except FIError:
+        pass
+    answering, refused = [], []
+    for entry in entries:
+        try:
+            evaluate_sample(lm, unit, [entry.policy], list(tasks.protocols), tasks.max_new, interval, config)
+        except FIError as exc:
+            m = entry.method
+            refused.append(refusal(m.name, m.kind, entry.budget.label, " ".join(str(exc).split())))
+            continue
+        answering.append(entry)
+    return _answers(lm, unit, answering, tasks, interval, config), refused
+
+
+def _answers(lm, unit, entries: list[TaskEntry], tasks: TaskSettings, interval: int, config) -> pd.DataFrame:
     answers = evaluate_sample(
         lm, unit, [e.policy for e in entries], list(tasks.protocols), tasks.max_new, interval, config
     )
