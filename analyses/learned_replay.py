@@ -42,7 +42,13 @@ import learned as study  # noqa: E402  (analyses/learned.py: its unseen texts an
 import pandas as pd  # noqa: E402
 
 RIVALS = ("h2o", "snapkv", "infokv", "expected_attention", "tova")
-PRESSES = ("ExpectedAttentionPress", "TOVAPress", "SnapKVPress", "KeyDiffPress", "KnormPress")  # scorer presses that decode
+PRESSES = (
+    "ExpectedAttentionPress",
+    "TOVAPress",
+    "SnapKVPress",
+    "KeyDiffPress",
+    "KnormPress",
+)  # scorer presses that decode
 FULL = {"prompt": 256, "length": 640, "interval": 128, "budgets": "keep=0.25,keep=0.5"}
 TINY = {"prompt": 128, "length": 320, "interval": 64, "budgets": "keep=0.5"}
 LEARNED = ("learned-head", "learned-global")
@@ -171,6 +177,15 @@ def main() -> None:
         index="name", columns="budget", values="mean_kl", aggfunc="mean"
     )
     print(summary.sort_values(summary.columns[0]).to_string(float_format="%.4f"))
+    means = summary.drop(index="full", errors="ignore")
+    for budget in (c for c in means.columns if means[c].notna().any()):
+        col = means[budget]
+        rivals = col.drop(["oracle", *LEARNED])
+        gap = rivals.min() - col["oracle"]
+        shares = ", ".join(f"{v} {(rivals.min() - col[v]) / gap:.2f}" for v in LEARNED)
+        print(
+            f"{budget}: best rival on the mean {rivals.idxmin()} {rivals.min():.4f}; share of its gap closed: {shares}"
+        )
     for variant, g in w.groupby("variant", sort=False):
         print(
             f"{variant}: lower replay KL than the best rival in {int(g.beats_best.sum())} of {len(g)} document x "
