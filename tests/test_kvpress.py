@@ -234,6 +234,62 @@ def test_infokv_press_with_alpha_1_keeps_exactly_snapkv_press(smollm, alice, tra
         assert torch.equal(snap.cache.layers[layer].keys.gather(2, order), cache.layers[layer].keys)
 
 
+@pytest.mark.parametrize(
+    "spec, selection",
+    [
+        ("h2o", "policy:h2o@keep=256"),
+        (
+            "learned:path=analyses/results/learned/model.json",
+            "policy:learned@keep=256:path=analyses/results/learned/model.json",
+        ),
+    ],
+)
+def test_policy_press_keeps_exactly_the_project_policy_keep_map(spec, selection, smollm, alice, trace):
+    """Any project policy as a press (the learned one included): kvpress's prefill under it leaves, bitwise, the
+    trace's keys and values at the keep map the probe's selection of the same policy resolves on the trace."""
+    from fi_toolkit.integrations.kvpress.press import PolicyPress
+
+    press = PolicyPress(compression_ratio=0.75, policy_spec=spec)
+    cache = prefill(smollm.model, press, alice.ids)
+    ours = parse_selection(selection)[0].resolve(trace)
+    assert per_head_equal(press.keep_map, ours) == (90, 90)
+    assert cache_holds(cache, trace, ours)
+
+
+def test_policy_press_masks_a_budget_shared_over_heads_as_adakv_does(smollm, alice, trace):
+    """``heads=global`` keeps different counts per KV head: the press leaves the cache whole and lists, per layer,
+    exactly the (batch, head, position) entries the probe's keep map drops, in kvpress's ``masked_key_indices``."""
+    from fi_toolkit.integrations.kvpress.press import PolicyPress
+
+    model = "analyses/results/learned-heads/model.json"
+    press = PolicyPress(compression_ratio=0.75, policy_spec=f"learned:path={model},heads=global")
+    cache = DynamicCache(config=smollm.model.config)
+    with torch.no_grad(), press(smollm.model):
+        smollm.model.model(input_ids=alice.ids[:P][None], past_key_values=cache)
+    ours = parse_selection(f"policy:learned@keep=256:path={model},heads=global")[0].resolve(trace)
+    assert ours.uneven and press.keep_map.uneven
+    for layer, attention in enumerate(smollm.model.model.layers):
+        assert cache.layers[layer].keys.shape[2] == P  # nothing gathered
+        batch, heads, positions = attention.self_attn.masked_key_indices
+        dropped = {(int(h), int(p)) for h, p in zip(heads, positions)}
+        counts = ours.head_counts[layer]
+        expected = {
+            (h, p) for h in range(3) for p in range(P) if p not in set(ours.keep[layer][h, : counts[h]].tolist())
+        }
+        assert dropped == expected and not batch.any()
+    restore(smollm.model, [layer.self_attn for layer in smollm.model.model.layers])
+
+
+@pytest.mark.parametrize("spec", ["kvpress:TOVAPress", "fi-oracle", "no-such-policy", "h2o:nope=1"])
+def test_policy_press_refuses_what_is_not_a_project_policy_in_one_line(spec):
+    from fi_toolkit.errors import FIError
+    from fi_toolkit.integrations.kvpress.press import PolicyPress
+
+    with pytest.raises(FIError) as info:
+        PolicyPress(compression_ratio=0.5, policy_spec=spec)
+    assert "\n" not in str(info.value)
+
+
 def readme_snippet() -> str:
     """The kvpress guide's InfoKVPress snippet (docs/guides/kvpress.md), verbatim: the ```python block that
     builds ``InfoKVPress``."""
