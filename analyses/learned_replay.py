@@ -1,8 +1,9 @@
 """The learned policy in decoding: replay KL on the texts it never saw, against every rival that compresses while
 decoding.
 
-The committed learned models read ``entropy_next`` (the entropy computed *at* a token), known at a prefill only, so
-they cannot compress while decoding. This study trains the two variants on the compression-time features alone
+When this study ran, the committed learned models could not compress while decoding: they read ``entropy_next``
+(the entropy computed *at* a token), which the policy took from the next slot (they now read the tracker's
+per-position entropies and decode too). This study trains the two variants on the compression-time features alone
 (``fi fit --features decoding``: the 17 others, ``entropy_produced`` kept), on the same rows as
 ``analyses/learned.py`` (``fi fit-data`` of the five bundled documents, p = 256, chunks 256:384 and 512:640, 16
 label draws): ``model-head.json`` (one LambdaRank group per document, layer and KV head) and ``model-layer.json``

@@ -161,9 +161,37 @@ def test_decoding_with_a_fitted_policy(tiny, tiny_ids, tmp_path):
     result = generate(tiny.model, None, tiny_ids[:P], policy, max_new_tokens=30, interval=10, eos_token_id=[])
     assert result.stats.prefill_compressed and result.stats.compression_steps == [10, 20]
     assert max(result.stats.cache_lengths) == 48 + 10
-    prefill_only = Fitted(budget=48, window=W, path=policy_file(tmp_path / "n.json", ["entropy_next"], [1.0]))
-    with pytest.raises(FIError, match="entropy_next, which is known at a prefill only"):
-        generate(tiny.model, None, tiny_ids[:P], prefill_only, max_new_tokens=30, interval=10, eos_token_id=[])
+    other = Fitted(budget=48, window=W, path=policy_file(tmp_path / "n.json", ["entropy_next"], [1.0]))
+    result = generate(tiny.model, None, tiny_ids[:P], other, max_new_tokens=30, interval=10, eos_token_id=[])
+    assert result.stats.compression_steps == [10, 20]  # entropy under the other convention, while decoding too
+
+
+def test_entropy_next_while_decoding_is_the_entropy_computed_at_each_slot_position(tiny, tiny_ids, tmp_path):
+    """After compressions (slots no longer positions) ``entropy_next`` of a slot is the entropy of the distribution
+    computed at its position, known once that position is fed. Oracle: the full entropy (top-k = the tiny vocab)
+    of the logits of each position, computed here: the prompt's from one plain forward, the decoded ones from
+    the logits each step returned."""
+    from fi_toolkit.compress.decoder import CompressedDecoder
+
+    policy = Fitted(budget=48, window=W, path=policy_file(tmp_path / "n.json", ["entropy_next"], [1.0]))
+    decoder = CompressedDecoder(tiny.model, policy, capacity=P + 32, interval=10)
+    try:
+        with torch.no_grad():
+            at = list(tiny.model(tiny_ids[:P][None]).logits[0].float())
+            logits, _ = decoder.prefill(tiny_ids[:P])
+            for _ in range(25):  # the logits computed at each position fed
+                logits = decoder.step(int(logits.argmax()))
+                at.append(logits)
+        assert len(decoder.compressions) == 3  # the prompt, then at 10 and 20 tokens
+        entropy = torch.stack([-(x.log_softmax(-1).exp() * x.log_softmax(-1)).sum() for x in at]).double()
+        s = decoder.signals()
+        for layer in range(len(s.keys)):
+            positions = s.positions[layer]
+            assert not torch.equal(positions, torch.arange(positions.shape[1]).expand_as(positions))
+            got = FEATURES["entropy_next"][1](s, layer, "produced", 1.0)
+            assert torch.allclose(got, entropy[positions], atol=1e-5)
+    finally:
+        decoder.close()
 
 
 def test_fitted_on_another_architecture_is_refused(tiny, tiny_ids, tmp_path):

@@ -201,8 +201,8 @@ def test_select_live_skips_dead_slots_by_hand():
 @pytest.mark.smollm
 def test_fi_eval_runs_learned_heads_global_on_smollm(tmp_path, capsys):
     """The committed layer-group model (analyses/learned_heads.py) in a short replay: the prompt compressed by a
-    global top-k over each layer's heads, then decoded over the padded cache (its entropy_next feature is known at
-    a prefill only, so the interval leaves the prompt as the only compression)."""
+    global top-k over each layer's heads, then decoded over the padded cache and compressed back every 32 tokens
+    (its entropy_next feature read from the tracker's per-position entropies)."""
     import pandas as pd
     from cli_runner import run_cli
 
@@ -211,13 +211,15 @@ def test_fi_eval_runs_learned_heads_global_on_smollm(tmp_path, capsys):
     model = DEFAULT_MODEL.parents[1] / "learned-heads" / "model.json"
     policy = f"learned:path={model},heads=global,learned:path={model}"
     args = ["eval", "alice", "--policy", policy, "--budget", "keep=0.25", "--prompt", "256", "--length", "320"]
-    args += ["--interval", "512", "--free-tokens", "0", "--resamples", "0", "--out", str(tmp_path / "eval")]
+    args += ["--interval", "32", "--free-tokens", "0", "--resamples", "0", "--out", str(tmp_path / "eval")]
     code, _, err = run_cli(args, capsys)
     assert code == 0, err
     summary = pd.read_csv(tmp_path / "eval" / "replay_summary.csv").set_index("policy")
     shared, uniform = summary.loc[f"learned:path={model},heads=global"], summary.loc[f"learned:path={model}"]
     assert 0 < shared["mean_kl"] < 1 and shared["mean_kl"] != uniform["mean_kl"]
     assert shared["kept_share"] == pytest.approx(uniform["kept_share"])  # the same live entries per layer
+    replays = pd.read_csv(tmp_path / "eval" / "replays.csv")
+    assert (replays.loc[replays["policy"] != "full", "compressions"] == 2).all()  # the prompt, then at 32 tokens
 
 
 def test_lmeval_batched_continuations_hide_the_pads(tiny):
@@ -244,7 +246,7 @@ def test_dead_slots_influence_no_signal_or_feature(tiny, ids):
 
     tracker = SignalTracker(CONFIG, N, accumulate=True, token_signals=True)
     decoder = CompressedDecoder(tiny.model, SharedHeads(budget=40, window=W), N, CONFIG, tracker=tracker, interval=16)
-    names = [n for n in LEARNED_FEATURES if n != "entropy_next"]  # (known at a prefill only)
+    names = [n for n in LEARNED_FEATURES if n != "entropy_next"]  # (the other entropy convention: test_fit.py)
     try:
         with ragged_attention(tiny.model):
             decoder.prefill(ids[:P])

@@ -8,7 +8,8 @@ features :data:`FEATURES` (standardisation ``mu``, ``sigma`` and coefficients ``
 JSON; higher = keep). Every feature is computed from :class:`Signals` alone, at prefill and while
 decoding, so the policy never reads a token after the compression point; the one exception is the
 entropy under the *other* convention than the signals', which needs the neighbouring position's
-entropy and is known at a prefill only (the policy refuses it at a decoding compression).
+entropy: at a prefill the neighbouring slot's, while decoding (where slots are no longer positions) the
+tracker's per-position entropies (``Signals.token_entropy``); signals that have neither refuse it.
 
 Spelling: ``fitted:path=FILE`` (``--policy fitted:path=runs/fit/policy.json``, ``--select
 policy:fitted@keep=0.25:path=runs/fit/policy.json``); the path may hold neither a comma nor start
@@ -48,8 +49,10 @@ def _positions(s: Signals, layer: int) -> torch.Tensor:
 
 def _entropy(s: Signals, layer: int, want: str, have: str) -> torch.Tensor:
     """H of each slot's token under convention ``want``, from the signals' ``have`` ``[Hkv, n]``. The other
-    convention is the neighbour's value (``H_next(i) = H_produced(i + 1)``, ``H_produced(0) = 0``), known
-    where slot ``j + 1`` holds position ``j + 1``: at a prefill, where slots are positions."""
+    convention is the neighbour's value (``H_next(i) = H_produced(i + 1)``, ``H_produced(0) = 0``): at a prefill,
+    where slots are positions, the neighbouring slot's; elsewhere (decoding, after a compression) the
+    per-position entropies the tracker keeps (``s.token_entropy``), read at each slot's position. Both are known
+    once the position is fed: nothing from after the compression point."""
     import torch
 
     if s.entropy is None:
@@ -59,6 +62,11 @@ def _entropy(s: Signals, layer: int, want: str, have: str) -> torch.Tensor:
         return h
     n = h.shape[1]
     if not torch.equal(s.positions[layer].cpu(), torch.arange(n).expand_as(s.positions[layer])):
+        if s.token_entropy is not None:
+            from fi_toolkit.signals.formulas import entropy_of_tokens
+
+            by_position = entropy_of_tokens(s.token_entropy, want).to(h.device)
+            return by_position[s.positions[layer].to(h.device)].double()
         raise FIError(
             f"the fitted policy uses entropy_{want}, which is known at a prefill only (the signals "
             f"hold entropy_{have}); fit without it (features='decoding') to compress while decoding"

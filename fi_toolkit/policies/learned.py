@@ -8,7 +8,7 @@ position) plus :data:`fi_toolkit.policies.features.EXTRA`
 (depth, KV head index, KeyDiff's score, the value side: ``||v||``, ``||W_o v||`` and accumulated
 attention times ``||W_o v||``, and the scores of ExpectedAttention, arXiv 2510.00636, and TOVA,
 arXiv 2401.06104). All come from :class:`Signals` at the compression point, so the policy never reads a token
-after it (``entropy_next`` alone is prefill-only, as for the fitted policy).
+after it (``entropy_next`` included: the tracker keeps every fed position's entropy, as for the fitted policy).
 
 The model file is JSON (never pickle): format :data:`FORMAT`, the feature names, LightGBM's
 ``dump_model()`` trees (``model_dump``: evaluated by :func:`predict` in numpy after :func:`compile_trees` checks

@@ -48,6 +48,10 @@ class Signals:
     # per layer [Hkv, n_l] bool, True: a dead slot (the pad of an uneven keep map held in a dense cache, which no
     # query sees and no policy may keep); None while every head is even. Policies rank live slots only.
     dead: list[torch.Tensor] | None = None
+    # [seen]: the top-k entropy of the distribution computed *at* each position fed so far (by position, not slot),
+    # from which either convention of any slot's token follows while decoding; None at a prefill trace (its slots
+    # are its positions) and without token signals
+    token_entropy: torch.Tensor | None = None
 
     def __post_init__(self):
         if not self.protected:

@@ -278,6 +278,7 @@ class SignalTracker:
         if self.token_signals:
             entropy = entropy_of_tokens(self.entropy[: self.seen], self.config.entropy_of)
             s.entropy = [entropy[pos] for pos in positions]
+            s.token_entropy = self.entropy[: self.seen]
             s.distance = [self.distance[i][pos] for i, pos in enumerate(positions)]
         s.attention = [self._window_attention(i, k) for i, k in enumerate(keys)]
         if self.dead is not None:

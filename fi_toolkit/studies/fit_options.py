@@ -11,8 +11,8 @@ from fi_toolkit.policies.features import check_feature_names
 from fi_toolkit.policies.fitted import FEATURES
 
 TARGETS = ("rank", "log")
-DEFAULT_FEATURES = tuple(FEATURES)  # every feature (entropy under the other convention is prefill-only)
-DECODING_FEATURES = tuple(f for f in FEATURES if f != "entropy_next")  # computable at every compression (H: produced)
+DEFAULT_FEATURES = tuple(FEATURES)  # every feature, at a prefill and while decoding
+DECODING_FEATURES = tuple(f for f in FEATURES if f != "entropy_next")  # without the other convention's H
 
 
 def check_fit_options(features: Sequence[str], target: str, penalty: float) -> None:
