@@ -51,24 +51,13 @@ from fi_toolkit.model.architectures import check_model, context_limit, context_p
 from fi_toolkit.model.attention import hidden_slots, ragged_attention
 from fi_toolkit.model.compat import cache_kwargs
 from fi_toolkit.policies import Policy, Signals
-from fi_toolkit.signals.config import SignalConfig
+from fi_toolkit.signals.config import SignalConfig, signal_config_for  # noqa: F401  (re-exported: its old home)
 from fi_toolkit.signals.tracker import SignalTracker
 
 
 def hidden_buffer(policy: Policy | None) -> int:
     """Rows of attention inputs the policy scores with at a compression (a kvpress press's ``score()``); 0: none."""
     return int(getattr(policy, "hidden_buffer", 0) or 0)
-
-
-def signal_config_for(policy: Policy | None, **overrides) -> SignalConfig:
-    """The signal options a policy implies (its window, top-k and tau), with explicit overrides."""
-    base = {"window": getattr(policy, "window", 32)}
-    for name in ("top_k", "tau", "alpha"):
-        if hasattr(policy, name):
-            base[name] = getattr(policy, name)
-    config = SignalConfig(**{**base, **{k: v for k, v in overrides.items() if v is not None}})
-    config.validate()
-    return config
 
 
 @dataclass(frozen=True)

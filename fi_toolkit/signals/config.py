@@ -92,3 +92,14 @@ class SignalConfig:
     def validate(self) -> None:
         """Earlier name of :meth:`check`."""
         self.check()
+
+
+def signal_config_for(policy, **overrides) -> SignalConfig:
+    """The signal options a policy implies (its window, top-k and tau), with explicit overrides."""
+    base = {"window": getattr(policy, "window", 32)}
+    for name in ("top_k", "tau", "alpha"):
+        if hasattr(policy, name):
+            base[name] = getattr(policy, name)
+    config = SignalConfig(**{**base, **{k: v for k, v in overrides.items() if v is not None}})
+    config.validate()
+    return config

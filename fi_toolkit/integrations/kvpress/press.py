@@ -39,14 +39,13 @@ from kvpress import BasePress  # noqa: E402
 from kvpress.utils import compute_n_kept  # noqa: E402
 
 from fi_toolkit.budget import Budget  # noqa: E402
-from fi_toolkit.compress.decoder import signal_config_for  # noqa: E402
 from fi_toolkit.errors import FIError  # noqa: E402
 from fi_toolkit.eviction import KeepMap, gather_layer  # noqa: E402
 from fi_toolkit.model.architectures import decoder_parts  # noqa: E402
 from fi_toolkit.model.compat import cache_keyword  # noqa: E402
 from fi_toolkit.policies import InfoKV, Policy  # noqa: E402
 from fi_toolkit.policies.registry import resolve  # noqa: E402
-from fi_toolkit.signals.config import SignalConfig  # noqa: E402
+from fi_toolkit.signals.config import SignalConfig, signal_config_for  # noqa: E402
 from fi_toolkit.signals.trace import tracker_trace  # noqa: E402
 from fi_toolkit.signals.tracker import SignalTracker  # noqa: E402
 
