@@ -88,8 +88,8 @@ class _CompressAtPrefillEnd:
             n, cache = state.pop("n"), state.pop("cache")
             self.keep_map = self.policy(n).keep_map(tracker_trace(tracker, cache))
             if self.keep_map.uneven:  # kvpress's head-wise budgets: mask, do not gather
-                for layer, attention in enumerate(base.layers):
-                    attention.self_attn.masked_key_indices = evicted_indices(self.keep_map, layer, n)
+                for attention, masked in zip(base.layers, evicted_indices(self.keep_map, n)):
+                    attention.self_attn.masked_key_indices = masked
                 return output
             for layer, keep in zip(cache.layers, self.keep_map.keep):
                 layer.keys, layer.values = gather_layer(layer.keys, layer.values, keep)
@@ -208,15 +208,17 @@ class PolicyPress(_CompressAtPrefillEnd, BasePress):
         return self._resolve(Budget("keep", compute_n_kept(n, self.compression_ratio)))
 
 
-def evicted_indices(keep_map: KeepMap, layer: int, n: int) -> tuple:
-    """kvpress's ``masked_key_indices`` of one layer (``AdaKVPress``'s convention, batch 1): the ``(batch, head,
-    position)`` index tensors of the entries of ``n`` that ``keep_map`` does not keep there."""
+def evicted_indices(keep_map: KeepMap, n: int) -> list[tuple]:
+    """Per layer, kvpress's ``masked_key_indices`` (``AdaKVPress``'s convention, batch 1): the ``(batch, head,
+    position)`` index tensors of the entries of ``n`` that ``keep_map`` does not keep there (:meth:`KeepMap.visible`,
+    exact for uneven maps)."""
     import torch
 
-    visible = torch.zeros(keep_map.keep[layer].shape[0], n, dtype=torch.bool)
-    visible.scatter_(1, keep_map.keep[layer].cpu(), True)
-    heads, positions = torch.nonzero(~visible, as_tuple=True)
-    return torch.zeros_like(heads), heads, positions
+    out = []
+    for hidden in ~keep_map.visible(n):
+        heads, positions = torch.nonzero(hidden, as_tuple=True)
+        out.append((torch.zeros_like(heads), heads, positions))
+    return out
 
 
 __all__ = ["InfoKVPress", "PolicyPress", "KVPRESS_INSTALL", "PressSpec", "make_press", "parse_press_spec", "run_press"]
