@@ -105,3 +105,16 @@ def test_registered_attention_takes_dropout_by_position(tiny, kind):
     by_name = fn(module, q, k, v, None, dropout=0.0, scaling=0.25)[0]
     by_position = fn(module, q, k, v, None, 0.0, scaling=0.25)[0]  # as kvpress's patch calls it
     assert torch.equal(by_name, by_position)
+
+
+def test_a_cropped_mask_is_its_own_aligned_tensor():
+    """A layer holding fewer keys than layer 0 gets the mask's last ``key_len`` columns as a fresh tensor: a view
+    that starts mid-row made CUDA's memory-efficient SDPA fail with "misaligned address" (seen on an H200 probing
+    PyramidKV at p = 2048), which no CPU run shows. The values are the right-aligned columns, computed here by hand."""
+    from fi_toolkit.model.attention import align_mask
+
+    mask = torch.randn(2, 1, 3, 11)
+    out = align_mask(mask, 6)
+    assert out.is_contiguous() and out.storage_offset() == 0
+    assert torch.equal(out, torch.stack([mask[..., 5 + j] for j in range(6)], dim=-1))
+    assert align_mask(mask, 11) is mask  # nothing to align: the same tensor

@@ -31,8 +31,8 @@ def align_mask(mask: torch.Tensor | None, key_len: int) -> torch.Tensor | None:
     if mask is None or mask.dim() != 4 or mask.shape[-1] == key_len:
         return mask
     extra = mask.shape[-1] - key_len
-    if extra > 0:
-        return mask[..., extra:]
+    if extra > 0:  # a copy: a view that starts mid-row trips CUDA's memory-efficient SDPA ("misaligned address")
+        return mask[..., extra:].contiguous()
     return F.pad(mask, (-extra, 0), value=True if mask.dtype == torch.bool else 0.0)
 
 
