@@ -10,6 +10,7 @@ this script's two loops before it was committed): a 135M
 model's decoding there is bound by kernel launches (about 1,400 per token), not by the GPU's arithmetic.
 
     .venv/bin/python benchmarks/bench_decode_loop.py [--device cuda] [--prompt 2048] [--new 64] [--random-shapes]
+        [--dtype bfloat16]
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from transformers import DynamicCache
 
 from fi_toolkit.compress.decoder import generate
 from fi_toolkit.model.compat import cache_kwargs
-from fi_toolkit.model.loading import load_model, tiny_model
+from fi_toolkit.model.loading import DTYPES, load_model, tiny_model
 from fi_toolkit.runs.results import atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,16 +62,17 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=1024)
     ap.add_argument("--new", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3, help="interleaved rounds; the fastest of each counts")
+    ap.add_argument("--dtype", default="float32", help="weights and arithmetic (no upcast), as gpu_check's decoding")
     ap.add_argument("--random-shapes", action="store_true", help="a random model of SmolLM2's shapes (no file)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "bench_decode_loop.txt")
     args = ap.parse_args()
     device = torch.device(args.device)
     if args.random_shapes:
         lm = tiny_model(seed=0, layers=30, hidden=576, heads=9, kv_heads=3, vocab=49152)
-        lm.model.to(device)
+        lm.model.to(device=device, dtype=DTYPES[args.dtype])
         lm = replace(lm, device=device)
     else:
-        lm = load_model("smollm2-135m", args.device)
+        lm = load_model("smollm2-135m", args.device, args.dtype, upcast=False)
     ids = torch.randint(0, lm.model.config.vocab_size, (args.prompt,), generator=torch.Generator().manual_seed(1))
     toolkit_loop(lm.model, ids, 3), plain_loop(lm.model, ids, 3, device)  # warm-up
     best = {"toolkit": float("inf"), "transformers": float("inf")}
@@ -79,8 +81,8 @@ def main() -> None:
         best["transformers"] = min(best["transformers"], plain_loop(lm.model, ids, args.new, device))
     model = "random model of SmolLM2's shapes" if args.random_shapes else "SmolLM2-135M"
     text = (
-        f"decode loop: {model}, {device}, torch {torch.__version__}, threads {torch.get_num_threads()}, prompt "
-        f"{args.prompt}, {args.new} new tokens, greedy, full cache; ms per token, fastest of {args.repeats} rounds\n"
+        f"decode loop: {model}, {device}, {args.dtype}, torch {torch.__version__}, threads {torch.get_num_threads()}, "
+        f"prompt {args.prompt}, {args.new} new tokens, greedy, full cache; ms per token, best of {args.repeats}\n"
         f"toolkit generate()   {best['toolkit'] * 1e3:8.1f} ms\n"
         f"transformers loop    {best['transformers'] * 1e3:8.1f} ms\n"
         f"ratio                {best['toolkit'] / best['transformers']:8.2f}x  (target <= 1.1x)\n"
