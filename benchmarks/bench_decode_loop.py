@@ -5,9 +5,9 @@ Both decode greedily from one prefilled cache of ``--prompt`` tokens, ``--new`` 
 ``generate(model, None, ids, None)`` against ``model(input_ids=token, past_key_values=cache)`` one token at a time.
 ``--random-shapes`` uses a randomly initialised model of SmolLM2-135M's shapes (30 layers, 9 query and 3 KV heads,
 hidden 576, vocabulary 49,152), which needs no model file: the timing depends on the shapes only. On an H200
-(torch 2.11, float32, p = 2,048, 64 tokens, random shapes) it gave 24.0 ms against 32.4 ms per token (measured with
-this script's two loops before it was committed): a 135M
-model's decoding there is bound by kernel launches (about 1,400 per token), not by the GPU's arithmetic.
+(torch 2.11, 32 tokens) it gave 34.1 against 33.9 ms per token in bf16 at a 7,680-token cache and 19.0 against
+19.7 in float32 at 2,048 (``results/bench_decode_loop-nvidia-h200.txt``): a 135M model's decoding there is bound
+by kernel launches, not by the GPU's arithmetic.
 
     .venv/bin/python benchmarks/bench_decode_loop.py [--device cuda] [--prompt 2048] [--new 64] [--random-shapes]
         [--dtype bfloat16]
@@ -69,6 +69,7 @@ def main() -> None:
     device = torch.device(args.device)
     if args.random_shapes:
         lm = tiny_model(seed=0, layers=30, hidden=576, heads=9, kv_heads=3, vocab=49152)
+        lm.model.config.max_position_embeddings = 8192  # SmolLM2's context (the random model's is 4,096)
         lm.model.to(device=device, dtype=DTYPES[args.dtype])
         lm = replace(lm, device=device)
     else:
