@@ -504,15 +504,20 @@ class CompressedDecoder:
         """One forward of ``ids [q]`` after the prompt: their slots appended to every head of every layer,
         the cache's growth recorded -> float32 logits ``[q, V]``."""
         row, q = self.row, ids.numel()
-        new = torch.arange(row.seen, row.seen + q, device=self.device).expand(row.positions[0].shape[0], q)
-        row.positions = [torch.cat([pos, new], dim=1) for pos in row.positions]
-        if row.dead is not None:  # the new slots are live
-            row.dead = [torch.nn.functional.pad(d, (0, q)) for d in row.dead]
+        self._append_slots(q)
         logits = self._forward(ids, every_row=True)
         longest = max(self.lengths())
         row.cache_lengths.extend(range(longest - q + 1, longest + 1))
         row.peak_cache_bytes = max(row.peak_cache_bytes, cache_bytes(self.cache))
         return logits
+
+    def _append_slots(self, q: int) -> None:
+        """The next ``q`` positions appended to every head's slots (live), before the forward that feeds them."""
+        row = self.row
+        new = torch.arange(row.seen, row.seen + q, device=self.device).expand(row.positions[0].shape[0], q)
+        row.positions = [torch.cat([pos, new], dim=1) for pos in row.positions]
+        if row.dead is not None:  # the new slots are live
+            row.dead = [torch.nn.functional.pad(d, (0, q)) for d in row.dead]
 
     @torch.no_grad()
     def decode(

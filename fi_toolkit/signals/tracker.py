@@ -99,6 +99,13 @@ class SignalTracker:
         self._parts = None  # (decoder layers, final norm, LM head)
         self._cache = None  # the cache decoding reads keys from (start_decoding)
         self._inputs: dict = {}
+        # in a batched forward (fi_toolkit.compress.batched): the batch row this tracker follows and its first
+        # real column (the left padding before it is another row's length, not this sequence); None: batch of one
+        self.row: tuple[int, int] | None = None
+
+    def _mine(self, t: torch.Tensor) -> torch.Tensor:
+        """This sequence's rows of a forward's ``[B, q, ...]`` tensor (all of it outside a batched forward)."""
+        return t if self.row is None else t[self.row[0] : self.row[0] + 1, self.row[1] :]
 
     # ---- hooks -------------------------------------------------------------------------------------
 
@@ -141,27 +148,28 @@ class SignalTracker:
 
     def _input_hook(self, layer_idx: int):
         def hook(_module, args, kwargs):
-            self._inputs[layer_idx] = args[0] if args else kwargs["hidden_states"]
+            self._inputs[layer_idx] = self._mine(args[0] if args else kwargs["hidden_states"])
 
         return hook
 
     def _norm_hook(self, _module, args):
-        self._inputs["pre_norm"] = args[0]
+        self._inputs["pre_norm"] = self._mine(args[0])
 
     def _attention_hook(self, module, args, kwargs, _output):
-        hs = args[0] if args else kwargs["hidden_states"]
+        hs = self._mine(args[0] if args else kwargs["hidden_states"])
+        if hs.shape[1] == 0:  # a batched forward with nothing of this sequence (a prefill chunk of its padding)
+            return
+        rope = tuple(self._mine(t) for t in kwargs["position_embeddings"])
         w = self.config.window
         i = module.layer_idx
         # decoding (the accumulator exists once the prefill is done): every fed row's attention counts,
         # whether the rows come one step at a time or as one block (CompressedDecoder.block)
         accumulate = self.accumulated is not None
-        q = window_queries(
-            module, hs, kwargs["position_embeddings"], hs.shape[1] if accumulate else min(w, hs.shape[1])
-        )
+        q = window_queries(module, hs, rope, hs.shape[1] if accumulate else min(w, hs.shape[1]))
         prev = self.queries[i]
         self.queries[i] = (q if prev is None else torch.cat([prev, q[:, -w:]], dim=1))[:, -w:]
         if self.hidden_buffer:
-            self._buffer(i, hs, kwargs["position_embeddings"])
+            self._buffer(i, hs, rope)
         skip = max(0, signals.QUERY_SINKS - self.span[i])
         self.span[i] += hs.shape[1]
         if hs.shape[1] > skip:
