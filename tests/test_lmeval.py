@@ -250,6 +250,106 @@ def test_batched_generation_equals_one_request_at_a_time(tiny):
     assert [len(t) for t, _ in generate_full_cache(tiny.model, stopped, eos, 4)] != [3, 4, 5, 6, 7, 8]  # EOS cut some
 
 
+COMPRESSED_BATCH_POLICIES = ["snapkv", "infokv", "pyramidkv", "infokv-adaptive"]  # the last two: uneven layers
+
+
+@pytest.mark.parametrize("name", COMPRESSED_BATCH_POLICIES)
+def test_batched_compressed_generation_equals_one_request_at_a_time(tiny, name):
+    """Under a policy keeping 25 % with a compression every 4 tokens (shorter than the generation), prompts of
+    different lengths decoded 4 together give exactly the tokens and records (cache entries, compressions and
+    their steps) of one request at a time, with per-row stops (EOS, a stop rule, max_new) and seeded sampling;
+    batch 1 and batch 4 agree."""
+    from fi_toolkit.compress.sampling import GREEDY, Sampling
+    from fi_toolkit.evaluation.lmeval.batching import Generation, generate_compressed
+
+    policy = _batch_policy(name)
+    prompts = [_ids(n, 70 + n) for n in (40, 61, 23, 50, 50, 9)]  # 9: too short to compress at the prefill
+    free = [Generation(q, 12 + 2 * i, lambda t: False, GREEDY) for i, q in enumerate(prompts)]
+    one, four = (generate_compressed(tiny.model, free, policy, 4, set(), size) for size in (1, 4))
+    assert one == four
+    assert generate_compressed(tiny.model, free, policy, 4, set(), 4, prefill_chunk=16) == one
+    eos = {one[5][0][1]}  # the second token of the last row: an EOS within its stop rule
+    stopped = [Generation(q, 20, lambda t, n=i: len(t) == 3 + n, GREEDY) for i, q in enumerate(prompts)]
+    sampled = [Generation(q, 12, lambda t: False, Sampling(1.0, 0.9, 7 + i)) for i, q in enumerate(prompts)]
+    for specs, eos_ids, sample in ((free, set(), False), (stopped, eos, False), (sampled, set(), True)):
+        batched = generate_compressed(tiny.model, specs, policy, 4, eos_ids, 4)
+        for spec, (tokens, record) in zip(specs, batched):
+            s = spec.sampling
+            alone = generate_tokens(
+                tiny.model,
+                spec.prompt,
+                policy,
+                4,
+                spec.max_new,
+                eos_ids,
+                spec.stop,
+                sample,
+                s.temperature,
+                s.top_p,
+                s.seed,
+            )
+            assert (tokens, record) == alone
+    records = [record for _, record in one]
+    # the rows compress at different points: the prompt and every 4 tokens; only once decoding has made the
+    # 23-token prompt long enough; never (the 9-token prompt: 25 % of 30 tokens is not above the window)
+    for i in (0, 1, 3, 4):
+        assert records[i].compression_steps == list(range(0, records[i].new_tokens, 4))
+    assert records[2].compression_steps == [12] and records[5].compressions == 0
+
+
+@pytest.mark.parametrize("name", ["snapkv", "infokv"])
+def test_batched_rows_see_only_themselves(tiny, name):
+    """Teacher-forced through a batch of 3 prompts (9, 61 and 30 tokens: the short rows are mostly pad slots),
+    every row's logits at every step equal its own decoder's alone (1e-4), and after every compression its kept
+    positions equal its own keep maps alone: a pad attended, or another row's signals or compression leaking
+    into a row, would change them."""
+    from fi_toolkit.compress.batched import BatchedDecoder
+    from fi_toolkit.compress.decoder import CompressedDecoder
+    from fi_toolkit.model.attention import ragged_attention
+
+    policy = _batch_policy(name)
+    prompts = [_ids(n, 200 + n) for n in (9, 61, 30)]
+    fed = [_ids(14, 300 + r) for r in range(3)]
+    alone = []
+    with ragged_attention(tiny.model):
+        for prompt, tokens in zip(prompts, fed):
+            decoder = CompressedDecoder(tiny.model, policy, 80, interval=4, keep_maps=True)
+            logits = [decoder.prefill(torch.tensor(prompt))[0]]
+            logits += [decoder.step(t) for t in tokens]
+            decoder.close()
+            alone.append((torch.stack(logits), decoder))
+        batch = BatchedDecoder(tiny.model, policy, [80] * 3, interval=4, keep_maps=True)
+        logits = [batch.prefill(prompts)]
+        logits += [batch.step([fed[r][s] for r in range(3)]) for s in range(14)]
+        batch.close()
+    assert batch.dead is not None  # the short rows' pads are dead slots
+    for r, (want, decoder) in enumerate(alone):
+        got = torch.stack([step[r] for step in logits])
+        assert (got - want).abs().max() < 1e-4
+        mine = batch.rows[r].compressions
+        assert [c.step for c in mine] == [c.step for c in decoder.compressions] and len(mine) >= (0, 3, 1)[r]
+        for a, b in zip(mine, decoder.compressions):
+            assert all(torch.equal(p, q) for p, q in zip(a.positions, b.positions))
+        assert batch.lengths(r) == decoder.lengths()
+
+
+@pytest.mark.smollm
+def test_smollm_batched_compressed_generation_equals_one_request_at_a_time(smollm, alice):
+    """SmolLM2 under InfoKV keeping 25 % with a compression every 4 tokens: four passages of different lengths
+    decoded together give the tokens and records of each decoded alone (float32)."""
+    from fi_toolkit.compress.sampling import GREEDY
+    from fi_toolkit.evaluation.lmeval.batching import Generation, generate_compressed
+
+    policy = make_policy("infokv", budget="keep=0.25", window=8)
+    ids = alice.ids.tolist()
+    prompts = [ids[a : a + n] for a, n in ((0, 180), (300, 97), (700, 140), (1100, 60))]
+    specs = [Generation(q, 16, lambda t: False, GREEDY) for q in prompts]
+    batched = generate_compressed(smollm.model, specs, policy, 4, set(), 4)
+    for spec, got in zip(specs, batched):
+        assert got == generate_tokens(smollm.model, spec.prompt, policy, 4, 16, set(), spec.stop)
+        assert got[1].compressions >= 4
+
+
 # --- model arguments ---------------------------------------------------------------------------------
 
 

@@ -65,8 +65,9 @@ class _RowCache:
 
 class BatchedDecoder:
     """``len(capacities)`` sequences decoded together under ``policy``, each with its own
-    :class:`CompressedDecoder` (``rows[r]``: its ``row`` record, ``compression_steps``, ``seen``) and all of them
-    in one padded cache (``cache``, ``lead``, ``dead``). :meth:`prefill` the prompts, then :meth:`step` one token
+    :class:`CompressedDecoder` (``rows[r]``: its ``row`` record, ``compression_steps``, ``seen``; ``keep_maps``:
+    each compression's keep map and positions kept, as a decoder's) and all of them in one padded cache
+    (``cache``, ``lead``, ``dead``). :meth:`prefill` the prompts, then :meth:`step` one token
     per row still in the batch (``active``), :meth:`leave` the rows that stop, :meth:`close` at the end. Run it
     inside :func:`~fi_toolkit.model.attention.ragged_attention`."""
 
@@ -79,6 +80,7 @@ class BatchedDecoder:
         prefill_chunk: int = 2048,
         *,
         interval: int | None = None,
+        keep_maps: bool = False,
     ):
         if not capacities:
             raise FIError("a batch needs at least one sequence")
@@ -87,7 +89,9 @@ class BatchedDecoder:
         self.lm_head = decoder_parts(model)[2]
         n_layers = model.config.num_hidden_layers
         self.rows = [
-            CompressedDecoder(model, policy, c, config, prefill_chunk=prefill_chunk, interval=interval)
+            CompressedDecoder(
+                model, policy, c, config, prefill_chunk=prefill_chunk, interval=interval, keep_maps=keep_maps
+            )
             for c in capacities
         ]
         for r, decoder in enumerate(self.rows):
@@ -158,8 +162,9 @@ class BatchedDecoder:
             ).last_hidden_state
             logits = self.lm_head(hidden[:, -1]).float()
             for r, prompt in enumerate(prompts):
-                if starts[r] < e - a:
-                    self._record(r, list(prompt[a + starts[r] - pads[r] : e - pads[r]]), hidden[r, starts[r] :], logits[r])
+                first = starts[r]
+                if first < e - a:
+                    self._record(r, list(prompt[a + first - pads[r] : e - pads[r]]), hidden[r, first:], logits[r])
         self.lead = [[n] * len(self.cache.layers) for n in pads]
         for decoder in self.rows:
             decoder._end_prompt()

@@ -44,9 +44,10 @@ _DEAD: dict = {}
 
 def hide_dead(mask: torch.Tensor | None, dead: torch.Tensor, groups: int, query: torch.Tensor, key_len: int):
     """A ``[B, 1, q, K]`` mask right-aligned to this layer's keys (bool, True: visible; additive float; or None:
-    causal) -> ``[B, Hq, q, K]`` with the first ``p`` keys hidden per head where ``dead [Hkv, p]`` is True. Query
-    head ``h`` reads KV head ``h // groups``; ``dead [B, Hkv, p]``: per batch row. Hidden keys get exactly zero weight: False in a bool mask,
-    ``finfo.min`` in a float one (every query still sees its own key, so no row is all hidden)."""
+    causal) -> ``[B, Hq, q, K]`` with the first ``p`` keys hidden per head where ``dead [Hkv, p]`` is True
+    (``[B, Hkv, p]``: per batch row). Query head ``h`` reads KV head ``h // groups``. Hidden keys get exactly zero
+    weight: False in a bool mask, ``finfo.min`` in a float one (every query still sees its own key, so no row is
+    all hidden)."""
     q, p = query.shape[-2], dead.shape[-1]
     hidden = F.pad(dead.to(query.device).repeat_interleave(groups, dim=-2), (0, key_len - p))
     hidden = hidden[None, :, None, :] if dead.dim() == 2 else hidden[:, :, None, :]
@@ -120,8 +121,8 @@ def ragged_attention(model: torch.nn.Module):
 @contextmanager
 def hidden_slots(model: torch.nn.Module, dead: list[torch.Tensor | None] | None):
     """Run ``model``'s forwards inside the block under :func:`ragged_attention` with, per layer, the cached slots
-    ``dead[l] [Hkv, p_l]`` (True: a pad slot no query may see; ``[B, Hkv, p_l]``: per batch row) hidden per KV head: a padded
-    dense cache then attends exactly as the uneven cache it holds (kvpress's AdaKV masks the same way).
+    ``dead[l] [Hkv, p_l]`` (True: a pad slot no query may see; ``[B, Hkv, p_l]``: per batch row) hidden per KV
+    head: a padded dense cache then attends exactly as the uneven cache it holds (kvpress's AdaKV masks the same way).
     ``dead=None`` (every head even): nothing changes, the block runs as it would without this."""
     if dead is None:
         yield model

@@ -3,8 +3,8 @@
 Every request runs on a cache kept to a policy's budget in the paper's regime (InfoKV: compression
 at prefill and every ``interval`` generated tokens; :mod:`.requests`): ``generate_until`` decodes
 with the compressed decoder, ``loglikelihood`` scores the continuation teacher-forced on the compressed
-cache of the context, ``loglikelihood_rolling`` does so over lm-eval's rolling windows. Requests run
-one at a time (``batch_size`` is accepted and ignored: each request has its own cache and compressions).
+cache of the context, ``loglikelihood_rolling`` does so over lm-eval's rolling windows. ``batch_size``
+requests run per forward (:mod:`.batching`), with the numbers one request at a time gives.
 
 Per-request cache records (:class:`~.requests.CacheRecord`) belong to the backend: its ``records``, under
 ``(task, doc_id)``; :func:`annotate_samples` puts them into lm-eval's per-sample log (key ``fi_toolkit``).
@@ -35,8 +35,8 @@ from tqdm import tqdm
 from fi_toolkit.compress.sampling import GREEDY, Sampling
 from fi_toolkit.errors import FIError
 from fi_toolkit.evaluation.lmeval.arguments import BackendArgs, parse_backend_args
-from fi_toolkit.evaluation.lmeval.batching import Generation, generate_full_cache, score_pairs
-from fi_toolkit.evaluation.lmeval.requests import generate_tokens, stop_checker
+from fi_toolkit.evaluation.lmeval.batching import Generation, generate_compressed, generate_full_cache, score_pairs
+from fi_toolkit.evaluation.lmeval.requests import stop_checker
 from fi_toolkit.model.architectures import context_limit
 
 NAME = "fi"
@@ -245,8 +245,8 @@ class CompressedLM(TemplateLM):
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         """Each request decoded on its compressed cache; the text is cut at the first stop string, and for
         a reasoning model (``think_end_token``) only what follows its last end-of-thinking marker is kept.
-        ``policy=none``: ``batch_size`` prompts per forward (:func:`~.batching.generate_full_cache`); under a
-        policy one request at a time (each its own cache and compressions)."""
+        ``batch_size`` prompts per forward: :func:`~.batching.generate_full_cache` at ``policy=none``, under a
+        policy :func:`~.batching.generate_compressed` (each row its own signals, compressions and budget)."""
         eos = self._eos_ids()
         options, specs = [], []
         for i, request in enumerate(requests):
@@ -277,25 +277,17 @@ class CompressedLM(TemplateLM):
                     progress=bar.update,
                 )
             else:
-                generated = []
-                for spec in specs:
-                    generated.append(
-                        generate_tokens(
-                            self.model,
-                            spec.prompt,
-                            self.policy,
-                            self.args.interval,
-                            spec.max_new,
-                            eos,
-                            spec.stop,
-                            not spec.sampling.greedy,
-                            spec.sampling.temperature,
-                            spec.sampling.top_p,
-                            spec.sampling.seed,
-                            prefill_chunk=self.args.prefill_chunk,
-                        )
-                    )
-                    bar.update(1)
+                generated = generate_compressed(
+                    self.model,
+                    specs,
+                    self.policy,
+                    self.args.interval,
+                    eos,
+                    self.args.batch_size,
+                    self.args.max_batch_size,
+                    self.args.prefill_chunk,
+                    progress=bar.update,
+                )
         out = []
         for request, opts, (tokens, record) in zip(requests, options, generated):
             text = self.tokenizer.decode(tokens, skip_special_tokens=False)

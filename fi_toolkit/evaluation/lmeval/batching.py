@@ -15,7 +15,10 @@ Two designs, by what the cache holds (docs/guides/lm-eval.md, "Batching"):
   the compressed cache, up to ``batch_size`` continuations in one forward over that cache expanded to as many
   rows (padded on the right, as above). A continuation long enough to reach a compression point (more than
   ``interval`` tokens fed after the context) would compress its own cache differently from its siblings, so it
-  is scored on its own (:func:`~.requests.score_continuation`). Generation runs one request at a time.
+  is scored on its own (:func:`~.requests.score_continuation`). Generation decodes ``batch_size`` prompts
+  together (:mod:`fi_toolkit.compress.batched`): rows padded on the left, their pads dead slots of that row; each
+  row keeps its own signals (its tracker reads only its batch row), compresses at its own points to its own
+  budget, and is re-padded to the batch's longest row after a compression; a row that stops leaves the batch.
 
 ``batch_size=auto`` starts at ``max_batch_size`` rows and halves the size on a CUDA out-of-memory error,
 retrying the batch that failed (the smaller size is kept for the rest of the call).
@@ -29,6 +32,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
+from fi_toolkit.compress.batched import decode_batch
 from fi_toolkit.compress.decoder import CompressedDecoder, Schedule
 from fi_toolkit.compress.sampling import Sampling
 from fi_toolkit.errors import FIError
@@ -333,6 +337,62 @@ def generate_full_cache(
             done[i] = (kept, CacheRecord("generate_until", p, len(kept), p + n - 1, p + n - 1, 0, [], "none"))
         for i, result in done.items():
             out[i] = result
+        if progress is not None:
+            progress(len(rows))
+
+    run_batched(order, batch_size, max_batch_size, run)
+    return out
+
+
+@torch.no_grad()
+def generate_compressed(
+    model,
+    requests: Sequence[Generation],
+    policy: Policy,
+    interval: int,
+    eos: set[int],
+    batch_size,
+    max_batch_size: int = 64,
+    prefill_chunk: int = 2048,
+    progress: Progress = None,
+) -> list[tuple[list[int], CacheRecord]]:
+    """Under ``policy``: each request's generated ids (an EOS id not included) and its record, as
+    :func:`~.requests.generate_tokens` gives them one at a time, ``batch_size`` prompts decoded together
+    (:func:`~fi_toolkit.compress.batched.decode_batch`: rows padded on the left, each its own signals,
+    compression points and budget; a row leaves the batch when it stops). Prompts are sorted longest first, so a
+    batch holds prompts of similar lengths."""
+    if any(not r.prompt for r in requests):
+        raise FIError("a generation request needs a non-empty prompt")
+    out: list[tuple[list[int], CacheRecord] | None] = [None] * len(requests)
+    order = sorted(range(len(requests)), key=lambda i: -len(requests[i].prompt))
+
+    def run(rows: list[int]) -> None:
+        specs = [requests[i] for i in rows]
+        decoded, batch = decode_batch(
+            model,
+            [s.prompt for s in specs],
+            policy,
+            interval,
+            [s.max_new for s in specs],
+            [s.sampling for s in specs],
+            eos,
+            [s.stop for s in specs],
+            prefill_chunk=prefill_chunk,
+        )
+        for r, (i, spec, done) in enumerate(zip(rows, specs, decoded)):
+            tokens = done.tokens[:-1] if done.stop_reason == "eos" else done.tokens
+            steps = batch.rows[r].compression_steps
+            record = CacheRecord(
+                "generate_until",
+                len(spec.prompt),
+                len(tokens),
+                max(batch.lengths(r)),
+                batch.rows[r].seen,
+                len(steps),
+                steps,
+                policy.label,
+            )
+            out[i] = (tokens, record)
         if progress is not None:
             progress(len(rows))
 
