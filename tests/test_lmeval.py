@@ -148,15 +148,23 @@ def test_batched_scoring_equals_one_request_at_a_time(tiny, name, monkeypatch):
     """Batch 1 and batch 4 give the same log-likelihoods (1e-5), is-greedy flags and records; each equals an
     independent computation (a plain forward of the whole sequence; under a policy, the replay's compressed
     NLLs at the same points), and a shared context is prefilled and compressed once for its continuations."""
+    from fi_toolkit.compress.batched import BatchedDecoder
     from fi_toolkit.compress.decoder import CompressedDecoder
     from fi_toolkit.evaluation.lmeval.batching import score_pairs
 
     pairs, policy = _mc_pairs(), _batch_policy(name)
-    prefills = []
-    original = CompressedDecoder.prefill
+    prefills, batches = [], []
+    original, batched = CompressedDecoder.prefill, BatchedDecoder.prefill
     monkeypatch.setattr(
         CompressedDecoder, "prefill", lambda self, ids: prefills.append(ids.numel()) or original(self, ids)
     )
+
+    def batched_prefill(self, prompts):
+        prefills.extend(len(p) for p in prompts)
+        batches.append(len(prompts))
+        return batched(self, prompts)
+
+    monkeypatch.setattr(BatchedDecoder, "prefill", batched_prefill)
     one, four = score_pairs(tiny.model, pairs, policy, 8, 1), score_pairs(tiny.model, pairs, policy, 8, 4)
     monkeypatch.undo()  # (the replay below prefills too)
     assert max(abs(a[0] - b[0]) for a, b in zip(one, four)) < 1e-5
@@ -176,6 +184,7 @@ def test_batched_scoring_equals_one_request_at_a_time(tiny, name, monkeypatch):
         assert prefills == []  # padded rows, no decoder
     else:  # per batch size: 4 contexts once each, and the 6 continuations that reach a compression on their own
         assert sorted(prefills) == sorted(2 * ([100, 77, 130, 90] + [100, 100, 77, 77, 130, 130]))
+        assert batches == [1] * 6 + [4, 2]  # those 6 on their own caches, batched: batch 1, then 4 + 2
 
 
 def test_auto_batch_size_halves_on_out_of_memory(tiny, monkeypatch):

@@ -175,45 +175,66 @@ class BatchedDecoder:
     def step(self, tokens: Sequence[int]) -> torch.Tensor:
         """Feed one token to each active row (in :attr:`active` order), then compress each row whose schedule
         says so (its own fed count and budget) -> float32 logits ``[B, V]`` (before those compressions)."""
+        return self.feed([[int(t)] for t in tokens])[1]
+
+    @torch.no_grad()
+    def feed(
+        self, ids: Sequence[Sequence[int]], compress_after: Sequence[bool] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed ``q`` known tokens to each active row (the same ``q`` for all, in :attr:`active` order) in one
+        forward, then compress each row whose schedule says so, unless ``compress_after[slot]`` is False (nothing
+        will read that row's cache again) -> the final hidden states ``[B, q, d]`` and the float32 logits of the
+        last column ``[B, V]`` (before those compressions). A block must not cross a row's compression point:
+        :meth:`block_end` says where the next one ends."""
         active = self.active
-        if len(tokens) != len(active):
-            raise FIError(f"step needs one token per active row ({len(active)}), got {len(tokens)}")
+        q = len(ids[0]) if ids else 0
+        if len(ids) != len(active) or q < 1 or any(len(row) != q for row in ids):
+            raise FIError(f"feed needs the same number (>= 1) of tokens for each of the {len(active)} active rows")
         self._select({})
         for r in active:
-            self.rows[r]._append_slots(1)
+            self.rows[r]._append_slots(q)
         base = self.model.base_model
-        positions = torch.tensor([[self.rows[r].row.seen] for r in active], device=self.device)
+        start = torch.tensor([[self.rows[r].row.seen] for r in active], device=self.device)
         with hidden_slots(self.model, self.dead):
             hidden = base(
-                input_ids=torch.tensor(list(tokens), dtype=torch.long, device=self.device)[:, None],
-                position_ids=positions,
+                input_ids=torch.tensor([list(row) for row in ids], dtype=torch.long, device=self.device),
+                position_ids=start + torch.arange(q, device=self.device)[None],
                 use_cache=True,
                 **cache_kwargs(base, self.cache),
             ).last_hidden_state
         logits = self.lm_head(hidden[:, -1]).float()
         if self.dead is not None:  # the new slots are live
-            self.dead = [torch.nn.functional.pad(d, (0, 1)) for d in self.dead]
+            self.dead = [torch.nn.functional.pad(d, (0, q)) for d in self.dead]
         compressed = False
-        for slot, (r, token) in enumerate(zip(active, tokens)):
-            self._record(r, [int(token)], hidden[slot], logits[slot])
+        for slot, (r, row_ids) in enumerate(zip(active, ids)):
+            self._record(r, [int(t) for t in row_ids], hidden[slot], logits[slot])
             decoder = self.rows[r]
-            self._note_growth(r)
-            if decoder.schedule.compresses_at(decoder.row.fed):
+            self._note_growth(r, q)
+            if (compress_after is None or compress_after[slot]) and decoder.schedule.compresses_at(decoder.row.fed):
                 compressed = decoder.compress() is not None or compressed
         if compressed:
             self._rebuild()
-        return logits
+        return hidden, logits
 
-    def _note_growth(self, r: int) -> None:
-        """Row ``r``'s record after a token fed: its longest layer and its cache's bytes (as its decoder alone
-        records them), from the slot counts."""
+    def block_end(self, remaining: int) -> int:
+        """How many tokens the next :meth:`feed` may take: up to the active rows' next compression point (their
+        fed counts are equal when they were fed together since the prefill) and at most ``remaining``."""
+        points = [self.rows[r].schedule.next_point(self.rows[r].row.fed) for r in self.active]
+        ends = [p - self.rows[r].row.fed for p, r in zip(points, self.active) if p is not None]
+        return min([remaining, *ends])
+
+    def _note_growth(self, r: int, q: int) -> None:
+        """Row ``r``'s record after ``q`` tokens fed: its longest layer and its cache's bytes (as its decoder
+        alone records them), from the slot counts."""
         row, lengths = self.rows[r].row, self.lengths(r)
-        row.cache_lengths.append(max(lengths))
+        row.cache_lengths.extend(range(max(lengths) - q + 1, max(lengths) + 1))
         per_slot = [2 * l.keys.shape[1] * l.keys.shape[3] * l.keys.element_size() for l in self.cache.layers]
         row.peak_cache_bytes = max(row.peak_cache_bytes, sum(n * b for n, b in zip(lengths, per_slot)))
 
     def leave(self, rows: Sequence[int]) -> None:
         """Rows that stopped leave the batch: their slots are dropped from the cache, their hooks removed."""
+        if not rows:
+            return
         for r in rows:
             if self.index[r] is None:
                 continue

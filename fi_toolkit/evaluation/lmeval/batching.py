@@ -32,12 +32,12 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from fi_toolkit.compress.batched import decode_batch
+from fi_toolkit.compress.batched import BatchedDecoder, decode_batch
 from fi_toolkit.compress.decoder import CompressedDecoder, Schedule
 from fi_toolkit.compress.sampling import Sampling
 from fi_toolkit.errors import FIError
 from fi_toolkit.evaluation.lmeval.arguments import AUTO
-from fi_toolkit.evaluation.lmeval.requests import CacheRecord, score_continuation
+from fi_toolkit.evaluation.lmeval.requests import CacheRecord
 from fi_toolkit.eviction import shared_cache
 from fi_toolkit.model.architectures import decoder_parts
 from fi_toolkit.model.attention import hidden_slots, ragged_attention
@@ -156,17 +156,11 @@ def score_shared_context(
     groups: dict[tuple[int, ...], list[int]] = {}
     for i, (context, _) in enumerate(pairs):
         groups.setdefault(tuple(context), []).append(i)
+    own = []  # the continuations that reach a compression point: each on its own cache, batch_size per batch
     for context, members in groups.items():
         shared = []
         for i in members:
-            if reaches_compression(schedule, len(pairs[i][1]) - 1):
-                out[i] = score_continuation(
-                    model, list(context), list(pairs[i][1]), policy, interval, prefill_chunk=prefill_chunk
-                )
-                if progress is not None:
-                    progress(1)
-            else:
-                shared.append(i)
+            (own if reaches_compression(schedule, len(pairs[i][1]) - 1) else shared).append(i)
         if shared:
             _score_from_context(
                 model,
@@ -181,7 +175,57 @@ def score_shared_context(
                 out,
                 progress,
             )
+    if own:
+        _score_own_caches(model, pairs, own, policy, interval, batch_size, max_batch_size, prefill_chunk, out, progress)
     return out
+
+
+def _score_own_caches(
+    model, pairs, members, policy, interval, batch_size, max_batch_size, prefill_chunk, out, progress
+) -> None:
+    """The pairs ``members``, each scored as :func:`~.requests.score_continuation` scores it on its own cache,
+    ``batch_size`` per batch (:class:`~fi_toolkit.compress.batched.BatchedDecoder`): the contexts prefilled
+    together (padded on the left), each compressed by its own rule, then the continuations fed together in
+    blocks that end at the rows' compression points (their fed counts are equal) or where the shortest row's
+    continuation ends; a row leaves the batch once its continuation is scored (no compression after its last
+    token: nothing reads it). Longest continuations first, so that a batch holds similar lengths."""
+    device = next(model.parameters()).device
+    lm_head = decoder_parts(model)[2]
+    order = sorted(members, key=lambda i: (-len(pairs[i][1]), -len(pairs[i][0])))
+
+    def run(rows: list[int]) -> None:
+        contexts = [list(pairs[i][0]) for i in rows]
+        targets = [torch.tensor(list(pairs[i][1]), dtype=torch.long, device=device) for i in rows]
+        capacities = [len(c) + len(t) for c, t in zip(contexts, targets)]
+        batch = BatchedDecoder(model, policy, capacities, prefill_chunk=prefill_chunk, interval=interval)
+        try:
+            with ragged_attention(model):
+                first = batch.prefill(contexts)
+                scored = [_add((0.0, True), first[r : r + 1], t[:1]) for r, t in enumerate(targets)]
+                batch.leave([r for r, t in enumerate(targets) if t.numel() == 1])
+                fed = 0  # continuation tokens fed to every active row so far
+                while batch.active:
+                    active = batch.active
+                    q = batch.block_end(min(targets[r].numel() - 1 - fed for r in active))
+                    last = [targets[r].numel() - 1 == fed + q for r in active]
+                    hidden, _ = batch.feed([targets[r][fed : fed + q].tolist() for r in active], [not x for x in last])
+                    for slot, r in enumerate(active):
+                        scored[r] = _add(scored[r], lm_head(hidden[slot]).float(), targets[r][fed + 1 : fed + q + 1])
+                    fed += q
+                    batch.leave([r for r, x in zip(active, last) if x])
+        finally:
+            batch.close()
+        for r, i in enumerate(rows):
+            steps = batch.rows[r].compression_steps
+            p, m = len(contexts[r]), targets[r].numel()
+            record = CacheRecord(
+                "loglikelihood", p, m, max(batch.lengths(r)), batch.rows[r].seen, len(steps), steps, policy.label
+            )
+            out[i] = (*scored[r], record)
+        if progress is not None:
+            progress(len(rows))
+
+    run_batched(order, batch_size, max_batch_size, run)
 
 
 def _score_from_context(
