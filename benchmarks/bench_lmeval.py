@@ -4,12 +4,16 @@ at least 0.9x ``hf`` at the same batch size), and what a compressing policy cost
 
 Run in .venv-lmeval (``make test-lmeval`` builds it)::
 
-    python benchmarks/bench_lmeval.py [--device cuda] [--docs 8] [--context 300] [--new 32] [--batch 1,8] [--repeats 3]
+    python benchmarks/bench_lmeval.py [--device cuda] [--docs 8] [--context 300] [--mixed] [--new 32] [--batch 1,8]
+        [--repeats 3]
 
 Requests, built from the toolkit's passkey task (fi_toolkit.evaluation.tasks) at ``--context`` tokens:
 ``loglikelihood``: ``--docs`` prompts, each with 4 candidate answers (a multiple-choice question: 4 requests
 sharing one context); ``generate_until``: the same ``--docs`` prompts, greedy, no stop string, ``--new``
-tokens each. Each cell is the best of ``--repeats`` timed runs (the backends interleaved) after a warm-up.
+tokens each (``--mixed``: contexts spread from half of ``--context`` to all of it). Each cell is the best of
+``--repeats`` timed runs (the backends interleaved) after a warm-up; the last lines give each backend's speedup
+from batching (requests/s at the largest batch over the smallest). Under a compressing policy both request
+types are batched too (docs/guides/lm-eval.md, "Batching").
 Writes benchmarks/results/bench_lmeval.txt.
 """
 
@@ -40,9 +44,11 @@ def timed(lm, kind: str, requests, device) -> float:
     return time.perf_counter() - t0
 
 
-def build_requests(lm, docs: int, context: int, new: int) -> dict[str, list]:
-    """The two request lists: 4 answers per prompt (loglikelihood), one generation per prompt."""
-    samples = [make_sample("passkey", lm.tokenizer, context, seed, lm.config, chat=False) for seed in range(docs)]
+def build_requests(lm, docs: int, context: int, new: int, mixed: bool = False) -> dict[str, list]:
+    """The two request lists: 4 answers per prompt (loglikelihood), one generation per prompt. ``mixed``: the
+    prompts' contexts spread evenly from half of ``context`` to all of it (prompts of different lengths)."""
+    sizes = [context // 2 + (context - context // 2) * i // max(1, docs - 1) if mixed else context for i in range(docs)]
+    samples = [make_sample("passkey", lm.tokenizer, n, seed, lm.config, chat=False) for seed, n in enumerate(sizes)]
     gen = {"until": [], "max_gen_toks": new, "do_sample": False}
     scored, generated = [], []
     for i, s in enumerate(samples):
@@ -61,6 +67,7 @@ def main() -> None:
     ap.add_argument("--docs", type=int, default=8)
     ap.add_argument("--context", type=int, default=300)
     ap.add_argument("--new", type=int, default=32)
+    ap.add_argument("--mixed", action="store_true", help="contexts from half of --context to all of it")
     ap.add_argument("--batch", default="1,8", help="batch sizes, comma-separated")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per cell (the best is reported)")
     ap.add_argument("--policy", default="infokv", help="the compressing policy whose cost is reported")
@@ -69,7 +76,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "bench_lmeval.txt"))
     a = ap.parse_args()
     lm = load_model(a.model, device=a.device, dtype=a.dtype)
-    requests = build_requests(lm, a.docs, a.context, a.new)
+    requests = build_requests(lm, a.docs, a.context, a.new, a.mixed)
     sizes = [int(b) for b in a.batch.split(",")]
     compressing = f"fi {a.policy} {a.budget} interval={a.interval}"
     rows = []
@@ -89,7 +96,8 @@ def main() -> None:
             rows.append((kind, size, {name: len(requests[kind]) / seconds for name, seconds in best.items()}))
     lines = [
         f"bench_lmeval: {a.model} on {lm.device} ({a.dtype}), torch threads {torch.get_num_threads()}; "
-        f"{a.docs} passkey prompts of {a.context} tokens: loglikelihood = {4 * a.docs} requests (4 answers per "
+        f"{a.docs} passkey prompts of {f'{a.context // 2} to ' if a.mixed else ''}{a.context} tokens: "
+        f"loglikelihood = {4 * a.docs} requests (4 answers per "
         f"prompt), generate_until = {a.docs} requests (greedy, {a.new} new tokens, no stop string); "
         f"requests/s, best of {a.repeats} interleaved runs after a warm-up",
         f"{'request type':16s} {'batch':>5s} {'hf':>9s} {'fi none':>9s} {'fi/hf':>6s} "
@@ -100,6 +108,12 @@ def main() -> None:
         lines.append(
             f"{kind:16s} {size:5d} {r['hf']:9.2f} {none:9.2f} {none / r['hf']:6.2f} {comp:11.2f} {none / comp:11.2f}"
         )
+    if len(sizes) > 1:  # what batching gains under each backend: requests/s at the largest batch over the smallest
+        for kind in KINDS:
+            cells = {size: r for k, size, r in rows if k == kind}
+            lo, hi = cells[min(sizes)], cells[max(sizes)]
+            gains = "  ".join(f"{name} {hi[name] / lo[name]:.2f}x" for name in lo)
+            lines.append(f"batch {max(sizes)} / batch {min(sizes)}, {kind}: {gains}")
     text = "\n".join(lines) + "\n"
     print(text, end="")
     Path(a.out).write_text(text)

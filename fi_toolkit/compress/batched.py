@@ -208,10 +208,9 @@ class BatchedDecoder:
         compressed = False
         for slot, (r, row_ids) in enumerate(zip(active, ids)):
             self._record(r, [int(t) for t in row_ids], hidden[slot], logits[slot])
-            decoder = self.rows[r]
             self._note_growth(r, q)
-            if (compress_after is None or compress_after[slot]) and decoder.schedule.compresses_at(decoder.row.fed):
-                compressed = decoder.compress() is not None or compressed
+            if compress_after is None or compress_after[slot]:
+                compressed = self.rows[r].compress_if_due() is not None or compressed
         if compressed:
             self._rebuild()
         return hidden, logits

@@ -484,8 +484,8 @@ class CompressedDecoder:
             lengths = self.entries()
             yield FedBlock(self._feed(ids[start:end]), start, lengths)
             start = end
-            if (start < ids.numel() or compress_at_end) and self.schedule.compresses_at(row.fed):
-                self.compress()
+            if start < ids.numel() or compress_at_end:
+                self.compress_if_due()
 
     def feed(self, ids: torch.Tensor, max_block: int | None = None, prompt: int = 0) -> torch.Tensor:
         """:meth:`feed_blocks`, every row's float32 logits in one tensor ``[q, V]``."""
@@ -630,6 +630,12 @@ class CompressedDecoder:
         maps = (keep_map, row.positions) if row.keep_maps else ()
         row.compressions.append(Compression(row.fed, row.seen, *maps))
         return keep_map
+
+    def compress_if_due(self) -> KeepMap | None:
+        """After a forward: :meth:`compress` when the schedule compresses after the tokens fed so far (the
+        keep map, or None). :meth:`feed_blocks` calls it after each of its forwards, a batch of decoders
+        (:mod:`fi_toolkit.compress.batched`) after each of the batch's."""
+        return self.compress() if self.schedule.compresses_at(self.row.fed) else None
 
     def _dead_after(self, keep_map: KeepMap) -> list[torch.Tensor] | None:
         """Per layer, the dead slots of the cache gathered to ``keep_map`` ``[Hkv, k_l]``: an uneven map's pads
