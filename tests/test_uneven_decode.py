@@ -288,3 +288,33 @@ def test_window_attention_over_dead_slots_is_over_the_live_ones_alone():
         assert (got[h, dead[h]] == 0).all() and (received[h, dead[h]] == 0).all()
         deleted = attention_received(queries[2 * h : 2 * h + 2], keys[h : h + 1, live], 0.3)[0]
         torch.testing.assert_close(received[h, live], deleted)
+
+
+def test_batched_decoding_of_uneven_heads_equals_each_row_alone(tiny):
+    """Uneven per-head keep maps in a batch (fi_toolkit.compress.batched): three prompts of different lengths, each
+    row's own dead slots beside its left padding, teacher-forced through compressions every 4 tokens; every row's
+    logits (1e-4), kept positions per head and dead slots equal its own decoder's alone."""
+    from fi_toolkit.compress.batched import BatchedDecoder
+
+    policy = SharedHeads(budget=24, window=W)
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(3, 256, (n,), generator=gen).tolist() for n in (30, 64, 45)]
+    fed = [torch.randint(3, 256, (14,), generator=gen).tolist() for _ in prompts]
+    alone = []
+    with ragged_attention(tiny.model):
+        for prompt, tokens in zip(prompts, fed):
+            decoder = CompressedDecoder(tiny.model, policy, 80, CONFIG, interval=4, keep_maps=True)
+            logits = [decoder.prefill(torch.tensor(prompt))[0]] + [decoder.step(t) for t in tokens]
+            decoder.close()
+            alone.append((torch.stack(logits), decoder))
+        batch = BatchedDecoder(tiny.model, policy, [80] * 3, CONFIG, interval=4, keep_maps=True)
+        logits = [batch.prefill(prompts)] + [batch.step([fed[r][s] for r in range(3)]) for s in range(14)]
+        batch.close()
+    for r, (want, decoder) in enumerate(alone):
+        assert (torch.stack([step[r] for step in logits]) - want).abs().max() < 1e-4
+        mine = batch.rows[r]
+        assert mine.row.dead is not None and mine.compression_steps == decoder.compression_steps
+        assert len(mine.compressions) >= 3 and any(c.keep.uneven for c in mine.compressions)
+        for a, b in zip(mine.compressions, decoder.compressions):
+            assert all(torch.equal(p, q) for p, q in zip(a.positions, b.positions))
+        assert all(torch.equal(p, q) for p, q in zip(mine.row.dead, decoder.row.dead))

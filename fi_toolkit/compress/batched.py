@@ -86,8 +86,8 @@ class BatchedDecoder:
             raise FIError("a batch needs at least one sequence")
         self.model, self.policy, self.prefill_chunk = model, policy, prefill_chunk
         self.device = next(model.parameters()).device
-        self.lm_head = decoder_parts(model)[2]
-        n_layers = model.config.num_hidden_layers
+        layers, _, self.lm_head = decoder_parts(model)
+        n_layers = len(layers)
         self.rows = [
             CompressedDecoder(
                 model, policy, c, config, prefill_chunk=prefill_chunk, interval=interval, keep_maps=keep_maps
