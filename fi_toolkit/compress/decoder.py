@@ -9,7 +9,9 @@ Everything that decodes drives this loop; none of it decides when to compress:
   continuations, a task's question and answer) in forwards that end at the schedule's points, compressing
   there; :meth:`~CompressedDecoder.step` feeds one token;
 * :meth:`CompressedDecoder.decode` samples (:mod:`fi_toolkit.compress.sampling`), feeds and stops (EOS, a
-  stop rule, ``max_new``): :func:`generate`, free generation, tasks and lm-eval's ``generate_until``.
+  stop rule, ``max_new``): :func:`generate`, free generation, tasks and lm-eval's ``generate_until``;
+* :class:`~fi_toolkit.compress.batched.BatchedDecoder` runs one decoder per row of a padded batch (lm-eval's
+  batches under a policy): each row's compressions are still decided here (:meth:`~CompressedDecoder.compress_if_due`).
 
 Compressing is a physical gather of the cache per layer and KV head (RoPE positions kept, later tokens fed
 with explicit position ids). Budget: a ratio ``r`` keeps ``round(r * n)`` entries per layer and head at a
