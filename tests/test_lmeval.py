@@ -184,7 +184,8 @@ def test_batched_scoring_equals_one_request_at_a_time(tiny, name, monkeypatch):
         assert prefills == []  # padded rows, no decoder
     else:  # per batch size: 4 contexts once each, and the 6 continuations that reach a compression on their own
         assert sorted(prefills) == sorted(2 * ([100, 77, 130, 90] + [100, 100, 77, 77, 130, 130]))
-        assert batches == [1] * 6 + [4, 2]  # those 6 on their own caches, batched: batch 1, then 4 + 2
+        # on their own caches, batched: those 6 and the only continuation of its context (90): 7 of 1, then 4 + 3
+        assert batches == [1] * 7 + [4, 3]
 
 
 def test_auto_batch_size_halves_on_out_of_memory(tiny, monkeypatch):

@@ -9,16 +9,17 @@ Two designs, by what the cache holds (docs/guides/lm-eval.md, "Batching"):
   attention mask and per-row position ids (each row's first real token at position 0), as lm-eval's ``hf``
   backend does: masked keys get zero attention weight, so a padded row differs from the same row alone only by
   the rounding of a batched kernel.
-* a compressing policy: what a row's cache keeps depends on that row's own signals, so rows of different
-  requests are never stacked in one cache. Log-likelihood requests that share a context (the choices of a
-  multiple-choice question) prefill and compress that context **once**, and every continuation is scored from
-  the compressed cache, up to ``batch_size`` continuations in one forward over that cache expanded to as many
-  rows (padded on the right, as above). A continuation long enough to reach a compression point (more than
-  ``interval`` tokens fed after the context) would compress its own cache differently from its siblings, so it
-  is scored on its own (:func:`~.requests.score_continuation`). Generation decodes ``batch_size`` prompts
-  together (:mod:`fi_toolkit.compress.batched`): rows padded on the left, their pads dead slots of that row; each
-  row keeps its own signals (its tracker reads only its batch row), compresses at its own points to its own
-  budget, and is re-padded to the batch's longest row after a compression; a row that stops leaves the batch.
+* a compressing policy: what a row's cache keeps depends on that row's own signals. Log-likelihood requests that
+  share a context (the choices of a multiple-choice question) prefill and compress that context **once**, and
+  every continuation is scored from the compressed cache, up to ``batch_size`` continuations in one forward over
+  that cache expanded to as many rows (padded on the right, as above). A continuation long enough to reach a
+  compression point (more than ``interval`` tokens fed after the context) would compress its own cache
+  differently from its siblings, so it is scored on its own cache, as is the only continuation of a context.
+  Those, and generation, run ``batch_size`` rows together on **ragged per-row caches**
+  (:mod:`fi_toolkit.compress.batched`): rows padded on the left, their pads dead slots of that row; each row
+  keeps its own signals (its tracker reads only its batch row), compresses at its own points to its own budget,
+  and is re-padded to the batch's longest row after a compression; a row that ends leaves the batch.
+  Continuations are fed teacher-forced in blocks that end at the rows' compression points.
 
 ``batch_size=auto`` starts at ``max_batch_size`` rows and halves the size on a CUDA out-of-memory error,
 retrying the batch that failed (the smaller size is kept for the rest of the call).
@@ -150,17 +151,20 @@ def score_shared_context(
 ) -> list[Scored]:
     """Under ``policy``: every pair scored as :func:`~.requests.score_continuation` scores it, each distinct
     context prefilled and compressed once for all the continuations that follow it (up to ``batch_size`` of
-    them per forward), except a continuation that reaches a compression point, scored on its own cache."""
+    them per forward), except a continuation that reaches a compression point, or the only one of its context,
+    scored on its own cache, ``batch_size`` of those together (:func:`_score_own_caches`)."""
     schedule = Schedule.of(policy, interval)
     out: list[Scored | None] = [None] * len(pairs)
     groups: dict[tuple[int, ...], list[int]] = {}
     for i, (context, _) in enumerate(pairs):
         groups.setdefault(tuple(context), []).append(i)
-    own = []  # the continuations that reach a compression point: each on its own cache, batch_size per batch
-    for context, members in groups.items():
+    own = []  # each on its own cache, batch_size per batch: the continuations that reach a compression point,
+    for context, members in groups.items():  # and those whose context has no other continuation to share it
         shared = []
         for i in members:
             (own if reaches_compression(schedule, len(pairs[i][1]) - 1) else shared).append(i)
+        if len(shared) == 1:
+            own, shared = own + shared, []
         if shared:
             _score_from_context(
                 model,
