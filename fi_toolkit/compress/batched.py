@@ -23,6 +23,7 @@ every forward reads. Design (docs/guides/lm-eval.md, "Batching"):
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import contextmanager
 
 import torch
 from transformers import DynamicCache
@@ -124,7 +125,22 @@ class BatchedDecoder:
         for r in self.active:
             tracker = self.rows[r].tracker
             if tracker is not None:
-                tracker.row = (self.index[r], starts.get(r, 0))
+                tracker.row, tracker.paused = (self.index[r], starts.get(r, 0)), False
+
+    @contextmanager
+    def _alone(self, r: int | None):
+        """Only row ``r``'s tracker records forwards run inside the block, as a batch of one (a press's own
+        prefill at its compression); ``None``: none records. Every tracker is paused after the block, until the
+        next batched forward selects them."""
+        for i, decoder in enumerate(self.rows):
+            if decoder.tracker is not None:
+                decoder.tracker.row, decoder.tracker.paused = None, i != r
+        try:
+            yield
+        finally:
+            for decoder in self.rows:
+                if decoder.tracker is not None:
+                    decoder.tracker.paused = True
 
     def _record(self, r: int, ids: list[int], hidden: torch.Tensor, logits: torch.Tensor | None) -> None:
         """Row ``r`` was fed ``ids`` (its ``hidden [q, d]``): its token record, its tracker, its ``seen``."""
@@ -166,8 +182,9 @@ class BatchedDecoder:
                 if first < e - a:
                     self._record(r, list(prompt[a + first - pads[r] : e - pads[r]]), hidden[r, first:], logits[r])
         self.lead = [[n] * len(self.cache.layers) for n in pads]
-        for decoder in self.rows:
-            decoder._end_prompt()
+        for r, decoder in enumerate(self.rows):
+            with self._alone(r):
+                decoder._end_prompt()
         self._rebuild()
         return logits
 
@@ -210,7 +227,8 @@ class BatchedDecoder:
             self._record(r, [int(t) for t in row_ids], hidden[slot], logits[slot])
             self._note_growth(r, q)
             if compress_after is None or compress_after[slot]:
-                compressed = self.rows[r].compress_if_due() is not None or compressed
+                with self._alone(r):
+                    compressed = self.rows[r].compress_if_due() is not None or compressed
         if compressed:
             self._rebuild()
         return hidden, logits

@@ -100,8 +100,10 @@ class SignalTracker:
         self._cache = None  # the cache decoding reads keys from (start_decoding)
         self._inputs: dict = {}
         # in a batched forward (fi_toolkit.compress.batched): the batch row this tracker follows and its first
-        # real column (the left padding before it is another row's length, not this sequence); None: batch of one
+        # real column (the left padding before it is another row's length, not this sequence); None: batch of one.
+        # paused: the hooks record nothing (a forward of another sequence of the batch, e.g. a press's own prefill)
         self.row: tuple[int, int] | None = None
+        self.paused = False
 
     def _mine(self, t: torch.Tensor) -> torch.Tensor:
         """This sequence's rows of a forward's ``[B, q, ...]`` tensor (all of it outside a batched forward)."""
@@ -148,16 +150,23 @@ class SignalTracker:
 
     def _input_hook(self, layer_idx: int):
         def hook(_module, args, kwargs):
+            if self.paused:
+                return
             self._inputs[layer_idx] = self._mine(args[0] if args else kwargs["hidden_states"])
 
         return hook
 
     def _norm_hook(self, _module, args):
-        self._inputs["pre_norm"] = self._mine(args[0])
+        if not self.paused:
+            self._inputs["pre_norm"] = self._mine(args[0])
 
     def _attention_hook(self, module, args, kwargs, _output):
+        if self.paused:
+            return
         hs = self._mine(args[0] if args else kwargs["hidden_states"])
-        if hs.shape[1] == 0:  # a batched forward with nothing of this sequence (a prefill chunk of its padding)
+        if (
+            hs.shape[0] == 0 or hs.shape[1] == 0
+        ):  # a batched forward with nothing of this sequence (a prefill chunk of its padding)
             return
         rope = tuple(self._mine(t) for t in kwargs["position_embeddings"])
         w = self.config.window
