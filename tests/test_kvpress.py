@@ -668,3 +668,37 @@ def test_presses_that_read_many_rows_compress_at_every_interval(name, smollm, al
     if name == "SnapKVPress":
         with pytest.raises(FIError, match="at a compression while decoding .32 rows.*window size 64"):
             replay(smollm.model, alice.ids[:320], 256, policy, interval=32)
+
+
+@pytest.mark.parametrize("press", ["KeyDiffPress", "TOVAPress", "ExpectedAttentionPress", "SnapKVPress:window_size=2"])
+def test_press_in_a_batch_equals_each_row_alone(tiny, press):
+    """A press as a policy in a batch of three prompts of different lengths (fi_toolkit.compress.batched): at the
+    prompt the press runs its own prefill of that row, which no other row's tracker may record, and while decoding
+    it scores each row's own buffered rows (SnapKV's window and ExpectedAttention's statistics read them: they
+    fail when another row's prefill reaches a row's buffer). Every row's logits (1e-4) and kept positions equal
+    its decoder's alone."""
+    from fi_toolkit.compress.batched import BatchedDecoder
+    from fi_toolkit.compress.decoder import CompressedDecoder
+    from fi_toolkit.evaluation.lmeval.arguments import policy_from_spec
+    from fi_toolkit.model.attention import ragged_attention
+
+    policy = policy_from_spec(f"kvpress:{press}", "keep=0.25", 8, {})
+    gen = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(3, 256, (n,), generator=gen).tolist() for n in (40, 64, 52)]
+    fed = [torch.randint(3, 256, (13,), generator=gen).tolist() for _ in prompts]
+    alone = []
+    with ragged_attention(tiny.model):
+        for prompt, tokens in zip(prompts, fed):
+            decoder = CompressedDecoder(tiny.model, policy, 80, interval=4, keep_maps=True)
+            logits = [decoder.prefill(torch.tensor(prompt))[0]] + [decoder.step(t) for t in tokens]
+            decoder.close()
+            alone.append((torch.stack(logits), decoder))
+        batch = BatchedDecoder(tiny.model, policy, [80] * 3, interval=4, keep_maps=True)
+        logits = [batch.prefill(prompts)] + [batch.step([fed[r][s] for r in range(3)]) for s in range(13)]
+        batch.close()
+    for r, (want, decoder) in enumerate(alone):
+        assert (torch.stack([step[r] for step in logits]) - want).abs().max() < 1e-4
+        mine = batch.rows[r]
+        assert mine.compression_steps == decoder.compression_steps == [0, 4, 8, 12]
+        for a, b in zip(mine.compressions, decoder.compressions):
+            assert all(torch.equal(p, q) for p, q in zip(a.positions, b.positions))
