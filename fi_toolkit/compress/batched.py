@@ -142,15 +142,12 @@ class BatchedDecoder:
                 if decoder.tracker is not None:
                     decoder.tracker.paused = True
 
-    def _record(self, r: int, ids: list[int], hidden: torch.Tensor, logits: torch.Tensor | None) -> None:
-        """Row ``r`` was fed ``ids`` (its ``hidden [q, d]``): its token record, its tracker, its ``seen``."""
-        row, q = self.rows[r].row, len(ids)
-        if row.seen + q > row.tokens.numel():
-            row.tokens = torch.cat([row.tokens, row.tokens.new_zeros(row.seen + q - row.tokens.numel())])
-        row.tokens[row.seen : row.seen + q] = torch.tensor(ids, dtype=torch.long)
-        if self.rows[r].tracker:
-            self.rows[r].tracker.record(hidden, logits if q == 1 else None)
-        row.seen += q
+    def _record(self, r: int, ids: list[int], hidden: torch.Tensor, logits: torch.Tensor) -> None:
+        """Row ``r`` was fed ``ids`` (its ``hidden [q, d]``, the last one's ``logits [V]``): recorded as its
+        decoder records its own forwards (ids by position, its tracker, its ``seen``)."""
+        decoder = self.rows[r]
+        decoder._note_tokens(torch.tensor(ids, dtype=torch.long))
+        decoder._fed(hidden, logits)
 
     @torch.no_grad()
     def prefill(self, prompts: Sequence[Sequence[int]]) -> torch.Tensor:

@@ -412,9 +412,7 @@ class CompressedDecoder:
         (``every_row``: of every one, ``[q, V]``)."""
         row, q = self.row, ids.numel()
         positions = torch.arange(row.seen, row.seen + q, device=self.device)[None]
-        if row.seen + q > row.tokens.numel():  # past the capacity the caller gave: grow the record
-            row.tokens = torch.cat([row.tokens, row.tokens.new_zeros(row.seen + q - row.tokens.numel())])
-        row.tokens[row.seen : row.seen + q] = ids.cpu()
+        self._note_tokens(ids)
         with hidden_slots(self.model, row.dead):  # an uneven cache's dead slots hidden per head (None: none)
             hidden = self.model.base_model(
                 input_ids=ids[None].to(self.device),
@@ -423,10 +421,24 @@ class CompressedDecoder:
                 **cache_kwargs(self.model.base_model, self.cache),
             ).last_hidden_state[0]
         logits = self.lm_head(hidden if every_row else hidden[-1:]).float()
-        if self.tracker:
-            self.tracker.record(hidden, logits[-1] if q == 1 else None)
-        row.seen += q
+        self._fed(hidden, logits[-1])
         return logits if every_row else logits[0]
+
+    def _note_tokens(self, ids: torch.Tensor) -> None:
+        """``ids [q]``, about to be fed, into the record of ids by position (grown past the capacity the caller
+        gave)."""
+        row, q = self.row, ids.numel()
+        if row.seen + q > row.tokens.numel():
+            row.tokens = torch.cat([row.tokens, row.tokens.new_zeros(row.seen + q - row.tokens.numel())])
+        row.tokens[row.seen : row.seen + q] = ids.cpu()
+
+    def _fed(self, hidden: torch.Tensor, last_logits: torch.Tensor) -> None:
+        """After the forward of the ids just noted (their final hidden states ``[q, d]``, the last one's float32
+        logits ``[V]``): the tracker records them (the logits only for a single step) and ``seen`` moves on."""
+        q = hidden.shape[0]
+        if self.tracker:
+            self.tracker.record(hidden, last_logits if q == 1 else None)
+        self.row.seen += q
 
     @torch.no_grad()
     def prefill(self, ids: torch.Tensor) -> tuple[torch.Tensor, KeepMap | None]:

@@ -164,9 +164,8 @@ class SignalTracker:
         if self.paused:
             return
         hs = self._mine(args[0] if args else kwargs["hidden_states"])
-        if (
-            hs.shape[0] == 0 or hs.shape[1] == 0
-        ):  # a batched forward with nothing of this sequence (a prefill chunk of its padding)
+        # a batched forward with nothing of this sequence (a prefill chunk of its padding)
+        if hs.shape[0] == 0 or hs.shape[1] == 0:
             return
         rope = tuple(self._mine(t) for t in kwargs["position_embeddings"])
         w = self.config.window
