@@ -28,7 +28,7 @@ from contextlib import contextmanager
 import torch
 from transformers import DynamicCache
 
-from fi_toolkit.compress.decoder import CompressedDecoder, Decoded
+from fi_toolkit.compress.decoder import CompressedDecoder, Decoded, slot_bytes
 from fi_toolkit.compress.sampling import Sampling
 from fi_toolkit.errors import FIError
 from fi_toolkit.model.architectures import decoder_parts
@@ -242,7 +242,7 @@ class BatchedDecoder:
         alone records them), from the slot counts."""
         row, lengths = self.rows[r].row, self.lengths(r)
         row.cache_lengths.extend(range(max(lengths) - q + 1, max(lengths) + 1))
-        per_slot = [2 * l.keys.shape[1] * l.keys.shape[3] * l.keys.element_size() for l in self.cache.layers]
+        per_slot = slot_bytes(self.cache)
         row.peak_cache_bytes = max(row.peak_cache_bytes, sum(n * b for n, b in zip(lengths, per_slot)))
 
     def leave(self, rows: Sequence[int]) -> None:

@@ -253,6 +253,11 @@ def cache_bytes(cache: DynamicCache) -> int:
     )
 
 
+def slot_bytes(cache) -> list[int]:
+    """Per layer, the bytes of one cached slot of every KV head (its key and its value)."""
+    return [2 * l.keys.shape[1] * l.keys.shape[3] * l.keys.element_size() for l in cache.layers]
+
+
 def _reset_cpu_peak() -> bool:
     """Reset the process's peak RSS (Linux: ``5 > /proc/self/clear_refs``); False where unsupported."""
     try:
@@ -831,7 +836,7 @@ def _fill_stats(stats: GenerationStats, decoder: CompressedDecoder, decoded: Dec
     stats.compressions = len(stats.compression_steps)
     stats.cache_lengths, stats.peak_cache_bytes = row.cache_lengths, row.peak_cache_bytes
     stats.compression_seconds = row.compression_seconds
-    per_token = sum(2 * l.keys.shape[1] * l.keys.shape[3] * l.keys.element_size() for l in decoder.cache.layers)
+    per_token = sum(slot_bytes(decoder.cache))
     stats.cache_bytes_full = per_token * row.seen
     stats.cache_bytes_kept = cache_bytes(decoder.cache)
     if device.type == "cuda":
