@@ -246,8 +246,35 @@ def test_replay_headroom_on_a_hand_made_table():
     assert table.loc["snapkv", "headroom"] == pytest.approx(0.5)
     assert table.loc["fi-oracle", "headroom"] == pytest.approx(1.0)
     assert table.loc["random", "headroom"] == pytest.approx(0.0)
-    assert table.loc["snapkv", "ci_low"] <= 0.5 <= table.loc["snapkv", "ci_high"]
+    assert table.loc[["snapkv"], ["ci_low", "ci_high"]].isna().all(axis=None)  # three documents: no interval
     assert (table["n_documents"] == 3).all()
     one_doc = replay_headroom(pd.DataFrame([r for r in rows if r["document"] == "a"]), resamples=200)
     assert one_doc["ci_low"].isna().all()
     assert replay_headroom(pd.DataFrame([r for r in rows if r["policy"] != "fi-oracle"])).empty
+
+
+def test_replay_headroom_carries_the_oracles_seed_noise():
+    """``fi-oracle:seed=1`` replayed beside ``fi-oracle`` is no reference or row of its own; beside each headroom the
+    standard deviations over the two label seeds of the oracle's mean KL and of the headroom (recomputed here)."""
+    from fi_toolkit.evaluation import replay_headroom
+
+    kl = {
+        "random": [0.5, 0.6, 0.7],
+        "snapkv": [0.3, 0.35, 0.4],
+        "fi-oracle": [0.2, 0.2, 0.2],
+        "fi-oracle:seed=1": [0.25, 0.2, 0.3],
+    }
+    rows = [
+        {"document": doc, "future": "document", "policy": policy, "budget": "keep=0.25", "mean_kl": v}
+        for policy, values in kl.items()
+        for doc, v in zip("abc", values)
+    ]
+    table = replay_headroom(pd.DataFrame(rows), resamples=200).set_index("policy")
+    assert sorted(table.index) == ["fi-oracle", "random", "snapkv"] and set(table["oracle"]) == {"fi-oracle"}
+    r, s, o0, o1 = (float(np.mean(kl[p])) for p in ("random", "snapkv", "fi-oracle", "fi-oracle:seed=1"))
+    row = table.loc["snapkv"]
+    assert row["headroom"] == pytest.approx((r - s) / (r - o0)) and row["oracle_seeds"] == 2
+    assert row["kl_oracle_seed_sd"] == pytest.approx(abs(o0 - o1) / np.sqrt(2))
+    assert row["headroom_seed_sd"] == pytest.approx(abs((r - s) / (r - o0) - (r - s) / (r - o1)) / np.sqrt(2))
+    alone = replay_headroom(pd.DataFrame([x for x in rows if x["policy"] != "fi-oracle:seed=1"]), resamples=200)
+    assert (alone["oracle_seeds"] == 1).all() and alone["headroom_seed_sd"].isna().all()

@@ -18,7 +18,7 @@ import pytest
 from cli_runner import run_cli
 
 from fi_toolkit.runs.resumable import read_table
-from fi_toolkit.studies.field_summary import NEEDS_TWO, field_summaries
+from fi_toolkit.studies.field_summary import NEEDS_TWO, NO_INTERVAL, field_summaries
 
 HAS_KVPRESS = importlib.util.find_spec("kvpress") is not None
 DOCS = ["alice", "hamlet"]
@@ -129,7 +129,7 @@ def test_field_resumes_per_cell_and_lists_what_cannot_run(tmp_path, capsys, monk
     from fi_toolkit.policies.registry import POLICY, entries
 
     assert set(board["method"]) == {e.name for e in entries() if e.kind == POLICY} | {"random-positions", "fi-oracle"}
-    assert (board["headroom_ci_near"] == NEEDS_TWO).all()
+    assert (board["headroom_ci_near"] == NO_INTERVAL).all()
     assert "nan" not in (out / "leaderboard.json").read_text()
 
 
@@ -161,7 +161,7 @@ def test_summaries_test_each_method_against_the_best_and_say_when_one_document_g
     assert board.loc["good", "rank_near"] == 1 and board.loc["bad", "rank_near"] == 2
 
     one = field_summaries(_fi_rows({k: v for k, v in values.items() if k[0] == "a"}), pd.DataFrame(), resamples=100)
-    assert (one["leaderboard"]["headroom_ci_near"] == NEEDS_TWO).all()
+    assert (one["leaderboard"]["headroom_ci_near"] == NO_INTERVAL).all()
     assert one["tests"]["note"].tolist() == [NEEDS_TWO]
 
 
@@ -274,3 +274,31 @@ def test_a_method_failing_while_it_answers_a_task_is_refused_and_the_rest_answer
     for column in ("output", "correct", "compressed_tokens", "kept_entries"):
         assert list(mine[column]) == list(theirs[column]), column
     assert mine["answer_kl"].to_numpy().tobytes() == theirs["answer_kl"].to_numpy().tobytes()
+
+
+def test_the_headroom_carries_the_oracle_anchors_seed_noise():
+    """The oracle anchor again at label seed 1 (``...:chunk=C,seed=1``) is no method or reference of its own; beside
+    each headroom, the standard deviation over the two seeds of the oracle's mean FI and of the headroom with each
+    seed's oracle as the reference (recomputed here from the values)."""
+    docs = "abcdef"
+    values = {}
+    for i, d in enumerate(docs):
+        values |= {(d, "random-positions"): 1.0 + 0.1 * i, (d, "fi-oracle"): 0.1 + 0.01 * i}
+        values |= {(d, "good"): 0.3 + 0.02 * i}
+    fi = _fi_rows(values)
+    other = fi[fi["method"] == "fi-oracle"].assign(selection="policy:fi-oracle@keep=0.5:chunk=10:20,seed=1")
+    other["fi"] = [0.12 + 0.005 * i for i in range(len(docs))]
+    out = field_summaries(pd.concat([fi, other], ignore_index=True), pd.DataFrame(), resamples=100)
+    hr = out["headroom"].set_index("method")
+    r = np.mean([1.0 + 0.1 * i for i in range(6)])
+    s = np.mean([0.3 + 0.02 * i for i in range(6)])
+    o0, o1 = np.mean([0.1 + 0.01 * i for i in range(6)]), np.mean([0.12 + 0.005 * i for i in range(6)])
+    assert set(hr.index) == {"random-positions", "fi-oracle", "good"}
+    assert hr.loc["good", "headroom"] == pytest.approx((r - s) / (r - o0))  # seed 0 stays the reference
+    assert hr.loc["good", "oracle_seeds"] == 2
+    assert hr.loc["good", "fi_oracle_seed_sd"] == pytest.approx(abs(o0 - o1) / np.sqrt(2))
+    want = abs((r - s) / (r - o0) - (r - s) / (r - o1)) / np.sqrt(2)
+    assert hr.loc["good", "headroom_seed_sd"] == pytest.approx(want)
+    board = out["leaderboard"].set_index("method")
+    assert board.loc["good", "headroom_seed_sd_near"] == pytest.approx(want)
+    assert np.isnan(field_summaries(fi, pd.DataFrame(), resamples=100)["headroom"]["headroom_seed_sd"]).all()

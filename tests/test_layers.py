@@ -15,7 +15,7 @@ from package_graph import PACKAGE, all_modules, import_graph, imports_of, module
 # Lowest first. A module may import modules of its own layer or a lower one, never a higher one.
 LAYERS: list[tuple[str, ...]] = [
     ("errors", "lazy"),  # FIError, the one exception users see; names imported on first use
-    ("budget", "eviction", "documents", "runs"),  # shared vocabulary; result directories and sharding
+    ("budget", "eviction", "documents", "intervals", "runs"),  # shared vocabulary; result directories and sharding
     ("model",),  # loading, architectures, attention functions, precision
     ("signals",),  # H, A, D, E, S: formulas, the prefill trace, the tracker
     ("policies",),  # one dataclass per policy behind Policy.keep_map

@@ -15,7 +15,7 @@ from notebook_runner import NOTEBOOKS, execute
 NAME = "04_headroom.ipynb"
 ORACLE = "policy:fi-oracle@keep=0.25"
 HEURISTICS = [f"policy:{p}@keep=0.25" for p in ("h2o", "snapkv", "infokv", "streaming")]
-_ROW = re.compile(r"^(\d+:\d+)\s+(policy:\S+)((?:\s+-?[\d.]+(?:e-?\d+)?){6})\s*$")
+_ROW = re.compile(r"^(\d+:\d+)\s+(policy:\S+)((?:\s+(?:-?[\d.]+(?:e-?\d+)?|NaN)){6})\s*$")  # no CI: NaN
 
 
 def headroom_rows(printed: str) -> dict[tuple[str, str], list[float]]:

@@ -35,11 +35,11 @@ def probe_run(tmp_path):
     return out, args
 
 
-def _expected(fi: pd.DataFrame, selection: str, chunk: str) -> float:
+def _expected(fi: pd.DataFrame, selection: str, chunk: str, oracle: str = ORACLE) -> float:
     part = fi[fi.chunk == chunk]
     rand = part[part.selector == "random"].groupby("document")["fi"].mean()
     mean = part.groupby(["selection", "document"])["fi"].mean()
-    r, s, o = rand.mean(), mean[selection].mean(), mean[ORACLE].mean()
+    r, s, o = rand.mean(), mean[selection].mean(), mean[oracle].mean()
     return (r - s) / (r - o)
 
 
@@ -55,8 +55,14 @@ def test_probe_writes_the_headroom_table_and_report_draws_it(probe_run, capsys, 
             row = hr[(hr.oracle == ORACLE) & (hr.chunk == chunk) & (hr.selection == sel)]
             assert len(row) == 1 and row.n_documents.iloc[0] == 2
             assert row.headroom.iloc[0] == pytest.approx(_expected(fi, sel, chunk), rel=1e-9)
-            assert row.ci_low.iloc[0] <= row.headroom.iloc[0] <= row.ci_high.iloc[0]
+            # the oracle's own noise: the headroom with the label-seed-1 oracle as the reference, by hand
+            other = _expected(fi, sel, chunk, f"{ORACLE}:seed=1")
+            assert row.oracle_seeds.iloc[0] == 2
+            assert row.headroom_seed_sd.iloc[0] == pytest.approx(abs(row.headroom.iloc[0] - other) / 2**0.5, rel=1e-9)
+            assert row[["ci_low", "ci_high"]].isna().all(axis=None)  # two documents: no bootstrap interval
     assert set(hr.fit_chunk) == {"128:160"}  # the oracle scored the first chunk; on the second it is a transfer
+    assert f"{ORACLE}:seed=1" in set(fi.selection)  # measured beside it, no reference or row of its own
+    assert f"{ORACLE}:seed=1" not in set(hr.selection) | set(hr.oracle)
     assert (hr[(hr.selection == ORACLE) & (hr.chunk == "128:160")].headroom == 1.0).all()
     # the oracle saw 128:160: there it removes less FI than each heuristic in each document
     near = fi[fi.chunk == "128:160"].groupby(["document", "selection"])["fi"].mean().unstack()

@@ -9,7 +9,9 @@ a per-slot bias gradient with the continuation fed at its true absolute position
 keys keep the rotary phase of the positions they were fed at). The policy then keeps per head by every
 policy's rule (:meth:`~fi_toolkit.policies.base.Policy.keep_map`: budget, protected slots, window).
 ``rounds=R`` removes the budget in ``R`` rounds, re-estimating after each with the earlier removals
-masked, as the prefill oracle does (:mod:`fi_toolkit.probe.oracle`).
+masked, as the prefill oracle does (:mod:`fi_toolkit.probe.oracle`). With ``precision=float64`` (the default)
+the estimate runs in float64 on the cache's entries widened to float64, so the keep map at a compression does not
+move with the thread count (the cache itself is the decoder's, computed in the model's dtype).
 
 The scores reach the policy as a signal: :func:`lookahead_estimates` computes them for the decoder's current
 cache and the decoder gives them to the policy in its :class:`~fi_toolkit.signals.policy_view.Signals`
@@ -25,13 +27,14 @@ head) and are refused here (:func:`check_decoding_oracle`).
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
 
 from fi_toolkit.errors import FIError
 from fi_toolkit.model.attention import RAGGED
+from fi_toolkit.model.precision import float64_compute
 from fi_toolkit.policies.fi_oracle import REMOVED_SCORE, FIOracle, check_decoding_oracle, remove_in_rounds
 
 
@@ -83,16 +86,25 @@ def lookahead_scores(
     rounds' removals masked and scored ``REMOVED_SCORE``)."""
     from fi_toolkit.probe.estimator import CachePrefix, fisher_cache_fi
 
+    wide = policy.precision == "float64"
+    if wide:
+        keys, values = [k.double() for k in keys], [v.double() for v in values]
     prefix = CachePrefix(keys, values, seen)
     shape = (prefix.num_layers, prefix.num_kv_heads, prefix.prefix_len)
 
     def score(removed: torch.Tensor) -> torch.Tensor:
         est = fisher_cache_fi(
-            model, prefix, cont, samples=policy.samples, seed=0, block=block, removed=removed if removed.any() else None
+            model,
+            prefix,
+            cont,
+            samples=policy.samples,
+            seed=policy.seed,
+            block=block,
+            removed=removed if removed.any() else None,
         )
         return est.head_fi[..., 0].clone().masked_fill_(removed, REMOVED_SCORE)
 
-    with plain_attention(model):
+    with plain_attention(model), float64_compute(model) if wide else nullcontext():
         return remove_in_rounds(score, shape, kept, policy.rounds, protected, window)[0]
 
 

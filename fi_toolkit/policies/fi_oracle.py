@@ -13,9 +13,14 @@ estimates them (the Fisher estimate per layer and KV head, ``head_fi [L, H_kv, p
 :func:`fi_toolkit.probe.estimator.fisher_fi`, or exact leave-one-out FI per position, shared by every head).
 Selection is every policy's
 (:meth:`Policy.keep_map`: same budget meaning and window rule; higher = keep). Options (spelled
-``fi-oracle:chunk=A:B,rounds=R,estimator=fisher|exact``): ``chunk`` the future chunk scored (default: the
-first probed chunk), ``rounds`` removes the budget in that many rounds, re-estimating after each with the
-earlier removals masked, ``estimator``, ``samples`` (label draws of the Fisher estimate).
+``fi-oracle:chunk=A:B,rounds=R,estimator=fisher|exact,samples=S,seed=N,precision=float64|model``): ``chunk`` the
+future chunk scored (default: the first probed chunk), ``rounds`` removes the budget in that many rounds,
+re-estimating after each with the earlier removals masked, ``estimator``, ``samples`` (label draws of the Fisher
+estimate), ``seed`` (the seed of those draws: another seed is another draw of the same estimate, which is how a
+headroom table measures the oracle's own noise, :mod:`fi_toolkit.probe.headroom`), ``precision`` (``float64``,
+the default: the estimate is computed in float64, so the same inputs give the same keep map on any thread count,
+:mod:`fi_toolkit.probe.oracle`; ``model``: in the model's compute dtype, faster, 8 bytes per weight less, and a
+keep map that a BLAS's thread count can change at the cut).
 """
 
 from __future__ import annotations
@@ -33,8 +38,10 @@ if TYPE_CHECKING:  # torch is imported where it is used: naming the policy needs
     from fi_toolkit.signals.policy_view import Signals
 
 ORACLE_ESTIMATORS = ("fisher", "exact")
+ORACLE_PRECISIONS = ("float64", "model")  # the estimate in float64 (reproducible), or in the model's compute dtype
 MAX_ROUNDS = 64  # each round is one estimate (a backward pass per sample); more is a typo, not a study
 MAX_ORACLE_SAMPLES = 10_000
+LABEL_SEEDS = (0, 1)  # the label seeds a headroom table measures the FI oracle at: 0 the reference, 1 its noise
 REMOVED_SCORE = -1.0  # below every FI estimate (all >= 0 up to ~1e-8 rounding): entries removed in an earlier round
 
 
@@ -71,6 +78,8 @@ class FIOracle(Policy):
     rounds: int = 1
     estimator: Spelled = Spelled("fisher")
     samples: int = 16
+    seed: int = 0
+    precision: Spelled = Spelled("float64")
 
     name: ClassVar[str] = "fi-oracle"
     sees_future: ClassVar[bool] = (
@@ -81,7 +90,11 @@ class FIOracle(Policy):
 
     def __post_init__(self):
         super().__post_init__()
-        self.chunk, self.estimator = Spelled(self.chunk), Spelled(self.estimator)
+        self.chunk, self.estimator, self.precision = (
+            Spelled(self.chunk),
+            Spelled(self.estimator),
+            Spelled(self.precision),
+        )
         parse_span(self.chunk)
         if self.estimator not in ORACLE_ESTIMATORS:
             raise FIError(f"unknown estimator '{self.estimator}' (choose {' or '.join(ORACLE_ESTIMATORS)})")
@@ -91,6 +104,10 @@ class FIOracle(Policy):
             raise FIError(f"rounds must lie in [1, {MAX_ROUNDS}], got {self.rounds}")
         if not 1 <= self.samples <= MAX_ORACLE_SAMPLES:
             raise FIError(f"samples must lie in [1, {MAX_ORACLE_SAMPLES:,}], got {self.samples}")
+        if not 0 <= self.seed < 2**63:
+            raise FIError(f"seed must be a whole number >= 0, got {self.seed}")
+        if self.precision not in ORACLE_PRECISIONS:
+            raise FIError(f"unknown precision '{self.precision}' (choose {' or '.join(ORACLE_PRECISIONS)})")
 
     @property
     def span(self) -> tuple[int, int] | None:

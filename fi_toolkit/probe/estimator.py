@@ -43,6 +43,12 @@ Removed entries get an estimate of exactly 0 (no attention weight, no gradient).
 **On any cache** (:func:`fisher_cache_fi`, the decoding oracle, :mod:`fi_toolkit.compress.lookahead`): the
 same estimate per slot of a :class:`CachePrefix`, a compressed decoder's cache of ``n`` slots followed by
 tokens fed from absolute position ``start`` (rotary phases as decoding feeds them; ``n < start``).
+
+**Precision**: the model's compute dtype (float32 for a float32 or upcast model); inside
+:func:`~fi_toolkit.model.precision.float64_compute` (the FI oracle's default) the bias, its gradient and the
+label distributions are float64 as well. In float32 the estimate moves with the BLAS thread count at ~1e-6
+relative, and a label drawn near a boundary of the sampling distribution flips (SmolLM2, *Alice*, p = 512, a
+128-token chunk: 3 of 2,048 labels between 1 and 2 threads, so some scores changed 12-fold).
 """
 
 from __future__ import annotations
@@ -61,6 +67,7 @@ from fi_toolkit.eviction import shared_cache
 from fi_toolkit.model.architectures import context_limit
 from fi_toolkit.model.attention import register_wrapped
 from fi_toolkit.model.checkpointing import checkpointed_layers
+from fi_toolkit.model.precision import compute_dtype
 from fi_toolkit.probe.bias_attention import BiasedAttention
 from fi_toolkit.probe.chunks import Chunk, check_chunks
 from fi_toolkit.probe.estimator_options import (  # noqa: F401  (importable here too)
@@ -240,7 +247,8 @@ def _label_terms(hidden: torch.Tensor, lm_head, samples: int, generator: torch.G
     weight = lm_head.weight
     labels, mean_w = [], []
     for a in range(0, hidden.shape[0], block):
-        probs = torch.softmax(lm_head(hidden[a : a + block]).float(), dim=-1)
+        logits = lm_head(hidden[a : a + block])
+        probs = torch.softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
         labels.append(torch.multinomial(probs, samples, replacement=True, generator=generator))
         mean_w.append(probs.to(weight.dtype) @ weight)
     return torch.cat(labels), torch.cat(mean_w)
@@ -386,9 +394,10 @@ def _estimate(
         checkpoint = needs_checkpoint(model.config, p, cont.numel(), block)
     lm_head = decoder_parts(model)[2]
     n_layers, n_heads, n_chunks = trace.num_layers, trace.num_kv_heads, len(chunks)
-    bias = torch.zeros(n_layers, n_heads, p, device=device, requires_grad=True)
+    dtype = torch.float64 if compute_dtype(model) == torch.float64 else torch.float32  # (float64_compute)
+    bias = torch.zeros(n_layers, n_heads, p, device=device, dtype=dtype, requires_grad=True)
     with torch.enable_grad():  # (a decoder compresses under no_grad)
-        applied = bias if removed is None else bias + base_bias(removed, (n_layers, n_heads, p), device)
+        applied = bias if removed is None else bias + base_bias(removed, (n_layers, n_heads, p), device, dtype)
     total = torch.zeros(p, n_chunks, dtype=torch.float64)
     total_sq = torch.zeros_like(total)
     layer = torch.zeros(n_layers, p, n_chunks, dtype=torch.float64)
@@ -435,12 +444,14 @@ def _estimate(
     )
 
 
-def base_bias(removed: torch.Tensor, shape: tuple[int, int, int], device) -> torch.Tensor:
+def base_bias(
+    removed: torch.Tensor, shape: tuple[int, int, int], device, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
     """The constant bias of a base eviction: ``finfo(float32).min`` where ``removed`` (bool ``[L, H_kv, p]``)
-    is True, 0 elsewhere -> float32 ``[L, H_kv, p]`` (added to the masks, it gives exactly zero weight)."""
+    is True, 0 elsewhere -> ``dtype`` ``[L, H_kv, p]`` (added to the masks, it gives exactly zero weight)."""
     if tuple(removed.shape) != shape:
         raise FIError(f"a base eviction must be [L, H_kv, p] = {list(shape)}, got {list(removed.shape)}")
-    out = torch.zeros(shape, device=device)
+    out = torch.zeros(shape, device=device, dtype=dtype)
     return out.masked_fill_(removed.to(device), torch.finfo(torch.float32).min)
 
 

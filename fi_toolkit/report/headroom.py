@@ -37,9 +37,21 @@ def reference_rows(hr: pd.DataFrame, rounds: bool = True) -> pd.DataFrame:
     return own
 
 
+def own_noise(hr: pd.DataFrame, n: float, chunk: str) -> float:
+    """The reference oracle's ``headroom_seed_sd`` on its own row (how far its "1" moves over its label seeds) at
+    ``n`` removed on ``chunk``; NaN where not measured."""
+    if "headroom_seed_sd" not in hr:
+        return float("nan")
+    plain = ~hr["oracle"].str.contains("rounds=|estimator=|samples=")  # the reference, as reference_rows picks it
+    own = hr[plain & (hr["fit_chunk"] == hr["chunk"]) & (hr["selection"] == hr["oracle"])]
+    own = own[(own["n_removed"] == n) & (own["chunk"] == chunk)]
+    return float(own["headroom_seed_sd"].iloc[0]) if len(own) else float("nan")
+
+
 def headroom_figure(hr: pd.DataFrame, text: str):
     """Horizontal bars of headroom (0: random, 1: the FI oracle of that chunk) with CIs; one panel per
-    budget (rows) and chunk (columns). None when there is nothing to draw."""
+    budget (rows) and chunk (columns); a band around 1 of the reference oracle's own noise over its label seeds
+    (``headroom_seed_sd`` of its own row) where measured. None when there is nothing to draw."""
     rows = reference_rows(hr)
     if rows.empty:
         return None
@@ -61,6 +73,9 @@ def headroom_figure(hr: pd.DataFrame, text: str):
             ax.barh(y, g["headroom"], xerr=np.where(np.isfinite(err), err, 0), color=shade, capsize=2)
             ax.axvline(0, color="k", lw=0.8)
             ax.axvline(1, color=oracle_color, lw=0.8, ls="--")
+            sd = own_noise(hr, n, chunk)
+            if sd == sd:  # the "1" itself moves over the oracle's label seeds: a band of one sd
+                ax.axvspan(1 - sd, 1 + sd, color=oracle_color, alpha=0.15, lw=0)
             ax.set_yticks(y, order, fontsize=8)
             ax.set_title(f"chunk {chunk}, {n:g} removed per head", fontsize=9)
             ax.xaxis.set_major_locator(

@@ -22,6 +22,7 @@ from typing import Sequence
 from fi_toolkit.budget import Budget
 from fi_toolkit.errors import FIError
 from fi_toolkit.policies import registry
+from fi_toolkit.policies.fi_oracle import LABEL_SEEDS
 from fi_toolkit.probe.chunks import Chunk
 
 POLICY, PRESS, ANCHOR = "policy", "press", "anchor"
@@ -54,7 +55,8 @@ class Method:
     def selections(self, budget: Budget, chunks: Sequence[Chunk], seeds: int) -> list[str]:
         """The probe selections (``fi probe --select`` specs) of this method at ``budget``: one for a policy
         or a press, ``seeds`` random sets for the random anchor, one FI oracle per chunk (it scores that
-        chunk) for the oracle anchor."""
+        chunk) for the oracle anchor, then each again at label seed 1 (the oracle's own noise,
+        :func:`fi_toolkit.studies.field_summary.headroom`)."""
         opts = f":{self.options}" if self.options else ""
         if self.kind == POLICY:
             return [f"policy:{self.head}@{budget.label}{opts}"]
@@ -62,7 +64,8 @@ class Method:
             return [f"{self.head}@{removed_share(budget):g}{opts}"]
         if self.name == RANDOM_ANCHOR:
             return [f"random:{budget.label}@0-{seeds - 1}"]
-        return [f"policy:fi-oracle@{budget.label}:chunk={c.label}" for c in chunks]
+        oracles = [f"policy:fi-oracle@{budget.label}:chunk={c.label}" for c in chunks]
+        return oracles + [f"{o},seed={s}" for s in LABEL_SEEDS if s for o in oracles]  # its own noise
 
 
 ANCHORS = (Method(RANDOM_ANCHOR, ANCHOR), Method(ORACLE_ANCHOR, ANCHOR))

@@ -3,9 +3,13 @@
 - ``headroom``: per budget x chunk x method, the share of the random-to-oracle gap in FI the method closes,
   ``(FI_random - FI) / (FI_random - FI_oracle)`` (0: random positions with sinks kept, 1: the FI oracle that
   saw the chunk), a ratio of means over documents with a paired bootstrap CI over documents
-  (:func:`fi_toolkit.probe.headroom.gap_closed`, ``scipy.stats.bootstrap``);
+  (:func:`fi_toolkit.probe.headroom.gap_closed`, ``scipy.stats.bootstrap``), and beside it the oracle's own
+  noise: the oracle anchor is measured at label seeds 0 and 1 (:data:`~fi_toolkit.policies.fi_oracle.LABEL_SEEDS`,
+  seed 0 the reference), ``fi_oracle_seed_sd`` and ``headroom_seed_sd`` their standard deviations over the seeds
+  (:mod:`fi_toolkit.probe.headroom`);
 - ``leaderboard``: one row per method x budget: mean FI per chunk, headroom with its CI (spelled ``n/a (needs
-  ≥ 2 documents)`` where one document gives none), mean replay KL, seconds per compression, and the rank by
+  ≥ 2 documents)`` where one document gives none) and the oracle's seed noise (``headroom_seed_sd_CHUNK``), mean
+  replay KL, seconds per compression, and the rank by
   FI on the nearest chunk within the budget;
 - ``tests``: per budget and metric (FI on each chunk, replay KL), each method against the best one (the lowest
   mean) paired over documents: a one-sided Wilcoxon signed-rank test that the method's value is greater
@@ -21,10 +25,12 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from fi_toolkit.probe.headroom import gap_closed
+from fi_toolkit.intervals import MIN_BOOTSTRAP_UNITS, NEEDS_BOOTSTRAP
+from fi_toolkit.probe.headroom import gap_closed, oracle_seed, seed_noise
 from fi_toolkit.studies.field_spec import ANCHOR, ORACLE_ANCHOR, RANDOM_ANCHOR
 
 NEEDS_TWO = "n/a (needs ≥ 2 documents)"  # the wording of fi_toolkit.report.display
+NO_INTERVAL = f"n/a ({NEEDS_BOOTSTRAP})"
 NO_GAP = "n/a (the oracle equals random)"
 IDENTICAL = "n/a (equal on every document)"
 TEST_COLUMNS = [
@@ -69,8 +75,8 @@ def per_document(fi: pd.DataFrame) -> pd.DataFrame:
 
 def ci_text(low: float, high: float, n: int) -> str:
     """``[0.12, 0.45]``, or why there is no interval (never ``nan``)."""
-    if n < 2:
-        return NEEDS_TWO
+    if n < MIN_BOOTSTRAP_UNITS:
+        return NO_INTERVAL
     if low != low or high != high:
         return NO_GAP
     return f"[{low:.2f}, {high:.2f}]"
@@ -79,8 +85,11 @@ def ci_text(low: float, high: float, n: int) -> str:
 def headroom(fi: pd.DataFrame, resamples: int = 2000, seed: int = 0) -> pd.DataFrame:
     """Per budget x chunk x method (the anchors included: random 0, the oracle 1): ``fi_random``,
     ``fi_method``, ``fi_oracle`` (means over the documents all three have), ``headroom``, ``ci_low``,
-    ``ci_high`` (NaN below two documents) and ``ci`` (the interval as text, or why there is none)."""
+    ``ci_high`` (NaN below four documents) and ``ci`` (the interval as text, or why there is none), and the
+    oracle anchor's own noise over its label seeds (``oracle_seeds``, ``fi_oracle_seed_sd``, ``headroom_seed_sd``:
+    :func:`fi_toolkit.probe.headroom.seed_noise`, on the documents every seed has; NaN with one seed)."""
     pd_ = per_document(fi)
+    draws = oracle_draws(fi)
     rows = []
     for (budget, chunk), part in pd_.groupby(["budget", "chunk"], sort=False):
         by = {m: g.set_index("document")["fi"] for m, g in part.groupby("method", sort=False)}
@@ -93,6 +102,15 @@ def headroom(fi: pd.DataFrame, resamples: int = 2000, seed: int = 0) -> pd.DataF
             if not len(docs):
                 continue
             h, low, high = gap_closed(r, s, o, resamples=resamples, seed=seed)
+            seeds = [by[ORACLE_ANCHOR], *draws.get((budget, chunk), [])]
+            common = docs
+            for d in seeds:
+                common = common.intersection(d.index)
+            fi_sd, headroom_sd = seed_noise(
+                by[RANDOM_ANCHOR][common].to_numpy(float),
+                values[common].to_numpy(float),
+                [d[common].to_numpy(float) for d in seeds],
+            )
             rows.append(
                 {
                     "budget": budget,
@@ -107,9 +125,24 @@ def headroom(fi: pd.DataFrame, resamples: int = 2000, seed: int = 0) -> pd.DataF
                     "ci_low": low,
                     "ci_high": high,
                     "ci": ci_text(low, high, len(docs)),
+                    "oracle_seeds": len(seeds),
+                    "fi_oracle_seed_sd": fi_sd,
+                    "headroom_seed_sd": headroom_sd,
                 }
             )
     return pd.DataFrame(rows)
+
+
+def oracle_draws(fi: pd.DataFrame) -> dict[tuple[str, str], list[pd.Series]]:
+    """The oracle anchor at its other label seeds (``...:chunk=C,seed=1``): per (budget, chunk) the per-document
+    FI of each, on the chunk it saw."""
+    t = fi[fi["method"] == ORACLE_ANCHOR]
+    out: dict[tuple[str, str], list[pd.Series]] = {}
+    for (budget, chunk, selection), g in t.groupby(["budget", "chunk", "selection"], sort=False):
+        base, label_seed = oracle_seed(str(selection))
+        if label_seed and base.endswith(f":chunk={chunk}"):
+            out.setdefault((budget, chunk), []).append(g.groupby("document")["fi"].mean())
+    return out
 
 
 def leaderboard(fi: pd.DataFrame, replays: pd.DataFrame, hr: pd.DataFrame) -> pd.DataFrame:
@@ -128,6 +161,7 @@ def leaderboard(fi: pd.DataFrame, replays: pd.DataFrame, hr: pd.DataFrame) -> pd
             h = hr[hr["chunk"] == label].set_index(["method", "budget"])
             cols = {"headroom": f"headroom_{name}", "ci": f"headroom_ci_{name}"}
             cols.update({"ci_low": f"headroom_low_{name}", "ci_high": f"headroom_high_{name}"})
+            cols["headroom_seed_sd"] = f"headroom_seed_sd_{name}"  # the oracle's own noise, in headroom units
             base = base.join(h[list(cols)].rename(columns=cols), on=["method", "budget"])
     if len(replays):
         kl = replays.groupby(["method", "budget"], sort=False).agg(

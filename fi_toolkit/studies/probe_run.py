@@ -22,7 +22,7 @@ from fi_toolkit.documents import Document
 from fi_toolkit.errors import FIError
 from fi_toolkit.probe.chunks import check_chunks
 from fi_toolkit.probe.experiment import max_context, probe_document, trace_document
-from fi_toolkit.probe.headroom import headroom_table
+from fi_toolkit.probe.headroom import headroom_table, with_oracle_seeds
 from fi_toolkit.probe.noise_floor import CONTROL_LABELS, noise_floor
 from fi_toolkit.runs import results
 from fi_toolkit.runs.distributed import World, assign, current
@@ -36,7 +36,8 @@ Progress = Callable[[str, str, int, "int | None"], None]
 @dataclass
 class ProbeResults:
     """What :func:`run_probe` measured: ``fi``, one row per document x eviction x chunk (the noise controls'
-    rows first, as :func:`~fi_toolkit.probe.experiment.fi_table`); ``headroom``, each selection's share of the
+    rows first, as :func:`~fi_toolkit.probe.experiment.fi_table`; each FI oracle also at label seed 1, its own
+    noise, :func:`~fi_toolkit.probe.headroom.with_oracle_seeds`); ``headroom``, each selection's share of the
     random-to-oracle gap where an FI oracle and random sets were measured beside other selections at one
     budget (:func:`~fi_toolkit.probe.headroom.headroom_table`), else None; ``out``, the results directory
     written, or None."""
@@ -135,7 +136,8 @@ def _probe_one(lm, doc: Document, settings: ProbeSettings, progress) -> pd.DataF
     if progress:
         progress(doc.name, "trace", 0, None)
     trace = trace_document(lm, doc, settings.prefix, settings.signals)
-    total, done = len(settings.selections) + len(CONTROL_LABELS), [0]
+    selections = with_oracle_seeds(settings.selections)  # each FI oracle at a second label seed: its own noise
+    total, done = len(selections) + len(CONTROL_LABELS), [0]
 
     def advance(n: int) -> None:
         done[0] += n
@@ -147,7 +149,7 @@ def _probe_one(lm, doc: Document, settings: ProbeSettings, progress) -> pd.DataF
         lm,
         doc,
         settings.chunks,
-        settings.selections,
+        selections,
         prefix=settings.prefix,
         sinks=settings.sinks,
         config=settings.signals,

@@ -1,0 +1,60 @@
+"""The interval of a mean over independent units (documents, samples), one rule for every table and figure.
+
+:func:`mean_interval`: the percentile bootstrap interval of the mean (``scipy.stats.bootstrap``, seeded). It
+lies inside the range of the values, so a mean of non-negative quantities (KL, FI, ratios of them) never gets
+a negative bound. Below :func:`min_bootstrap_units` units there is no interval (NaN) and a table says why
+(:data:`NEEDS_BOOTSTRAP`): with ``n`` units the resample made of one unit ``n`` times has probability
+``n^(1-n)``, which at ``n <= 3`` exceeds the 2.5 % tail of a 95 % interval, so the "interval" would be the
+smallest and largest value themselves (the data's range, not an estimate).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+CONFIDENCE = 0.95
+
+
+def min_bootstrap_units(confidence: float = CONFIDENCE) -> int:
+    """The fewest units whose percentile bootstrap interval of the mean is more than their range: the
+    smallest ``n`` with ``n^(1-n) < (1 - confidence) / 2`` (4 at 95 %; module docstring)."""
+    n = 2
+    while n ** (1 - n) >= (1 - confidence) / 2:
+        n += 1
+    return n
+
+
+MIN_BOOTSTRAP_UNITS = min_bootstrap_units()
+NEEDS_BOOTSTRAP = f"needs ≥ {MIN_BOOTSTRAP_UNITS} documents for a bootstrap interval"
+
+
+def mean_interval(
+    values, n_resamples: int = 1000, confidence: float = CONFIDENCE, seed: int = 0
+) -> tuple[float, float, float]:
+    """(mean, low, high) of the finite ``values``: the percentile bootstrap interval of the mean
+    (``scipy.stats.bootstrap``, ``rng=np.random.default_rng(seed)``); NaN bounds below
+    :func:`min_bootstrap_units` values or with ``n_resamples`` 0; constant values give (v, v, v)."""
+    x = np.asarray(values, dtype=np.float64)
+    x = x[np.isfinite(x)]
+    if x.size == 0:
+        return (np.nan,) * 3
+    mean = float(x.mean())
+    if x.size < min_bootstrap_units(confidence) or n_resamples <= 0:
+        return mean, np.nan, np.nan
+    if np.ptp(x) == 0:
+        return mean, mean, mean
+    from scipy import stats  # here, so that importing the rule imports no scipy
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", stats.DegenerateDataWarning)
+        ci = stats.bootstrap(
+            (x,),
+            np.mean,
+            n_resamples=n_resamples,
+            confidence_level=confidence,
+            method="percentile",
+            rng=np.random.default_rng(seed),
+        ).confidence_interval
+    return mean, float(ci.low), float(ci.high)
