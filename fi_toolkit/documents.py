@@ -176,6 +176,34 @@ def tokenize_texts(texts: list[tuple[str, str, str]], tokenizer, max_tokens: int
     return docs
 
 
+SPECIAL_TOKENS = 2  # a tokenizer may add a BOS and an EOS; every other token covers at least one byte of the text
+
+
+def check_lengths(texts: list[tuple[str, str, str]], needed: int, what: str, count=None) -> None:
+    """Refuse, before any model loads, a document of ``texts`` (``read_texts`` output) too short for ``what``,
+    which needs its first ``needed`` tokens: one line naming the document and its length.
+
+    ``count``: ``text -> its number of tokens`` under the model's tokenizer
+    (:meth:`~fi_toolkit.model.settings.ModelSettings.token_counter`), given the text :func:`tokenize` would
+    (cut to ``needed`` tokens' worth of characters). It may differ from the loaded tokenizer's by the
+    special tokens only, so a document within :data:`SPECIAL_TOKENS` of ``needed`` is left to the exact check
+    after tokenising. Without ``count``: the bound every tokenizer keeps, a token per byte plus the special
+    tokens."""
+    for name, text, _source in texts:
+        cut = text[: needed * _CHARS_PER_TOKEN_BOUND]
+        if count is not None:
+            n = count(cut)
+            if needed > n + SPECIAL_TOKENS:
+                raise FIError(f"{what} ends past the end of document '{name}' ({n:,} tokens)")
+            continue
+        size = len(cut.encode("utf-8"))
+        if needed > size + SPECIAL_TOKENS:
+            raise FIError(
+                f"{what} ends past the end of document '{name}' (at most {size + SPECIAL_TOKENS:,} tokens: "
+                f"{size:,} bytes of text)"
+            )
+
+
 def load_documents(spec: str | None, tokenizer, max_tokens: int | None = None) -> list[Document]:
     """Read and tokenise every document behind ``spec`` (a path, a bundled name, or None)."""
     return tokenize_texts(read_texts(spec), tokenizer, max_tokens)

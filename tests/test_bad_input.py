@@ -151,6 +151,44 @@ def existing_scores(tmp):
 def unknown_architecture(tmp):
     (tmp / "bad-model").mkdir()
     (tmp / "bad-model" / "config.json").write_text(json.dumps({"model_type": "no-such-architecture"}))
+    (tmp / "bad-model" / "model.safetensors").write_bytes(b"")  # weights in name: transformers reads the config
+
+
+def a_model_dir(*names):
+    """A ``--model`` directory ``m`` holding the files ``names`` (empty ones: read before they would load)."""
+
+    def setup(tmp):
+        (tmp / "m").mkdir()
+        for name in names:
+            (tmp / "m" / name).write_text("{}" if name.endswith(".json") else "")
+
+    return setup
+
+
+def a_checkpoint(tmp):
+    """A checkpoint ``ckpt`` whose tokenizer.json makes one token per word (weights empty: never loaded), and
+    ``doc.txt``: 100 words, 500 bytes (a token per byte would allow 160 tokens; the tokenizer makes 100)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    (tmp / "ckpt").mkdir()
+    tokenizer = Tokenizer(models.WordLevel({"[UNK]": 0, "word": 1}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.save(str(tmp / "ckpt" / "tokenizer.json"))
+    (tmp / "ckpt" / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (tmp / "ckpt" / "model.safetensors").write_bytes(b"")
+    (tmp / "doc.txt").write_text("word " * 100)
+
+
+def other_files(*names):
+    """A directory ``mine`` of the user's own files (``name/`` a directory)."""
+
+    def setup(tmp):
+        for name in names:
+            path = tmp / "mine" / name.rstrip("/")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.mkdir() if name.endswith("/") else path.write_text("mine\n")
+
+    return setup
 
 
 def fitted_file(text):
@@ -248,6 +286,25 @@ CASES = [
     ),
     ("report-into-a-report", a_report, ["report", "run", "--out", "report"], "already holds results (report.html)"),
     ("report-into-its-run", a_run, ["report", "run", "--out", "run", "--overwrite"], "is the result directory"),
+    (
+        "report-inside-its-run",
+        a_run,
+        ["report", "run", "--out", "run/report", "--overwrite"],
+        "--out 'run/report' lies inside the result directory 'run'; choose an --out outside it",
+    ),
+    (
+        "report-into-other-files",
+        lambda t, run: (a_run(t, run), other_files("notes.txt", "b.png")(t)),
+        ["report", "run", "--out", "mine"],
+        "--out 'mine' holds 2 entries that fi report did not write (b.png, notes.txt); choose a new or empty --out, "
+        "or pass --overwrite",
+    ),
+    (
+        "report-overwrite-replacing-other-figures",
+        lambda t, run: (a_run(t, run), other_files("notes.txt", "figures/plot.png")(t)),
+        ["report", "run", "--out", "mine", "--overwrite"],
+        "--out 'mine' holds a 'figures' directory that fi report did not write",
+    ),
     ("nearfar-into-a-probe-run", a_probe_run, ["nearfar", "--out", "probe"], "already holds results (a 'probe' run)"),
     (
         "nearfar-resumes-a-probe-run",
@@ -779,6 +836,53 @@ CASES = [
         unknown_architecture,
         ["generate", "hi", "--model", "bad-model"],
         "model type `no-such-architecture`",
+    ),
+    # a --model directory without a model: said from its listing, before transformers reads it
+    (
+        "model-empty-directory",
+        a_model_dir(),
+        ["probe", "--chunk", "128:160", "--model", "m"],
+        "--model 'm' is an empty",
+    ),
+    (
+        "model-without-config",
+        a_model_dir("notes.txt"),
+        ["correlate", "--chunk", "128:160", "--model", "m"],
+        "--model 'm' holds no config.json, only 1 entry (notes.txt)",
+    ),
+    (
+        "model-gguf-directory",
+        a_model_dir("x.gguf"),
+        ["generate", "hi", "--model", "m"],
+        "--model 'm' holds no config.json, only a GGUF file (x.gguf), which only smollm2-135m is read from",
+    ),
+    (
+        "model-without-weights",
+        a_model_dir("config.json", "tokenizer.json"),
+        ["tasks", "export", "--task", "passkey", "--out", "t", "--model", "m"],
+        "--model 'm' holds config.json but no weights",
+    ),
+    ("model-is-a-file", a_file, ["view", "alice", "--model", "f"], "--model 'f' is a file"),
+    # a chunk past the document's end: counted before the model's weights load (bounded by the bytes, or the
+    # embedded model's tokenizer.json once its converted copy exists), for every command that reads documents
+    *[
+        (f"{argv[0]}-past-the-document", None, argv, message + " ends past the end of document 'alice' (")
+        for argv, message in [
+            (["probe", "--chunk", "512:99999999"], "chunk 512:99999999"),
+            (["correlate", "--chunk", "512:99999999"], "chunk 512:99999999"),
+            (["nearfar", "--distances", "0,99999999"], "the farthest chunk 100001023:100001279"),
+            (["scores", "--prefix", "99999999"], "--prefix 99,999,999"),
+            (["fit-data", "--chunk", "512:99999999", "--out", "fd"], "chunk 512:99999999"),
+            (["eval", "--length", "99999999", "--interval", "9999999"], "the replay's length 99,999,999 (--length)"),
+            (["field", "alice", "--distances", "0,99999999"], "the farthest chunk 100001023:100001151"),
+            (["view", "alice", "--chunk", "1024:99999999"], "chunk 1024:99999999"),
+        ]
+    ],
+    (
+        "probe-past-the-tokenizers-count",
+        a_checkpoint,
+        ["probe", "doc.txt", "--model", "ckpt", "--chunk", "128:160"],
+        "chunk 128:160 ends past the end of document 'doc' (100 tokens)",
     ),
     # kvpress presses: a ratio is checked before kvpress is imported; the name and whether it takes one need kvpress
     (
@@ -1712,6 +1816,13 @@ def test_every_command_has_an_argument_error_case():
 def test_argument_errors_answer_in_one_line_under_2_s_without_heavy_imports(argv, message, tmp_path):
     """``fi ARGS`` as a process (the console script's entry point): exit 2, one line, under 2 s of wall time,
     and no heavy library imported by then (what keeps it fast on any machine: torch alone takes seconds)."""
+    assert_answered_at_once(argv, message, tmp_path)
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def assert_answered_at_once(argv: list[str], message: str, cwd: Path) -> None:
+    """``fi ARGS`` run in ``cwd`` as a process: exit 2, one line holding ``message``, under 2 s of wall time and
+    no heavy library imported by its end (the structural reason it is fast: torch alone takes seconds)."""
     code = f"""
         import atexit, json, sys
         atexit.register(lambda: print(json.dumps([m for m in {HEAVY!r} if m in sys.modules])))
@@ -1722,7 +1833,7 @@ def test_argument_errors_answer_in_one_line_under_2_s_without_heavy_imports(argv
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     t0 = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, cwd=tmp_path, env=env
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, cwd=cwd, env=env
     )
     seconds = time.perf_counter() - t0
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
@@ -1730,7 +1841,79 @@ def test_argument_errors_answer_in_one_line_under_2_s_without_heavy_imports(argv
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
     assert seconds < 2, f"{seconds:.2f} s"
-    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+# Errors that used to wait for the model's weights (5-7 s): each is decided by the arguments, a document and the
+# model's tokenizer.json, a directory's listing or the paths, so it is answered as the argument errors are.
+WAITED_FOR_THE_MODEL = [
+    (None, ["probe", "alice", "--chunk", "512:99999999"], "chunk 512:99999999 ends past the end of document 'alice'"),
+    *[
+        (
+            a_checkpoint,
+            [command, "doc.txt", "--model", "ckpt", *argv],
+            f"{reads} ends past the end of document 'doc' (100 tokens)",
+        )
+        for command, argv, reads in [
+            ("probe", ["--chunk", "128:160"], "chunk 128:160"),
+            ("correlate", ["--chunk", "128:160"], "chunk 128:160"),
+            ("nearfar", ["--prefix", "64", "--distances", "0,32", "--chunk-len", "32"], "the farthest chunk 96:128"),
+            ("scores", ["--prefix", "160"], "--prefix 160"),
+            ("fit-data", ["--chunk", "128:160", "--out", "fd"], "chunk 128:160"),
+            (
+                "field",
+                ["--prefix", "96", "--distances", "0,32", "--chunk-len", "32", "--window", "16"],
+                "the farthest chunk 128:160",
+            ),
+            ("view", ["--prefix", "128", "--budget", "keep=0.5", "--chunk", "128:160"], "chunk 128:160"),
+            ("eval", ["--prompt", "64", "--length", "160", "--budget", "0.5"], "the replay's length 160 (--length)"),
+        ]
+    ],
+    (a_run, ["report", "run", "--out", "run"], "--out 'run' is the result directory 'run'"),
+    (a_run, ["report", "run", "--out", "run/r"], "--out 'run/r' lies inside the result directory 'run'"),
+    (
+        lambda t, run: (a_run(t, run), other_files("notes.txt")(t)),
+        ["report", "run", "--out", "mine"],
+        "--out 'mine' holds 1 entry that fi report did not write (notes.txt)",
+    ),
+    (a_model_dir(), ["probe", "alice", "--chunk", "128:160", "--model", "m"], "--model 'm' is an empty directory"),
+    (
+        None,
+        ["probe", "alice", "--chunk", "128:160", "--out", "/proc/fi-no-such-dir/out"],
+        "cannot be written: no directory can be created in '/proc': it exists, but its file system refuses new entries",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "setup, argv, message", WAITED_FOR_THE_MODEL, ids=[" ".join(a[:1] + a[-2:]) for _, a, _ in WAITED_FOR_THE_MODEL]
+)
+def test_errors_that_waited_for_the_model_answer_in_one_line_under_2_s(setup, argv, message, finished_run, tmp_path):
+    """A chunk past a document's end (in bytes, or in the tokens of the model's tokenizer.json), a report into its
+    own run or among other files, a model directory without a model, an --out the system refuses: exit 2, one
+    line, under 2 s, no heavy import, nothing written or changed."""
+    if setup is not None:
+        setup(*(tmp_path, finished_run)[: setup.__code__.co_argcount])
+    before = snapshot(tmp_path)
+    assert_answered_at_once(argv, message, tmp_path)
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.smollm
+def test_a_chunk_past_the_document_is_counted_with_the_embedded_tokenizer_before_it_loads(smollm, tmp_path):
+    """The embedded model's tokenizer.json (its converted copy, there once the model has loaded) counts what its
+    loaded tokenizer counts; a chunk 3 tokens past the end is refused by that count, before torch loads."""
+    from fi_toolkit.documents import BUNDLED, read_texts
+    from fi_toolkit.model.settings import ModelSettings
+
+    count = ModelSettings().token_counter()
+    assert count is not None
+    for name in BUNDLED:
+        ((_, text, _),) = read_texts(name)
+        assert count(text) == len(smollm.tokenizer(text)["input_ids"]), name
+    n = count(read_texts("alice")[0][1])
+    message = f"chunk 512:{n + 3} ends past the end of document 'alice' ({n:,} tokens)"
+    assert_answered_at_once(["probe", "alice", "--chunk", f"512:{n + 3}"], message, tmp_path)
+    assert list(tmp_path.iterdir()) == []
 
 
 class ModelLoaded(Exception):
@@ -1928,6 +2111,41 @@ def test_nearfar_prints_whole_sink_counts(capsys):
     _print_nearfar({"nearfar_summary": summary, "nearfar_tests": tests}, 1)
     out = capsys.readouterr().out
     assert "4.0" not in out and " 4 " in out.replace("\n", " ")
+
+
+def test_nearfar_prints_what_the_report_shows(capsys):
+    """The terminal's tests table reads as the report's: a missing statistic is n/a with its reason (never NaN),
+    the columns carry the report's names (no a_wins), and a small FI keeps its digits (not 0.00000)."""
+    import re
+
+    from fi_toolkit.cli.study import _print_nearfar
+    from fi_toolkit.report.display import NEEDS_DOCUMENTS, reader_name
+
+    summary = pd.DataFrame(
+        {
+            "sinks": [4, 4],
+            "selector": ["entropy", "attention"],
+            "distance_from_p": [0, 0],
+            "fi_mean": [3.2e-7, 0.2],
+            "fi_share_near_mean": [1.0, float("nan")],
+        }
+    )
+    tests = pd.DataFrame(
+        {
+            "sinks": [4, 4],
+            "distance_from_p": [0, 256],
+            "metric": ["fi", "fi"],
+            "a_wins": [1, 2],
+            "n_documents": [1, 3],
+            "wilcoxon_p": [float("nan"), 0.125],
+        }
+    )
+    _print_nearfar({"nearfar_summary": summary, "nearfar_tests": tests}, 3)
+    out = capsys.readouterr().out
+    assert "nan" not in out.lower() and "a_wins" not in out and "0.00000" not in out
+    assert NEEDS_DOCUMENTS in out and reader_name("a_wins") in out and reader_name("wilcoxon_p") in out
+    near = out.split("FI / nearest-chunk FI")[1].split("entropy > attention")[0]
+    assert "3.2e-07" in out and "0.125" in out and re.search(r"attention +n/a", near)
 
 
 def test_tasks_names_agree_with_the_export():

@@ -53,3 +53,24 @@ def test_device_and_dtype_errors():
     if not torch.cuda.is_available():
         with pytest.raises(FIError, match="CUDA is not available"):
             resolve_device("cuda")
+
+
+def test_the_tokenizer_json_counts_what_the_loaded_tokenizer_counts(tmp_path):
+    """A checkpoint's tokenizer.json, read by the tokenizers library alone (what measures documents before the
+    weights load), counts what transformers' tokenizer of the same directory counts: the BOS its post-processor
+    adds included, a max_length saved in the file ignored."""
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    from fi_toolkit.model.files import token_counter
+
+    tok = Tokenizer(models.WordLevel({"[UNK]": 0, "<s>": 1, "a": 2}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    tok.enable_truncation(8)
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", bos_token="<s>")
+    fast.save_pretrained(tmp_path)
+    count, loaded = token_counter(str(tmp_path)), transformers.AutoTokenizer.from_pretrained(tmp_path)
+    for text in ("a", "a a b, c!", "a word " * 50):
+        assert count(text) == len(loaded(text)["input_ids"]), text
+    assert count("a word " * 50) == 101

@@ -16,7 +16,7 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from fi_toolkit.cli.options import _progress, err, out, settings_options, unit_progress
+from fi_toolkit.cli.options import _progress, check_document_lengths, err, out, settings_options, unit_progress
 from fi_toolkit.cli.study import _read_documents
 from fi_toolkit.errors import FIError
 from fi_toolkit.evaluation.settings import DEFAULT_CONTEXTS as CONTEXTS
@@ -137,6 +137,10 @@ def eval_(
             unit_policies=unit_policies,
         )
         texts = _read_documents(documents)
+    if texts is not None:
+        needed = settings.document_tokens()
+        reads = f"--prompt {needed:,}" if settings.future.generated else f"the replay's length {needed:,} (--length)"
+        check_document_lengths(model, texts, needed, reads)
     run.check("eval")
     from fi_toolkit.documents import tokenize_texts
     from fi_toolkit.evaluation.run import run_eval

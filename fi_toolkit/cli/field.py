@@ -11,7 +11,7 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from fi_toolkit.cli.options import _progress, err, out, settings_options, unit_progress
+from fi_toolkit.cli.options import _progress, check_document_lengths, err, out, settings_options, unit_progress
 from fi_toolkit.cli.study import _read_documents
 from fi_toolkit.errors import FIError
 from fi_toolkit.model.settings import ModelSettings
@@ -95,6 +95,9 @@ def field(
     texts = _read_documents(documents)
     if not texts:
         raise FIError("the documents given hold no text")
+    needed, far = settings.document_tokens(), settings.chunks[-1]
+    reads = f"the farthest chunk {far.label}" if needed == far.end else f"the replay's --length {needed:,}"
+    check_document_lengths(model, texts, needed, reads)
     run.check("field")
     from fi_toolkit.documents import tokenize_texts
     from fi_toolkit.evaluation.field import run_field

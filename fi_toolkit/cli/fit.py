@@ -18,7 +18,7 @@ from typing import List, Optional
 
 import typer
 
-from fi_toolkit.cli.options import _progress, err, out, settings_options
+from fi_toolkit.cli.options import _progress, check_document_lengths, chunk_ending, err, out, settings_options
 from fi_toolkit.cli.study import _read_documents
 from fi_toolkit.model.settings import ModelSettings
 from fi_toolkit.runs.settings import RunSettings
@@ -50,6 +50,8 @@ def fit_data(
     model.check()
     settings = FitDataSettings(chunk, prefix, sinks, samples, seed, signals)
     texts = _read_documents(documents)
+    needed = settings.document_tokens()
+    check_document_lengths(model, texts, needed, chunk_ending(settings.chunks, needed, f"token {needed:,}"))
     results.check_results_dir(out_dir, overwrite)
     # every check above imports nothing heavy (usage errors answer at once); the work below does
     from fi_toolkit.documents import tokenize_texts

@@ -105,6 +105,7 @@ def generate(
     """Generate text with the KV cache compressed by a policy (prefill and every --interval tokens)."""
     from fi_toolkit.compress.generate_settings import GenerateSettings
 
+    model.check()
     if (prompt is None) == (file is None):
         raise FIError("give a prompt or --file (exactly one)")
     settings = GenerateSettings(

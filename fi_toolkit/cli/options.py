@@ -16,6 +16,7 @@ import typing
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from typer.core import TyperGroup
 
 from fi_toolkit.errors import FIError
 from fi_toolkit.runs.settings import first_repeat
@@ -24,6 +25,36 @@ out = Console(emoji=False)
 err = Console(stderr=True, emoji=False, soft_wrap=True)  # messages stay one line at any terminal width
 
 OverwriteOpt = typer.Option(False, help="Replace results already in --out.")
+
+
+class FlagsTakeNoValue(TyperGroup):
+    """The ``fi`` command group (``typer.Typer(cls=...)``): its help and every command's show no type after a
+    flag. typer's rich help gives each option a type column (``<str>``, ``<path>``); recent releases fill it
+    for flags too (``--overwrite --no-overwrite <bool>``, even ``--help <bool>``), as if they took a value. An
+    empty metavar leaves a flag's column blank under every supported typer (older releases left it blank)."""
+
+    def get_params(self, ctx):
+        return _untyped_flags(super().get_params(ctx))
+
+    def get_command(self, ctx, cmd_name):
+        command = super().get_command(ctx, cmd_name)
+        if command is not None:
+            _untyped_command(command, ctx)
+        return command
+
+
+def _untyped_command(command, ctx) -> None:
+    """``command``'s flags (its --help included) and those of every command below it, without a type."""
+    _untyped_flags(command.get_params(ctx))
+    for sub in getattr(command, "commands", {}).values():
+        _untyped_command(sub, ctx)
+
+
+def _untyped_flags(params: list) -> list:
+    for param in params:
+        if param.param_type_name == "option" and getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+    return params
 
 
 def settings_options(**tweaks):
@@ -116,6 +147,25 @@ def unit_progress(bar: Progress, label: str):
         bar.update(tasks[name], completed=done)
 
     return progress
+
+
+# --- documents measured before the model's weights load ---
+
+
+def check_document_lengths(model, texts: list[tuple[str, str, str]], needed: int, what: str) -> None:
+    """Refuse a document of ``texts`` shorter than the ``needed`` tokens that ``what`` reads, before the model's
+    weights load: counted with ``model``'s ``tokenizer.json`` where one is at hand (a ``ModelSettings``'
+    :meth:`token_counter`: no torch, no transformers), else bounded by the text's bytes
+    (:func:`fi_toolkit.documents.check_lengths`)."""
+    from fi_toolkit.documents import check_lengths
+
+    check_lengths(texts, needed, what, model.token_counter())
+
+
+def chunk_ending(chunks, end: int, otherwise: str) -> str:
+    """``chunk START:END`` for the chunk of ``chunks`` that ends at ``end`` (the last token a document must
+    hold), else ``otherwise``."""
+    return next((f"chunk {c.label}" for c in chunks if c.end == end), otherwise)
 
 
 # --- equal specifications: compared after parsing, refused in one line naming both spellings ---

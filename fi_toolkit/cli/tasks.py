@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 
 from fi_toolkit.cli.options import out
-from fi_toolkit.model.settings import DEFAULT_MODEL
+from fi_toolkit.model.settings import DEFAULT_MODEL, ModelSettings
 
 
 def register(app: typer.Typer) -> None:
@@ -41,6 +41,7 @@ def register(app: typer.Typer) -> None:
 
         settings = TaskExportSettings(task, context, samples, seed, max_gen_toks)
         settings.check_out(out_dir, overwrite)
+        ModelSettings(model).check()  # a --model directory without a model, before torch loads
         # every check above imports nothing heavy (usage errors answer at once); the export does
         from fi_toolkit.evaluation.lmeval.export_run import run_task_export
         from fi_toolkit.model.loading import load_model

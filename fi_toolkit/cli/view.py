@@ -2,8 +2,9 @@
 :class:`~fi_toolkit.report.view_settings.ViewSettings`, loads the model and the document, calls
 :func:`~fi_toolkit.report.view_run.run_view`.
 
-Every option is checked before the model loads (one line, exit 2); the chunk is checked against the
-document's length once it is tokenised (before any estimate runs); the page is written atomically.
+Every option is checked before the model loads (one line, exit 2); so is the chunk against the document's
+length (counted with the model's tokenizer.json, else bounded by its bytes), and again once the loaded
+tokenizer has tokenised it (before any estimate runs); the page is written atomically.
 """
 
 from __future__ import annotations
@@ -13,13 +14,11 @@ from typing import Optional
 
 import typer
 
-from fi_toolkit.cli.options import _progress, err, settings_options
+from fi_toolkit.cli.options import _progress, check_document_lengths, err, settings_options
 from fi_toolkit.errors import FIError
 from fi_toolkit.model.settings import ModelSettings
 from fi_toolkit.policies.registry import policy_help
 from fi_toolkit.signals.config import SignalConfig
-
-SPECIAL_TOKENS = 2  # a tokenizer may add BOS/EOS; every other token covers at least one byte of the text
 
 
 @settings_options()
@@ -65,9 +64,7 @@ def view(
     if out_file.exists() and not overwrite:
         raise FIError(f"--out '{out_file}' exists; choose another file or pass --overwrite")
     name, text, source = read_texts(document)[0]
-    most = len(text.encode("utf-8")) + SPECIAL_TOKENS  # no tokenizer makes more tokens than this
-    if settings.chunk.end > most:
-        raise FIError(f"chunk {settings.chunk.label} ends past the end of document '{name}' (at most {most:,} tokens)")
+    check_document_lengths(model, [(name, text, source)], settings.chunk.end, f"chunk {settings.chunk.label}")
     # every check above imports nothing heavy (usage errors answer at once); the work below does
     from fi_toolkit.documents import tokenize_texts
     from fi_toolkit.report.view_run import run_view

@@ -45,6 +45,7 @@ from typing import Callable, Iterator
 import torch
 from transformers import DynamicCache
 
+from fi_toolkit.compress.budget_check import check_budget
 from fi_toolkit.compress.lookahead import Lookahead, lookahead_estimates
 from fi_toolkit.compress.sampling import Sampling
 from fi_toolkit.errors import FIError
@@ -706,24 +707,6 @@ def compression_points(
     """Generated-token counts at which :func:`generate` evicts something (0: the prompt at prefill),
     unless an EOS stops it first (:meth:`Schedule.points`)."""
     return Schedule.of(policy, interval, compress_prompt).points(prompt_len, max_new_tokens)
-
-
-def check_budget(policy: Policy, prompt_len: int, max_new_tokens: int, compress_prompt: bool) -> None:
-    """Budgets that can never work are errors before any model work."""
-    w, budget = policy.window, policy.budget
-    protected = 0 if compress_prompt else prompt_len
-    compressible = prompt_len + max_new_tokens - protected
-    if budget.exceeds(compressible):
-        raise FIError(
-            f"budget {budget.label} is above the {compressible} tokens it may compress "
-            f"({prompt_len} prompt{' (kept)' if protected else ''} + {max_new_tokens} new): "
-            "nothing would ever be evicted"
-        )
-    if budget.kept(compressible) <= w:
-        raise FIError(
-            f"budget {budget.label} keeps at most {budget.kept(compressible)} of the {compressible} "
-            f"tokens it may compress, not above the window of {w}"
-        )
 
 
 class _Streamer:

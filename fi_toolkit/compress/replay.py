@@ -29,7 +29,8 @@ import pandas as pd
 import torch
 from transformers import DynamicCache
 
-from fi_toolkit.compress.decoder import CompressedDecoder, Compression, check_budget
+from fi_toolkit.compress.budget_check import check_budget
+from fi_toolkit.compress.decoder import CompressedDecoder, Compression
 from fi_toolkit.compress.lookahead import Lookahead
 from fi_toolkit.errors import FIError
 from fi_toolkit.model.architectures import check_model, context_limit, context_phrase, decoder_parts

@@ -18,9 +18,8 @@ _EXPORTS = {
         ["DOCUMENT", "Future", "continue_ids", "generated_document", "parse_future"], "fi_toolkit.compress.future"
     ),
     "replay_headroom": "fi_toolkit.evaluation.headroom",
-    **dict.fromkeys(
-        ["FULL", "TextSetting", "divergence", "evaluate_text", "free_generation"], "fi_toolkit.evaluation.replay_runs"
-    ),
+    "TextSetting": "fi_toolkit.evaluation.text_setting",
+    **dict.fromkeys(["FULL", "divergence", "evaluate_text", "free_generation"], "fi_toolkit.evaluation.replay_runs"),
     **dict.fromkeys(["run_eval", "run_eval_tasks", "run_eval_text"], "fi_toolkit.evaluation.run"),
     **dict.fromkeys(["TaskEvalSettings", "TaskSettings", "TextEvalSettings"], "fi_toolkit.evaluation.settings"),
     **dict.fromkeys(

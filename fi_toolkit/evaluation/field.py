@@ -12,11 +12,11 @@ A cell measures, for each budget:
   teacher-forced replay of the document from the prompt ``p``, compressing every ``interval`` tokens
   (:func:`~fi_toolkit.evaluation.replay_runs.evaluate_text` with the document's shared prefill).
 
-The two anchors (random positions with sinks kept; the FI oracle, one per chunk) are cells of their own, in
-prefill only. A method that cannot run (a press that needs a download, a press that rewrites keys, a budget its
-policy cannot meet on this document) is a row of ``refused`` with the reason; the other cells go on. Presses
-the providers list but that take no budget (their own arguments set what they keep) are refused before any
-work, with that reason.
+The two anchors (random positions with sinks kept; the FI oracle, one per chunk, measured again at label seed 1 for
+its own noise: ``headroom_seed_sd``) are cells of their own, in prefill only. A method that cannot run (a press
+that needs a download, a press that rewrites keys, a budget its policy cannot meet on this document) is a row of
+``refused`` with the reason; the other cells go on. Presses the providers list but that take no budget (their own
+arguments set what they keep) are refused before any work, with that reason.
 
 Tables: ``fi`` (per document x method x budget x selection x chunk), ``replays`` (per document x method x
 budget), ``refused``; the summaries (:mod:`fi_toolkit.studies.field_summary`): ``headroom``, ``leaderboard``
@@ -38,8 +38,9 @@ from fi_toolkit.documents import Document
 from fi_toolkit.errors import FIError
 from fi_toolkit.evaluation.field_settings import FieldSettings
 from fi_toolkit.evaluation.field_tasks import accuracy_columns, task_cell, task_entries, task_summary
-from fi_toolkit.evaluation.replay_runs import TextSetting, evaluate_text, text_context
+from fi_toolkit.evaluation.replay_runs import evaluate_text, text_context
 from fi_toolkit.evaluation.task_runs import SampleUnit
+from fi_toolkit.evaluation.text_setting import TextSetting
 from fi_toolkit.model.loading import dtype_name
 from fi_toolkit.policies import registry
 from fi_toolkit.probe.chunks import Chunk, check_chunks
@@ -341,7 +342,7 @@ def _replays(lm, doc, shared, method, budgets, config, replay, refused) -> pd.Da
         where = f"--policy {method.name}"
         try:
             policy = replay_policy(method, budget, config)
-            from fi_toolkit.compress.decoder import check_budget
+            from fi_toolkit.compress.budget_check import check_budget
 
             check_budget(policy, replay.prompt, replay.total() - replay.prompt, policy.compress_prompt)
             policies.append((budget, policy))

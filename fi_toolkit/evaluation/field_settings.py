@@ -142,7 +142,7 @@ class FieldSettings:
 
 def _check_replay_budgets(methods, budgets, config, prompt: int, total: int) -> None:
     """Every method's replay policy resolves and its budget can work on the replay (before the model loads)."""
-    from fi_toolkit.compress.decoder import check_budget  # the decoder imports torch: only with a replay
+    from fi_toolkit.compress.budget_check import check_budget
 
     for m in methods:
         for b in budgets:

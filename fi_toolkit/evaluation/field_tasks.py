@@ -37,7 +37,7 @@ class TaskEntry:
 def task_entries(methods, budgets, config, tasks: TaskSettings, refusal) -> tuple[list[TaskEntry], list[dict]]:
     """Each method (anchors left out: they select in prefill only) at each budget that can run on the shortest
     task prompt -> the entries and the ``refused`` rows (``refusal(method, kind, budget, reason)``) of the rest."""
-    from fi_toolkit.compress.decoder import check_budget
+    from fi_toolkit.compress.budget_check import check_budget
 
     shortest = min(tasks.contexts)
     entries, refused = [], []

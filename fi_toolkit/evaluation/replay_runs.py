@@ -28,42 +28,16 @@ import pandas as pd
 import torch
 
 from fi_toolkit.compress.decoder import signal_config_for
-from fi_toolkit.compress.future import DOCUMENT, Future, continue_ids
+from fi_toolkit.compress.future import continue_ids
 from fi_toolkit.compress.replay import ReplayResult, SharedPrompt, replay
 from fi_toolkit.compress.sampling import GREEDY
 from fi_toolkit.errors import FIError
+from fi_toolkit.evaluation.text_setting import TextSetting
 from fi_toolkit.model.attention import ragged_attention
 from fi_toolkit.policies import Policy
 from fi_toolkit.signals.trace import SignalConfig
 
 FULL = "full"
-
-
-@dataclass(frozen=True)
-class TextSetting:
-    """``prompt`` tokens, then the future up to ``length`` tokens in all (a generated future: ``prompt``
-    + its tokens), compressing every ``interval`` fed tokens; ``free_tokens`` of free generation."""
-
-    prompt: int = 1024
-    length: int = 2048
-    interval: int = 256
-    future: Future = DOCUMENT
-    free_tokens: int = 64
-
-    def total(self) -> int:
-        return self.prompt + self.future.tokens if self.future.generated else self.length
-
-    def check(self) -> None:
-        if self.prompt < 1:
-            raise FIError(f"prompt must be >= 1 tokens, got {self.prompt}", parameter="prompt")
-        if self.interval < 1:
-            raise FIError(f"interval must be >= 1 fed tokens, got {self.interval}", parameter="interval")
-        if self.free_tokens < 0:
-            raise FIError(f"free_tokens must be >= 0, got {self.free_tokens}", parameter="free_tokens")
-        if self.total() <= self.prompt:
-            raise FIError(
-                f"length {self.length} leaves nothing after the {self.prompt}-token prompt", parameter="length"
-            )
 
 
 def policy_columns(policy: Policy | None) -> dict:

