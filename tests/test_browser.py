@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import select
 import shutil
 import subprocess
@@ -434,6 +435,70 @@ def test_report_leads_with_results_a_reader_can_read(browser, report):
     assert len(captions) >= 5 and all(c and not c.replace(" ", "").isidentifier() for c in captions)
     cells = browser.js("Array.from(document.querySelectorAll('td'), td => td.textContent)")
     assert len(cells) > 100 and not [c for c in cells if c.strip().lower() == "nan" or "nan " in c.lower()]
+    assert browser.errors() == []
+
+
+@pytest.fixture(scope="module")
+def honest_report(tiny, tmp_path_factory):
+    """A probe run (random seeds beside two selectors, two budgets) and a near/far run, four documents each (a
+    bootstrap interval needs four), reported together."""
+    from fi_toolkit.report import build_report
+    from fi_toolkit.runs.settings import RunSettings
+    from fi_toolkit.studies import NearfarSettings, run_nearfar
+    from fi_toolkit.studies.probe_run import run_probe
+    from fi_toolkit.studies.probe_settings import ProbeSettings
+
+    root = tmp_path_factory.mktemp("honest-report")
+    cfg = SignalConfig(window=8)
+    docs = [
+        Document(f"doc{i}", "text", torch.randint(0, 256, (200,), generator=torch.Generator().manual_seed(i)), "test")
+        for i in range(4)
+    ]
+    selections = ["entropy:remove=0.1", "attention:remove=0.1", "random:remove=0.1@0-2", "random:keep=0.5@0-1"]
+    selections.append("policy:snapkv@keep=0.5")
+    probe = ProbeSettings(["96:112", "128:144"], selections, prefix=96, signals=cfg)
+    run_probe(tiny, docs, probe, RunSettings(out=root / "probe"))
+    run_nearfar(tiny, docs, NearfarSettings(96, [0, 32], 16, budget="remove=0.1", seeds=2, signals=cfg), root / "nf")
+    build_report([root / "probe", root / "nf"], root / "report", ["html"])
+    return root / "report" / "report.html"
+
+
+def test_probe_and_nearfar_reports_show_their_figures_and_intervals(browser, honest_report):
+    """Each part shows its figure (loaded, titled: the probe's against random's band, the near/far bands as the
+    table's intervals), its lead table's cells carry intervals whose bounds are never negative, and random
+    positions are one row per budget."""
+    browser.open_plain(honest_report)
+    parts = browser.js(
+        """(() => Array.from(document.querySelectorAll('h2')).map(h => {
+          const out = {run: h.textContent, figures: [], lead: [], rows: []};
+          for (let e = h.nextElementSibling; e && e.tagName !== 'H2'; e = e.nextElementSibling) {
+            for (const f of [e, ...e.querySelectorAll('figure')].filter(x => x.matches('figure'))) {
+              const img = f.querySelector('img');
+              out.figures.push({caption: f.querySelector('figcaption').textContent,
+                                loaded: img.complete && img.naturalWidth > 100});
+            }
+            if (e.classList.contains('lead')) {
+              out.lead = Array.from(e.querySelectorAll('td'), td => td.textContent);
+              out.rows = Array.from(e.querySelectorAll('tbody tr'), tr => tr.children[1].textContent);
+            }
+          }
+          return out;
+        }))()"""
+    )
+    probe = next(p for p in parts if "(fi probe)" in p["run"])
+    nearfar = next(p for p in parts if "(fi nearfar)" in p["run"])
+    assert any("against random positions" in f["caption"] and f["loaded"] for f in probe["figures"]), probe["figures"]
+    assert any("bootstrap 95% CI over documents" in f["caption"] and f["loaded"] for f in nearfar["figures"])
+    assert [r for r in probe["rows"] if r.startswith("random")] == [
+        "random:remove=0.1 (3 seeds)",
+        "random:keep=0.5 (2 seeds)",
+    ]
+    for part in (probe, nearfar):
+        bounds = [b for cell in part["lead"] for b in re.findall(r"\[([^\]]+)\]", cell)]
+        assert bounds, part["lead"]
+        for b in bounds:
+            low, high = (float(x) for x in b.split(","))
+            assert 0 <= low <= high, b
     assert browser.errors() == []
 
 

@@ -5,7 +5,9 @@
   here over the click tree typer builds, not with the generator's walk) appears in its section;
 * every relative link and image in the Markdown files points to a file that exists, and every
   ``#anchor`` to a heading (or explicit anchor) of that file;
-* every page of mkdocs.yml's nav exists; the README stays one screen (at most 80 lines).
+* every page of mkdocs.yml's nav exists; the README stays one screen (at most 80 lines);
+* no formula is written as inline code (a code span with a sub- or superscript group such as ``x_{t+1}``,
+  ``h_i^(l)``, ``A^{(l)}``): the method's notation is ``$...$``, which the site renders with KaTeX.
 
 Each checker returns what it found wrong, and a test below feeds it a planted fault, so each check
 is seen to fail.
@@ -38,6 +40,7 @@ LINK = re.compile(r"!?\[(?:[^\]\[]|\[[^\]]*\])*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^```.*?^```", re.S | re.M)
 CODE_SPAN = re.compile(r"`[^`\n]*`")
 HEADING = re.compile(r"^#{1,6}\s+(.*?)\s*#*\s*$", re.M)
+MATH_IN_CODE = re.compile(r"_\{|\^\(|\^\{")  # x_{t+1}, h^(l), A^{(l)}: a formula, not code
 
 
 def slug(heading: str) -> str:
@@ -64,6 +67,12 @@ def links(path: Path, text: str | None = None) -> list[str]:
     """Relative link targets in a Markdown file (or ``text`` given for it), outside code blocks and code spans."""
     text = CODE_SPAN.sub("", FENCE.sub("", path.read_text() if text is None else text))
     return [t for t in LINK.findall(text) if not re.match(r"^[a-z][a-z0-9+.-]*:", t)]
+
+
+def math_as_code(path: Path, text: str | None = None) -> list[str]:
+    """Code spans of a Markdown file (outside fenced blocks) that hold a formula's sub- or superscript group."""
+    text = FENCE.sub("", path.read_text() if text is None else text)
+    return [span for span in CODE_SPAN.findall(text) if MATH_IN_CODE.search(span)]
 
 
 def api_module_exists(rel: str) -> bool:
@@ -244,6 +253,25 @@ def test_the_link_check_fails_on_broken_links():
         "../reference/api/fi_toolkit/no_module.md (no such module)",
         "#elsewhere (no such anchor)",
     ]
+
+
+@pytest.mark.parametrize("path", MARKDOWN, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_formulas_are_math_not_code(path):
+    assert math_as_code(path) == []
+
+
+def test_the_method_writes_its_notation_as_math():
+    text = (DOCS / "method.md").read_text()
+    for formula in ("$x_{t+1}$", "$h_i^{(l)}$", "$A_{h,i}^{(l)}$", "$[0, p - w)$", "$H_i$"):
+        assert formula in text, formula
+
+
+def test_the_math_check_fails_on_formulas_in_code():
+    planted = (
+        "The logits at `t` predict `x_{t+1}`; `h_i^(l)` enters layer `l`; `A^{(l)}` and $A_{h,i}^{(l)}$.\n"
+        "`--entropy-of next`, `fi_layer_<l>` and `positions[l][h, j]` are code.\n```\n`D^(l)` in a fence\n```\n"
+    )
+    assert math_as_code(DOCS / "_planted.md", planted) == ["`x_{t+1}`", "`h_i^(l)`", "`A^{(l)}`"]
 
 
 def test_readme_is_one_screen():

@@ -259,8 +259,8 @@ def test_mean_ci():
     assert mean == pytest.approx(x.mean()) and lo < mean < hi
     t = stats.t.interval(0.95, len(x) - 1, loc=x.mean(), scale=stats.sem(x))  # an independent interval
     assert lo == pytest.approx(t[0], abs=0.1) and hi == pytest.approx(t[1], abs=0.1)
-    assert mean_ci([1.0, 1.0, 1.0]) == (1.0, 1.0, 1.0)
-    assert np.isnan(mean_ci([0.5])[1])
+    assert mean_ci([1.0, 1.0, 1.0, 1.0]) == (1.0, 1.0, 1.0)
+    assert np.isnan(mean_ci([0.5])[1]) and np.isnan(mean_ci([0.5, 0.7, 0.9])[1:]).all()  # three: their range
 
 
 def test_kl_accuracy_spearman():

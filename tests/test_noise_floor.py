@@ -160,6 +160,30 @@ def test_cli_prints_a_warning_as_one_stderr_line(capsys):
     assert captured.err == "warning: 2 of 7 compressed replays [bold]x[/bold] " + "y" * 300 + "\n"
 
 
+def test_fi_probe_table_marks_every_value_below_the_floor_and_says_why(capsys):
+    """fi probe's table of mean FI: the controls (a negative one included) and a set below the floor carry the
+    report's mark, explained in one line under the table; a set above the floor carries none."""
+    from fi_toolkit.cli.app import _print_fi_table
+    from fi_toolkit.report.noise import BELOW_FLOOR_MARK
+
+    rows = [
+        ("a", "control:null", CONTROL, "8:16", 0.0),
+        ("a", "control:reorder", CONTROL, "8:16", -4.93e-10),
+        ("a", "positions:1", "positions", "8:16", 2e-9),
+        ("a", "positions:2", "positions", "8:16", 3e-3),
+    ]
+    table = pd.DataFrame(rows, columns=["document", "selection", "selector", "chunk", "fi"])
+    _print_fi_table(flag_below_noise_floor(table.assign(n_removed=1, n_kept=7)), "FI")
+    out = capsys.readouterr().out
+    shown = {line.split()[1]: line for line in out.splitlines() if line.startswith("│")}
+    assert "-4.93e-10 " + BELOW_FLOOR_MARK in shown["control:reorder"] and BELOW_FLOOR_MARK in shown["control:null"]
+    assert BELOW_FLOOR_MARK in shown["positions:1"] and BELOW_FLOOR_MARK not in shown["positions:2"]
+    note = [line for line in out.splitlines() if line.startswith(BELOW_FLOOR_MARK)]
+    assert len(note) == 1 and "noise floor" in note[0] and "round-off" in note[0] and "4.9e-10" in note[0]
+    _print_fi_table(flag_below_noise_floor(table[table["fi"] > 1e-3].assign(n_removed=1, n_kept=7)), "FI")
+    assert BELOW_FLOOR_MARK not in capsys.readouterr().out  # nothing below the floor: no mark, no note
+
+
 @pytest.mark.parametrize("prefix, layers, heads", [(8, 1, 1), (5, 3, 2)])
 def test_controls_change_nothing(prefix, layers, heads):
     null, reorder = noise_controls(prefix, layers, heads)

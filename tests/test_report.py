@@ -39,7 +39,9 @@ def runs(tiny, tmp_path_factory):
     root = tmp_path_factory.mktemp("report")
     lm = LoadedModel(tiny.model, EvilTokenizer(), "tiny-llama", tiny.device, tiny.dtype)
     gen = torch.Generator().manual_seed(3)
-    docs = [Document(f"{EVIL} doc{i}", EVIL, torch.randint(0, 256, (200,), generator=gen), "test") for i in range(2)]
+    docs = [
+        Document(f"{EVIL} doc{i}", EVIL, torch.randint(0, 256, (200,), generator=gen), "test") for i in range(4)
+    ]  # four: a bootstrap interval needs them
     run_correlate(
         lm,
         docs,
@@ -123,8 +125,8 @@ def test_markdown_tables_show_the_csv_numbers_to_4_significant_digits(runs):
     head = rows[0]
     assert head[:3] == ["sinks", "distance from p", "metric"] and "Wilcoxon p" in head
     assert len(rows) - 1 == len(text)
-    assert _md_settings(md, "nearfar_tests") == {"hypothesis": "entropy > attention", "documents": "2"}
-    assert set(text["hypothesis"]) == {"entropy > attention"} and set(text["n_documents"]) == {"2"}
+    assert _md_settings(md, "nearfar_tests") == {"hypothesis": "entropy > attention", "documents": "4"}
+    assert set(text["hypothesis"]) == {"entropy > attention"} and set(text["n_documents"]) == {"4"}
     columns = {
         "sinks": "sinks",
         "distance from p": "distance_from_p",
@@ -328,7 +330,7 @@ def test_analyses_scripts_copy_results_atomically(tmp_path, monkeypatch):
 
 def test_view_pages_of_the_runs_documents_are_linked(runs, tmp_path):
     """fi view pages in a run directory (of the documents it covers) are copied beside the report and linked."""
-    from fi_toolkit.report.token_page import ViewData, write_view
+    from fi_toolkit.report.token_page import ViewData, with_report_link, write_view
 
     root, _, _ = runs
     run = tmp_path / "nf"
@@ -354,7 +356,21 @@ def test_view_pages_of_the_runs_documents_are_linked(runs, tmp_path):
     out = tmp_path / "report"
     written = build_report([run], out, ["html", "md"])
     assert sorted(p.name for p in (out / "views").iterdir()) == ["nf__doc1.html"]
-    assert (out / "views" / "nf__doc1.html").read_bytes() == (run / "doc1.html").read_bytes()
+    copy = (out / "views" / "nf__doc1.html").read_text(encoding="utf-8")
+    assert copy == with_report_link((run / "doc1.html").read_text(encoding="utf-8"), "../report.html")
+    assert back_links(out / "views" / "nf__doc1.html") == [
+        (out / "report.html").resolve()
+    ]  # leads back, to a file there
+    assert "fi-report" not in (run / "doc1.html").read_text(encoding="utf-8")  # the page alone links nowhere
     assert out / "views" / "nf__doc1.html" in written
     assert f"- [{html.escape(EVIL, quote=False)} doc1](views/nf__doc1.html)" in (out / "report.md").read_text()
     assert "<a href='views/nf__doc1.html'>" in (out / "report.html").read_text()
+    markdown_only = tmp_path / "report-md"
+    build_report([run], markdown_only, ["md"])
+    assert back_links(markdown_only / "views" / "nf__doc1.html") == [(markdown_only / "report.md").resolve()]
+
+
+def back_links(page) -> list:
+    """The files a view page's link back to its report resolves to (relative to the page), those that exist."""
+    hrefs = re.findall(r"<nav id='fi-report'[^>]*><a href='([^']*)'>", page.read_text(encoding="utf-8"))
+    return [(page.parent / h).resolve() for h in hrefs if (page.parent / h).resolve().is_file()]

@@ -319,8 +319,10 @@ def test_probe_headline_compares_sets_of_equal_size(tmp_path):
         "chunk 96:112, 13 removed: lowest mean FI entropy:remove=13 (0.00205 nats), highest attention:remove=13 "
         "(0.00405 nats)" in lines
     )
-    assert "chunk 96:112, 96 removed: lowest mean FI policy:snapkv@keep=0 (0.055 nats), highest random:remove=96@0 " \
-        "(0.205 nats)" in lines  # fmt: skip
+    assert "chunk 96:112, 96 removed: lowest mean FI policy:snapkv@keep=0 (0.055 nats), highest random:remove=96 " \
+        "(1 seed) (0.205 nats)" in lines  # fmt: skip
+    assert "chunk 96:112, 96 removed: baseline random:remove=96 (1 seed) 0.205 nats (seeds 0.205 .. 0.205); no set " \
+        "lies inside its spread" in lines  # fmt: skip
     for line in lines:  # a line names sets of one size only
         assert len(set(re.findall(r"(\d+) removed", line))) == 1, line
 

@@ -3,6 +3,7 @@ its colours stay apart under a simulated deuteranopia."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from html.parser import HTMLParser
@@ -14,7 +15,7 @@ from fi_toolkit import Document, LoadedModel, SignalConfig
 from fi_toolkit.policies import parse_policy
 from fi_toolkit.probe.chunks import Chunk
 from fi_toolkit.probe.estimator import fisher_fi
-from fi_toolkit.report.token_page import read_view_meta, render, view_data, write_view
+from fi_toolkit.report.token_page import page_json, read_view_meta, render, view_data, write_view
 from fi_toolkit.signals.trace import trace_prefix
 
 CFG = SignalConfig(window=8)
@@ -153,13 +154,51 @@ def test_page_is_standalone_and_text_stays_text(page, tmp_path):
     parser = Tags()
     parser.feed(html_text)
     assert parser.tags.count("script") == 2  # the data block and the page's own script, nothing injected
-    assert parser.external == []  # no network at view time
+    assert parser.external == []  # no network at view time, and no link back to a report it is not in
     assert _payload(html_text)["tokens"].count(EVIL) >= 1  # the token text arrives as text
     out = write_view(tmp_path / "v.html", data)
     assert read_view_meta(out) == {"document": data.document}
     assert [p.name for p in tmp_path.iterdir()] == ["v.html"]  # atomic: no temporary file left
     (tmp_path / "other.html").write_text("<html><meta name='generator' content='other'></html>")
     assert read_view_meta(tmp_path / "other.html") is None
+
+
+SCIENTIFIC = re.compile(r"^-?\d\.(\d+)e[+-]\d{2}$")
+DECIMAL = re.compile(r"^-?\d+(?:\.(\d+))?$")
+
+
+def notations(labels: list[str]) -> set[tuple[str, int]]:
+    """The notations of tick labels, each with its digits after the point ('0' goes with any): one for a
+    colour bar that reads as one scale."""
+    found = set()
+    for text in labels:
+        if text != "0":
+            m = SCIENTIFIC.match(text) or DECIMAL.match(text)
+            kind = "scientific" if SCIENTIFIC.match(text) else "decimal" if m else text
+            found.add((kind, len(m.group(1) or "") if m else 0))
+    return found
+
+
+def test_the_notation_check_fails_on_a_mixed_colour_bar():
+    assert len(notations(["4.28e-7", "3.1e-5", "0.01083"])) > 1  # the former bar: e-notation beside decimals
+    assert len(notations(["0.5", "0.25", "0.125"])) > 1  # one notation, but not one precision
+    assert len(notations(["4.280e-07", "0", "1.083e-02"])) == 1
+
+
+def test_colour_bar_ticks_read_in_one_notation(page):
+    """Every shading's ticks: the smallest, the quartiles and the largest of its values, in one notation, even
+    where the values span decades (estimated FI from 4.28e-7 to 0.01083 nats)."""
+    shown = _payload(page[-1])
+    series = {**shown["values"], **{f"score:{k}": v for k, v in shown["scores"].items()}}
+    assert set(shown["ticks"]) == set(series)
+    for key, values in series.items():
+        ticks, defined = shown["ticks"][key], sorted(v for v in values if v is not None)
+        assert len(ticks) == 5 and len(notations(ticks)) == 1, (key, ticks)
+        assert float(ticks[0]) == pytest.approx(defined[0], rel=5e-4, abs=1e-12), key
+        assert float(ticks[-1]) == pytest.approx(defined[-1], rel=5e-4, abs=1e-12), key
+    fi = torch.tensor([4.28e-7, 1e-5, 2e-4, 3e-3, 0.01083])
+    spanning = dataclasses.replace(page[4], tokens=list("abcde"), values={"FI": fi}, evicted={}, scores={})
+    assert page_json(spanning)["ticks"]["FI"] == ["4.280e-07", "1.000e-05", "2.000e-04", "3.000e-03", "1.083e-02"]
 
 
 @pytest.mark.smollm

@@ -20,8 +20,11 @@ from rich.table import Table
 
 from fi_toolkit.cli import INTERRUPTED, INTERRUPTED_LINE
 from fi_toolkit.cli.options import (
+    FlagsTakeNoValue,
     OverwriteOpt,
     _progress,
+    check_document_lengths,
+    chunk_ending,
     distinct_texts,
     err,
     out,
@@ -33,6 +36,7 @@ from fi_toolkit.policies.registry import policy_help
 from fi_toolkit.signals.config import SignalConfig
 
 app = typer.Typer(
+    cls=FlagsTakeNoValue,  # no <bool> after a flag in the help
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -111,6 +115,13 @@ def probe(
         results.check_results_dir(out_dir, overwrite)
     else:  # runs/probe-<time>-<random> is made when the results are written: prove runs/ writable now
         results.check_out_path(Path("runs"), option="the default results directory")
+    needed = settings.document_tokens()
+    reads = (
+        f"the prompt p = {needed:,} of --future {settings.future.label}"
+        if settings.future.generated
+        else chunk_ending(settings.chunks, needed, f"the FI oracle's chunk (to token {needed:,})")
+    )
+    check_document_lengths(model, texts, needed, reads)
     # every check above imports nothing heavy (usage errors answer at once); the work below does
     from fi_toolkit.cli.console import print_warning
     from fi_toolkit.report.noise import noise_warning
@@ -154,35 +165,72 @@ def _print_headroom(hr) -> None:
         title="Headroom: (FI_random - FI) / (FI_random - FI_oracle); 0 = random, 1 = the FI ORACLE "
         f"{oracles[0] if len(oracles) == 1 else ''}, which saw the chunk [95 % CI over documents]"
     )
-    names = (["oracle"] if len(oracles) > 1 else []) + ["chunk", "removed", "selection", "headroom"]
+    names = (["oracle"] if len(oracles) > 1 else []) + ["chunk", "removed", "selection", "headroom", "oracle's sd"]
     for name in names:
-        t.add_column(name, justify="right" if name in ("removed", "headroom") else "left", no_wrap=name == "headroom")
+        right = name in ("removed", "headroom", "oracle's sd")
+        t.add_column(name, justify="right" if right else "left", no_wrap=name == "headroom")
     for r in own.itertuples():
         ci = f" [{r.ci_low:.2f}, {r.ci_high:.2f}]" if r.ci_low == r.ci_low else ""
+        sd = getattr(r, "headroom_seed_sd", float("nan"))
         t.add_row(
             *([r.oracle] if len(oracles) > 1 else []),
             r.chunk,
             f"{r.n_removed:.0f}",
             r.selection,
             f"{r.headroom:.2f}{ci}",
+            f"{sd:.3f}" if sd == sd else "n/a",
         )
     out.print(t)
+    out.print("oracle's sd: the headroom's spread over the oracle's label seeds (its own estimate noise; headroom.csv)")
 
 
 def _print_fi_table(table, title: str) -> None:
+    """Mean FI per selection and chunk; a mean whose every row is below the noise floor (the controls' always
+    are) carries the report's mark, explained under the table. The random seeds of a size are one baseline row,
+    as in the report: their pooled mean, and under the table the range of the seeds' means."""
+    from fi_toolkit.report.lead import pooled_fi
+    from fi_toolkit.report.noise import BELOW_FLOOR_MARK, below_floor_note
+
     pivot = table.pivot_table(index="selection", columns="chunk", values="fi", aggfunc="mean", sort=False)
     sizes = table.groupby("selection", sort=False)[["n_removed", "n_kept"]].mean()
+    below = set()  # (selection, chunk) whose every row is below the floor
+    if "below_noise_floor" in table:
+        every = table["below_noise_floor"].astype(bool).groupby([table["selection"], table["chunk"]]).all()
+        below = set(every[every].index)
     t = Table(title=title)
     t.add_column("selection")
     t.add_column("removed", justify="right")
     t.add_column("kept", justify="right")
     for c in pivot.columns:
         t.add_column(f"FI {c}", justify="right")
+    pooled = pooled_fi(table)
+    baselines = pooled[pooled["baseline"]].assign(size=pooled["n_removed"].round(3))
+    random = set(table.loc[table["selector"] == "random", "selection"])
+    shown, spreads = set(), []
     for sel, row in pivot.iterrows():  # per layer and head; the mean over layers where budgets differ
-        t.add_row(
-            sel, f"{sizes.loc[sel, 'n_removed']:.0f}", f"{sizes.loc[sel, 'n_kept']:.0f}", *[_nats(v) for v in row]
-        )
+        removed, kept = f"{sizes.loc[sel, 'n_removed']:.0f}", f"{sizes.loc[sel, 'n_kept']:.0f}"
+        if sel in random:  # the first seed of a size stands for all of them
+            size = round(float(sizes.loc[sel, "n_removed"]), 3)
+            if size in shown:
+                continue
+            shown.add(size)
+            base = baselines[baselines["size"] == size].set_index("chunk")
+            label = base["selection"].iloc[0]
+            t.add_row(label, removed, kept, *[_nats(base.at[c, "fi"]) for c in pivot.columns])
+            spreads.append(
+                f"{label}: the seeds' means span "
+                + ", ".join(
+                    f"{_nats(base.at[c, 'seed_min'])}..{_nats(base.at[c, 'seed_max'])} on {c}" for c in pivot.columns
+                )
+            )
+            continue
+        cells = [_nats(v) + (f" {BELOW_FLOOR_MARK}" if (sel, c) in below else "") for c, v in row.items()]
+        t.add_row(sel, removed, kept, *cells)
     out.print(t)
+    for line in spreads:  # random positions: one baseline per size, its seeds' spread under the table
+        out.print(line, markup=False, highlight=False, soft_wrap=True)
+    if below:
+        out.print(below_floor_note(table), markup=False, highlight=False, soft_wrap=True)
 
 
 def _nats(value: float) -> str:
@@ -224,6 +272,8 @@ def scores(
     )
     run = scores_file(RunSettings(out_file, overwrite=overwrite))
     texts = read_texts(document)[:1]
+    needed = settings.document_tokens()
+    check_document_lengths(model, texts, needed, chunk_ending(settings.fi_chunks, needed, f"--prefix {needed:,}"))
     from fi_toolkit.studies.scores_run import idle_rank, run_scores  # the checks above import nothing heavy
 
     idle = idle_rank(settings)

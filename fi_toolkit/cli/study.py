@@ -15,7 +15,16 @@ from typing import List, Optional
 
 import typer
 
-from fi_toolkit.cli.options import _progress, distinct_texts, err, out, settings_options, unit_progress
+from fi_toolkit.cli.options import (
+    _progress,
+    check_document_lengths,
+    chunk_ending,
+    distinct_texts,
+    err,
+    out,
+    settings_options,
+    unit_progress,
+)
 from fi_toolkit.model.settings import ModelSettings
 from fi_toolkit.runs.settings import RunSettings
 from fi_toolkit.signals.config import SignalConfig
@@ -96,6 +105,8 @@ def correlate(
         unit_candidates=unit_candidates,
     )
     texts = _read_documents(documents)
+    needed = settings.document_tokens()
+    check_document_lengths(model, texts, needed, chunk_ending(settings.chunks, needed, f"token {needed:,}"))
     run.check("correlate")
     # every check above imports nothing heavy (usage errors answer at once); the study does
     from fi_toolkit.cli.console import print_warning
@@ -178,6 +189,8 @@ def nearfar(
         unit_sets=unit_sets,
     )
     texts = _read_documents(documents)
+    far = settings.chunks[-1]
+    check_document_lengths(model, texts, far.end, f"the farthest chunk {far.label}")
     run.check("nearfar")
     # every check above imports nothing heavy (usage errors answer at once); the study does
     from fi_toolkit.cli.console import print_warning
@@ -203,15 +216,25 @@ def _whole_sinks(table):
 
 
 def _print_nearfar(tables, n_docs: int) -> None:
+    """The summary's means and the paired tests, in the report's words and numbers (``n/a`` with its reason where
+    a statistic is missing, never ``NaN``; column names as the report spells them)."""
+    import pandas as pd
+
+    from fi_toolkit.report.display import display_table, number_text, text_cells
+
     s = _whole_sinks(tables["nearfar_summary"])
+    rows = pd.MultiIndex.from_frame(s[["sinks", "selector"]].drop_duplicates())  # a set with no value: n/a
     for metric, label in (("fi_mean", "FI (nats)"), ("fi_share_near_mean", "FI / nearest-chunk FI")):
-        pivot = s.pivot_table(index=["sinks", "selector"], columns="distance_from_p", values=metric, sort=False)
+        pivot = s.pivot_table(
+            index=["sinks", "selector"], columns="distance_from_p", values=metric, sort=False, dropna=False
+        ).reindex(rows)
         out.print(f"{label}, mean over {n_docs} document(s); columns: chunk start - p")
-        out.print(pivot.to_string(float_format=lambda v: f"{v:.5f}"))
+        out.print(pivot.to_string(float_format=number_text, na_rep="n/a"))
     t = _whole_sinks(tables["nearfar_tests"])
     t = t[t["metric"].isin(["fi", "fi_share_near"])]
     out.print("entropy > attention across documents (one-sided Wilcoxon signed-rank):")
-    out.print(t[["sinks", "distance_from_p", "metric", "a_wins", "n_documents", "wilcoxon_p"]].to_string(index=False))
+    columns = ["sinks", "distance_from_p", "metric", "a_wins", "n_documents", "wilcoxon_p"]
+    out.print(display_table(text_cells(t[columns])).to_string(index=False), soft_wrap=True)  # rows stay whole
 
 
 def report(
@@ -221,21 +244,24 @@ def report(
     ),
     formats: str = typer.Option("html,md,csv,json", "--format", "-f", help="Any of html,md,csv,json."),
     out_dir: Path = typer.Option(Path("report"), "--out", "-o", help="Report directory."),
-    overwrite: bool = typer.Option(False, help="Replace a report (or other results) already in --out."),
+    overwrite: bool = typer.Option(
+        False,
+        help="Replace a report (or other results) already in --out; in a directory of other files, write the "
+        "report beside them.",
+    ),
 ):
     """Turn result directories into a self-contained HTML page, Markdown, and CSV/JSON tables."""
-    from fi_toolkit.report.preflight import check_run_dirs, parse_formats
-    from fi_toolkit.runs import results
+    from fi_toolkit.report.preflight import REPORT_MARK, check_report_out, check_run_dirs, parse_formats
 
     chosen = parse_formats(formats)
     check_run_dirs(runs, resume="--resume")
-    results.check_out_path(out_dir)
+    check_report_out(out_dir, runs, overwrite)
     # every check above imports nothing heavy (usage errors answer at once); reading the runs does
     from fi_toolkit.report import build_report
 
     written = build_report(runs, out_dir, chosen, overwrite=overwrite)
     for path in written:
-        if path.suffix in (".html", ".md", ".json"):
+        if path.suffix in (".html", ".md", ".json") and path.name != REPORT_MARK:
             err.print(f"wrote {path}", markup=False, highlight=False)
     if "csv" in formats:
         err.print(

@@ -3,18 +3,17 @@
 mean replay KL predicts task accuracy (Spearman across policy x budget cells, with a bootstrap CI).
 
 Intervals resample the independent units: documents for text (positions within one document are
-correlated), samples for tasks. With fewer than two units there is no interval (NaN).
+correlated), samples for tasks. With fewer than four units there is no interval (NaN):
+:func:`fi_toolkit.studies.statistics.mean_interval` says why.
 """
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from fi_toolkit.evaluation.replay_runs import FULL
+from fi_toolkit.intervals import mean_interval
 from fi_toolkit.probe.noise_floor import text_future_floor
 from fi_toolkit.studies.statistics import correlation
 
@@ -22,27 +21,9 @@ CONFIDENCE = 0.95
 
 
 def mean_ci(values, n_resamples: int = 1000, seed: int = 0) -> tuple[float, float, float]:
-    """(mean, low, high): the percentile bootstrap interval of the mean; constant data gives (v, v, v)."""
-    x = np.asarray(values, dtype=np.float64)
-    x = x[np.isfinite(x)]
-    if x.size == 0:
-        return (np.nan,) * 3
-    mean = float(x.mean())
-    if x.size < 2 or n_resamples <= 0:
-        return mean, np.nan, np.nan
-    if np.ptp(x) == 0:
-        return mean, mean, mean
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", stats.DegenerateDataWarning)
-        ci = stats.bootstrap(
-            (x,),
-            np.mean,
-            n_resamples=n_resamples,
-            confidence_level=CONFIDENCE,
-            method="percentile",
-            rng=np.random.default_rng(seed),
-        ).confidence_interval
-    return mean, float(ci.low), float(ci.high)
+    """(mean, low, high): :func:`fi_toolkit.studies.statistics.mean_interval` at :data:`CONFIDENCE` (no interval
+    below four units: a smaller sample's percentile interval is its range)."""
+    return mean_interval(values, n_resamples, CONFIDENCE, seed)
 
 
 def _summarise(

@@ -5,7 +5,9 @@ The CSV and JSON files keep every digit; the page shows each number with at most
 a value and its bootstrap bounds in one column (``FI mean [95 % CI]``: ``0.02664 [0.0213, 0.0311]``),
 a minimum and maximum as one range, booleans as ``yes``/``no``, and column names in words. Text cells stay as
 the CSV has them. A statistic over documents that one document cannot give (a spread, a confidence
-interval, a paired test) reads ``n/a (needs ≥ 2 documents)``, never ``nan``. :func:`split_settings` moves
+interval, a paired test) reads ``n/a (needs ≥ 2 documents)``, never ``nan``; an interval over fewer documents
+than a bootstrap can use (:mod:`fi_toolkit.intervals`) reads ``n/a (needs ≥ 4 documents for a bootstrap interval)``.
+:func:`split_settings` moves
 the columns that hold one value in every row out of the table, into a "settings" line above it, so the
 columns that vary (the results) come first on the screen.
 """
@@ -15,6 +17,8 @@ from __future__ import annotations
 import math
 
 import pandas as pd
+
+from fi_toolkit.intervals import MIN_BOOTSTRAP_UNITS, NEEDS_BOOTSTRAP
 
 SIGNIFICANT = 4
 WORDS = {  # column-name words as a reader spells them; other words keep their spelling, '_' becomes ' '
@@ -43,11 +47,13 @@ NAMES = {  # whole names where the words alone read badly
     "delta_nll": "ΔNLL",
     "top1_agreement": "top-1 agreement",
     "mean_kl": "mean KL",
-    "a_wins": "entropy wins",
+    "a_wins": "documents where entropy > attention",
     "wilcoxon_p": "Wilcoxon p",
 }
 NEEDS_TWO = "needs ≥ 2 documents"
 NEEDS_DOCUMENTS = f"n/a ({NEEDS_TWO})"
+NO_INTERVAL = f"n/a ({NEEDS_BOOTSTRAP})"  # a bound over fewer documents than a bootstrap can use
+BOUND_SUFFIXES = ("_low", "_high")
 # Columns that are statistics over documents: empty where a row covers fewer than two documents.
 OVER_DOCUMENTS = ("_std", "_sd", "_low", "_high", "wilcoxon_statistic", "wilcoxon_p", "ttest_log_ratio_p")
 DOCUMENT_COUNTS = ("n_documents", "documents")
@@ -67,17 +73,39 @@ def number_text(value: float, integer: bool = False) -> str:
     return "0" if text in ("0", "-0") else text
 
 
+def same_notation(values: list[float], digits: int = SIGNIFICANT) -> list[str]:
+    """Numbers read side by side (a colour bar's ticks) in one notation: all in scientific notation with
+    ``digits`` significant digits (``4.283e-07``, ``1.083e-02``) when any non-zero one is below 1e-3 or from 1e4
+    on, or they span three decades or more; else all as decimals with the places the smallest needs for
+    ``digits`` significant digits (``0.1083``, ``0.5000``). Zero reads ``0``, NaN an empty string."""
+    finite = [abs(v) for v in values if math.isfinite(v) and v != 0]
+    if not finite:
+        return [number_text(v) for v in values]
+    small, large = min(finite), max(finite)
+    if small < 1e-3 or large >= 1e4 or large >= 1e3 * small:
+        spec = f".{digits - 1}e"
+    else:
+        spec = f".{max(0, digits - 1 - math.floor(math.log10(small)))}f"
+    return [format(v, spec) if math.isfinite(v) and v != 0 else number_text(v) for v in values]
+
+
+def text_cells(table: pd.DataFrame) -> pd.DataFrame:
+    """A computed table as its CSV file holds it: every cell ``str``, a missing value empty (what
+    :func:`display_table` reads), so a terminal shows what the report shows."""
+    return table.map(lambda v: "" if v is None or (not isinstance(v, str) and pd.isna(v)) else str(v))
+
+
 def _over_documents(column: str) -> bool:
     return column.endswith(OVER_DOCUMENTS) or column in OVER_DOCUMENTS
 
 
-def _single_document_rows(text: pd.DataFrame) -> pd.Series | None:
-    """True for the rows that cover fewer than two documents (a ``n_documents``/``documents`` column below 2);
+def _single_document_rows(text: pd.DataFrame, fewer_than: int = 2) -> pd.Series | None:
+    """True for the rows that cover fewer than ``fewer_than`` documents (a ``n_documents``/``documents`` column);
     None for a table without such a column (its statistics are not over documents)."""
     count = next((c for c in DOCUMENT_COUNTS if c in text.columns), None)
     if count is None:
         return None
-    return pd.to_numeric(text[count].astype(str), errors="coerce").lt(2)
+    return pd.to_numeric(text[count].astype(str), errors="coerce").lt(fewer_than)
 
 
 def _numeric(cells: pd.Series) -> pd.Series | None:
@@ -129,9 +157,17 @@ def display_table(text: pd.DataFrame) -> pd.DataFrame:
     and numbers shortened (module docstring); columns with no value at all are left out. ``attrs['numeric']`` lists the
     columns that hold numbers."""
     single = _single_document_rows(text)
+    short = _single_document_rows(text, MIN_BOOTSTRAP_UNITS)  # too few documents for a bootstrap interval
     filled = {c: (text[c].astype(str).str.strip() != "").any() for c in text.columns}
     # all-empty columns are dropped, except a statistic over documents that one document left empty (it says why)
-    columns = [c for c in text.columns if filled[c] or (_over_documents(c) and single is not None and single.any())]
+    columns = [
+        c
+        for c in text.columns
+        if filled[c]
+        or (
+            _over_documents(c) and single is not None and (single.any() or (c.endswith(BOUND_SUFFIXES) and short.any()))
+        )
+    ]
     numbers = {
         c: None
         if c in TEXT_COLUMNS
@@ -152,7 +188,10 @@ def display_table(text: pd.DataFrame) -> pd.DataFrame:
         )
         if _over_documents(c) and single is not None:  # a spread, CI or test one document cannot give; else n/a
             empty = raw.str.strip() == ""
-            shown = shown.where(~(single & empty), NEEDS_DOCUMENTS).where(~(~single & empty), "n/a")
+            if c.endswith(BOUND_SUFFIXES):  # an interval: fewer documents than a bootstrap can use, say so
+                shown = shown.where(~(short & empty), NO_INTERVAL).where(~(~short & empty), "n/a")
+            else:
+                shown = shown.where(~(single & empty), NEEDS_DOCUMENTS).where(~(~single & empty), "n/a")
         return shown
 
     pairs = {
@@ -168,7 +207,10 @@ def display_table(text: pd.DataFrame) -> pd.DataFrame:
         if c in pairs:
             lo, hi, kind = pairs[c]
             value, low, high = cells(c), cells(lo), cells(hi)
-            low, high = low.replace(NEEDS_DOCUMENTS, ""), high.replace(NEEDS_DOCUMENTS, "")
+            low, high = (
+                low.replace([NEEDS_DOCUMENTS, NO_INTERVAL], ""),
+                high.replace([NEEDS_DOCUMENTS, NO_INTERVAL], ""),
+            )
             if kind != "range" and not (low + high).str.strip().any() and _over_documents(lo):
                 out[reader_name(c)] = list(value)  # no interval in any row: the value alone, the reason beside it
                 out[f"{reader_name(c)} {kind}"] = list(cells(lo))

@@ -5,9 +5,9 @@ same rows read back at full precision; the tables shown in HTML and Markdown are
 reader's form (:mod:`fi_toolkit.report.display`: at most 4 significant digits, integers as integers,
 bounds folded into their value's column, names in words), wide ones in a container that scrolls
 sideways. ``fi view`` pages found in a run directory (``*.html`` or ``views/*.html``, of the run's
-documents) are copied to ``views/`` and linked. Every string from the data (document names, token
-text, run labels) is HTML-escaped before it reaches the page or the Markdown (which renderers
-read as HTML too); Markdown image links are URL-encoded; figures are embedded as base64 PNG.
+documents) are copied to ``views/``, each with a link back to the report, and linked. Every string from
+the data (document names, token text, run labels) is HTML-escaped before it reaches the page or the
+Markdown (which renderers read as HTML too); Markdown image links are URL-encoded; figures are embedded as base64 PNG.
 
 Every file is written or copied atomically. An --out that already holds a report (or any results)
 is refused unless ``overwrite``; then the new report replaces the old one, stale files included.
@@ -28,14 +28,24 @@ import pandas as pd
 
 from fi_toolkit.errors import FIError
 from fi_toolkit.report import eval_figures, field_figures, figures, lmeval
-from fi_toolkit.report.display import display_table, split_settings
+from fi_toolkit.report.display import display_table, split_settings, text_cells
 from fi_toolkit.report.headline import headline
 from fi_toolkit.report.headroom import headroom_figure
 from fi_toolkit.report.lead import LeadTable, lead_table
-from fi_toolkit.report.preflight import FORMATS, check_run_dirs, not_a_run, parse_formats  # noqa: F401
-from fi_toolkit.report.token_page import read_view_meta
+from fi_toolkit.report.preflight import (  # noqa: F401
+    FORMATS,
+    REPORT_FILES,
+    REPORT_MARK,
+    check_report_out,
+    check_run_dirs,
+    not_a_run,
+    parse_formats,
+    report_entry,
+)
+from fi_toolkit.report.token_page import read_view_meta, with_report_link
 from fi_toolkit.runs import results
 from fi_toolkit.runs.resumable import read_table
+from fi_toolkit.studies.random_baseline import versus_random
 
 # Tables of each run kind, in display order; the ones shown in HTML/Markdown are marked True.
 TABLES = {
@@ -108,9 +118,12 @@ SHOWN_COLUMNS = {  # columns shown in HTML/Markdown, results first (all columns 
         "headroom",
         "ci_low",
         "ci_high",
+        "headroom_seed_sd",
         "fi_policy",
         "fi_random",
         "fi_oracle",
+        "fi_oracle_seed_sd",
+        "oracle_seeds",
         "oracle",
         "fit_chunk",
         "n_documents",
@@ -129,7 +142,7 @@ KIND_TITLES = {
 TABLE_TITLES = {
     "fi": "FI (nats) of each token set, per chunk and document; controls first (their FI is the noise floor)",
     "headroom": "Headroom: the share of the random-to-oracle FI gap each set closes (0: random, 1: the FI oracle), "
-    "bootstrap 95 % CI over documents; FI columns in nats",
+    "bootstrap 95 % CI over documents, and the oracle's own noise (sd over its label seeds); FI columns in nats",
     "correlation_summary": "Correlation of per-token FI with each signal per chunk: mean ρ over documents, its range "
     "and sd, and the share of documents with ρ > 0",
     "agreement": "Fisher estimate against exact leave-one-out FI, per document (bootstrap 95 % CI)",
@@ -147,6 +160,9 @@ TABLE_TITLES = {
     "kl_accuracy": "Does the answer's KL predict accuracy? Spearman across cells [bootstrap 95 % CI]",
     "leaderboard": "Each method per budget, best first: FI (nats) per chunk, headroom (0: random positions with "
     "sinks kept, 1: the FI oracle) [bootstrap 95 % CI over documents], replay KL (nats), seconds per compression",
+    "versus_random": "Each token set against random positions of its size, paired over (document, random seed): "
+    "mean FI (nats) of the set and of random, their ratio, pairs where the set is below random, two-sided "
+    "Wilcoxon signed-rank p (the pairs of one document share the set's value)",
     "tests": "Is the best method better? Each method against the lowest mean, paired over documents (one-sided "
     "Wilcoxon signed-rank, uncorrected)",
     "refused": "Methods that could not run here, and why",
@@ -222,6 +238,10 @@ def load_run(path: Path) -> dict:
             text[name] = pd.read_csv(f, dtype=str, keep_default_na=False)
         except (ValueError, pd.errors.ParserError):  # EmptyDataError is a ValueError
             raise FIError(f"'{f}' is not a readable CSV table") from None
+    derived = _derived_tables(kind, tables)
+    for name, df in derived.items():
+        tables[name], text[name] = df, text_cells(df)
+        names.append((name, True))
     return {
         "label": path.name,
         "path": path,
@@ -230,8 +250,18 @@ def load_run(path: Path) -> dict:
         "tables": tables,
         "text": text,
         "names": names,
+        "derived": list(derived),
         "views": _views(path, manifest),
     }
+
+
+def _derived_tables(kind: str, tables: dict) -> dict[str, pd.DataFrame]:
+    """Tables the report computes from a run's own (so runs written before them get them too): for a probe,
+    every set against random positions of its size (:func:`~fi_toolkit.studies.random_baseline.versus_random`)."""
+    if kind == "probe":
+        versus = versus_random(tables["fi"])
+        return {"versus_random": versus} if len(versus) else {}
+    return {}
 
 
 def _views(path: Path, manifest: dict) -> list[Path]:
@@ -253,7 +283,8 @@ def _figures(run: dict) -> list[tuple[str, object]]:
     elif run["kind"] == "eval-tasks":
         made = [("accuracy_vs_retention", eval_figures.accuracy_vs_retention(t["task_summary"], cap))]
     elif run["kind"] == "probe":
-        made = [("headroom", headroom_figure(t["headroom"], cap))] if "headroom" in t else []
+        made = [("versus_random", figures.probe_versus_random(t["fi"], cap))]
+        made += [("headroom", headroom_figure(t["headroom"], cap))] if "headroom" in t else []
     elif run["kind"] == "field":
         made = [
             ("field_headroom", field_figures.field_headroom(t["leaderboard"], cap)),
@@ -263,7 +294,7 @@ def _figures(run: dict) -> list[tuple[str, object]]:
             made.append(("accuracy_vs_budget", eval_figures.accuracy_vs_retention(t["task_summary"], cap)))
     elif run["kind"] == "nearfar":
         made = [
-            ("fi_vs_distance", figures.nearfar_distance(t["nearfar"], cap)),
+            ("fi_vs_distance", figures.nearfar_distance(t["nearfar_summary"], cap)),
             ("token_classes", figures.token_classes(t["token_class_summary"], cap)),
         ]
     else:
@@ -342,11 +373,6 @@ def _shown(run: dict, name: str) -> pd.DataFrame:
     return display_table(df[first + rest])
 
 
-def _text_frame(df: pd.DataFrame) -> pd.DataFrame:
-    """A computed table (the cross-run one) as CSV-like text cells, for :func:`display_table`."""
-    return df.map(lambda v: "" if v is None or (not isinstance(v, str) and pd.isna(v)) else str(v))
-
-
 def _md(text) -> str:
     """Markdown-safe text: HTML-escaped (renderers pass raw HTML through), one line, no cell breaks."""
     return html.escape(str(text), quote=False).replace("|", "\\|").replace("\n", " ").replace("\r", " ")
@@ -399,18 +425,8 @@ th{background:#f3f3f3;position:sticky;top:0}td.num,th.num{text-align:right;font-
 img{max-width:100%;border:1px solid #eee}figure{margin:1em 0}code{background:#f5f5f5}.cap{color:#555;font-size:13px}"""
 
 
-REPORT_FILES = ("report.html", "report.md", "report.json")
-
-
 def _check_out(out_dir: Path, runs: list[dict], overwrite: bool) -> Path:
-    out_dir = results.check_out_path(out_dir)
-    for run in runs:
-        if out_dir.resolve() == Path(run["path"]).resolve():
-            raise FIError(
-                f"out_dir '{out_dir}' is the result directory '{run['path']}'; choose another out_dir",
-                parameter="out_dir",
-            )
-    return results.check_results_dir(out_dir, overwrite)
+    return check_report_out(out_dir, [run["path"] for run in runs], overwrite)  # the command line's checks
 
 
 def build_report(
@@ -424,7 +440,7 @@ def build_report(
     Args:
         run_dirs: result directories (:func:`load_run`), reported in order.
         out_dir: the report directory: ``report.html``, ``report.md``, ``report.json``, ``tables/*.csv``,
-            ``figures/*.png`` and ``views/*.html``.
+            ``figures/*.png``, ``views/*.html`` and ``fi-report.json`` (the mark that fi report wrote it).
         formats: any of :data:`FORMATS`.
         overwrite: replace a report (or other results) already in ``out_dir``; its stale files are removed.
 
@@ -432,20 +448,19 @@ def build_report(
         The files written.
 
     Raises:
-        FIError: a directory that is not a finished run, an ``out_dir`` that is one of them, or an
-            ``out_dir`` holding results without ``overwrite``.
+        FIError: a directory that is not a finished run, an ``out_dir`` that is one of them or lies inside
+            one, an ``out_dir`` holding results or other files without ``overwrite``
+            (:func:`~fi_toolkit.report.preflight.check_report_out`).
     """
     check_run_dirs(run_dirs)
     runs = [load_run(p) for p in run_dirs]
     final = _check_out(Path(out_dir), runs, overwrite)
-    with results.staged_dir(final, replaced=_report_entry) as out_dir:  # the old report whole or the new one
+    with results.staged_dir(final, replaced=report_entry) as out_dir:  # the old report whole or the new one
         written = _write_report(runs, out_dir, formats)
+        mark = {"written_by": "fi report", "generated": results.now(), "runs": [str(r["path"]) for r in runs]}
+        results.write_json(out_dir / REPORT_MARK, mark)
+        written.append(out_dir / REPORT_MARK)
     return [final / p.relative_to(out_dir) for p in written]
-
-
-def _report_entry(name: str) -> bool:
-    """Whether an entry of a report directory is the report's (replaced by a new one; others are kept)."""
-    return name in REPORT_FILES or name in ("tables", "figures", "views")
 
 
 def _write_report(runs: list[dict], out_dir: Path, formats: Sequence[str]) -> list[Path]:
@@ -471,7 +486,7 @@ def _write_report(runs: list[dict], out_dir: Path, formats: Sequence[str]) -> li
         for run in runs:
             for name, _ in run["names"]:
                 target = out_dir / "tables" / f"{run['label']}__{name}.csv"
-                if run.get("computed"):  # lm-eval runs: tables computed from its JSON files
+                if run.get("computed") or name in run.get("derived", ()):  # lm-eval runs, derived tables
                     results.write_table(target, run["tables"][name])
                 else:
                     results.atomic_copy(run["path"] / f"{name}.csv", target)
@@ -481,7 +496,8 @@ def _write_report(runs: list[dict], out_dir: Path, formats: Sequence[str]) -> li
             run["view_copies"] = []
             for page in run["views"]:
                 target = out_dir / "views" / f"{run['label']}__{page.name}"
-                results.atomic_copy(page, target)
+                index = "../report.html" if "html" in formats else "../report.md"  # the page leads back here
+                results.atomic_write_text(target, with_report_link(page.read_text(encoding="utf-8"), index))
                 run["view_copies"].append(target)
                 written.append(target)
     if "json" in formats:
@@ -575,7 +591,7 @@ def _write_markdown(runs, figs, out_dir: Path, cross: pd.DataFrame | None = None
             parts += _md_block(block, run, out_dir, pngs)
         parts += [f"Full tables: {_md(run['path'])} (CSV), and tables/, report.json here.", ""]
     if cross is not None:
-        parts += [f"## {_md(CROSS_TITLE)}", "", _md_table(display_table(_text_frame(cross))), ""]
+        parts += [f"## {_md(CROSS_TITLE)}", "", _md_table(display_table(text_cells(cross))), ""]
     path = out_dir / "report.md"
     results.atomic_write_text(path, "\n".join(parts))
     return [path] + pngs
@@ -625,7 +641,7 @@ def _write_html(runs, figs, out_dir: Path, cross: pd.DataFrame | None = None) ->
     for run in runs:
         parts += [_html_block(block) for block in _blocks(run, figs.get(run["label"], []))]
     if cross is not None:
-        parts.append(f"<h2>{e(CROSS_TITLE)}</h2>{_html_table(display_table(_text_frame(cross)))}")
+        parts.append(f"<h2>{e(CROSS_TITLE)}</h2>{_html_table(display_table(text_cells(cross)))}")
     parts.append("</body></html>")
     path = out_dir / "report.html"
     results.atomic_write_text(path, "\n".join(parts))

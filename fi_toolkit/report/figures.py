@@ -22,7 +22,9 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from fi_toolkit.studies.nearfar import per_document_selector  # noqa: E402
+from fi_toolkit.intervals import MIN_BOOTSTRAP_UNITS  # noqa: E402
+from fi_toolkit.studies.nearfar import summarize_nearfar  # noqa: E402
+from fi_toolkit.studies.random_baseline import pooled_sets  # noqa: E402
 
 SELECTOR_ORDER = ["entropy", "attention", "distance", "infokv", "random"]
 # The Okabe-Ito colours (Wong, Nature Methods 8:441, 2011), distinguishable with the common colour-vision
@@ -131,39 +133,120 @@ def _spans_decades(values) -> bool:
     return v.size > 1 and v.min() > 0 and v.max() / v.min() > DECADES
 
 
-def nearfar_distance(nf: pd.DataFrame, text: str):
-    """FI, FI relative to random, and share of near-chunk FI against chunk distance, per selector and sinks."""
-    per_doc = per_document_selector(nf)
-    sinks = sorted(per_doc["sinks"].unique(), reverse=True)
+def nearfar_distance(summary: pd.DataFrame, text: str):
+    """FI, FI relative to random, and share of near-chunk FI against chunk distance, per selector and sinks: the
+    means and intervals of the run's ``nearfar_summary`` table (:func:`~fi_toolkit.studies.nearfar.summarize_nearfar`),
+    so the bands are the table's intervals; no band where the table has none (too few documents). A tidy
+    ``nearfar`` table (one row per document and set) is summarised first, as the run summarises it."""
+    if "fi_mean" not in summary.columns:
+        summary = summarize_nearfar(summary)
+    if summary.empty:
+        return None
+    sinks = sorted(summary["sinks"].fillna(0).unique(), reverse=True)
     metrics = [("fi", "FI (nats)"), ("fi_rel_random", "FI / random FI"), ("fi_share_near", "FI / FI on nearest chunk")]
     fig, axes = plt.subplots(len(metrics), len(sinks), figsize=(5.2 * len(sinks), 10), squeeze=False)
-    hue_order = [s for s in SELECTOR_ORDER if s in set(per_doc["selector"])]
+    present = list(dict.fromkeys(summary["selector"]))
+    order = [s for s in SELECTOR_ORDER if s in present] + [s for s in present if s not in SELECTOR_ORDER]
+    palette = colors(order)
+    n = int(summary["n_documents"].max())
+    banded = False
     for col, s in enumerate(sinks):
-        part = per_doc[per_doc["sinks"] == s]
+        part = summary[summary["sinks"].fillna(0) == s]
         for row, (metric, label) in enumerate(metrics):
             ax = axes[row][col]
-            sns.lineplot(
-                data=part,
-                x="distance_from_p",
-                y=metric,
-                hue="selector",
-                hue_order=hue_order,
-                palette=colors(hue_order),
-                style="selector",
-                style_order=hue_order,
-                markers=MARKERS[: len(hue_order)],
-                dashes=False,
-                errorbar=("ci", 95),
-                ax=ax,
-                legend=(row == 0 and col == len(sinks) - 1),
-            )
-            legend_outside(ax)
+            for i, selector in enumerate(order):
+                g = part[part["selector"] == selector].sort_values("distance_from_p")
+                if g.empty:
+                    continue
+                x = g["distance_from_p"].to_numpy(float)
+                ax.plot(
+                    x,
+                    g[f"{metric}_mean"].to_numpy(float),
+                    marker=MARKERS[i % len(MARKERS)],
+                    color=palette[selector],
+                    label=selector,
+                )
+                low, high = g[f"{metric}_ci_low"].to_numpy(float), g[f"{metric}_ci_high"].to_numpy(float)
+                if np.isfinite(low).any():
+                    ax.fill_between(x, low, high, color=palette[selector], alpha=0.15, lw=0)
+                    banded = True
+            if row == 0 and col == len(sinks) - 1:
+                ax.legend(title="selector")
+                legend_outside(ax)
             ax.set_xlabel("chunk start - p (tokens)")
             ax.set_ylabel(label)
             ax.set_title(_sinks_title(s), fontsize=10)
+    bands = (
+        "bands: percentile bootstrap 95% CI over documents"
+        if banded
+        else f"no bands: {n} document{'s' if n != 1 else ''}, a bootstrap interval needs >= {MIN_BOOTSTRAP_UNITS}"
+        if n < MIN_BOOTSTRAP_UNITS
+        else "no bands: the table holds no interval"
+    )
     fig.suptitle(
         "FI (nats) of equal-size sets, and its ratios to random sets and to the nearest chunk, against chunk "
-        "distance (mean over documents, 95% CI)",
+        f"distance (mean over documents; {bands})",
+        fontsize=11,
+    )
+    return _finish(fig, text)
+
+
+def probe_versus_random(fi: pd.DataFrame, text: str):
+    """Each token set's FI (mean over documents, its bootstrap interval where there are four or more) against
+    random positions of the same size (one band per size: the range of the random seeds' means, the line their
+    pooled mean); one panel per set size (rows) and chunk (columns), near to far. None without measured sets."""
+    pooled = pooled_sets(fi)
+    if pooled.empty:
+        return None
+    chunks = list(dict.fromkeys(pooled["chunk"]))
+    sizes = sorted(pooled["n_removed"].unique())
+    heights = [max(1, (pooled["n_removed"] == s).sum() // len(chunks)) for s in sizes]
+    fig, axes = plt.subplots(
+        len(sizes),
+        len(chunks),
+        figsize=(4.6 * len(chunks) + 2.5, 1.2 + 0.42 * sum(heights) + 0.6 * len(sizes)),
+        squeeze=False,
+        gridspec_kw={"height_ratios": heights},
+    )
+    palette = colors(["set", "random"])
+    for row, size in enumerate(sizes):
+        for col, chunk in enumerate(chunks):
+            ax = axes[row][col]
+            part = pooled[(pooled["n_removed"] == size) & (pooled["chunk"] == chunk)]
+            sets = part[~part["baseline"]].sort_values("fi")
+            y = np.arange(len(sets))
+            base = part[part["baseline"]]
+            if len(base):
+                b = base.iloc[0]
+                ax.axvspan(
+                    b["seed_min"],
+                    b["seed_max"],
+                    color=palette["random"],
+                    alpha=0.25,
+                    lw=0,
+                    label="random: seeds' range",
+                )
+                ax.axvline(b["fi"], color=palette["random"], lw=1.2, label="random: mean")
+            if len(sets):
+                low, high = sets["fi_ci_low"].to_numpy(float), sets["fi_ci_high"].to_numpy(float)
+                values = sets["fi"].to_numpy(float)
+                if np.isfinite(low).all():
+                    xerr = np.vstack([values - low, high - values])
+                    ax.errorbar(values, y, xerr=xerr, fmt="none", ecolor=palette["set"], capsize=3)
+                ax.plot(values, y, "o", color=palette["set"], label="token set")
+            ax.set_yticks(y, sets["selection"].tolist(), fontsize=8)
+            ax.set_ylim(-0.7, max(len(sets), 1) - 0.3)
+            ax.set_xlabel(f"FI on {chunk} (nats)")
+            title = f"{size:g} removed, chunk {chunk}"
+            ax.set_title(title if len(base) else f"{title} (no random set this size)", fontsize=10)
+            if row == 0 and col == len(chunks) - 1:
+                ax.legend(fontsize=8)
+                legend_outside(ax)
+    n = int(pooled["n_documents"].max())
+    fig.suptitle(
+        f"FI (nats) of each token set against random positions of the same size, near to far (mean over {n} "
+        f"document{'s' if n != 1 else ''}; band: the random seeds' range, line: their mean"
+        + ("; bars: bootstrap 95% CI over documents)" if n >= MIN_BOOTSTRAP_UNITS else ")"),
         fontsize=11,
     )
     return _finish(fig, text)

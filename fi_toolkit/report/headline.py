@@ -13,6 +13,7 @@ import pandas as pd
 
 from fi_toolkit.report import lmeval
 from fi_toolkit.report.display import NEEDS_TWO
+from fi_toolkit.studies.random_baseline import pooled_sets
 
 
 def _missing(v) -> bool:
@@ -34,11 +35,13 @@ def interval(low, high, spec: str = "+.2f", why: str = "") -> str:
 
 
 def probe_lines(t: dict) -> list[str]:
-    """Per chunk and set size: the sets with the lowest and highest mean FI; beside an FI oracle, the headroom."""
-    fi = t["fi"][t["fi"]["selector"] != "control"]
+    """Per chunk and set size: the sets with the lowest and highest mean FI, the random seeds pooled into one
+    baseline (:func:`~fi_toolkit.studies.random_baseline.pooled_sets`) with the sets inside its seed spread;
+    beside an FI oracle, the headroom."""
+    pooled = pooled_sets(t["fi"], n_resamples=0)
     lines = []
-    for (chunk, removed), g in fi.groupby(["chunk", "n_removed"], sort=False):
-        means = g.groupby("selection", sort=False)["fi"].mean().sort_values()
+    for (chunk, removed), g in pooled.groupby(["chunk", "n_removed"], sort=False):
+        means = g.set_index("selection")["fi"].sort_values()
         size = f"{removed:g} removed"
         if len(means) == 1:
             lines.append(f"chunk {chunk}, {size}: {means.index[0]} {num(means.iloc[0])} nats (the only set this size)")
@@ -47,6 +50,16 @@ def probe_lines(t: dict) -> list[str]:
             f"chunk {chunk}, {size}: lowest mean FI {means.index[0]} ({num(means.iloc[0])} nats), highest "
             f"{means.index[-1]} ({num(means.iloc[-1])} nats)"
         )
+        base = g[g["baseline"]]
+        if len(base):
+            b = base.iloc[0]
+            others = g[~g["baseline"]]
+            inside = others[(others["fi"] >= b["seed_min"]) & (others["fi"] <= b["seed_max"])]["selection"].tolist()
+            spread = f"seeds {num(b['seed_min'])} .. {num(b['seed_max'])}"
+            lines.append(
+                f"chunk {chunk}, {size}: baseline {b['selection']} {num(b['fi'])} nats ({spread}); "
+                + (f"inside its spread: {', '.join(inside)}" if inside else "no set lies inside its spread")
+            )
     hr = t.get("headroom")
     if hr is not None:
         own = hr[(hr["fit_chunk"] == hr["chunk"]) & (hr["selection"] != hr["oracle"])]

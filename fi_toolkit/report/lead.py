@@ -15,7 +15,9 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from fi_toolkit.report.display import NEEDS_DOCUMENTS, number_text
+from fi_toolkit.intervals import MIN_BOOTSTRAP_UNITS
+from fi_toolkit.report.display import NEEDS_DOCUMENTS, NO_INTERVAL, number_text
+from fi_toolkit.studies.random_baseline import pooled_sets
 
 
 @dataclass
@@ -58,20 +60,30 @@ def _documents(n: int) -> str:
     return f"{n} document{'s' if n != 1 else ''}"
 
 
+def pooled_fi(fi: pd.DataFrame) -> pd.DataFrame:
+    """The measured sets as every report table shows them, the random seeds of a size pooled into one baseline
+    row: :func:`~fi_toolkit.studies.random_baseline.pooled_sets` without the bootstrap (what ``fi probe`` prints)."""
+    return pooled_sets(fi, n_resamples=0)
+
+
 def probe_lead(fi: pd.DataFrame) -> LeadTable | None:
     """Mean FI over documents of every set per chunk, sets of the same size together (smallest first), lowest
-    FI first within a size; the controls' largest |FI| is the noise floor under the table."""
-    sets = fi[fi["selector"] != "control"]
-    if sets.empty:
+    FI first within a size; the random seeds of a size as one baseline row (the range of its per-seed means in
+    brackets); the controls' largest |FI| is the noise floor under the table."""
+    pooled = pooled_sets(fi)
+    if pooled.empty:
         return None
-    means = sets.groupby(["n_removed", "selection", "chunk"], sort=False)["fi"].mean().reset_index()
-    first = means["chunk"].iloc[0]
-    order = means[means["chunk"] == first].sort_values(["n_removed", "fi"], kind="stable")["selection"]
-    means["rank"] = means["selection"].map({s: i for i, s in enumerate(order)})
-    means = means.sort_values(["rank"], kind="stable")
-    table = _pivot(
-        means, ["n_removed", "selection"], "chunk", lambda r: _num(r["fi"]), {"n_removed": "removed", "chunk": "FI on"}
-    )
+    first = pooled["chunk"].iloc[0]
+    order = pooled[pooled["chunk"] == first].sort_values(["n_removed", "fi"], kind="stable")["selection"]
+    pooled["rank"] = pooled["selection"].map({s: i for i, s in enumerate(dict.fromkeys(order))})
+    pooled = pooled.sort_values(["rank"], kind="stable")
+
+    def cell(r) -> str:
+        if r["baseline"]:
+            return f"{_num(r['fi'])} (seeds {_num(r['seed_min'])} .. {_num(r['seed_max'])})"
+        return _with_interval(r["fi"], r["fi_ci_low"], r["fi_ci_high"])
+
+    table = _pivot(pooled, ["n_removed", "selection"], "chunk", cell, {"n_removed": "removed", "chunk": "FI on"})
     table["removed"] = [number_text(float(v), float(v).is_integer()) for v in table["removed"]]
     table.attrs["numeric"] = ["removed", *table.attrs["numeric"]]
     controls = fi[fi["selector"] == "control"]
@@ -80,10 +92,12 @@ def probe_lead(fi: pd.DataFrame) -> LeadTable | None:
         if len(controls)
         else ""
     )
-    n = sets["document"].nunique()
+    n = int(pooled["n_documents"].max())
+    interval = "bootstrap 95 % CI over documents" if n >= MIN_BOOTSTRAP_UNITS else f"no interval: {NO_INTERVAL}"
     return LeadTable(
-        f"FI (nats) of removing each token set, mean over {_documents(n)}; lower: the set mattered less to the "
-        "chunk's predictions. Sets of equal size are compared together (removed: entries per layer and head).",
+        f"FI (nats) of removing each token set, mean over {_documents(n)} [{interval}]; lower: the set mattered "
+        "less to the chunk's predictions. Sets of equal size are compared together (removed: entries per layer "
+        "and head); random positions are one baseline per size, its seeds' range in brackets.",
         table,
         note,
     )
@@ -140,7 +154,7 @@ def nearfar_lead(summary: pd.DataFrame, budget: str | None) -> LeadTable | None:
         {"sets": "set", "distance_from_p": "FI at p +"},
     )
     n = int(summary["n_documents"].max())
-    interval = "bootstrap 95 % CI over documents" if n >= 2 else f"no interval: {NEEDS_DOCUMENTS}"
+    interval = "bootstrap 95 % CI over documents" if n >= MIN_BOOTSTRAP_UNITS else f"no interval: {NO_INTERVAL}"
     return LeadTable(
         f"FI (nats) of equal-size sets ({budget or 'one budget'}) on chunks at increasing distance from p: mean over "
         f"{_documents(n)} [{interval}]; higher: the set mattered more to that chunk.",
@@ -163,7 +177,7 @@ def eval_text_lead(summary: pd.DataFrame, documents: int) -> LeadTable | None:
     )
     full = summary[summary["policy"] == "full"]
     note = f"full cache (noise floor): {_num(float(full['mean_kl'].max()))} nats" if len(full) else ""
-    interval = "bootstrap 95 % CI over documents" if documents >= 2 else f"no interval: {NEEDS_DOCUMENTS}"
+    interval = "bootstrap 95 % CI over documents" if documents >= MIN_BOOTSTRAP_UNITS else f"no interval: {NO_INTERVAL}"
     return LeadTable(
         f"Mean replay KL(full ‖ compressed) (nats; lower is better) per policy and budget, {_documents(documents)} "
         f"[{interval}]",

@@ -10,6 +10,20 @@ import pandas as pd
 from fi_toolkit.evaluation.replay_runs import FULL
 from fi_toolkit.probe.noise_floor import CONTROL, NOISE_MARGIN, noise_floor, text_below_noise_floor
 
+BELOW_FLOOR_MARK = "†"  # beside a value below NOISE_MARGIN x its noise floor where no column says so (a mean)
+
+
+def below_floor_note(table: pd.DataFrame) -> str:
+    """The footnote of a table whose values below ``NOISE_MARGIN`` x the noise floor carry
+    :data:`BELOW_FLOOR_MARK` (``table``: the tidy FI table, controls included). The controls' own values
+    carry it too: they are the floor, and a negative one is round-off of a KL that is never below 0."""
+    floors = [v for chunks in noise_floor(table).values() for v in chunks.values()]
+    top = f", up to {max(floors):.2g} nats" if floors else ""
+    return (
+        f"{BELOW_FLOOR_MARK} below {NOISE_MARGIN:g}x the noise floor (the controls' largest |FI|{top}): rounding, "
+        "not the eviction; FI < 0 is round-off"
+    )
+
 
 def noise_warning(table: pd.DataFrame, controls: pd.DataFrame | None = None) -> str | None:
     """One line when any measured (non-control) row of a tidy FI table is below ``NOISE_MARGIN`` x its noise

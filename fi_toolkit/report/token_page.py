@@ -6,16 +6,17 @@ D and S (:mod:`fi_toolkit.signals.trace`) or a policy's own score. The shade is 
 the prefix tokens (FI spans decades; a rank keeps the few largest from washing out the rest), on a
 sequential scale that stays ordered under the common colour-vision deficiencies (ColorBrewer's YlGnBu:
 lightness falls monotonically from pale yellow to navy; text turns white on the dark end), with a colour
-bar that names the quantity, its unit and the values at its quartiles. A policy's mark (a strip in its
-own colour under the token, one toggle per policy) appears only where that policy evicts the token: from
-at least half of the model's layer x KV-head pairs (faint), or from all of them (solid). Hovering a
-token shows its numbers and, per policy, its evicted share and the policy's score; hovering a policy
+bar that names the quantity, its unit and the values at its quartiles (all in one notation). A policy's
+mark (a strip in its own colour under the token, one toggle per policy) appears only where that policy
+evicts the token: from at least half of the model's layer x KV-head pairs (faint), or from all of them
+(solid). Hovering a token shows its numbers and, per policy, its evicted share and the policy's score; hovering a policy
 shows its summary. Newlines show as ``↵`` so that every token, whitespace included, has a box under the
 pointer.
 
 The page needs no network: CSS, script and data are inline (the data as one JSON block); the script
 builds the token spans on load and answers hovers with one listener on their container, so a page of
-8,192 tokens stays responsive (docs/guides/view.md).
+8,192 tokens stays responsive (docs/guides/view.md). A page ``fi report`` copies beside its report links back
+to the report's index page (:func:`with_report_link`); a page written alone has no such link.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from pathlib import Path
 import torch
 
 from fi_toolkit.eviction import KeepMap
+from fi_toolkit.report.display import same_notation
 from fi_toolkit.runs import results
 
 GENERATOR = "fi view"  # <meta name="generator">: how fi report recognises a page (fi_toolkit.report.export)
@@ -40,6 +42,8 @@ SHADE = ["#edf8b1", "#c7e9b4", "#7fcdbb", "#41b6c4", "#1d91c0", "#225ea8", "#253
 # the shaded token, so they never sit on the shade).
 MARKS = ["#000000", "#D55E00", "#56B4E9", "#009E73", "#CC79A7", "#E69F00", "#0072B2"]
 MAJORITY = 0.5  # a policy's mark shows where it evicts a token from at least this share of (layer, KV head) pairs
+TICKS = (0, 0.25, 0.5, 0.75, 1)  # the colour bar's ticks: the smallest value, the quartiles, the largest
+REPORT_LINK = "fi-report"  # the id of the link back to the report a page is copied into (with_report_link)
 SIGNALS = {  # page key -> (what it is, the trace's per-token score; fi_toolkit.probe.selections.token_scores)
     "H": ("top-k entropy of the distribution that produced the token (nats)", "entropy"),
     "A": ("window attention, mean over layers and KV heads", "attention"),
@@ -201,7 +205,19 @@ def median_se(data: ViewData) -> float:
     return float(se.median()) if se.numel() else float("nan")
 
 
+def tick_labels(values: list[float | None]) -> list[str]:
+    """The colour bar's tick labels of one shading (``values``: the page's, None where undefined): the values at
+    :data:`TICKS` of the sorted defined ones, picked as the page's script ranks them, in one notation
+    (:func:`~fi_toolkit.report.display.same_notation`: never ``4.28e-7`` beside ``0.01083``)."""
+    ranked = sorted(v for v in values if v is not None)
+    if not ranked:
+        return []
+    return same_notation([ranked[math.floor(q * (len(ranked) - 1) + 0.5)] for q in TICKS])
+
+
 def page_json(data: ViewData) -> dict:
+    values = {k: [_short(float(x)) for x in v] for k, v in data.values.items()}
+    scores = {k: [_short(float(x)) for x in v] for k, v in data.scores.items()}
     return {
         "document": data.document,
         "model": data.model,
@@ -209,12 +225,17 @@ def page_json(data: ViewData) -> dict:
         "chunk": data.chunk,
         "tokens": data.tokens,
         "pairs": data.pairs,
-        "values": {k: [_short(float(x)) for x in v] for k, v in data.values.items()},
-        "scores": {k: [_short(float(x)) for x in v] for k, v in data.scores.items()},
+        "values": values,
+        "scores": scores,
+        "ticks": {
+            **{k: tick_labels(v) for k, v in values.items()},
+            **{f"score:{k}": tick_labels(v) for k, v in scores.items()},
+        },
         "evicted": {k: [int(x) for x in v] for k, v in data.evicted.items()},
         "policies": policy_entries(data),
         "shade": SHADE,
         "majority": MAJORITY,
+        "tick_at": list(TICKS),
         "summary": [
             {k: (_short(v) if isinstance(v, float) else v) for k, v in r.items()} for r in policy_summary(data)
         ],
@@ -253,7 +274,7 @@ box.appendChild(frag);
 const series=Object.assign({},D.values);for(const k of Object.keys(D.scores)) series['score:'+k]=D.scores[k];
 function ranks(v){const idx=[];for(let i=0;i<n;i++) if(v[i]!==null) idx.push(i);
   idx.sort((a,b)=>v[a]-v[b]);const r=new Float32Array(n).fill(NaN);const m=Math.max(1,idx.length-1);
-  idx.forEach((i,k)=>{r[i]=k/m});return {r:r,sorted:idx.map(i=>v[i])};}
+  idx.forEach((i,k)=>{r[i]=k/m});return {r:r};}
 const rank={};for(const k of Object.keys(series)) rank[k]=ranks(series[k]);
 const stops=D.shade.map(h=>[1,3,5].map(j=>parseInt(h.slice(j,j+2),16)));
 function color(x){const t=x*(stops.length-1), j=Math.min(stops.length-2,Math.floor(t)), f=t-j;
@@ -261,7 +282,8 @@ function color(x){const t=x*(stops.length-1), j=Math.min(stops.length-2,Math.flo
 function dark(c){const l=c.map(v=>{v/=255;return v<=0.04045?v/12.92:Math.pow((v+0.055)/1.055,2.4);});
   return 0.2126*l[0]+0.7152*l[1]+0.0722*l[2]<0.18;}
 function fmt(v){return v===null||v===undefined||Number.isNaN(v)?'\u2013':
-  (Math.abs(v)>=1e4||(v!==0&&Math.abs(v)<1e-3)?v.toExponential(2):String(Number(v.toPrecision(4))));}
+  (Math.abs(v)>=1e4||(v!==0&&Math.abs(v)<1e-3)?v.toExponential(2).replace(/e([+-])(\d)$/,(m,s,d)=>'e'+s+'0'+d)
+  :String(Number(v.toPrecision(4))));}
 const labels=D.labels;
 let shade=null;
 function paint(){const r=rank[shade].r;
@@ -270,9 +292,9 @@ function paint(){const r=rank[shade].r;
     const c=color(x);s.style.backgroundColor='rgb('+c.join(',')+')';s.style.color=dark(c)?'#fff':'';}
   box.dataset.shade=shade;
   document.getElementById('cbar-label').textContent=labels[shade];
-  const v=rank[shade].sorted, ticks=document.getElementById('ticks');ticks.textContent='';
-  if(v.length) for(const q of [0,0.25,0.5,0.75,1]){const t=document.createElement('span');
-    t.style.left=(1+260*q)+'px';t.textContent=fmt(v[Math.round(q*(v.length-1))]);ticks.appendChild(t);}}
+  const ticks=document.getElementById('ticks');ticks.textContent='';
+  (D.ticks[shade]||[]).forEach((text,j)=>{const t=document.createElement('span');
+    t.style.left=(1+260*D.tick_at[j])+'px';t.textContent=text;ticks.appendChild(t);});}
 const toggles=Array.from(document.querySelectorAll('input[name=evict]'));
 function mark(){const on=D.policies.filter((p,j)=>toggles[j].checked);
   for(let i=0;i<n;i++){const strips=[];let k=0;
@@ -391,6 +413,20 @@ def render(data: ViewData) -> str:
         f"class='future'>{e(data.future)}</div></main>"
         f"<script type='application/json' id='fi-data'>{payload}</script><script>{SCRIPT}</script></body></html>"
     )
+
+
+def with_report_link(page: str, href: str) -> str:
+    """A page ``fi view`` wrote, with a link back to the report it is copied into, first in its header
+    (``href``: the report's index page, relative to the page; a link the page already had is replaced). A page
+    written alone has none: nothing to lead back to."""
+    import re
+
+    page = re.sub(rf"<nav id='{REPORT_LINK}'[^>]*>.*?</nav>", "", page, count=1, flags=re.S)
+    link = (
+        f"<nav id='{REPORT_LINK}' style='font-size:13px;margin-bottom:.3em'><a href='{html.escape(href)}'>"
+        "\u2190 back to the report</a></nav>"
+    )
+    return page.replace("<header>", f"<header>{link}", 1)
 
 
 def write_view(path: Path, data: ViewData) -> Path:

@@ -30,6 +30,7 @@ from scipy import stats
 
 from fi_toolkit.budget import Budget
 from fi_toolkit.eviction import KeepMap
+from fi_toolkit.intervals import mean_interval
 from fi_toolkit.probe.chunks import Chunk
 from fi_toolkit.probe.experiment import fi_table
 from fi_toolkit.probe.forward_influence import forward_influence
@@ -189,8 +190,13 @@ def per_document_selector(nf: pd.DataFrame) -> pd.DataFrame:
     return nf.groupby(keys, sort=False)[list(METRICS)].mean().reset_index()
 
 
-def summarize_nearfar(nf: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
-    """Across documents: mean, std and a t-interval of each metric per selector x sinks x distance."""
+def summarize_nearfar(
+    nf: pd.DataFrame, confidence: float = 0.95, n_resamples: int = 1000, seed: int = 0
+) -> pd.DataFrame:
+    """Across documents: mean, sd and the percentile bootstrap interval of the mean
+    (:func:`~fi_toolkit.studies.statistics.mean_interval`: inside the values' range, so never negative for FI
+    or its ratios; NaN below four documents) of each metric per selector x sinks x distance. The report's
+    table and figure both draw these columns."""
     per_doc = per_document_selector(nf)
     rows = []
     for (sinks, selector, dist, chunk), g in per_doc.groupby(
@@ -199,13 +205,9 @@ def summarize_nearfar(nf: pd.DataFrame, confidence: float = 0.95) -> pd.DataFram
         row = {"sinks": sinks, "selector": selector, "distance_from_p": dist, "chunk": chunk, "n_documents": len(g)}
         for m in METRICS:
             v = g[m].to_numpy(dtype=float)
-            mean, std = float(np.mean(v)), float(np.std(v, ddof=1)) if len(v) > 1 else float("nan")
-            half = (
-                float(stats.t.ppf(0.5 + confidence / 2, len(v) - 1) * std / np.sqrt(len(v)))
-                if len(v) > 1
-                else float("nan")
-            )
-            row.update({f"{m}_mean": mean, f"{m}_std": std, f"{m}_ci_low": mean - half, f"{m}_ci_high": mean + half})
+            mean, low, high = mean_interval(v, n_resamples, confidence, seed)
+            std = float(np.std(v, ddof=1)) if len(v) > 1 else float("nan")
+            row.update({f"{m}_mean": mean, f"{m}_std": std, f"{m}_ci_low": low, f"{m}_ci_high": high})
         rows.append(row)
     return (
         pd.DataFrame(rows)

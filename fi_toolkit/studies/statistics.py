@@ -1,4 +1,5 @@
-"""Correlation coefficients with paired bootstrap intervals (scipy.stats), weighted or not.
+"""Correlation coefficients with paired bootstrap intervals (scipy.stats), weighted or not (the interval of a
+mean is :func:`fi_toolkit.intervals.mean_interval`).
 
 Unweighted coefficients equal ``scipy.stats.spearmanr`` / ``pearsonr`` / ``kendalltau``; weighted ones
 serve stratified candidate samples (inverse inclusion probabilities, see :mod:`.per_token`).
