@@ -411,6 +411,11 @@ def test_seed_and_precision_options(tiny, tiny_ids, trace):
     assert sel.label == "policy:fi-oracle@keep=0.5:samples=2,seed=3,precision=model"
     policy = sel.make_policy(W)
     assert policy.seed == 3 and policy.precision == "model"
+    auto = FIOracle(budget="keep=0.5", window=W)
+    assert auto.precision == "auto" and auto.in_float64("cpu") and not auto.in_float64("cuda")  # the default
+    assert FIOracle(budget="keep=0.5", window=W, precision="float64").in_float64("cuda") and not policy.in_float64(
+        "cpu"
+    )
     for bad, message in [("precision=float16", "unknown precision 'float16'"), ("seed=-1", "seed must be")]:
         with pytest.raises(FIError, match=message):
             parse_selection(f"policy:fi-oracle@0.5:{bad}")

@@ -9,8 +9,9 @@ a per-slot bias gradient with the continuation fed at its true absolute position
 keys keep the rotary phase of the positions they were fed at). The policy then keeps per head by every
 policy's rule (:meth:`~fi_toolkit.policies.base.Policy.keep_map`: budget, protected slots, window).
 ``rounds=R`` removes the budget in ``R`` rounds, re-estimating after each with the earlier removals
-masked, as the prefill oracle does (:mod:`fi_toolkit.probe.oracle`). With ``precision=float64`` (the default)
-the estimate runs in float64 on the cache's entries widened to float64, so the keep map at a compression does not
+masked, as the prefill oracle does (:mod:`fi_toolkit.probe.oracle`). With ``precision=float64`` (what the
+default ``auto`` picks on a CPU) the estimate runs in float64 on the cache's entries widened to float64, so the
+keep map at a compression does not
 move with the thread count (the cache itself is the decoder's, computed in the model's dtype).
 
 The scores reach the policy as a signal: :func:`lookahead_estimates` computes them for the decoder's current
@@ -86,7 +87,7 @@ def lookahead_scores(
     rounds' removals masked and scored ``REMOVED_SCORE``)."""
     from fi_toolkit.probe.estimator import CachePrefix, fisher_cache_fi
 
-    wide = policy.precision == "float64"
+    wide = policy.in_float64(keys[0].device.type)
     if wide:
         keys, values = [k.double() for k in keys], [v.double() for v in values]
     prefix = CachePrefix(keys, values, seen)

@@ -13,14 +13,17 @@ estimates them (the Fisher estimate per layer and KV head, ``head_fi [L, H_kv, p
 :func:`fi_toolkit.probe.estimator.fisher_fi`, or exact leave-one-out FI per position, shared by every head).
 Selection is every policy's
 (:meth:`Policy.keep_map`: same budget meaning and window rule; higher = keep). Options (spelled
-``fi-oracle:chunk=A:B,rounds=R,estimator=fisher|exact,samples=S,seed=N,precision=float64|model``): ``chunk`` the
+``fi-oracle:chunk=A:B,rounds=R,estimator=fisher|exact,samples=S,seed=N,precision=auto|float64|model``): ``chunk`` the
 future chunk scored (default: the first probed chunk), ``rounds`` removes the budget in that many rounds,
 re-estimating after each with the earlier removals masked, ``estimator``, ``samples`` (label draws of the Fisher
 estimate), ``seed`` (the seed of those draws: another seed is another draw of the same estimate, which is how a
-headroom table measures the oracle's own noise, :mod:`fi_toolkit.probe.headroom`), ``precision`` (``float64``,
-the default: the estimate is computed in float64, so the same inputs give the same keep map on any thread count,
+headroom table measures the oracle's own noise, :mod:`fi_toolkit.probe.headroom`), ``precision`` (``float64``:
+the estimate is computed in float64, so the same inputs give the same keep map on any thread count,
 :mod:`fi_toolkit.probe.oracle`; ``model``: in the model's compute dtype, faster, 8 bytes per weight less, and a
-keep map that a BLAS's thread count can change at the cut).
+keep map that a BLAS's thread count can change at the cut; ``auto``, the default: ``float64`` on a CPU, where
+the thread count varies with the machine's load, ``model`` on an accelerator, where float64 would widen an 8B
+model's weights by 64 GB and run at a fraction of the tensor cores' rate, and a fixed kernel configuration
+gives the same result from run to run).
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ if TYPE_CHECKING:  # torch is imported where it is used: naming the policy needs
     from fi_toolkit.signals.policy_view import Signals
 
 ORACLE_ESTIMATORS = ("fisher", "exact")
-ORACLE_PRECISIONS = ("float64", "model")  # the estimate in float64 (reproducible), or in the model's compute dtype
+ORACLE_PRECISIONS = ("auto", "float64", "model")  # auto: float64 on a CPU, the model's compute dtype elsewhere
 MAX_ROUNDS = 64  # each round is one estimate (a backward pass per sample); more is a typo, not a study
 MAX_ORACLE_SAMPLES = 10_000
 LABEL_SEEDS = (0, 1)  # the label seeds a headroom table measures the FI oracle at: 0 the reference, 1 its noise
@@ -79,7 +82,7 @@ class FIOracle(Policy):
     estimator: Spelled = Spelled("fisher")
     samples: int = 16
     seed: int = 0
-    precision: Spelled = Spelled("float64")
+    precision: Spelled = Spelled("auto")
 
     name: ClassVar[str] = "fi-oracle"
     sees_future: ClassVar[bool] = (
@@ -108,6 +111,10 @@ class FIOracle(Policy):
             raise FIError(f"seed must be a whole number >= 0, got {self.seed}")
         if self.precision not in ORACLE_PRECISIONS:
             raise FIError(f"unknown precision '{self.precision}' (choose {' or '.join(ORACLE_PRECISIONS)})")
+
+    def in_float64(self, device_type: str) -> bool:
+        """Whether the estimate is computed in float64 on a model whose weights are on ``device_type``."""
+        return self.precision == "float64" or (self.precision == "auto" and device_type == "cpu")
 
     @property
     def span(self) -> tuple[int, int] | None:

@@ -16,8 +16,9 @@ the future: an upper reference for the heuristics (the headroom, :mod:`fi_toolki
   same estimate: the headroom tables measure the oracle at seeds 0 and 1 for its own noise
   (:mod:`fi_toolkit.probe.headroom`).
 
-**Reproducible** (``precision=float64``, the default): the same model, document and options give the same keep
-map on any thread count and in any run. In the model's float32 a reduction's result depends on its order, which
+**Reproducible** (``precision=float64``, what the default ``auto`` picks on a CPU): the same model, document and
+options give the same keep map on any thread count and in any run. In the model's float32 a reduction's result
+depends on its order, which
 the BLAS picks by thread count (and CPU), and a label drawn near a boundary of the sampling distribution flips:
 SmolLM2, *Alice*, p = 512, chunk 512:640, keep 25 %, 1 against 2 threads, 3 of 2,048 labels differed, scores
 moved up to 12-fold and 122 of 46,080 keep-map entries flipped (p = 128, chunk 128:160: 22 of 11,520). So the
@@ -146,7 +147,7 @@ def _scores(
     block: int,
     shape: tuple[int, int, int],
 ) -> torch.Tensor:
-    if policy.precision == "float64":
+    if policy.in_float64(next(model.parameters()).device.type):
         with float64_compute(model):
             return _estimates(policy, model, _wide_trace(model, trace, ids), ids, chunk, removed, block, shape)
     return _estimates(policy, model, trace, ids, chunk, removed, block, shape)

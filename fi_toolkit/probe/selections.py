@@ -6,7 +6,7 @@
 evicts what a compression policy would (per layer and head; names and options as the registry,
 :mod:`fi_toolkit.policies.registry`, spells them:
 ``policy:infokv@keep=0.25:alpha=0.5,tau=2``, ``policy:adaptive(infokv)@0.25``;
-``policy:fi-oracle@0.25[:chunk=A:B,rounds=R,estimator=fisher|exact,seed=N,precision=float64|model]`` is the FI
+``policy:fi-oracle@0.25[:chunk=A:B,rounds=R,estimator=fisher|exact,seed=N,precision=auto|float64|model]`` is the FI
 oracle, which sees the future chunk it scores (:mod:`fi_toolkit.probe.oracle`; default chunk: the first probed);
 the signal options ``window`` and ``top_k`` are the trace's, ``--window`` and ``--top-k``). A selection may also
 start with the prefix of a provider of the registry: ``kvpress:NAME@RATIO`` is what a kvpress press keeps
