@@ -1868,6 +1868,16 @@ WAITED_FOR_THE_MODEL = [
             ("eval", ["--prompt", "64", "--length", "160", "--budget", "0.5"], "the replay's length 160 (--length)"),
         ]
     ],
+    *[
+        (a_run, [command, "alice", *argv, "--out", "run"], "'run' already holds results")
+        for command, argv in [
+            ("nearfar", []),
+            ("correlate", ["--chunk", "128:160"]),
+            ("field", []),
+            ("eval", []),
+            ("fit-data", ["--chunk", "128:160"]),
+        ]
+    ],
     (a_run, ["report", "run", "--out", "run"], "--out 'run' is the result directory 'run'"),
     (a_run, ["report", "run", "--out", "run/r"], "--out 'run/r' lies inside the result directory 'run'"),
     (

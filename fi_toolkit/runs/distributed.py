@@ -19,8 +19,6 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Sequence
 
-import torch
-
 # A rank waits at the merge barrier while the others finish their units: hours for a real study.
 BARRIER_TIMEOUT = timedelta(hours=float(os.environ.get("FI_BARRIER_TIMEOUT_HOURS", "72")))
 
@@ -78,6 +76,8 @@ class World:
         return box
 
     def describe(self) -> dict:
+        import torch
+
         return {
             "world_size": self.size,
             "rank": self.rank,
@@ -110,6 +110,7 @@ def current() -> World:
         return _WORLD
     world = from_env()
     if world.sharded:
+        import torch
         import torch.distributed as dist
 
         cuda = torch.cuda.is_available() and os.environ.get("FI_DIST_BACKEND", "") != "gloo"
@@ -129,6 +130,8 @@ def divide_threads(world: World, cores: int | None = None) -> int:
     each (at least 1, never more than already set), so 2 ranks on 2 cores do not oversubscribe."""
     if cores is None:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    import torch
+
     threads = max(1, min(torch.get_num_threads(), cores // max(1, world.local_size)))
     torch.set_num_threads(threads)
     return threads
@@ -136,6 +139,8 @@ def divide_threads(world: World, cores: int | None = None) -> int:
 
 def rank_device(device: str, world: World | None = None) -> str:
     """``cuda`` (or ``auto`` on a CUDA machine) means ``cuda:LOCAL_RANK`` on a rank of a sharded run."""
+    import torch
+
     world = world or from_env()
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"

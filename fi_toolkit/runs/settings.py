@@ -99,12 +99,12 @@ class RunSettings:
 
     def check(self, command: str | None = None) -> RunSettings:
         """Types, and ``--resume`` with ``--overwrite`` refused; with ``command``, the checks of ``--out``
-        that need no settings (:func:`fi_toolkit.runs.resumable.check_run_dir`)."""
+        that need no settings (:func:`fi_toolkit.runs.run_dir.check_run_dir`)."""
         check_type("out", self.out, Path)
         check_type("resume", self.resume, bool)
         check_type("overwrite", self.overwrite, bool)
         if command is not None:
-            from fi_toolkit.runs.resumable import check_run_dir
+            from fi_toolkit.runs.run_dir import check_run_dir
 
             check_run_dir(self.out, command, self.resume, self.overwrite)
         elif self.resume and self.overwrite:
