@@ -93,7 +93,13 @@ def _drawn(ax, axis: str) -> np.ndarray:
             values.append(offsets[:, i])
         if coll.get_transform() == ax.transData:  # fill_between bands, error bars
             values += [np.asarray(path.vertices)[:, i] for path in coll.get_paths()]
-    for patch in ax.patches:
+    for patch in ax.patches:  # bars (Rectangle) and spans (axvspan: a Rectangle or, in older matplotlib, a Polygon)
+        t = patch.get_data_transform()  # where its coordinates live (data, or data along one axis only)
+        if t != ax.transData and t != (ax.get_xaxis_transform() if axis == "x" else ax.get_yaxis_transform()):
+            continue  # this axis of the patch is in axes coordinates (a span across the axes), not data
+        if hasattr(patch, "get_xy") and not hasattr(patch, "get_width"):
+            values.append(np.asarray(patch.get_xy(), dtype=float)[:, i])
+            continue
         x, y, w, h = patch.get_x(), patch.get_y(), patch.get_width(), patch.get_height()
         values.append(np.array([x, x + w] if axis == "x" else [y, y + h], dtype=float))
     v = np.concatenate(values) if values else np.array([])
