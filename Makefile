@@ -23,7 +23,7 @@ BIN_LME := $(VENV_LME)/bin
 STAMP_LME := $(VENV_LME)/.installed
 comma := ,
 
-.PHONY: setup probe test test-min test-kvpress test-lmeval lint bench gpu-check clean-cache docs browser
+.PHONY: corpus setup probe test test-min test-kvpress test-lmeval lint bench gpu-check clean-cache docs browser
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -37,6 +37,10 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+# The surrogate's training corpus (fi_toolkit/surrogate/corpus.json): the archives into .cache/corpus, sha256-checked.
+corpus: $(STAMP)
+	$(BIN)/python -m fi_toolkit.surrogate.corpus .cache/corpus
 
 probe: $(STAMP)
 	$(BIN)/fi probe --chunk 2048:4096

@@ -1866,6 +1866,7 @@ WAITED_FOR_THE_MODEL = [
             ),
             ("view", ["--prefix", "128", "--budget", "keep=0.5", "--chunk", "128:160"], "chunk 128:160"),
             ("eval", ["--prompt", "64", "--length", "160", "--budget", "0.5"], "the replay's length 160 (--length)"),
+            ("labels", ["--point", "64", "--far", "24:48", "--out", "l"], "--point 64's near chunk 64:192"),
         ]
     ],
     *[
@@ -1876,6 +1877,7 @@ WAITED_FOR_THE_MODEL = [
             ("field", []),
             ("eval", []),
             ("fit-data", ["--chunk", "128:160"]),
+            ("labels", []),
         ]
     ],
     (a_run, ["report", "run", "--out", "run"], "--out 'run' is the result directory 'run'"),

@@ -23,6 +23,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("probe",),  # chunks, KL, Forward Influence, noise floor, selections
     ("compress",),  # compressed decoding, generation, replay
     ("studies",),  # correlation, near/far, agreement, statistics
+    ("surrogate",),  # the FI-trained surrogate: its corpus and label factory
     ("evaluation",),  # fi eval: replays, tasks, summaries
     ("report",),  # tables and figures -> HTML, Markdown, CSV, JSON
     ("cli",),  # the fi command line

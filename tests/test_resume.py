@@ -322,7 +322,9 @@ def test_failure_before_the_first_document_leaves_nothing(tiny, docs, tmp_path, 
 def test_interrupt_while_saving_the_first_unit_leaves_nothing(tiny, docs, tmp_path, monkeypatch):
     out = tmp_path / "new"
     run = ResumableRun(out, "nearfar", {"prefix": P})
-    original = study.results.write_json
+    from fi_toolkit.runs import results
+
+    original = results.write_json
 
     def interrupted(path, data):
         if path.name == "done.json":

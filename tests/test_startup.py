@@ -18,6 +18,10 @@ HEAVY = ["torch", "transformers", "pandas", "scipy", "seaborn", "matplotlib", "n
 # What `from fi_toolkit import ...` offered before the root became lazy: each must stay importable.
 PUBLIC = [
     "Chunk",
+    "CorpusSettings",
+    "LabelSettings",
+    "read_labels",
+    "run_labels",
     "CorrelateSettings",
     "NearfarSettings",
     "run_correlate",

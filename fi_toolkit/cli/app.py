@@ -343,6 +343,7 @@ from fi_toolkit.cli.eval import register as _register_eval  # noqa: E402
 from fi_toolkit.cli.field import register as _register_field  # noqa: E402
 from fi_toolkit.cli.fit import register as _register_fit  # noqa: E402
 from fi_toolkit.cli.generate import register as _register_generate  # noqa: E402
+from fi_toolkit.cli.labels import register as _register_labels  # noqa: E402
 from fi_toolkit.cli.lmeval import register as _register_lmeval  # noqa: E402  (fi lm-eval, fi tasks export)
 from fi_toolkit.cli.study import register as _register_study  # noqa: E402
 from fi_toolkit.cli.view import register as _register_view  # noqa: E402
@@ -353,6 +354,7 @@ _register_eval(app)
 _register_field(app)
 _register_lmeval(app)
 _register_fit(app)
+_register_labels(app)
 _register_view(app)
 
 

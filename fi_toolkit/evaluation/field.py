@@ -48,12 +48,12 @@ from fi_toolkit.probe.experiment import fi_table, max_context, trace_document
 from fi_toolkit.probe.forward_influence import chunk_reference, forward_influence
 from fi_toolkit.probe.selections import parse_selections
 from fi_toolkit.runs import results
+from fi_toolkit.runs.execute import execute_run
 from fi_toolkit.runs.resumable import ResumableRun, last_document, split_units
 from fi_toolkit.runs.settings import RunSettings, check_type, run_settings
 from fi_toolkit.signals.config import SignalConfig
 from fi_toolkit.studies.field_spec import ANCHOR, ANCHORS, PRESS, Method, replay_policy
 from fi_toolkit.studies.field_summary import field_summaries
-from fi_toolkit.studies.study import execute_run
 
 Progress = Callable[[str, int, int], None]
 REFUSED_COLUMNS = ["document", "method", "kind", "budget", "stage", "reason"]

@@ -32,10 +32,10 @@ from fi_toolkit.model.loading import dtype_name
 from fi_toolkit.policies import Policy
 from fi_toolkit.probe.experiment import max_context
 from fi_toolkit.probe.noise_floor import text_noise_floor
+from fi_toolkit.runs.execute import execute_run
 from fi_toolkit.runs.resumable import ResumableRun, check_unit_size, last_document, part_slice, split_units
 from fi_toolkit.runs.settings import RunSettings, check_type, run_settings
 from fi_toolkit.signals.config import SignalConfig
-from fi_toolkit.studies.study import execute_run
 
 Progress = Callable[[str, int, int], None]
 

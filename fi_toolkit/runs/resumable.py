@@ -221,7 +221,11 @@ class ResumableRun:
         overwrite: bool = False,
         note: Callable[[str], None] = _stderr_note,
         world: distributed.World | None = None,
+        suffix: str = ".csv",
     ):
+        if suffix not in (".csv", ".parquet"):
+            raise ValueError(f"a unit's tables are .csv or .parquet, not {suffix!r}")
+        self.suffix = suffix  # .parquet: large numeric tables (the label factory's), read back exactly by pyarrow
         self.world = world or distributed.current()
         if self.world.restart > 0:  # torchrun --max-restarts: the restarted ranks continue what the first ones began
             resume, overwrite = True, False
@@ -305,19 +309,20 @@ class ResumableRun:
             diff = _differences(done.get("settings") if isinstance(done.get("settings"), dict) else {}, unit)
             return f"it was computed with different settings ({_describe_differences(diff)})"
         for name, info in tables.items():
-            f = self.doc_dir(key) / f"{name}.csv"
+            file = f"{name}{self.suffix}"
+            f = self.doc_dir(key) / file
             if not f.is_file():
-                return f"{name}.csv is missing"
+                return f"{file} is missing"
             if f.stat().st_size == 0:
-                return f"{name}.csv is empty"
+                return f"{file} is empty"
             if _sha256(f) != info["sha256"]:
                 try:
-                    rows = len(read_table(f))
-                except Exception:  # noqa: BLE001 - any unreadable CSV is reported the same way
-                    return f"{name}.csv is unreadable"
+                    rows = len(self._read([f]))
+                except Exception:  # noqa: BLE001 - any unreadable table is reported the same way
+                    return f"{file} is unreadable"
                 if rows != info["rows"]:
-                    return f"{name}.csv has {rows} rows, {info['rows']} were written"
-                return f"{name}.csv differs from what was written (sha256 mismatch)"
+                    return f"{file} has {rows} rows, {info['rows']} were written"
+                return f"{file} differs from what was written (sha256 mismatch)"
         return None
 
     def tables_of(self, key: str) -> list[str]:
@@ -327,7 +332,7 @@ class ResumableRun:
         self._start()
         record = {}
         for name, table in tables.items():
-            f = self.doc_dir(key) / f"{name}.csv"
+            f = self.doc_dir(key) / f"{name}{self.suffix}"
             results.write_table(f, table)
             record[name] = {"rows": len(table), "sha256": _sha256(f)}
         results.write_json(self.doc_dir(key) / DONE, {"tables": record, "finished": results.now(), **(info or {})})
@@ -335,7 +340,12 @@ class ResumableRun:
     def load(self, keys: Sequence[str], name: str) -> pd.DataFrame:
         """Table ``name`` of the units ``keys``, concatenated as text and typed once (:func:`typed`), so a
         column's type is decided over all of them and every cell writes back as its unit wrote it."""
-        return read_tables([self.doc_dir(k) / f"{name}.csv" for k in keys])
+        return self._read([self.doc_dir(k) / f"{name}{self.suffix}" for k in keys])
+
+    def _read(self, files: Sequence[Path]) -> pd.DataFrame:
+        if self.suffix == ".csv":
+            return read_tables(files)
+        return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
 
     def _assembled(self, keys: Sequence[str], documents: Sequence, assemble) -> dict[str, pd.DataFrame]:
         """Every document's tables from its parts' (``assemble(doc, {table: its parts' rows in order})``),
@@ -395,6 +405,7 @@ class ResumableRun:
         on_skip: Callable[[object], None] | None = None,
         costs: Sequence[float] | None = None,
         assemble: Callable[[object, dict], dict] | None = None,
+        merge: bool = True,
     ) -> dict[str, pd.DataFrame] | None:
         """``compute(doc)`` for every document not validly finished, saving each as it finishes; -> combined tables.
 
@@ -403,11 +414,12 @@ class ResumableRun:
         :class:`Part` s, and each document's tables are made from its parts' at the merge.
 
         The tables are written under :attr:`path`; rank 0 calls :meth:`finish` once it has written its
-        last file there (a staged ``--overwrite`` becomes ``out`` only then).
+        last file there (a staged ``--overwrite`` becomes ``out`` only then). ``merge=False``: no combined
+        tables are written (the units' own are the result: the label factory's) and ``{}`` is returned.
         """
         keys = document_keys([d.name for d in documents])
         if self.world.sharded:
-            return self._run_sharded(keys, documents, compute, on_skip, costs, assemble)
+            return self._run_sharded(keys, documents, compute, on_skip, costs, assemble, merge)
         self.session = new_session()
         t0 = time.perf_counter()
         try:
@@ -418,9 +430,9 @@ class ResumableRun:
         except BaseException:
             self._remove_if_empty(keys)
             raise
-        return self._merge(keys, documents, assemble)
+        return self._merge(keys, documents, assemble, merge=merge)
 
-    def _run_sharded(self, keys, documents, compute, on_skip, costs, assemble):
+    def _run_sharded(self, keys, documents, compute, on_skip, costs, assemble, merge=True):
         world = self.world
         world.barrier()  # every rank has checked --out before rank 0 writes into it
         plan = None
@@ -460,22 +472,25 @@ class ResumableRun:
                 "rerun with resume",
                 parameter="resume",
             )
-        return self._merge(keys, documents, assemble, t2)
+        return self._merge(keys, documents, assemble, t2, merge)
 
     def _merge(
-        self, keys: Sequence[str], documents: Sequence, assemble=None, t0: float | None = None
+        self, keys: Sequence[str], documents: Sequence, assemble=None, t0: float | None = None, merge: bool = True
     ) -> dict[str, pd.DataFrame]:
         """The combined tables from every unit's files (joined per document by ``assemble``, if given);
         ``timing["merge_s"]`` from ``t0`` (the checks of every unit after the barrier, for a sharded
         run) to the tables written."""
         t0 = time.perf_counter() if t0 is None else t0
+        if not merge:
+            self.timing["merge_s"] = round(time.perf_counter() - t0, 3)
+            return {}
         if assemble is not None:
             combined = self._assembled(keys, documents, assemble)
         else:
             names = self.tables_of(keys[0]) if keys else []
             combined = {name: self.load(keys, name) for name in names}
         for name, table in combined.items():
-            results.write_table(self.path / f"{name}.csv", table)
+            results.write_table(self.path / f"{name}{self.suffix}", table)
         self.timing["merge_s"] = round(time.perf_counter() - t0, 3)
         return combined
 

@@ -51,22 +51,21 @@ def fit_rows(
     samples: int = 16,
     seed: int = 0,
     on_progress=None,
+    *,
+    chunk_columns: Sequence[str] = (),
+    features: bool = True,
 ) -> pd.DataFrame:
     """Training rows of one document (module docstring): columns ``document, layer, head, position, fi``
-    and one per feature; ``L * H_kv * (p - w - sinks)`` rows."""
+    and one per feature; ``L * H_kv * (p - w - sinks)`` rows. ``chunk_columns``: one name per chunk, a column
+    of that chunk's FI each beside their mean ``fi`` (the label factory's near and far); ``features=False``
+    leaves the feature columns out."""
     p, w = trace.prefix_len, trace.config.window
     if not 0 <= sinks < p - w:
         raise FIError(f"sinks {sinks} leaves no candidates in [0, {p - w})", parameter="sinks")
+    if chunk_columns and len(chunk_columns) != len(chunks):
+        raise FIError(f"{len(chunk_columns)} chunk column name(s) for {len(chunks)} chunk(s)")
     est = fisher_fi(model, trace, doc.ids, chunks, samples, seed, on_progress=on_progress)
     fi = est.head_fi.mean(dim=-1)[..., sinks : p - w]  # [L, H_kv, m]
-    s = Signals.from_trace(trace)
-    names = list(FEATURES)
-    x = torch.stack(
-        [
-            feature_matrix(s, layer, names, trace.config.entropy_of, trace.config.tau)[..., sinks : p - w]
-            for layer in range(trace.num_layers)
-        ]
-    )  # [L, F, H_kv, m]
     n_layers, n_heads, m = fi.shape
     grid = np.stack(np.meshgrid(np.arange(n_layers), np.arange(n_heads), np.arange(sinks, p - w), indexing="ij"))
     table = pd.DataFrame(
@@ -78,6 +77,18 @@ def fit_rows(
             "fi": fi.numpy().ravel(),
         }
     )
+    for c, name in enumerate(chunk_columns):
+        table[name] = est.head_fi[..., sinks : p - w, c].numpy().ravel()
+    if not features:
+        return table
+    s = Signals.from_trace(trace)
+    names = list(FEATURES)
+    x = torch.stack(
+        [
+            feature_matrix(s, layer, names, trace.config.entropy_of, trace.config.tau)[..., sinks : p - w]
+            for layer in range(trace.num_layers)
+        ]
+    )  # [L, F, H_kv, m]
     for k, name in enumerate(names):
         table[name] = x[:, k].cpu().numpy().ravel()
     for name in SIGNAL_EXTRA:  # the learned policy's features that need the signals (its others need none)

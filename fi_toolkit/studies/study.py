@@ -10,7 +10,6 @@ from the saved per-document tables at the end.
 
 from __future__ import annotations
 
-import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Sequence
@@ -25,10 +24,9 @@ from fi_toolkit.probe.estimator_options import DEFAULT_SAMPLES
 from fi_toolkit.probe.experiment import max_context, trace_document
 from fi_toolkit.probe.forward_influence import chunk_reference
 from fi_toolkit.probe.noise_floor import CONTROL_LABELS, flag_below_noise_floor, noise_floor
-from fi_toolkit.runs import results
+from fi_toolkit.runs.execute import execute_run
 from fi_toolkit.runs.resumable import (
     ResumableRun,
-    document_keys,
     last_document,
     part_slice,
     split_units,
@@ -72,59 +70,6 @@ def _describe(lm, docs, prefix: int, chunks: Sequence[Chunk], config: SignalConf
         "chunks": [c.label for c in chunks],
         "signals": asdict(config),
     }
-
-
-def _manifest(lm, run: ResumableRun, started: str, seconds: float, keys: list[str], extra: dict) -> dict:
-    units = run.units(keys)
-    return {
-        "command": run.command,
-        "started": started,
-        "finished": results.now(),
-        "seconds": round(seconds, 2),
-        "settings": run.settings,
-        "computed_this_session": [u["document"] for u in units if u.get("session") == run.session],
-        "model": lm.describe(),
-        "versions": results.versions(),
-        **extra,
-        "world_size": run.world.size,
-        "timing": run.timing,
-        "units": units,
-        "unit_log": run.unit_log(),
-    }
-
-
-def execute_run(
-    lm,
-    run: ResumableRun,
-    units,
-    compute,
-    summaries: Callable[[dict], dict],
-    extra: Callable[[dict], dict],
-    costs=None,
-    assemble=None,
-) -> dict | None:
-    """Run every unit (document or task sample), write the summaries, then the manifest with
-    ``extra(tables)`` in it (the studies: each document's noise floor).
-
-    Under torchrun the units are shared among the ranks (``costs`` balance them, default token counts);
-    rank 0 writes the summaries and the manifest and returns the tables, the other ranks None.
-    ``assemble(doc, parts)``: the units are parts of documents, joined per document at the merge.
-    """
-    started, t0 = results.now(), time.perf_counter()
-    tables = run.run(units, compute, costs=costs, assemble=assemble)
-    if tables is None:  # not rank 0 of a sharded run: its units are saved, rank 0 merges
-        return None
-    t1 = time.perf_counter()
-    for name, table in summaries(tables).items():
-        results.write_table(run.path / f"{name}.csv", table)
-        tables[name] = table
-    run.timing["summaries_s"] = round(time.perf_counter() - t1, 3)
-    keys = document_keys([u.name for u in units])
-    results.write_json(
-        run.path / "manifest.json", _manifest(lm, run, started, time.perf_counter() - t0, keys, extra(tables))
-    )
-    run.finish()  # --overwrite: the new run, complete, replaces the old one only now
-    return tables
 
 
 def _floors(controls: str) -> Callable[[dict], dict]:
