@@ -202,8 +202,8 @@ def main() -> None:
         global_controls(setting, unseen).to_csv(args.work / "controls.csv", index=False)
     tables = [pd.read_csv(args.work / "probe" / "fi.csv"), pd.read_csv(args.work / "controls.csv")]
     if args.kvpress_python and not (args.work / "probe_kvpress" / "fi.csv").is_file():
-        ratios = [str(1 - float(b)) for b in setting["budgets"]]
-        sel = [f"kvpress:{press}@{r}:window_size=32,kernel_size=7" for r in ratios for press in KVPRESS]
+        budgets = [f"keep={b}" for b in setting["budgets"]]
+        sel = [f"kvpress:{press}@{b}:window_size=32,kernel_size=7" for b in budgets for press in KVPRESS]
         sel = [a for s in sel for a in ("--select", s)]
         out = str(args.work / "probe_kvpress")
         print("+ fi (kvpress venv) probe", " ".join([*unseen, *chunks, "--prefix", p, *sel, "--out", out]), flush=True)

@@ -82,7 +82,8 @@ def name_of(selection: str) -> str:
 
 
 def keep_of(budget: str) -> float:
-    """The kept share of a probe row's ``budget`` (``keep=B`` or a press's ``compression_ratio=R``)."""
+    """The kept share of a probe row's ``budget`` (``keep=B``, ``remove=R``, or ``compression_ratio=R`` in runs made
+    before presses spelled their budget so)."""
     key, value = str(budget).split("=")
     return round(float(value) if key == "keep" else 1 - float(value), 3)
 
@@ -187,10 +188,10 @@ def main() -> None:
     groups = {"probe_first": first, "probe_rest": [p for p in presses if p not in first]}
     args.work.mkdir(parents=True, exist_ok=True)
     args.results.mkdir(parents=True, exist_ok=True)
-    ratios = [f"{1 - float(b):g}" for b in setting["budgets"]]
+    budgets = [f"keep={b}" for b in setting["budgets"]]
     for folder, group in groups.items():
         if group and not (args.work / folder / "fi.csv").is_file():
-            sel = [f"kvpress:{p}@{r}" for r in ratios for p in group]
+            sel = [f"kvpress:{p}@{b}" for b in budgets for p in group]
             sel += [f"policy:h2o@{b}" for b in setting["budgets"]] if folder == "probe_first" else []
             seconds = probe(args.kvpress_python, unseen, setting, sel, args.work / folder)
             print(f"{folder}: {len(sel)} selections x {len(unseen)} texts in {seconds:.0f} s", flush=True)

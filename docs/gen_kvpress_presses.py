@@ -35,7 +35,7 @@ def render(outcomes, kvpress_version: str, transformers_version: str) -> str:
         "",
         f"Every press class kvpress {kvpress_version} exports (transformers {transformers_version}), run through the",
         "bridge (`fi_toolkit/integrations/kvpress/bridge.py`) on the first 256 tokens of *Alice* with the embedded",
-        f"SmolLM2-135M at kvpress's `compression_ratio` {RATIO}: **{len(measured)} measured, "
+        f"SmolLM2-135M at `remove={RATIO}` (kvpress's `compression_ratio`): **{len(measured)} measured, "
         f"{len(outcomes) - len(measured)} refused**, each refusal with its reason. A measured press is an eviction",
         "that `fi probe --select kvpress:SPEC` and the near/far study measure (the spec below is the one tried;",
         "wrappers wrap `SnapKVPress`). Written by `docs/gen_kvpress_presses.py` in `.venv-kvpress`;",

@@ -69,6 +69,8 @@ _EXPORTS = {
     "CorpusSettings": "fi_toolkit.surrogate.label_settings",
     "run_labels": "fi_toolkit.surrogate.labels",
     "read_labels": "fi_toolkit.surrogate.labels",
+    "SurrogateFitSettings": "fi_toolkit.surrogate.train_settings",
+    "run_fit_surrogate": "fi_toolkit.surrogate.train",
     "ScoresSettings": "fi_toolkit.studies.scores_settings",
     "run_scores": "fi_toolkit.studies.scores_run",
     "Trace": "fi_toolkit.signals.trace",

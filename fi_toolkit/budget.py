@@ -12,7 +12,8 @@ removes ``round(r·n)`` (``remove=r``), rounding halves up, so ``keep=0.9`` and 
 evict the same number of entries.
 
 kvpress's ``compression_ratio`` is the share removed: ``compression_ratio=0.75`` is ``remove=0.75``
-(``keep=0.25``) here.
+(``keep=0.25``) here, and a press is spelled with one, ``kvpress:SnapKVPress@keep=0.25`` (a bare
+``kvpress:SnapKVPress@0.75`` is refused: it would mean the opposite of ``policy:snapkv@0.75``).
 """
 
 from __future__ import annotations
@@ -102,6 +103,14 @@ class Budget:
     def exceeds(self, n: int) -> bool:
         """True for a count that asks for more than the ``n`` entries there are."""
         return not self.is_share and self.amount > n
+
+    @property
+    def removed_share(self) -> float:
+        """The share a share budget removes, as ``remove=`` spells it (kvpress's ``compression_ratio``):
+        ``keep=s`` removes ``1 - s`` rounded to 12 decimals, so ``keep=0.7`` gives the float ``0.3``."""
+        if not self.is_share:
+            raise FIError(f"budget {self.label} is a token count, not a share of the cache")
+        return self.amount if self.side == "remove" else round(1 - self.amount, 12)
 
     def compression_ratio(self, n: int) -> float:
         """kvpress's ``compression_ratio`` (share removed) of this budget on ``n`` entries."""

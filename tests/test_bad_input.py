@@ -884,54 +884,81 @@ CASES = [
         ["probe", "doc.txt", "--model", "ckpt", "--chunk", "128:160"],
         "chunk 128:160 ends past the end of document 'doc' (100 tokens)",
     ),
-    # kvpress presses: a ratio is checked before kvpress is imported; the name and whether it takes one need kvpress
+    # kvpress presses: a budget is checked before kvpress is imported; the name and whether it takes one need kvpress
     (
-        "kvpress-no-ratio",
+        "kvpress-no-budget",
         None,
         ["probe", "--chunk", "128:160", "--select", "kvpress:SnapKVPress"],
-        "give SnapKVPress's ratio, kvpress:SnapKVPress@RATIO" if HAS_KVPRESS else KVPRESS_MISSING,
+        "give SnapKVPress's budget, kvpress:SnapKVPress@keep=X or @remove=X" if HAS_KVPRESS else KVPRESS_MISSING,
     ),
+    # a press's budget spells its side: kvpress's compression_ratio is the share removed, a bare budget elsewhere
+    # the share kept, so a bare number is refused with both spellings of it (in the spec: without kvpress too)
     (
-        "kvpress-ratio-text",
+        "kvpress-bare-ratio",
         None,
-        ["probe", "--chunk", "128:160", "--select", "kvpress:SnapKVPress@most"],
-        "the ratio 'most' is not a number",
+        ["probe", "alice", "--chunk", "512:640", "--select", "kvpress:SnapKVPress@0.75"],
+        "error: --select kvpress:SnapKVPress@0.75: write keep=0.25 or remove=0.75: kvpress's compression_ratio is "
+        "the share removed",
     ),
     (
-        "kvpress-ratio-1",
+        "kvpress-bare-ratio-without-kvpress",
+        without_kvpress,
+        ["probe", "alice", "--chunk", "512:640", "--select", "kvpress:AdaKVPress/SnapKVPress@0.7:window_size=16"],
+        "--select kvpress:AdaKVPress/SnapKVPress@0.7:window_size=16: write keep=0.3 or remove=0.7: ",
+    ),
+    (
+        "kvpress-bare-ratio-1",
         None,
         ["probe", "--chunk", "128:160", "--select", "kvpress:SnapKVPress@1.0"],
-        "the ratio 1.0 must lie in (0, 1) (kvpress's compression_ratio: the share removed",
+        "write keep=X or remove=X, X a share of the prefix strictly between 0 and 1",
     ),
     (
-        "kvpress-ratio-nan",
+        "kvpress-budget-count",
         None,
-        ["probe", "--chunk", "128:160", "--select", "kvpress:TOVAPress@nan"],
-        "must lie in (0, 1)",
+        ["probe", "--chunk", "128:160", "--select", "kvpress:SnapKVPress@keep=100"],
+        "keep=100 is a token count; a press takes a share of the prefix",
+    ),
+    (
+        "kvpress-budget-text",
+        None,
+        ["probe", "--chunk", "128:160", "--select", "kvpress:SnapKVPress@most"],
+        "'most' is not a number",
+    ),
+    (
+        "kvpress-budget-keeps-all",
+        None,
+        ["probe", "--chunk", "128:160", "--select", "kvpress:SnapKVPress@keep=1.0"],
+        "keep=1.0 must keep some and remove some",
+    ),
+    (
+        "kvpress-budget-nan",
+        None,
+        ["probe", "--chunk", "128:160", "--select", "kvpress:TOVAPress@remove=nan"],
+        "'nan' is not a number",
     ),
     (
         "kvpress-bad-option",
         None,
-        ["probe", "--chunk", "128:160", "--select", "kvpress:SnapKVPress@0.5:7"],
+        ["probe", "--chunk", "128:160", "--select", "kvpress:SnapKVPress@keep=0.5:7"],
         "expected options like window_size=32",
     ),
     (
         "kvpress-unknown-press",
         None,
-        ["probe", "--chunk", "128:160", "--select", "kvpress:NoSuchPress@0.5"],
+        ["probe", "--chunk", "128:160", "--select", "kvpress:NoSuchPress@keep=0.5"],
         "unknown kvpress press 'NoSuchPress'" if HAS_KVPRESS else KVPRESS_MISSING,
     ),
     (
-        "eval-kvpress-ratio",
+        "eval-kvpress-budget",
         None,
-        ["eval", "--policy", "kvpress:TOVAPress@0.75"],
-        "give the budget with --budget (kvpress:NAME, without @RATIO)",
+        ["eval", "--policy", "kvpress:TOVAPress@keep=0.25"],
+        "give the budget with --budget (kvpress:NAME, without @BUDGET)",
     ),
     ("eval-kvpress-not-installed", without_kvpress, ["eval", "--policy", "kvpress:TOVAPress"], KVPRESS_MISSING),
     (
         "kvpress-not-installed",
         without_kvpress,
-        ["probe", "--chunk", "128:160", "--select", "kvpress:TOVAPress@0.5"],
+        ["probe", "--chunk", "128:160", "--select", "kvpress:TOVAPress@keep=0.5"],
         KVPRESS_MISSING,
     ),
     # policy options, spelled NAME[:key=value,...] (issue 18): refused by name or by the policy's own validation
@@ -1054,8 +1081,8 @@ CASES = [
     (
         "probe-kvpress-hint-names-the-selection",
         without_kvpress,
-        ["probe", "--chunk", "128:160", "--select", "kvpress:TOVAPress@0.5"],
-        "error: --select kvpress:TOVAPress@0.5 needs the kvpress extra (",
+        ["probe", "--chunk", "128:160", "--select", "kvpress:TOVAPress@keep=0.5"],
+        "error: --select kvpress:TOVAPress@keep=0.5 needs the kvpress extra (",
     ),
     # fi lm-eval (issue 22): --model fi's model arguments are checked before lm-eval or a model loads
     (

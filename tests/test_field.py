@@ -214,7 +214,7 @@ def test_a_press_that_cannot_run_is_listed_and_the_rest_completes(tmp_path, caps
         board["method"]
     )
     fi = read_table(out / "fi.csv")
-    assert set(fi[fi["method"] == "kvpress:SnapKVPress"]["selection"]) == {"kvpress:SnapKVPress@0.5"}
+    assert set(fi[fi["method"] == "kvpress:SnapKVPress"]["selection"]) == {"kvpress:SnapKVPress@keep=0.5"}
 
 
 @pytest.mark.smollm

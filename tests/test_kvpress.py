@@ -50,11 +50,24 @@ def test_snapkv_press_keeps_exactly_the_project_snapkv_entries(window, kernel, s
     if (window, kernel) != (32, 7):
         trace = trace_prefix(smollm.model, alice.ids, P, SignalConfig(window=window, pool_kernel=kernel))
     ours = parse_selection("policy:snapkv@keep=0.25")[0].resolve(trace)
-    theirs = parse_selection(f"kvpress:SnapKVPress@0.75:window_size={window},kernel_size={kernel}")[0].resolve(
+    theirs = parse_selection(f"kvpress:SnapKVPress@keep=0.25:window_size={window},kernel_size={kernel}")[0].resolve(
         trace, model=smollm.model, ids=alice.ids
     )
     assert per_head_equal(ours, theirs) == (90, 90)  # 30 layers x 3 KV heads
     assert theirs.n_kept(P) == ours.n_kept(P) == 256
+
+
+def test_a_press_budget_is_the_press_the_old_bare_ratio_was_bit_for_bit(smollm, alice):
+    """keep=0.25 and remove=0.75 build the press the bare @0.75 built (kvpress's compression_ratio 0.75, the share
+    removed) and keep the same entries, bit for bit; keep=0.7 gives the float 0.3 exactly, not 1 - 0.7."""
+    old = kvpress.SnapKVPress(compression_ratio=0.75)  # what kvpress:SnapKVPress@0.75 made
+    new = [make_press(parse_press_spec(s, s)) for s in ("SnapKVPress@keep=0.25", "SnapKVPress@remove=0.75")]
+    assert new == [old, old] and all(p.compression_ratio == 0.75 for p in new)
+    assert make_press(parse_press_spec("SnapKVPress@keep=0.7", "t")).compression_ratio == 0.3
+    theirs = run_press(old, smollm.model, alice.ids, P, "old").keep_map
+    for press in new:
+        ours = run_press(press, smollm.model, alice.ids, P, "new").keep_map
+        assert all(torch.equal(a, b) for a, b in zip(ours.keep, theirs.keep)) and ours.counts() == [256] * 30
 
 
 PER_LAYER = "[" + ",".join(["0.6", "0.9"] * 15) + "]"  # 30 layers, alternating
@@ -63,14 +76,14 @@ PER_LAYER = "[" + ",".join(["0.6", "0.9"] * 15) + "]"  # 30 layers, alternating
 @pytest.mark.parametrize(
     "spec",
     [
-        "TOVAPress@0.75",
-        "StreamingLLMPress@0.75",
-        "ExpectedAttentionPress@0.75",
-        "CriticalKVPress/SnapKVPress@0.75",
-        "ChunkKVPress/SnapKVPress@0.75",
-        "BlockPress/SnapKVPress@0.75",
-        "ChunkPress/SnapKVPress@0.75",
-        f"PerLayerCompressionPress/SnapKVPress@0.75:compression_ratios={PER_LAYER}",
+        "TOVAPress@keep=0.25",
+        "StreamingLLMPress@keep=0.25",
+        "ExpectedAttentionPress@keep=0.25",
+        "CriticalKVPress/SnapKVPress@keep=0.25",
+        "ChunkKVPress/SnapKVPress@keep=0.25",
+        "BlockPress/SnapKVPress@keep=0.25",
+        "ChunkPress/SnapKVPress@keep=0.25",
+        f"PerLayerCompressionPress/SnapKVPress@keep=0.25:compression_ratios={PER_LAYER}",
     ],
 )
 def test_keep_map_is_what_kvpress_left_in_the_compressed_cache(spec, smollm, alice, trace):
@@ -99,7 +112,7 @@ def test_keep_map_is_what_kvpress_left_in_the_compressed_cache(spec, smollm, ali
 def test_a_press_that_merges_values_or_prunes_channels_is_refused(smollm, alice):
     from fi_toolkit.errors import FIError
 
-    for spec in ("MergingPress/SnapKVPress@0.75", "ThinKPress:key_channel_compression_ratio=0.5"):
+    for spec in ("MergingPress/SnapKVPress@keep=0.25", "ThinKPress:key_channel_compression_ratio=0.5"):
         with pytest.raises(FIError, match="changes the kept keys or values"):
             bridge(spec, smollm, alice)
 
@@ -121,7 +134,7 @@ def kvpress_masked_decoding(spec: str, model, ids) -> tuple[torch.Tensor, Dynami
     return theirs.float(), cache
 
 
-@pytest.mark.parametrize("spec", ["AdaKVPress/SnapKVPress@0.75", "CriticalAdaKVPress/SnapKVPress@0.75"])
+@pytest.mark.parametrize("spec", ["AdaKVPress/SnapKVPress@keep=0.25", "CriticalAdaKVPress/SnapKVPress@keep=0.25"])
 def test_adakv_keep_map_is_what_kvpress_masks_and_the_probe_masks_it_exactly(spec, smollm, alice, trace):
     """AdaKV keeps the whole cache and, while decoding, overwrites every evicted key with a fake key
     (kvpress's attention patch). The oracle runs kvpress's own prefill and a 64-token continuation:
@@ -165,24 +178,24 @@ def test_probe_measures_presses_beside_policies(smollm, alice, trace):
         [Chunk(P, P + 128)],
         [
             "policy:snapkv@keep=0.25",
-            "kvpress:SnapKVPress@0.75:window_size=32,kernel_size=7",
-            "kvpress:TOVAPress@0.75",
-            "kvpress:AdaKVPress/SnapKVPress@0.75",
+            "kvpress:SnapKVPress@keep=0.25:window_size=32,kernel_size=7",
+            "kvpress:TOVAPress@keep=0.25",
+            "kvpress:AdaKVPress/SnapKVPress@keep=0.25",
         ],
         trace=trace,
     )
     fi = table.set_index("selection")["fi"]
     # the same entries through two paths (policy gather / press gather): the same FI, bit for bit
-    assert fi["policy:snapkv@keep=0.25"] == fi["kvpress:SnapKVPress@0.75:window_size=32,kernel_size=7"]
+    assert fi["policy:snapkv@keep=0.25"] == fi["kvpress:SnapKVPress@keep=0.25:window_size=32,kernel_size=7"]
     assert (fi.drop(["control:null", "control:reorder"]) > 0).all()
-    assert table.set_index("selection").loc["kvpress:AdaKVPress/SnapKVPress@0.75", "n_kept"] == 256
+    assert table.set_index("selection").loc["kvpress:AdaKVPress/SnapKVPress@keep=0.25", "n_kept"] == 256
 
 
 def test_a_press_that_rewrites_keys_is_refused_in_one_line(smollm, alice):
     from fi_toolkit.errors import FIError
 
     with pytest.raises(FIError, match="changes the kept keys"):
-        bridge("KeyRerotationPress/StreamingLLMPress@0.5", smollm, alice)
+        bridge("KeyRerotationPress/StreamingLLMPress@keep=0.5", smollm, alice)
 
 
 # --- InfoKV as a kvpress press -------------------------------------------------------------------
@@ -227,7 +240,7 @@ def test_infokv_press_with_alpha_1_keeps_exactly_snapkv_press(smollm, alice, tra
 
     press = InfoKVPress(compression_ratio=0.75, alpha=1.0)
     cache = prefill(smollm.model, press, alice.ids)
-    snap = bridge("SnapKVPress@0.75:window_size=32,kernel_size=7", smollm, alice)
+    snap = bridge("SnapKVPress@keep=0.25:window_size=32,kernel_size=7", smollm, alice)
     assert per_head_equal(press.keep_map, snap.keep_map) == (90, 90)
     for layer in range(30):  # kvpress's SnapKV cache, put in position order, equals InfoKVPress's cache
         order = torch.argsort(snap.order[layer], dim=-1)[None, :, :, None].expand(1, -1, -1, 64)
@@ -346,7 +359,7 @@ def test_a_press_in_fi_eval_compresses_the_prompt_as_the_bridge_does_then_at_eve
     assert policy.name == "kvpress:TOVAPress" and not policy.prefill_only
     result = replay(smollm.model, alice.ids[:320], 256, policy, interval=16)
     assert [c.step for c in result.compressions] == [0, 16, 32, 48]  # the prompt, then every interval
-    run = run_press(make_press(parse_press_spec("TOVAPress@0.75", "t")), smollm.model, alice.ids, 256, "t")
+    run = run_press(make_press(parse_press_spec("TOVAPress@keep=0.25", "t")), smollm.model, alice.ids, 256, "t")
     assert per_head_equal(result.compressions[0].keep, run.keep_map) == (90, 90)
     assert run.keep_map.counts() == [64] * 30
     assert [c.keep.counts()[0] for c in result.compressions[1:]] == [68, 72, 76]  # a quarter of 272, 288, 304
@@ -363,7 +376,7 @@ def test_an_adakv_press_decodes_as_kvpress_masked_decoding(smollm, alice):
     from fi_toolkit.policies.registry import resolve
 
     model, ids = smollm.model, alice.ids
-    theirs, _ = kvpress_masked_decoding("AdaKVPress/SnapKVPress@0.75", model, ids)
+    theirs, _ = kvpress_masked_decoding("AdaKVPress/SnapKVPress@keep=0.25", model, ids)
     policy = resolve("kvpress:AdaKVPress/SnapKVPress", budget="keep=0.25")  # compression_ratio 0.75 of 1,024
     decoder = CompressedDecoder(model, policy, P + 64, interval=16)
     try:
@@ -390,9 +403,9 @@ def test_fi_probe_with_presses_on_the_command_line(tmp_path, capsys):
             "--chunk",
             "256:320",
             "--select",
-            "kvpress:TOVAPress@0.75",
+            "kvpress:TOVAPress@keep=0.25",
             "--select",
-            "kvpress:AdaKVPress/SnapKVPress@0.5:window_size=16",
+            "kvpress:AdaKVPress/SnapKVPress@keep=0.5:window_size=16",
             "--select",
             "policy:infokv@0.25",
             "--out",
@@ -404,9 +417,10 @@ def test_fi_probe_with_presses_on_the_command_line(tmp_path, capsys):
     import pandas as pd
 
     table = pd.read_csv(out / "fi.csv").set_index("selection")
-    assert table.loc["kvpress:TOVAPress@0.75", "n_kept"] == 64
-    assert table.loc["kvpress:AdaKVPress/SnapKVPress@0.5:window_size=16", "n_kept"] == 128
-    assert (table.loc[["kvpress:TOVAPress@0.75", "policy:infokv@keep=0.25"], "fi"] > 0).all()
+    assert table.loc["kvpress:TOVAPress@keep=0.25", "n_kept"] == 64
+    assert table.loc["kvpress:TOVAPress@keep=0.25", "budget"] == "keep=0.25"  # as policy:infokv@keep=0.25's
+    assert table.loc["kvpress:AdaKVPress/SnapKVPress@keep=0.5:window_size=16", "n_kept"] == 128
+    assert (table.loc[["kvpress:TOVAPress@keep=0.25", "policy:infokv@keep=0.25"], "fi"] > 0).all()
 
 
 def test_a_press_kvpress_cannot_run_here_is_one_error_line(tmp_path, capsys):
@@ -419,9 +433,9 @@ def test_a_press_kvpress_cannot_run_here_is_one_error_line(tmp_path, capsys):
             "--chunk",
             "256:320",
             "--select",
-            "kvpress:SnapKVPress@0.5",
+            "kvpress:SnapKVPress@keep=0.5",
             "--select",
-            "kvpress:QFilterPress@0.5",
+            "kvpress:QFilterPress@keep=0.5",
             "--out",
             str(tmp_path / "run"),
         ],
@@ -429,7 +443,7 @@ def test_a_press_kvpress_cannot_run_here_is_one_error_line(tmp_path, capsys):
     )
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), err
-    assert "QFilterPress@0.5: needs a download" in lines[0] and not (tmp_path / "run").exists()
+    assert "QFilterPress@keep=0.5: needs a download" in lines[0] and not (tmp_path / "run").exists()
 
 
 # --- presses that score after the prefill, and every press of kvpress ----------------------------
@@ -467,10 +481,10 @@ def test_a_press_that_scores_after_the_prefill_keeps_what_kvpress_pipeline_leave
         model.config.name_or_path = smollm.model.config.name_or_path  # KVzip loads the tokenizer from it
     context = bundled_path("alice").read_text()[3000:4200]
     ids, cache, plain = pipeline_cache(
-        model, smollm.tokenizer, make_press(parse_press_spec(f"{name}@0.75", name)), context
+        model, smollm.tokenizer, make_press(parse_press_spec(f"{name}@keep=0.25", name)), context
     )
     n = ids.numel()
-    run = run_press(make_press(parse_press_spec(f"{name}@0.75", name)), model, ids, n, name)
+    run = run_press(make_press(parse_press_spec(f"{name}@keep=0.25", name)), model, ids, n, name)
     visible = run.keep_map.visible(n)
     assert run.keep_map.uneven and abs(run.keep_map.n_kept(n) - int(n * 0.25)) <= 1
     for layer, original in enumerate(plain):
@@ -521,11 +535,16 @@ def test_every_press_of_kvpress_is_measured_or_refused_and_the_docs_page_is_curr
 def test_a_study_over_many_presses_skips_those_that_cannot_run_and_says_why(smollm, alice):
     from fi_toolkit.integrations.kvpress.catalog import resolve_presses
 
-    specs = ["kvpress:SnapKVPress@0.75", "kvpress:QFilterPress@0.75", "MergingPress/SnapKVPress@0.75", "TOVAPress@0.75"]
+    specs = [
+        "kvpress:SnapKVPress@keep=0.25",
+        "kvpress:QFilterPress@keep=0.25",
+        "MergingPress/SnapKVPress@keep=0.25",
+        "TOVAPress@keep=0.25",
+    ]
     kept, refused = resolve_presses(specs, smollm.model, alice.ids, 256)
-    assert set(kept) == {"kvpress:SnapKVPress@0.75", "TOVAPress@0.75"}
-    assert refused["kvpress:QFilterPress@0.75"].startswith("needs a download")
-    assert refused["MergingPress/SnapKVPress@0.75"].startswith("the press changes the kept keys or values")
+    assert set(kept) == {"kvpress:SnapKVPress@keep=0.25", "TOVAPress@keep=0.25"}
+    assert refused["kvpress:QFilterPress@keep=0.25"].startswith("needs a download")
+    assert refused["MergingPress/SnapKVPress@keep=0.25"].startswith("the press changes the kept keys or values")
 
 
 def test_nearfar_measures_a_press_beside_its_sets(smollm, alice):
@@ -533,7 +552,7 @@ def test_nearfar_measures_a_press_beside_its_sets(smollm, alice):
     from fi_toolkit.probe.experiment import probe_document
     from fi_toolkit.studies import nearfar_document
 
-    p, spec = 256, "kvpress:KVzipPress@0.75"
+    p, spec = 256, "kvpress:KVzipPress@keep=0.25"
     trace = trace_prefix(smollm.model, alice.ids, p, SignalConfig())
     chunks = [Chunk(p, p + 32), Chunk(p + 64, p + 96)]
     nf = nearfar_document(smollm.model, alice, trace, chunks, "remove=0.1", 1, (4,), selections=[spec])["nearfar"]

@@ -75,6 +75,10 @@ def test_labels_are_fit_data_rows_per_point_with_the_near_and_far_fi_beside_thei
             assert ((got.fi_near + got.fi_far) / 2 - got.fi).abs().max() <= 1e-12 * got.fi.abs().max()
     t = manifest["throughput"]
     assert t["labels"] == len(rows) and t["labels_per_s"] > 0
+    from fi_toolkit.surrogate.labels import read_unit
+
+    tokens = read_unit(tmp_path / "run", manifest["units"][0]["unit"], "tokens")
+    assert tokens.token.tolist() == docs[0].ids.tolist() and tokens.position.tolist() == list(range(len(docs[0])))
 
 
 def test_a_resumed_run_writes_what_an_uninterrupted_one_writes(tiny, tiny_ids, tmp_path):

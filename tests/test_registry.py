@@ -119,7 +119,7 @@ def test_help_texts_list_what_the_registry_holds():
             shown = e.spelling.replace("[:key=value,...]", "")
             assert (shown in text) == (oracles or e.kind != "oracle"), (shown, oracles)
     assert "infokv (alpha=0.9, tau=1.0, top_k=256)" in policy_help() and "pyramidkv (beta=20.0)" in policy_help()
-    assert "kvpress:NAME@RATIO" in policy_help(selection=True) and "policy:fi-oracle@B" in policy_help(selection=True)
+    assert "kvpress:NAME@B" in policy_help(selection=True) and "policy:fi-oracle@B" in policy_help(selection=True)
     root = typer.main.get_command(app)
     helps = {(cmd, p.name): p.help for cmd in ("eval", "generate", "view", "probe") for p in root.commands[cmd].params}
     assert policy_help() in helps["eval", "policy"]
@@ -148,7 +148,7 @@ class Chosen:
 class Toy:
     prefix = "toy"
     def entries(self):
-        return [Entry("toy:NAME", "press", "a toy family", spelling="toy:NAME", selection="toy:NAME@RATIO")]
+        return [Entry("toy:NAME", "press", "a toy family", spelling="toy:NAME", selection="toy:NAME@B")]
     def resolve(self, text, budget, window, where):
         policy = SnapKV(budget=budget, window=window or 32)
         policy.name = text.strip()

@@ -22,6 +22,8 @@ PUBLIC = [
     "LabelSettings",
     "read_labels",
     "run_labels",
+    "SurrogateFitSettings",
+    "run_fit_surrogate",
     "CorrelateSettings",
     "NearfarSettings",
     "run_correlate",

@@ -67,9 +67,9 @@ def probe(
         + policy_help(selection=True)
         + ". E.g. policy:infokv@0.25:alpha=0.5,tau=2. The FI ORACLE (estimator=fisher|exact, chunk=A:B) keeps per "
         "layer and KV head by estimated FI on a future chunk (default: the first --chunk), so it sees the future: a "
-        "ceiling for the heuristics, not a policy. A kvpress press's RATIO is its compression_ratio, the share "
-        "REMOVED (kvpress:SnapKVPress@0.75 keeps 25 %); needs the kvpress extra: pip install "
-        "'fi_toolkit\\[kvpress]'. "
+        "ceiling for the heuristics, not a policy. A kvpress press's B is keep=X or remove=X, X a share "
+        "(kvpress:SnapKVPress@keep=0.25 is its compression_ratio 0.75, the share removed; a bare X or a count is "
+        "refused); needs the kvpress extra: pip install 'fi_toolkit\\[kvpress]'. "
         "B is a budget: remove=X or keep=X (a bare X is keep=X), X a share of the prefix [0, p) (0.1) or a token "
         "count (100). Repeatable.",
     ),
@@ -346,6 +346,7 @@ from fi_toolkit.cli.generate import register as _register_generate  # noqa: E402
 from fi_toolkit.cli.labels import register as _register_labels  # noqa: E402
 from fi_toolkit.cli.lmeval import register as _register_lmeval  # noqa: E402  (fi lm-eval, fi tasks export)
 from fi_toolkit.cli.study import register as _register_study  # noqa: E402
+from fi_toolkit.cli.surrogate import register as _register_surrogate  # noqa: E402
 from fi_toolkit.cli.view import register as _register_view  # noqa: E402
 
 _register_study(app)
@@ -355,6 +356,7 @@ _register_field(app)
 _register_lmeval(app)
 _register_fit(app)
 _register_labels(app)
+_register_surrogate(app)
 _register_view(app)
 
 

@@ -58,6 +58,11 @@ from fi_toolkit.signals.config import SignalConfig, signal_config_for  # noqa: F
 from fi_toolkit.signals.tracker import SignalTracker
 
 
+def input_scorer(policy: Policy | None):
+    """What scores each fed row from its attention input for the policy (the surrogate's model), or None."""
+    return getattr(policy, "input_scorer", None)
+
+
 def hidden_buffer(policy: Policy | None) -> int:
     """Rows of attention inputs the policy scores with at a compression (a kvpress press's ``score()``); 0: none."""
     return int(getattr(policy, "hidden_buffer", 0) or 0)
@@ -321,7 +326,12 @@ class CompressedDecoder:
         self.sharing = False  # CompressedDecoder.shared: prefilled once, then forked per policy
         if tracker is None and policy is not None and policy.needs_signals:
             tracker = SignalTracker(
-                self.config, capacity, policy.tracks_accumulated, policy.needs_token_signals, hidden_buffer(policy)
+                self.config,
+                capacity,
+                policy.tracks_accumulated,
+                policy.needs_token_signals,
+                hidden_buffer(policy),
+                input_scorer(policy),
             )
         self.tracker = tracker
         self._hooks = ExitStack()  # the tracker's hooks, held until close()
@@ -394,6 +404,7 @@ class CompressedDecoder:
                 token_signals=policy.needs_token_signals,
                 accumulate=policy.tracks_accumulated,
                 hidden_buffer=hidden_buffer(policy),
+                scorer=input_scorer(policy),
             )
         child = CompressedDecoder(
             self.model,

@@ -227,6 +227,7 @@ class Policy:
     prefill_only: ClassVar[bool] = False  # kvpress presses: compress the prompt only, never while decoding
     no_layer_weight: ClassVar[str] = ""  # why Adaptive refuses the policy (no scores to share layers by); "": it can
     uneven_heads: ClassVar[bool] = False  # True: heads of a layer keep different counts (decoding pads and masks)
+    needs_model: ClassVar[bool] = False  # True: scores from the model's own forward of the tokens (the surrogate)
 
     def __post_init__(self):
         self.budget = Budget.parse(self.budget)

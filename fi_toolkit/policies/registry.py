@@ -19,7 +19,7 @@ and ``press`` (a family a provider resolves under its prefix: ``kvpress:NAME``).
 
 **Providers**: a family of policies that lives above this package (the kvpress integration) plugs in under a
 prefix, as an object with ``prefix``, ``entries()``, ``resolve(text, budget, window, where)`` (``PREFIX:NAME[:...]``
--> a policy) and ``selection(text, where)`` (a probe's ``PREFIX:NAME@RATIO[:...]`` -> a :class:`ProvidedSelection`).
+-> a policy) and ``selection(text, where)`` (a probe's ``PREFIX:NAME@B[:...]`` -> a :class:`ProvidedSelection`).
 Providers are found through the entry-point group ``fi_toolkit.policies`` (pyproject.toml), read with
 :mod:`importlib.metadata` the first time one is needed (a name with a prefix no project policy has, a listing,
 an error that lists the names), never when a project policy is named. Why entry points: this module sits below
@@ -55,6 +55,7 @@ from fi_toolkit.policies.random import RandomPolicy
 from fi_toolkit.policies.rpc import RPC
 from fi_toolkit.policies.snapkv import SnapKV
 from fi_toolkit.policies.streaming import StreamingLLM
+from fi_toolkit.policies.surrogate import Surrogate
 from fi_toolkit.policies.tova import TOVA
 
 if TYPE_CHECKING:
@@ -104,7 +105,7 @@ class Entry:
 
 
 class ProvidedSelection(Protocol):
-    """A probe selection a provider resolved (``kvpress:SnapKVPress@0.75``): its ``label`` in result tables,
+    """A probe selection a provider resolved (``kvpress:SnapKVPress@keep=0.25``): its ``label`` in result tables,
     the entries per head it keeps of ``p`` (checked before the model loads) and its keep map."""
 
     label: str
@@ -430,8 +431,8 @@ def resolve(
 
 
 def resolve_selection(text: str, where: str = "") -> ProvidedSelection:
-    """A probe selection of a provider, ``PREFIX:NAME@RATIO[:key=value,...]`` (``kvpress:SnapKVPress@0.75``),
-    checked now (the name, the ratio, the options, that the provider's library is installed)."""
+    """A probe selection of a provider, ``PREFIX:NAME@B[:key=value,...]`` (``kvpress:SnapKVPress@keep=0.25``),
+    checked now (the name, the budget, the options, that the provider's library is installed)."""
     where = where or f"selection {text}"
     prefix = text.strip().partition(":")[0].strip().lower()
     provider = _provider(prefix, where)
@@ -532,3 +533,9 @@ register(Adaptive, kind=WRAPPER, paper="2407.11550", summary="adaptive layer bud
 register(FIOracle, kind=ORACLE, summary="ORACLE: keeps by estimated FI on the future text it sees")
 register(Fitted, kind=FILE_POLICY, summary="a linear score of the signals learned by fi fit (window 0: the file's)")
 register(Learned, kind=FILE_POLICY, summary="a LightGBM ranking of the signals learned by fi fit --learner lambdarank")
+register(
+    Surrogate,
+    kind=FILE_POLICY,
+    paper="2601.07891",
+    summary="KVzap's form trained on FI: per layer, hidden states to one score per KV head (fi fit-surrogate)",
+)

@@ -9,8 +9,9 @@ evicts what a compression policy would (per layer and head; names and options as
 ``policy:fi-oracle@0.25[:chunk=A:B,rounds=R,estimator=fisher|exact,seed=N,precision=auto|float64|model]`` is the FI
 oracle, which sees the future chunk it scores (:mod:`fi_toolkit.probe.oracle`; default chunk: the first probed);
 the signal options ``window`` and ``top_k`` are the trace's, ``--window`` and ``--top-k``). A selection may also
-start with the prefix of a provider of the registry: ``kvpress:NAME@RATIO`` is what a kvpress press keeps
-(``RATIO`` is kvpress's compression_ratio, the share removed), resolved by the registry
+start with the prefix of a provider of the registry: ``kvpress:NAME@keep=0.25`` is what a kvpress press keeps
+(its budget a share with its side, ``keep=X`` or ``remove=X``: kvpress's compression_ratio is the share
+removed, so a bare ``X`` is refused, and so is a count), resolved by the registry
 (:func:`~fi_toolkit.policies.registry.resolve_selection`).
 ``BUDGET`` has one meaning everywhere
 (:mod:`fi_toolkit.budget`): ``keep=X`` or ``remove=X``, a bare ``X`` being ``keep=X``; a share
@@ -239,7 +240,16 @@ class Selection:
             keep_map.label = self.label
             keep_map.meta.update(selection=self.label, seed=None)
             return keep_map
-        keep_map = policy.keep_map(trace)
+        signals = trace
+        if policy.needs_model:  # it scores by its own forward of the prefix's tokens
+            if model is None or ids is None:
+                raise self.error(f"{self.option}: {policy.name} needs the model and the document's tokens")
+            import dataclasses
+
+            from fi_toolkit.policies.base import as_signals
+
+            signals = dataclasses.replace(as_signals(trace), model=model, tokens=ids[: trace.prefix_len])
+        keep_map = policy.keep_map(signals)
         keep_map.label = self.label
         keep_map.meta.update(selection=self.label, seed=None)
         return keep_map

@@ -52,6 +52,9 @@ class Signals:
     # from which either convention of any slot's token follows while decoding; None at a prefill trace (its slots
     # are its positions) and without token signals
     token_entropy: torch.Tensor | None = None
+    # per layer [Hkv, n_l]: each slot's score by a scorer of its token's attention input, computed when the token was
+    # fed (the surrogate's; SignalTracker's scorer); None without one
+    input_scores: list[torch.Tensor] | None = None
 
     def __post_init__(self):
         if not self.protected:

@@ -79,8 +79,13 @@ class SignalTracker:
         accumulate: bool = False,
         token_signals: bool = True,
         hidden_buffer: int = 0,
+        scorer=None,
     ):
         self.config = config
+        # scorer.score(layer, x [q, d]) -> [q, Hkv]: each row's scores from its attention input, computed once as
+        # it is fed (the surrogate's, KVzap's way), kept by position in input_scores[layer] [Hkv, positions]
+        self.scorer = scorer
+        self.input_scores: list[torch.Tensor | None] = []
         self.capacity = capacity
         self.accumulate = accumulate
         self.token_signals = token_signals
@@ -147,6 +152,7 @@ class SignalTracker:
         self.queries = [None] * n_layers
         self.inputs = [None] * n_layers
         self.moments, self.span = [None] * n_layers, [0] * n_layers
+        self.input_scores = [None] * n_layers
 
     def _input_hook(self, layer_idx: int):
         def hook(_module, args, kwargs):
@@ -178,6 +184,8 @@ class SignalTracker:
         self.queries[i] = (q if prev is None else torch.cat([prev, q[:, -w:]], dim=1))[:, -w:]
         if self.hidden_buffer:
             self._buffer(i, hs, rope)
+        if self.scorer is not None:
+            self._score_rows(i, hs[0])
         skip = max(0, signals.QUERY_SINKS - self.span[i])
         self.span[i] += hs.shape[1]
         if hs.shape[1] > skip:
@@ -189,6 +197,19 @@ class SignalTracker:
             self.accumulated[i] = acc + signals.attention_received(
                 q, keys, module.scaling, self._dead(i, keys.shape[1])
             )
+
+    def _score_rows(self, layer: int, x: torch.Tensor) -> None:
+        """The scorer's scores of the rows just fed (positions ``[seen, seen + q)``: :meth:`record` advances
+        ``seen`` after the forward), into ``layer``'s position-indexed buffer (grown as needed)."""
+        start, q = self.seen, x.shape[0]
+        rows = self.scorer.score(layer, x).t()  # [Hkv, q]
+        held = self.input_scores[layer]
+        if held is None:
+            held = rows.new_zeros(rows.shape[0], max(self.capacity, start + q))
+        elif held.shape[1] < start + q:
+            held = torch.cat([held, held.new_zeros(held.shape[0], start + q - held.shape[1])], dim=1)
+        held[:, start : start + q] = rows.to(held.dtype)
+        self.input_scores[layer] = held
 
     def _buffer(self, layer: int, hidden_states: torch.Tensor, position_embeddings) -> None:
         """Append the rows just fed to ``layer``'s buffer of attention inputs (and, once per forward, their
@@ -304,6 +325,8 @@ class SignalTracker:
         s.out_proj = self._out_proj()
         if self.hidden_buffer:
             s.inputs, s.rope = list(self.inputs), self.rope
+        if self.scorer is not None and all(t is not None for t in self.input_scores):
+            s.input_scores = [t.gather(1, pos.to(t.device).long()) for t, pos in zip(self.input_scores, positions)]
         s.query_moments = list(self.moments)
         if all(q is not None for q in self.queries):
             s.last_query = [q[:, -1] for q in self.queries]
@@ -319,7 +342,11 @@ class SignalTracker:
         return [p.weight for p in projections]
 
     def fork(
-        self, token_signals: bool | None = None, accumulate: bool | None = None, hidden_buffer: int | None = None
+        self,
+        token_signals: bool | None = None,
+        accumulate: bool | None = None,
+        hidden_buffer: int | None = None,
+        scorer=None,
     ) -> SignalTracker:
         """An independent copy of this tracker's state (cloned tensors), for a decoder forked from this
         one; it keeps only what it will track (``token_signals``/``accumulate``: default, as this one;
@@ -330,7 +357,9 @@ class SignalTracker:
         if (token_signals and not self.token_signals) or (accumulate and not self.accumulate):
             raise FIError("a fork can only track what the tracker it comes from tracked")
         buffer = self.hidden_buffer if hidden_buffer is None else hidden_buffer  # a larger one starts with fewer rows
-        child = SignalTracker(self.config, self.capacity, accumulate, token_signals, buffer)
+        # a scorer continues only where this tracker scored every row with the same one (else the policy rescores)
+        same = scorer is not None and scorer is self.scorer
+        child = SignalTracker(self.config, self.capacity, accumulate, token_signals, buffer, scorer if same else None)
         child.seen = self.seen
         child._model, child._parts = self._model, self._parts
         if self._model is not None:
@@ -341,6 +370,11 @@ class SignalTracker:
             child.queries = [None if q is None else q.clone() for q in self.queries]
             child.moments = [None if m is None else (m[0], m[1].clone(), m[2].clone()) for m in self.moments]
             child.span = list(self.span)
+            child.input_scores = (
+                [None if t is None else t.clone() for t in self.input_scores]
+                if same
+                else [None] * len(self.input_scores)
+            )
             child.inputs = [None if h is None or not buffer else h[:, -buffer:].clone() for h in self.inputs]
             if self.rope is not None and buffer:
                 child.rope = (self.rope[0][:, -buffer:].clone(), self.rope[1][:, -buffer:].clone())

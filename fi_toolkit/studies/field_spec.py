@@ -9,8 +9,8 @@ the chunk (1), one oracle per chunk. ``policy:random``, which evicts sinks, is a
 anchor.
 
 Each method at budget ``B`` is a probe selection, as ``fi probe --select`` spells it:
-``policy:NAME@B[:options]`` for a policy, ``kvpress:NAMES@RATIO[:options]`` for a press (``RATIO``, kvpress's
-``compression_ratio``, is the share ``B`` removes), so a cell of the map is what ``fi probe`` measures with
+``policy:NAME@B[:options]`` for a policy, ``kvpress:NAMES@B[:options]`` for a press (kvpress's
+``compression_ratio`` is the share ``B`` removes), so a cell of the map is what ``fi probe`` measures with
 that selection. In decoding it is what ``fi eval --policy NAME --budget B`` replays.
 """
 
@@ -61,7 +61,7 @@ class Method:
         if self.kind == POLICY:
             return [f"policy:{self.head}@{budget.label}{opts}"]
         if self.kind == PRESS:
-            return [f"{self.head}@{removed_share(budget):g}{opts}"]
+            return [f"{self.head}@{budget.label}{opts}"]
         if self.name == RANDOM_ANCHOR:
             return [f"random:{budget.label}@0-{seeds - 1}"]
         oracles = [f"policy:fi-oracle@{budget.label}:chunk={c.label}" for c in chunks]
@@ -69,11 +69,6 @@ class Method:
 
 
 ANCHORS = (Method(RANDOM_ANCHOR, ANCHOR), Method(ORACLE_ANCHOR, ANCHOR))
-
-
-def removed_share(budget: Budget) -> float:
-    """The share of the prefix ``budget`` removes (kvpress's ``compression_ratio``)."""
-    return budget.amount if budget.side == "remove" else round(1 - budget.amount, 12)
 
 
 def parse_budgets(specs: Sequence[str], option: str = "--budget") -> list[Budget]:
@@ -91,7 +86,7 @@ def parse_budgets(specs: Sequence[str], option: str = "--budget") -> list[Budget
             )
         if not 0 < b.amount < 1:
             raise FIError(f"{option} {spec}: the share must lie strictly between 0 and 1 (keep or remove some)")
-        if any(removed_share(b) == removed_share(o) for o in budgets):
+        if any(b.removed_share == o.removed_share for o in budgets):
             raise FIError(f"{option} gives one budget twice ({spec})")
         budgets.append(b)
     return budgets

@@ -34,7 +34,7 @@ class NearfarSettings:
     ``with_unprotected``: also measure every set without sink protection (when ``sinks > 0``); ``signals``:
     the signal options; ``batch_size``: evictions per batched forward (None: 1 on CPU, 8 on CUDA);
     ``unit_sets``: work units of N sets (0: one unit per document), the same tables; ``selections``:
-    ``--select`` specs measured beside the study's sets (``kvpress:NAME@RATIO``, ``policy:NAME@BUDGET``; not
+    ``--select`` specs measured beside the study's sets (``kvpress:NAME@BUDGET``, ``policy:NAME@BUDGET``; not
     an option of ``fi nearfar``).
 
     After construction ``distances`` and ``selections`` are tuples and ``budget`` a

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from fi_toolkit.documents import Document
 
 TABLE = "labels"
+TOKENS = "tokens"  # per unit: the slice's token ids (position, token)
 SUFFIX = ".parquet"
 COMMAND = "labels"
 
@@ -153,6 +154,8 @@ def run_labels(
 
 def _computer(lm, settings: LabelSettings, signals: SignalConfig, progress: Progress | None):
     """``compute(unit) -> {"labels": rows}`` for :meth:`ResumableRun.run`."""
+    import pandas as pd
+
     from fi_toolkit.probe.experiment import trace_document
     from fi_toolkit.studies.fit import fit_rows
 
@@ -177,7 +180,9 @@ def _computer(lm, settings: LabelSettings, signals: SignalConfig, progress: Prog
             features=settings.features,
         )
         rows.insert(1, "point", unit.point)
-        return {TABLE: rows}
+        # the slice's tokens: what a trainer feeds the model to get the hidden states the labels belong to
+        tokens = pd.DataFrame({"position": range(len(unit.doc)), "token": unit.doc.ids.numpy()})
+        return {TABLE: rows, TOKENS: tokens}
 
     return compute
 
@@ -203,28 +208,56 @@ def _throughput(run) -> dict:
     }
 
 
-def read_labels(run_dir: Path | str) -> pd.DataFrame:
-    """Every unit's rows of a finished ``fi labels`` run, in the manifest's unit order, each checked against
-    the checksum its ``done.json`` recorded (a damaged unit is refused in one line: ``--resume`` recomputes it)."""
-    import hashlib
-
-    import pandas as pd
-
+def finished_units(run_dir: Path | str) -> list[str]:
+    """The unit keys of a finished ``fi labels`` run, in its manifest's order; of a run still going (or
+    stopped), the units finished so far, by name (a learning curve can start before the corpus is done)."""
     run_dir = Path(run_dir)
     try:
         manifest = json.loads((run_dir / "manifest.json").read_text())
     except FileNotFoundError:
-        raise FIError(f"'{run_dir}' holds no finished fi labels run (no manifest.json)") from None
+        return _units_so_far(run_dir)
     except (OSError, ValueError) as e:
         raise FIError(f"'{run_dir}/manifest.json' is not readable JSON ({e})") from None
-    if manifest.get("command") != COMMAND:
-        raise FIError(f"'{run_dir}' is a run of fi {manifest.get('command')}, not of fi labels")
-    tables = []
-    for unit in manifest["units"]:
-        folder = run_dir / "per_document" / unit["unit"]
-        f = folder / f"{TABLE}{SUFFIX}"
-        want = json.loads((folder / "done.json").read_text())["tables"][TABLE]["sha256"]
-        if not f.is_file() or hashlib.sha256(f.read_bytes()).hexdigest() != want:
-            raise FIError(f"'{f}' is missing or differs from what was written: run fi labels again with --resume")
-        tables.append(pd.read_parquet(f))
-    return pd.concat(tables, ignore_index=True)
+    if not isinstance(manifest, dict) or manifest.get("command") != COMMAND:
+        got = manifest.get("command") if isinstance(manifest, dict) else None
+        raise FIError(f"'{run_dir}' is a run of fi {got}, not of fi labels")
+    return [u["unit"] for u in manifest["units"]]
+
+
+def _units_so_far(run_dir: Path) -> list[str]:
+    try:
+        saved = json.loads((run_dir / "settings.json").read_text())
+    except (OSError, ValueError):
+        raise FIError(f"'{run_dir}' holds no fi labels run (no manifest.json, no settings.json)") from None
+    if not isinstance(saved, dict) or saved.get("command") != COMMAND:
+        raise FIError(f"'{run_dir}' is not a run of fi labels")
+    units = sorted(p.parent.name for p in (run_dir / "per_document").glob("*/done.json"))
+    if not units:
+        raise FIError(f"'{run_dir}' holds no finished unit yet")
+    return units
+
+
+def read_unit(run_dir: Path | str, unit: str, table: str = TABLE) -> pd.DataFrame:
+    """Table ``table`` (``labels`` or ``tokens``) of one unit, checked against the sha256 its ``done.json``
+    recorded (a damaged or missing file is refused in one line: ``--resume`` recomputes it)."""
+    import hashlib
+
+    import pandas as pd
+
+    folder = Path(run_dir) / "per_document" / unit
+    f = folder / f"{table}{SUFFIX}"
+    try:
+        want = json.loads((folder / "done.json").read_text())["tables"][table]["sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise FIError(f"'{folder}' records no {table} table: run fi labels again with --resume") from None
+    if not f.is_file() or hashlib.sha256(f.read_bytes()).hexdigest() != want:
+        raise FIError(f"'{f}' is missing or differs from what was written: run fi labels again with --resume")
+    return pd.read_parquet(f)
+
+
+def read_labels(run_dir: Path | str) -> pd.DataFrame:
+    """Every unit's rows of a finished ``fi labels`` run, in the manifest's unit order, each checked against
+    the checksum its ``done.json`` recorded (:func:`read_unit`)."""
+    import pandas as pd
+
+    return pd.concat([read_unit(run_dir, u) for u in finished_units(run_dir)], ignore_index=True)

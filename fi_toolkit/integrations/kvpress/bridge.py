@@ -1,4 +1,4 @@
-"""Any kvpress press as an eviction: ``--select kvpress:NAME@RATIO`` (docs/method.md, "Budgets").
+"""Any kvpress press as an eviction: ``--select kvpress:NAME@BUDGET`` (docs/method.md, "Budgets").
 
 kvpress (NVIDIA/kvpress, the ``kvpress`` extra) compresses the cache in forward hooks during the prefill, and
 some presses after it (KVzip and KVgrad replay the context, KVCompose rebuilds the cache). :func:`run_press` runs
@@ -10,8 +10,9 @@ KVzip, DMS), which gives keep maps whose heads keep different counts (``KeepMap.
 head). A press whose cache holds keys or values it computed is refused in one line: it is not an eviction; so is
 one that cannot run here (:mod:`~fi_toolkit.integrations.kvpress.failures` says why).
 
-``RATIO`` is kvpress's ``compression_ratio``, the share *removed*: ``kvpress:TOVAPress@0.75`` keeps
-``int(p * 0.25)`` entries per head (kvpress's own count), like ``policy:NAME@keep=0.25`` up to rounding.
+``BUDGET`` is ``keep=X`` or ``remove=X``, a share of the prefix, given to kvpress as its ``compression_ratio``
+(the share *removed*): ``kvpress:TOVAPress@keep=0.25`` (``compression_ratio=0.75``) keeps ``int(p * 0.25)``
+entries per head (kvpress's own count), like ``policy:NAME@keep=0.25`` up to rounding.
 Spelling: :mod:`~fi_toolkit.integrations.kvpress.spec`. :class:`PressPolicy` is a press as a decode-loop
 policy (``fi eval``), :func:`press_policy` its entry point.
 """
@@ -113,7 +114,7 @@ def _attention(model, implementation: str | None):
 
 @dataclass(frozen=True)
 class PressSelection:
-    """A probe selection ``kvpress:NAME@RATIO``: what the press keeps of a prefix (:func:`run_press`)."""
+    """A probe selection ``kvpress:NAME@BUDGET``: what the press keeps of a prefix (:func:`run_press`)."""
 
     spec: PressSpec
 
@@ -126,11 +127,11 @@ class PressSelection:
 
     def keep_map(self, model, ids, p: int, where: str = "") -> KeepMap:
         """What the press keeps of the prefix ``ids[:p]``, labelled :attr:`label`, its ``selector`` the press
-        and its ``budget`` kvpress's ``compression_ratio``."""
+        and its ``budget`` as spelled (``keep=0.25``)."""
         spec = self.spec
         keep_map = run_press(make_press(spec, where or spec.label), model, ids, p, spec.label).keep_map
-        ratio = "the press's own" if spec.ratio is None else f"compression_ratio={spec.ratio:g}"
-        keep_map.meta.update(selector=f"kvpress:{'/'.join(spec.names)}", budget=ratio)
+        budget = "the press's own" if spec.ratio is None else spec.spelled.label
+        keep_map.meta.update(selector=f"kvpress:{'/'.join(spec.names)}", budget=budget)
         return keep_map
 
 
@@ -212,10 +213,10 @@ def press_policy(name: str, budget, window: int | None = None, where: str = ""):
     press_name, _, opts = rest.partition(":")
     if "@" in press_name:
         raise FIError(
-            f"{where}: give the budget with the budget argument (kvpress:NAME, without @RATIO)",
+            f"{where}: give the budget with the budget argument (kvpress:NAME, without @BUDGET)",
             parameter={"the budget argument": "budget"},
         )
-    spec = parse_press_spec(f"{press_name}@0.5" + (f":{opts}" if opts else ""), where)
+    spec = parse_press_spec(f"{press_name}@remove=0.5" + (f":{opts}" if opts else ""), where)
     press = make_press(spec, where)  # validate the name and options now (and that kvpress is installed)
     decodes = isinstance(press, require_kvpress().ScorerPress)
     return PressPolicy(budget=Budget.parse(budget or "keep=0.25"), window=window or 32, spec=spec, decodes=decodes)
@@ -283,7 +284,7 @@ class PressPolicy(Policy):
                 f"{self.name}: budget {self.budget.label} of {n} tokens is a compression_ratio of "
                 f"{ratio:g}; kvpress needs one in (0, 1)"
             )
-        spec = dataclasses.replace(self.spec, ratio=ratio)
+        spec = dataclasses.replace(self.spec, ratio=ratio, budget=None)
         # a masked press (AdaKV-style) keeps different counts per KV head: the decoder holds its map padded and
         # hides the pads per head (compress/decoder.py)
         keep_map = run_press(make_press(spec), s.model, s.tokens, n, self.label).keep_map

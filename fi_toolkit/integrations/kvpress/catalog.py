@@ -2,8 +2,8 @@
 reason, one line each. A study over many presses resolves them with :func:`resolve_presses`, which skips a
 press that cannot run here and lists why, instead of stopping the rest.
 
-:func:`press_survey` gives each press class a spec (:func:`survey_spec`: ``NAME@RATIO`` for a press that takes
-a ``compression_ratio``, ``NAME/SnapKVPress@RATIO`` for one that wraps a ``ScorerPress``) and runs it on one
+:func:`press_survey` gives each press class a spec (:func:`survey_spec`: ``NAME@remove=R`` for a press that
+takes a ``compression_ratio``, ``NAME/SnapKVPress@remove=R`` for one that wraps a ``ScorerPress``) and runs it on one
 prefix; ``docs/gen_kvpress_presses.py`` writes the table of the documentation from it.
 """
 
@@ -14,6 +14,7 @@ from typing import Sequence
 
 import torch
 
+from fi_toolkit.budget import Budget
 from fi_toolkit.errors import FIError
 from fi_toolkit.eviction import KeepMap
 from fi_toolkit.integrations.kvpress.bridge import run_press
@@ -93,7 +94,7 @@ def survey_spec(name: str, cls, kvpress, ratio: float, layers: int) -> tuple[str
     if name in OWN_BUDGET:
         return f"{name}/{INNER}:{OWN_BUDGET[name]}" if "press" in params else f"{name}:{OWN_BUDGET[name]}", ""
     if "press" in params:
-        spec = f"{name}/{INNER}@{ratio:g}"
+        spec = f"{name}/{INNER}@{Budget('remove', ratio).label}"
         if "compression_ratios" in params:  # one ratio per layer, alternating around the ratio
             low, high = max(0.05, ratio - 0.2), min(0.95, ratio + 0.2)
             spec += f":compression_ratios=[{','.join(f'{(low, high)[i % 2]:g}' for i in range(layers))}]"
@@ -102,13 +103,13 @@ def survey_spec(name: str, cls, kvpress, ratio: float, layers: int) -> tuple[str
         return f"{name}:{OWN_BUDGET[name]}", ""
     if "compression_ratio" not in params:
         return f"{name}", ""
-    return f"{name}@{ratio:g}", ""
+    return f"{name}@{Budget('remove', ratio).label}", ""
 
 
 def resolve_presses(
     specs: Sequence[str], model, ids: torch.Tensor, prefix_len: int
 ) -> tuple[dict[str, KeepMap], dict[str, str]]:
-    """``kvpress:`` specs (``NAME@RATIO[:...]``, with or without the prefix) -> (keep maps of those that ran,
+    """``kvpress:`` specs (``NAME@B[:...]``, with or without the prefix) -> (keep maps of those that ran,
     ``{spec: reason}`` of those refused). One press that cannot run never stops the others."""
     kept, refused = {}, {}
     for spec in specs:

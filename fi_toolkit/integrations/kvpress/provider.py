@@ -8,8 +8,8 @@ install the extra where it is missing.
 
 * ``--policy kvpress:NAME[:key=value,...]``: :func:`~fi_toolkit.integrations.kvpress.bridge.press_policy`, a
   :class:`~fi_toolkit.integrations.kvpress.bridge.PressPolicy` with the run's budget as its compression ratio;
-* ``--select kvpress:NAME@RATIO[:key=value,...]``: a :class:`~fi_toolkit.integrations.kvpress.bridge.PressSpec`,
-  what the press keeps of a probe's prefix.
+* ``--select kvpress:NAME@B[:key=value,...]`` (``B``: ``keep=X`` or ``remove=X``, a share): a
+  :class:`~fi_toolkit.integrations.kvpress.bridge.PressSpec`, what the press keeps of a probe's prefix.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ class KvpressProvider:
                 "one; options: its fields): its compression_ratio of the prompt at the prefill, then its own score "
                 "at every interval while decoding (docs/guides/kvpress.md)",
                 spelling=f"{PREFIX}:NAME[:key=value,...]",
-                selection=f"{PREFIX}:NAME@RATIO[:key=value,...]",
+                selection=f"{PREFIX}:NAME@B[:key=value,...]",
             )
         ]
 
@@ -45,7 +45,7 @@ class KvpressProvider:
         return press_policy(text, budget, window, where)
 
     def selection(self, text: str, where: str):
-        """``kvpress:NAME@RATIO[:key=value,...]`` -> its checked :class:`PressSelection` (kvpress must be installed)."""
+        """``kvpress:NAME@B[:key=value,...]`` -> its checked :class:`PressSelection` (kvpress must be installed)."""
         from fi_toolkit.integrations.kvpress.bridge import PressSelection, make_press, parse_press_spec
 
         press = parse_press_spec(text.strip()[len(PREFIX) + 1 :], where)

@@ -1,7 +1,11 @@
-"""A kvpress press as the command line spells it, ``NAME@RATIO[:key=value,...]``, parsed without kvpress, and
+"""A kvpress press as the command line spells it, ``NAME@BUDGET[:key=value,...]``, parsed without kvpress, and
 built with it (:func:`make_press`).
 
-``RATIO`` is kvpress's ``compression_ratio``, the share *removed*; it goes to the innermost press. A press
+``BUDGET`` is a share of the prefix spelled as every budget is (:mod:`fi_toolkit.budget`): ``keep=0.25`` or
+``remove=0.75``, both kvpress's ``compression_ratio=0.75`` (the share *removed*; ``keep=s`` gives ``1 - s``
+rounded to 12 decimals, the float ``remove=`` would spell), which goes to the innermost press. A bare number
+is refused (kvpress's ratio is the share removed, a bare budget elsewhere the share kept), and so is a token
+count (``keep=100``: kvpress takes a ratio; ``fi eval --policy kvpress:NAME --budget`` takes counts). A press
 that takes no ``compression_ratio`` (its budget comes from its own arguments: SimLayerKV's lazy layers,
 DMS's threshold) is spelled without it, ``NAME[:key=value,...]``.
 ``OUTER/INNER`` wraps one press in another that takes a ``press`` (AdaKV, CriticalKV, CriticalAdaKV,
@@ -14,8 +18,9 @@ from __future__ import annotations
 
 import ast
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from fi_toolkit.budget import Budget
 from fi_toolkit.errors import FIError
 
 KVPRESS_INSTALL = "pip install 'fi_toolkit[kvpress]'"
@@ -24,7 +29,7 @@ WRAPS = ("press", "base_press")  # the constructor arguments through which a pre
 
 def require_kvpress(what: str = "kvpress presses need", error: type[Exception] = FIError):
     """The ``kvpress`` module, or one line (an ``error``) saying how to install it; ``what`` names what
-    the user wrote (``--policy kvpress:TOVAPress needs``, ``--select kvpress:SnapKVPress@0.5 needs``)."""
+    the user wrote (``--policy kvpress:TOVAPress needs``, ``--select kvpress:SnapKVPress@keep=0.5 needs``)."""
     try:
         import kvpress
     except Exception as exc:  # not installed, or it cannot load under these versions
@@ -35,17 +40,25 @@ def require_kvpress(what: str = "kvpress presses need", error: type[Exception] =
 
 @dataclass(frozen=True)
 class PressSpec:
-    """A parsed ``NAME@RATIO[:key=value,...]``: press class names (outermost first), ratio, options."""
+    """A parsed ``NAME@BUDGET[:key=value,...]``: press class names (outermost first), kvpress's
+    ``compression_ratio``, options, and the budget as spelled (its label; not compared: ``@keep=0.25`` and
+    ``@remove=0.75`` are one press)."""
 
     names: tuple[str, ...]
-    ratio: float | None  # None: the press takes no compression_ratio
+    ratio: float | None  # kvpress's compression_ratio; None: the press takes none
     options: tuple[tuple[str, object], ...] = ()
+    budget: Budget | None = field(default=None, compare=False)  # None: remove=RATIO
+
+    @property
+    def spelled(self) -> Budget | None:
+        """The budget as spelled (``remove=RATIO`` where none was); None for a press without a ratio."""
+        return self.budget or (None if self.ratio is None else Budget("remove", self.ratio))
 
     @property
     def label(self) -> str:
         opts = ",".join(f"{k}={_spelled(v)}" for k, v in self.options)
-        ratio = "" if self.ratio is None else f"@{self.ratio:g}"
-        return f"kvpress:{'/'.join(self.names)}{ratio}" + (f":{opts}" if opts else "")
+        at = "" if self.ratio is None else f"@{self.spelled.label}"
+        return f"kvpress:{'/'.join(self.names)}{at}" + (f":{opts}" if opts else "")
 
     def n_kept(self, n: int) -> int | None:
         """Entries per head a ``ScorerPress`` keeps out of ``n`` (kvpress's ``compute_n_kept``: truncation);
@@ -80,41 +93,52 @@ def split_options(text: str) -> list[str]:
 
 
 def parse_press_spec(rest: str, where: str) -> PressSpec:
-    """``"SnapKVPress@0.75"`` (the part after ``kvpress:``) -> :class:`PressSpec`; needs no kvpress."""
+    """``"SnapKVPress@keep=0.25"`` (the part after ``kvpress:``) -> :class:`PressSpec`; needs no kvpress."""
     head, at, tail = rest.partition("@")
     if at:
-        ratio_text, _, opts = tail.partition(":")
+        budget_text, _, opts = tail.partition(":")
     else:
         head, _, opts = rest.partition(":")
-        ratio_text = None
+        budget_text = None
     names = tuple(n.strip() for n in head.split("/"))
     if not all(names):
         raise FIError(
-            f"{where}: expected kvpress:NAME@RATIO, e.g. kvpress:SnapKVPress@0.75 "
-            "(RATIO is kvpress's compression_ratio, the share removed)"
+            f"{where}: expected kvpress:NAME@BUDGET, e.g. kvpress:SnapKVPress@keep=0.25 "
+            "(BUDGET: keep=X or remove=X, X a share of the prefix)"
         )
     options = []
     for part in split_options(opts):
         key, eq, value = part.partition("=")
         if not eq or not key.strip().isidentifier():
-            raise FIError(f"{where}: expected options like window_size=32,kernel_size=7 after the ratio")
+            raise FIError(f"{where}: expected options like window_size=32,kernel_size=7 after the budget")
         options.append((key.strip(), _value(value.strip())))
-    return PressSpec(names, None if ratio_text is None else _ratio(ratio_text, where), tuple(options))
+    if budget_text is None:
+        return PressSpec(names, None, tuple(options))
+    budget = press_budget(budget_text, where)
+    return PressSpec(names, budget.removed_share, tuple(options), budget)
 
 
-def _ratio(text: str, where: str) -> float:
-    try:
-        ratio = float(text)
-    except ValueError:
+def press_budget(text: str, where: str) -> Budget:
+    """A press's ``keep=X`` or ``remove=X``, ``X`` a share strictly between 0 and 1 (:class:`Budget`); a bare
+    number is refused with both spellings of it, and so is a token count."""
+    text = text.strip()
+    budget = Budget.parse(text, where)
+    if "=" not in text:
+        if budget.is_share and 0.0 < budget.amount < 1.0:
+            keep, remove = Budget("keep", round(1 - budget.amount, 12)), Budget("remove", budget.amount)
+            raise FIError(
+                f"{where}: write {keep.label} or {remove.label}: kvpress's compression_ratio is the share removed "
+                "(a bare budget elsewhere is the share kept)"
+            )
+        raise FIError(f"{where}: write keep=X or remove=X, X a share of the prefix strictly between 0 and 1")
+    if not budget.is_share:
         raise FIError(
-            f"{where}: the ratio '{text}' is not a number (kvpress's compression_ratio, the share removed, in (0, 1))"
-        ) from None
-    if not 0.0 < ratio < 1.0:  # also refuses NaN
-        raise FIError(
-            f"{where}: the ratio {text} must lie in (0, 1) (kvpress's compression_ratio: "
-            "the share removed; 0 removes nothing)"
+            f"{where}: {budget.label} is a token count; a press takes a share of the prefix (keep=0.25), "
+            "as kvpress's compression_ratio is one"
         )
-    return ratio
+    if not 0.0 < budget.removed_share < 1.0:
+        raise FIError(f"{where}: {budget.label} must keep some and remove some: a share strictly between 0 and 1")
+    return budget
 
 
 def press_parameters(cls) -> set[str]:
@@ -135,8 +159,8 @@ def press_classes(kvpress) -> dict[str, type]:
 
 
 def make_press(spec: PressSpec, where: str = ""):
-    """The kvpress press of ``spec`` (the innermost press gets the ratio; each option goes to the innermost
-    press that takes such an argument). Refuses unknown names and options in one line."""
+    """The kvpress press of ``spec`` (the innermost press gets the compression_ratio; each option goes to the
+    innermost press that takes such an argument). Refuses unknown names and options in one line."""
     where = where or spec.label
     kvpress = require_kvpress(f"{where} needs")
     known = press_classes(kvpress)
@@ -149,13 +173,13 @@ def make_press(spec: PressSpec, where: str = ""):
     inner = spec.names[-1]
     if spec.ratio is None and len(classes) == 1 and "compression_ratio" in params[-1]:
         raise FIError(
-            f"{where}: give {inner}'s ratio, kvpress:{'/'.join(spec.names)}@RATIO (kvpress's compression_ratio, "
-            "the share removed)"
+            f"{where}: give {inner}'s budget, kvpress:{'/'.join(spec.names)}@keep=X or @remove=X (X a share of "
+            "the prefix; kvpress's compression_ratio is the share removed)"
         )
     if spec.ratio is not None and "compression_ratio" not in params[-1]:
         shown = ", ".join(sorted(params[-1] - set(WRAPS))) or "none"
         raise FIError(
-            f"{where}: {inner} takes no compression_ratio (its arguments: {shown}); spell it without @RATIO, "
+            f"{where}: {inner} takes no compression_ratio (its arguments: {shown}); spell it without @BUDGET, "
             f"with its own arguments after a colon (kvpress:{inner}:key=value), or wrap a press that does: OUTER/INNER"
         )
     wraps = []

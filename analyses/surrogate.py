@@ -1,0 +1,83 @@
+"""How well scorers rank cache entries by Forward Influence on labelled text they never saw (offline, from labels).
+
+    python analyses/surrogate.py --test runs/labels-test --model fi=DIR [--model name=DIR ...] --out DIR
+
+The test run is ``fi labels`` on the bundled documents with ``--features`` (they are the corpus's test set). For
+every (document, layer, KV head), each scorer ranks the candidates ``[0, p - w)``: the surrogates by their own
+scores of the attention inputs, the baselines by their feature columns (SnapKV: window attention; H2O: the
+accumulated attention; ExpectedAttention: its score), random by a seeded permutation and the labels themselves
+(the within-label ceiling: it ranks by the very estimate it is judged on). Two numbers per scorer, averaged over
+documents, layers and heads: the within-head Spearman with FI, and at keep 10/25/50 % the share of the head's
+summed single-entry FI that eviction of the lowest-ranked candidates removes (``evicted``; lower is better).
+The sum of single-entry FI is a proxy of the FI of the evicted set (the probe measures that: ``fi probe``).
+Tables ``offline.csv`` (per document) and ``offline_summary.csv``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from scipy import stats
+
+from fi_toolkit.model.loading import load_model
+from fi_toolkit.policies.surrogate import attention_inputs, read_surrogate
+from fi_toolkit.surrogate.labels import finished_units, read_unit
+
+BASELINES = {"snapkv": "attention", "h2o": "log_accumulated", "expected_attention": "expected_attention"}
+KEEPS = (0.10, 0.25, 0.50)
+WINDOW = 32
+
+
+def evicted_share(score: np.ndarray, fi: np.ndarray, p: int, keep: float) -> float:
+    """The share of ``fi``'s sum over the candidates that a policy keeping ``keep`` of ``p`` evicts: it keeps the
+    window and the ``round(keep * p) - w`` top-scored candidates."""
+    picks = max(0, round(keep * p) - WINDOW)
+    order = np.argsort(-score, kind="stable")
+    return float(fi[order[picks:]].sum() / fi.sum())
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--test", type=Path, required=True)
+    ap.add_argument("--model", action="append", default=[], help="NAME=DIR of a surrogate (repeatable)")
+    ap.add_argument("--target", default="fi")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args(argv)
+    lm = load_model()
+    models = {name: read_surrogate(d) for name, d in (m.split("=", 1) for m in args.model)}
+    rows = []
+    for unit in finished_units(args.test):
+        labels = read_unit(args.test, unit)
+        tokens = torch.tensor(read_unit(args.test, unit, "tokens").token.to_numpy())
+        p = int(labels.point.iloc[0])
+        inputs = attention_inputs(lm.model, tokens[:p])
+        scored = {name: [m.score(layer, x).numpy() for layer, x in enumerate(inputs)] for name, m in models.items()}
+        rng = np.random.default_rng(0)
+        for (layer, head), part in labels.groupby(["layer", "head"], sort=True):
+            positions = part.position.to_numpy()
+            fi = part[args.target].to_numpy()
+            scores = {name: s[layer][positions, head] for name, s in scored.items()}
+            scores.update({name: part[col].to_numpy() for name, col in BASELINES.items() if col in part})
+            scores["random"] = rng.permutation(len(fi)).astype(float)
+            scores["labels (ceiling)"] = fi
+            for name, score in scores.items():
+                row = {"document": unit, "layer": layer, "head": head, "scorer": name}
+                row["spearman"] = stats.spearmanr(score, fi).statistic
+                for keep in KEEPS:
+                    row[f"evicted@{keep:g}"] = evicted_share(score, fi, p, keep)
+                rows.append(row)
+    table = pd.DataFrame(rows)
+    args.out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(args.out / "offline.csv", index=False)
+    per_doc = table.groupby(["scorer", "document"]).mean(numeric_only=True).drop(columns=["layer", "head"])
+    summary = per_doc.groupby("scorer").mean().sort_values("evicted@0.25")
+    summary.to_csv(args.out / "offline_summary.csv")
+    print(summary.round(4).to_string())
+
+
+if __name__ == "__main__":
+    main()
