@@ -84,7 +84,7 @@ $(STAMP_KVP): pyproject.toml
 KVPRESS_BESIDE := tests/test_kvpress.py tests/test_probe.py tests/test_uneven_heads.py tests/test_replay.py \
 	tests/test_generate.py tests/test_estimator.py tests/test_policies.py tests/test_bad_input.py \
 	tests/test_press_spec.py tests/test_bias_attention.py tests/test_tracker.py tests/test_features_kvpress.py tests/test_field.py \
-	tests/test_learned_rivals_study.py
+	tests/test_learned_rivals_study.py tests/test_surrogate_kvpress.py
 test-kvpress: $(STAMP_KVP)
 	$(BIN_KVP)/python -m pytest -q -m "kvpress or not smollm" $(KVPRESS_BESIDE)
 

@@ -1,6 +1,7 @@
 """How well scorers rank cache entries by Forward Influence on labelled text they never saw (offline, from labels).
 
     python analyses/surrogate.py --test runs/labels-test --model fi=DIR [--model name=DIR ...] --out DIR
+    python analyses/surrogate.py --test runs/labels-test --curve runs/labels-corpus --out DIR   # learning curve
 
 The test run is ``fi labels`` on the bundled documents with ``--features`` (they are the corpus's test set). For
 every (document, layer, KV head), each scorer ranks the candidates ``[0, p - w)``: the surrogates by their own
@@ -10,7 +11,9 @@ accumulated attention; ExpectedAttention: its score), random by a seeded permuta
 documents, layers and heads: the within-head Spearman with FI, and at keep 10/25/50 % the share of the head's
 summed single-entry FI that eviction of the lowest-ranked candidates removes (``evicted``; lower is better).
 The sum of single-entry FI is a proxy of the FI of the evicted set (the probe measures that: ``fi probe``).
-Tables ``offline.csv`` (per document) and ``offline_summary.csv``.
+Tables ``offline.csv`` (per document) and ``offline_summary.csv``. ``--curve RUN``: the linear surrogate (ridge
+of log FI, the default settings) trained on the first 2, 4, 8, ... slices of the labels run ``RUN`` (and all of
+them), each judged as above: ``curve.csv`` (slices, units, labels, and the scores).
 """
 
 from __future__ import annotations
@@ -45,10 +48,22 @@ def main(argv=None) -> None:
     ap.add_argument("--test", type=Path, required=True)
     ap.add_argument("--model", action="append", default=[], help="NAME=DIR of a surrogate (repeatable)")
     ap.add_argument("--target", default="fi")
+    ap.add_argument("--curve", type=Path, help="a fi labels run: the learning curve of the linear surrogate")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     lm = load_model()
     models = {name: read_surrogate(d) for name, d in (m.split("=", 1) for m in args.model)}
+    trained = {}
+    if args.curve is not None:
+        from fi_toolkit.surrogate.train import _slices, run_fit_surrogate
+        from fi_toolkit.surrogate.train_settings import SurrogateFitSettings
+
+        total = len(_slices([args.curve]))
+        sizes = sorted({*(2**k for k in range(1, total.bit_length()) if 2**k < total), total})
+        for n in sizes:
+            m = run_fit_surrogate(lm, [args.curve], SurrogateFitSettings(), max_slices=n)
+            trained[f"curve:{n}"] = (n, m.about["units"], m.about["labels"])
+            models[f"curve:{n}"] = m
     rows = []
     for unit in finished_units(args.test):
         labels = read_unit(args.test, unit)
@@ -77,6 +92,13 @@ def main(argv=None) -> None:
     summary = per_doc.groupby("scorer").mean().sort_values("evicted@0.25")
     summary.to_csv(args.out / "offline_summary.csv")
     print(summary.round(4).to_string())
+    if trained:
+        curve = summary.loc[list(trained)].copy()
+        curve.insert(0, "labels", [trained[k][2] for k in curve.index])
+        curve.insert(0, "units", [trained[k][1] for k in curve.index])
+        curve.insert(0, "slices", [trained[k][0] for k in curve.index])
+        curve.to_csv(args.out / "curve.csv")
+        print(curve.round(4).to_string())
 
 
 if __name__ == "__main__":

@@ -190,10 +190,12 @@ def run_fit_surrogate(
     settings: SurrogateFitSettings,
     out: Path | str | None = None,
     *,
+    max_slices: int | None = None,
     progress: Progress | None = None,
 ) -> SurrogateModel:
     """Train the surrogate on the units of ``runs`` (``fi labels`` run directories) -> the model (written to the
-    directory ``out`` when given; its ``about`` holds the training's record)."""
+    directory ``out`` when given; its ``about`` holds the training's record). ``max_slices``: only the first so
+    many slices (a learning curve's points)."""
     import numpy as np
     import torch
 
@@ -206,7 +208,7 @@ def run_fit_surrogate(
         raise FIError("no fi labels run given", parameter="runs")
     cfg = lm.config
     n_layers, n_heads, d = cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.hidden_size
-    slices = _slices(runs)
+    slices = _slices(runs)[:max_slices]
     sums = [_Sums(d, n_heads, settings.loss == "weighted") for _ in range(n_layers)] if settings.closed_form else None
     rows: list[list] = [[] for _ in range(n_layers)]  # per layer (x, fi, group) blocks for Adam
     units_used, labels_used, group = [], 0, 0
