@@ -1,4 +1,4 @@
-"""Correlation over every position: the headline correlation table (issue 20, part 1).
+"""Correlation over every position: the headline correlation table.
 
 For each compression point and each of the five bundled documents: ``fi correlate --estimator fisher
 --samples 16 --validate 32`` (the Fisher estimate of leave-one-out FI at every position of

@@ -1,4 +1,4 @@
-"""Does the Fisher (gradient) estimate of per-token FI rank positions like exact leave-one-out? (issue 10)
+"""Does the Fisher (gradient) estimate of per-token FI rank positions like exact leave-one-out?
 
 For each compression point (default p = 512 with chunks 512:640, 768:896 and p = 1024 with chunks
 1024:1280, 1536:1664: a near and a far chunk each; 1792:2048 would triple the exact cost at p = 1024) and each bundled

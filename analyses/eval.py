@@ -1,4 +1,4 @@
-"""The compressor on trial (issue 9): the README's table of replay KL and task accuracy for every policy
+"""The compressor on trial: the README's table of replay KL and task accuracy for every policy
 at three budgets, on the bundled documents and the generated tasks, with the full-cache row and the
 noise floor.
 

@@ -1,4 +1,4 @@
-"""Does a fitted score of compression-time signals beat InfoKV? (issue 21)
+"""Does a fitted score of compression-time signals beat InfoKV?
 
 1. ``fi fit-data`` on the five bundled documents (p = 512, FI target: the Fisher estimate per layer and
    KV head on the near chunk 512:576, 8 label draws).
@@ -6,7 +6,7 @@
    document left out (``--exclude``), so each document is probed with a policy not fitted on it.
 3. ``fi probe`` of each held-out document at keep 25 %: the fitted policy beside InfoKV, SnapKV and H2O on
    a near (512:640) and a far (768:896) chunk.
-4. Headroom (issue 20): the probe's settings are those of analyses/headroom.py's run (p = 512, the same
+4. Headroom: the probe's settings are those of analyses/headroom.py's run (p = 512, the same
    chunks, keep 25 %), whose random sets and FI oracles are deterministic; their rows are taken from
    analyses/results/headroom/fi.csv (after checking that the policies both runs measured agree to 1e-6) and
    the fitted policy is placed between random and the oracle: ``fitted_headroom.csv``.

@@ -1,4 +1,4 @@
-"""How far are the heuristics from the FI oracle? (issue 20, part 2)
+"""How far are the heuristics from the FI oracle?
 
 Runs (or reads) one ``fi probe`` of the five bundled documents at p = 512, chunks 512:640 (near) and
 768:896 (far), keep 25 % and 10 %, with the FI oracle fitted on the near chunk (the default: the first

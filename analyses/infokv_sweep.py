@@ -1,4 +1,4 @@
-"""Do InfoKV's paper settings (alpha = 0.9, tau = 1, top-k = 256) sit at an optimum? (issue 20, part 3)
+"""Do InfoKV's paper settings (alpha = 0.9, tau = 1, top-k = 256) sit at an optimum?
 
 Probe FI of ``policy:infokv@B:alpha=A,tau=T`` (signals traced with ``--top-k K``) at keep 25 % and 10 %
 on the five bundled documents, p = 512, a near chunk 512:640 and a far chunk 768:896 (sized for about

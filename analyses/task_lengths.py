@@ -1,4 +1,4 @@
-"""At which context lengths does the model solve each task with its full cache? (issue 9, part 3)
+"""At which context lengths does the model solve each task with its full cache?
 
 Runs the full cache only (no policy) on every task at 1,024, 2,048 and 4,096 tokens, greedy, and
 writes ``analyses/results/eval/task_lengths.csv`` (accuracy with a bootstrap 95 % CI per task and

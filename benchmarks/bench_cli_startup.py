@@ -1,4 +1,4 @@
-"""How fast the ``fi`` command line answers (issue 19): ``fi --help`` and a usage error against a bare
+"""How fast the ``fi`` command line answers: ``fi --help`` and a usage error against a bare
 ``python -c pass``, as ratios, side by side in one run (interleaved, so a busy machine slows all alike).
 
   python         python -c pass: the interpreter's own start-up, the floor

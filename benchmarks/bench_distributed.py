@@ -1,4 +1,4 @@
-"""Sharded runs (issue 11): ``fi nearfar`` on the 5 bundled documents, 2 ranks x 1 thread under
+"""Sharded runs: ``fi nearfar`` on the 5 bundled documents, 2 ranks x 1 thread under
 torchrun against 1 rank x 1 thread, side by side. Three variants, interleaved (and reversed every
 other round) so load drift hits all of them: 1 rank; 2 ranks with one unit per document (5 equal
 units split 3 + 2, so at most 5/3 = 1.67x); 2 ranks with ``--unit-sets 2`` (each document in 3 parts,

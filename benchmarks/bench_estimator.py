@@ -1,4 +1,4 @@
-"""Per-token FI of every prefix position: the Fisher estimator against exact leave-one-out (issue 10).
+"""Per-token FI of every prefix position: the Fisher estimator against exact leave-one-out.
 
 On SmolLM2 (embedded), 'alice', for each prefix p (default 1024 and 2048) with the 256-token chunk
 [p, p + 256): the estimate of every position of [4, p - 32) with ``--samples`` draws, timed whole, and

@@ -1,4 +1,4 @@
-"""Peak memory and time of the Fisher estimator with and without per-layer checkpointing (issue 10).
+"""Peak memory and time of the Fisher estimator with and without per-layer checkpointing.
 
 On SmolLM2 (embedded), 'alice', prefix p with chunk [p, p + L) for each ``--chunks`` length L: each
 path (kept graph / checkpointed) runs in a fresh subprocess. After the model, document and trace are

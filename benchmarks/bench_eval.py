@@ -1,4 +1,4 @@
-"""Speed of task evaluation (issue 9): samples per minute at 2,048 tokens of context on this CPU, full
+"""Speed of task evaluation: samples per minute at 2,048 tokens of context on this CPU, full
 cache against InfoKV, and what sharing one prefill across policies saves; ratios side by side in one run.
 
 SmolLM2, passkey samples at 2,048 tokens, question-agnostic, greedy answers of at most 12 tokens:

@@ -1,4 +1,4 @@
-"""Compressor speed and memory, ratios side by side in one run (issue 4).
+"""Compressor speed and memory, ratios side by side in one run.
 
 Prefill: wall time of a plain prefill (the model's forward over the prompt, last-row logits), of
 SnapKV (window queries -> window attention -> keep map -> gather) and of InfoKV (the same plus

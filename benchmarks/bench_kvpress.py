@@ -1,4 +1,4 @@
-"""Prefill cost of InfoKVPress beside SnapKVPress and no press (issue 12).
+"""Prefill cost of InfoKVPress beside SnapKVPress and no press.
 
 InfoKVPress compresses at the end of the same prefill forward (it needs the last layer for H and
 D^(l)); this times kvpress's own prefill call (``model.model(input_ids, past_key_values=cache)`` under

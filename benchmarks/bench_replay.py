@@ -1,4 +1,4 @@
-"""Speed of the decoding replay (fi_toolkit/compress/replay.py; issue 9's target: <= 1.3x one plain forward over
+"""Speed of the decoding replay (fi_toolkit/compress/replay.py; the target: <= 1.3x one plain forward over
 the sequence plus the compressions' scoring), ratios side by side in one run.
 
 SmolLM2 on a bundled book, a 4,096-token sequence, prompt 1,024, compression every 1,024 fed tokens:

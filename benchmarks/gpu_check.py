@@ -1,4 +1,4 @@
-"""GPU check (issue 8, part 5): the CUDA tests and benchmarks in one run, one JSON file.
+"""GPU check: the CUDA tests and benchmarks in one run, one JSON file.
 
 Sections (each recorded even when another fails; a failure is an "error" string in its section):
   environment  versions, device, CUDA, dtypes, sizes
@@ -94,7 +94,7 @@ SIZES = {  # p: compression point; chunk: precision's; end: probe cost's r_c; pr
         interval=16,
     ),
 }
-SPEARMAN_MIN, SET_TOLERANCE = 0.9, 0.05  # issue 8: upcast bf16 ranks like float32, a set's FI within 5 %
+SPEARMAN_MIN, SET_TOLERANCE = 0.9, 0.05  # the precision check: upcast bf16 ranks like float32, a set's FI within 5 %
 PRECISIONS = {
     "float32": ("float32", True),
     "bfloat16_upcast": ("bfloat16", True),

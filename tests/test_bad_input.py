@@ -1,4 +1,4 @@
-"""Every bad input of issue 7, table-driven: exit 2 with exactly one line ``error: ...`` on stderr, no
+"""Every bad input of the command line, table-driven: exit 2 with exactly one line ``error: ...`` on stderr, no
 traceback, nothing half-written and the results already on disk unchanged byte for byte.
 
 All cases fail before the embedded model is loaded (the model-dependent ones live in test_cli.py,
@@ -191,8 +191,21 @@ def other_files(*names):
     return setup
 
 
+def surrogate_dir(config: str | None, weights: bytes | None = None):
+    """A surrogate directory ``s`` holding ``config`` as config.json and ``weights`` as model.safetensors."""
+
+    def setup(tmp):
+        (tmp / "s").mkdir()
+        if config is not None:
+            (tmp / "s" / "config.json").write_text(config)
+        if weights is not None:
+            (tmp / "s" / "model.safetensors").write_bytes(weights)
+
+    return setup
+
+
 def fitted_file(text):
-    """A fitted-policy file ``p.json`` holding ``text`` (issue 21)."""
+    """A fitted-policy file ``p.json`` holding ``text``."""
 
     def setup(tmp):
         (tmp / "p.json").write_text(text)
@@ -214,7 +227,7 @@ def fitted_record(**change):
 
 
 def fit_data_run(documents):
-    """A ``fi fit-data`` run directory ``fd`` with rows of ``documents`` (issue 21)."""
+    """A ``fi fit-data`` run directory ``fd`` with rows of ``documents``."""
 
     def setup(tmp):
         (tmp / "fd").mkdir()
@@ -552,7 +565,7 @@ CASES = [
     ),
     ("nearfar-budget-all", None, ["nearfar", "--budget", "remove=1.0"], "removes nothing or everything"),
     ("correlate-seed-negative", None, ["correlate", "--chunk", "128:160", "--seed=-1"], "--seed"),
-    # the gradient estimator (issue 10): its options, and options it would ignore
+    # the gradient estimator: its options, and options it would ignore
     (
         "estimator-unknown",
         None,
@@ -621,7 +634,7 @@ CASES = [
         "starts before the compression point",
     ),
     ("generate-budget-side", None, ["generate", "hi", "--budget", "hold=0.2"], "write keep=X or remove=X"),
-    # fi eval (issue 9): lists, tasks, policies and budgets are checked before the model is loaded
+    # fi eval: lists, tasks, policies and budgets are checked before the model is loaded
     ("eval-unknown-task", None, ["eval", "--task", "sudoku"], "unknown task 'sudoku'"),
     ("eval-unknown-policy", None, ["eval", "--policy", "infokv,lru"], "unknown policy 'lru'"),
     (
@@ -726,7 +739,7 @@ CASES = [
         ["probe", "--chunk", "128:260", "--future", "generated:64"],
         "chunk 128:260 ends past p + N = 192",
     ),
-    # sharded runs and placement (issue 11)
+    # sharded runs and placement
     (
         "nearfar-into-a-run-of-another-world-size",
         a_run_of_world(2),
@@ -961,7 +974,7 @@ CASES = [
         ["probe", "--chunk", "128:160", "--select", "kvpress:TOVAPress@keep=0.5"],
         KVPRESS_MISSING,
     ),
-    # policy options, spelled NAME[:key=value,...] (issue 18): refused by name or by the policy's own validation
+    # policy options, spelled NAME[:key=value,...]: refused by name or by the policy's own validation
     (
         "select-policy-option-unknown",
         None,
@@ -1084,7 +1097,7 @@ CASES = [
         ["probe", "--chunk", "128:160", "--select", "kvpress:TOVAPress@keep=0.5"],
         "error: --select kvpress:TOVAPress@keep=0.5 needs the kvpress extra (",
     ),
-    # fi lm-eval (issue 22): --model fi's model arguments are checked before lm-eval or a model loads
+    # fi lm-eval: --model fi's model arguments are checked before lm-eval or a model loads
     (
         "lmeval-unknown-policy",
         None,
@@ -1139,7 +1152,7 @@ CASES = [
         ["lm-eval", "--model", "fi", "--device", "tpu", "--tasks", "x"],
         "device 'tpu' does not exist (use auto, cpu, cuda, cuda:N or mps)",
     ),
-    # equal specifications, compared after parsing (issue 19): refused in one line naming both spellings
+    # equal specifications, compared after parsing: refused in one line naming both spellings
     (
         "eval-budget-equal",
         None,
@@ -1196,7 +1209,7 @@ CASES = [
         ["probe", "--chunk", "128:160", "--select", "policy:snapkv@0.5", "--select", "policy:snapkv@keep=0.5"],
         "select the same set (policy:snapkv@keep=0.5)",
     ),
-    # fitted policies and fi fit (issue 21); a file fitted on another architecture: tests/test_fit.py (needs a model)
+    # fitted policies and fi fit; a file fitted on another architecture: tests/test_fit.py (needs a model)
     (
         "select-fitted-missing",
         None,
@@ -1240,6 +1253,28 @@ CASES = [
         "no features listed",
     ),
     ("generate-fitted-missing", None, ["generate", "hi", "--policy", "fitted:path=no.json"], "'no.json': no such file"),
+    # the surrogate's directory: read as JSON and safetensors only (a pickle is never loaded)
+    (
+        "select-surrogate-missing",
+        None,
+        ["probe", "--chunk", "128:160", "--select", "policy:surrogate@0.25:path=no"],
+        "surrogate 'no' is not a directory (it holds config.json and model.safetensors)",
+    ),
+    (
+        "select-surrogate-foreign",
+        surrogate_dir('{"model_type": "llama"}'),
+        ["probe", "--chunk", "128:160", "--select", "policy:surrogate@0.25:path=s"],
+        "surrogate 's': config.json is not a KVzap model's (model_type must be 'kvzap')",
+    ),
+    (
+        "eval-surrogate-pickle",
+        surrogate_dir(
+            '{"model_type": "kvzap", "input_dim": 4, "output_dim": 1, "n_modules": 1, "hidden_dim": null}',
+            b"\x80\x04\x95 a pickle, not safetensors",
+        ),
+        ["eval", "--policy", "surrogate:path=s"],
+        "surrogate 's': model.safetensors is not a safetensors file",
+    ),
     (
         "generate-fitted-no-architecture",
         fitted_file(fitted_record(model={"name": "x"})),
@@ -1317,7 +1352,7 @@ CASES = [
         ["fit-data", "--chunk", "128:160", "--out", "fd", "--sinks", "-1"],
         "--sinks must lie in [0, 96), got -1",
     ),
-    # fi view (issue 21): every option checked before the model loads
+    # fi view: every option checked before the model loads
     ("view-missing-document", None, ["view", "no-such-file.txt"], "no-such-file.txt"),
     ("view-policy-unknown", None, ["view", "alice", "--policy", "infokv,lru"], "unknown policy 'lru'"),
     ("view-budget-nan", None, ["view", "alice", "--budget", "keep=nan"], "--budget"),
@@ -1344,7 +1379,7 @@ CASES = [
         "--out 'page.html' exists",
     ),
     ("view-out-under-file", a_file, ["view", "alice", "--out", "f/page.html"], "lies under 'f'"),
-    # the FI oracle (issue 20): it sees the future, so only fi probe measures it; its options
+    # the FI oracle: it sees the future, so only fi probe measures it; its options
     (
         "generate-fi-oracle",
         None,
@@ -1399,7 +1434,7 @@ CASES = [
         ["probe", "--chunk", "128:160", "--select", "policy:fi-oracle@0.5:estimator=taylor"],
         "unknown estimator 'taylor' (choose fisher or exact)",
     ),
-    # the decoding oracle (issue 20 part 4): fi eval on documents looks ahead; no continuation, no oracle
+    # the decoding oracle: fi eval on documents looks ahead; no continuation, no oracle
     (
         "generate-fi-oracle-options",
         None,

@@ -1,4 +1,4 @@
-"""The pages in a real headless browser (issue 21, part 4): Debian's Chromium driven through its own
+"""The pages in a real headless browser: Debian's Chromium driven through its own
 DevTools protocol over a pipe (``--remote-debugging-pipe``: JSON messages ended by NUL on fds 3 and 4),
 so no websocket, no Playwright and no network. ``make browser`` installs Chromium; without a binary
 these tests are skipped with the reason.

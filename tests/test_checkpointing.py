@@ -1,4 +1,4 @@
-"""The estimator's memory bound (issue 10): per-layer checkpointing gives the same estimates from a smaller graph."""
+"""The estimator's memory bound: per-layer checkpointing gives the same estimates from a smaller graph."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The decoding oracle (issue 20, part 4): ``fi-oracle`` in replays of text looks ahead to the next
+"""The decoding oracle: ``fi-oracle`` in replays of text looks ahead to the next
 ``interval`` tokens at each compression. Checked against the full cache (full budget), against an
 independent autograd computation of the sampled Fisher estimate on the decoder's compressed cache (own
 bias hooks, own label draws, continuation at its true absolute positions; no project code), for never

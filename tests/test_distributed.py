@@ -1,4 +1,4 @@
-"""Sharded runs under torchrun (issue 11): the plan, the merged tables against a single process, a
+"""Sharded runs under torchrun: the plan, the merged tables against a single process, a
 rank killed mid-run, resumed with one rank or restarted by torchrun, and CPU threads per rank.
 
 The torchrun tests launch ``tests/dist_worker.py`` (the tiny model through the library) with two gloo

@@ -1,4 +1,4 @@
-"""Library errors name parameters (issue 18): no FIError message written in a library module names a
+"""Library errors name parameters: no FIError message written in a library module names a
 command-line flag, a Python call reads the parameter it passed, and the CLI names the flag instead."""
 
 from __future__ import annotations

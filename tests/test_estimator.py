@@ -1,4 +1,4 @@
-"""The gradient (Fisher) estimator of per-token FI (issue 10): oracles that share no code with it."""
+"""The gradient (Fisher) estimator of per-token FI: oracles that share no code with it."""
 
 from __future__ import annotations
 
@@ -153,7 +153,7 @@ def test_correlate_with_the_estimator_writes_agreement_and_resumes(tiny, tmp_pat
 @pytest.mark.smollm
 def test_agreement_with_exact_loo_on_smollm(smollm, alice):
     """SmolLM2, alice, p = 256, near chunk 256:320, 16 samples, 24 entropy-stratified positions.
-    Measured Spearman 0.86 (see ISSUE10_NOTES.md); the guard is 0.8."""
+    Measured Spearman 0.867 (docs/results/headroom.md); the guard is 0.8."""
     from fi_toolkit.studies import candidate_positions
 
     trace = trace_prefix(smollm.model, alice.ids, 256)

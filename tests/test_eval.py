@@ -1,4 +1,4 @@
-"""``fi eval`` (issue 9): shared prefills equal separate ones, free generation equals generate(), the
+"""``fi eval``: shared prefills equal separate ones, free generation equals generate(), the
 full budget equals the full cache, question-agnostic compression never sees the question, summaries
 and resumable runs; the command line on SmolLM2 (``smollm``)."""
 

@@ -1,4 +1,4 @@
-"""Fitted policies (issue 21): ``fi fit-data``/``fi fit`` and ``fitted:path=FILE``.
+"""Fitted policies: ``fi fit-data``/``fi fit`` and ``fitted:path=FILE``.
 
 Oracles: a single positive window-attention weight keeps exactly SnapKV's entries (SnapKV's own
 keep map); a fit to synthetic FI that is an exact log-linear function of the features recovers the

@@ -1,4 +1,4 @@
-"""The bridge to kvpress (issue 12), checked against kvpress itself: run by `make test-kvpress` in
+"""The bridge to kvpress, checked against kvpress itself: run by `make test-kvpress` in
 .venv-kvpress (kvpress 0.5.5 pins transformers<5.3); skipped where kvpress is not installed.
 
 The oracles are kvpress's own results, never the bridge's code: the compressed cache kvpress leaves

@@ -1,4 +1,4 @@
-"""The lm-evaluation-harness backend (issue 22; fi_toolkit/evaluation/lmeval/, fi lm-eval).
+"""The lm-evaluation-harness backend (fi_toolkit/evaluation/lmeval/, fi lm-eval).
 
 Without lm-eval (the fast suite): a request's compressed scoring and generation against independent
 computations (plain transformers forwards and ``model.generate``; the toolkit's replay and generate for

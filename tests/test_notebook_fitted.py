@@ -1,4 +1,4 @@
-"""Executes notebooks/05_fitted_policy.ipynb (fit, apply, compare; issue 21); any failing cell fails the test."""
+"""Executes notebooks/05_fitted_policy.ipynb (fit, apply, compare); any failing cell fails the test."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Executes notebooks/04_headroom.ipynb (FI oracle, heuristics, random sets, headroom; issue 20) afresh;
+"""Executes notebooks/04_headroom.ipynb (FI oracle, heuristics, random sets, headroom) afresh;
 any failing cell fails the test. The fresh run's FI table is checked against the oracle's defining
 properties and its headroom against a plain recomputation of the formula; the committed outputs must
 agree with the fresh run."""

@@ -1,4 +1,4 @@
-"""The FI oracle (issue 20): keep sets checked against brute force by physical deletion (no probe code),
+"""The FI oracle: keep sets checked against brute force by physical deletion (no probe code),
 its spelling and refusals, rounds, and on SmolLM2 its FI against every heuristic at the same budget."""
 
 from __future__ import annotations

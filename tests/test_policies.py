@@ -295,7 +295,7 @@ def test_bad_policy_selections(spec):
         parse_selection(spec)
 
 
-# --- Adaptive(policy) and the spelling NAME[:key=value,...] (issue 18) ------------------------------------
+# --- Adaptive(policy) and the spelling NAME[:key=value,...] -------------------------------------------
 
 
 def _adaptive_reference(weights: torch.Tensor, scores_lhp: torch.Tensor, k: int) -> tuple[list[int], list]:

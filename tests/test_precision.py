@@ -119,7 +119,7 @@ def test_no_warning_without_flags():
 
 @pytest.mark.smollm
 def test_bfloat16_probe_ranks_like_float32_on_an_unseen_document():
-    """Issue 8's check: SmolLM2 on a document no other test uses (botchan), p = 512, chunk 512:640.
+    """The precision check: SmolLM2 on a document no other test uses (botchan), p = 512, chunk 512:640.
     Weights in bfloat16, arithmetic upcast (the default): single-token FI ranks like float32
     (Spearman >= 0.9) and a 60-token set's FI is within 5 % of float32."""
     from fi_toolkit.documents import load_document

@@ -1,5 +1,5 @@
 """``fi probe`` beside an FI oracle and random sets writes the headroom table, and ``fi report`` shows a
-probe run with its headroom figure (issue 20, part 3). The expected headroom is recomputed here from
+probe run with its headroom figure. The expected headroom is recomputed here from
 ``fi.csv`` with plain pandas: per document the mean of the random seeds, then ratios of means."""
 
 from __future__ import annotations

@@ -116,7 +116,7 @@ def _reads_as(shown: str, csv_text: str) -> bool:
 
 
 def test_markdown_tables_show_the_csv_numbers_to_4_significant_digits(runs):
-    """Issue 21: the shown tables read well (<= 4 significant digits, integers as integers); the CSV files
+    """The shown tables read well (<= 4 significant digits, integers as integers); the CSV files
     they come from keep every digit."""
     root, out, _ = runs
     md = (out / "report.md").read_text()

@@ -1,4 +1,4 @@
-"""fi report on lm-eval output (issue 22, part 5): accuracy against budget per policy from the files
+"""fi report on lm-eval output: accuracy against budget per policy from the files
 ``fi lm-eval`` writes, checked against pandas and scipy computed here (no model, no lm-eval needed)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Settings objects (issue 18): the commands build the same objects as Python does, each check() refuses
+"""Settings objects: the commands build the same objects as Python does, each check() refuses
 bad values with one line, and the library entry points take them (results equal to the keyword forms)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The command line answers at once (issue 19): importing the package or the ``fi`` app loads none of the
+"""The command line answers at once: importing the package or the ``fi`` app loads none of the
 heavy libraries, ``fi --help`` and usage errors never import them, every public name is still there, and the
 package docstring's quick start runs as written."""
 
@@ -117,7 +117,7 @@ def test_help_and_usage_errors_import_no_heavy_library(argv):
     assert loaded_heavy(code) == []
 
 
-# usage errors in option values (issue 19): refused before torch, transformers or pandas is imported
+# usage errors in option values: refused before torch, transformers or pandas is imported
 VALUE_ERRORS = [
     (["probe", "--chunk", "9:3"], "invalid chunk '9:3'"),
     (["probe", "--chunk", "128:160", "--select", "nonsense:1"], "unknown selector 'nonsense'"),

@@ -11,6 +11,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
+from cases import random_surrogate
 
 from fi_toolkit.documents import Document
 from fi_toolkit.errors import FIError
@@ -36,17 +37,9 @@ def labels_run(tiny, tiny_ids, tmp_path_factory):
     return out
 
 
-def random_model(tiny, hidden: int | None = None, seed: int = 0) -> SurrogateModel:
-    cfg = tiny.config
-    m = SurrogateModel(cfg.hidden_size, cfg.num_key_value_heads, cfg.num_hidden_layers, hidden, {})
-    g = torch.Generator().manual_seed(seed)
-    m.weights = {k: torch.randn(s, generator=g) for k, s in m.expected_shapes().items()}
-    return m
-
-
 @pytest.mark.parametrize("hidden", [None, 5])
 def test_a_written_model_reads_back_with_kvpress_tensor_names(tiny, tmp_path, hidden):
-    m = random_model(tiny, hidden)
+    m = random_surrogate(tiny, hidden)
     write_surrogate(tmp_path / "s", m)
     config = json.loads((tmp_path / "s" / "config.json").read_text())
     assert config["model_type"] == "kvzap" and config["hidden_dim"] == hidden and config["n_modules"] == 4
@@ -90,7 +83,7 @@ def _damage(folder, how):
     ],
 )
 def test_a_damaged_foreign_or_hostile_directory_is_refused_in_one_line(tiny, tmp_path, how, message):
-    write_surrogate(tmp_path / "s", random_model(tiny))
+    write_surrogate(tmp_path / "s", random_surrogate(tiny))
     _damage(tmp_path / "s", how)
     with pytest.raises(FIError, match=message) as e:
         read_surrogate(tmp_path / "s")
@@ -99,7 +92,7 @@ def test_a_damaged_foreign_or_hostile_directory_is_refused_in_one_line(tiny, tmp
 
 def test_scores_see_nothing_after_their_position(tiny, tiny_ids):
     """Attention inputs of a prefix equal the whole document's at the same positions, so do the scores."""
-    m = random_model(tiny, hidden=5)
+    m = random_surrogate(tiny, hidden=5)
     short, whole = attention_inputs(tiny.model, tiny_ids[:50]), attention_inputs(tiny.model, tiny_ids[:200])
     for layer in range(4):
         torch.testing.assert_close(short[layer], whole[layer][:50], rtol=1e-5, atol=1e-6)
@@ -114,7 +107,7 @@ def test_the_policy_keeps_each_heads_top_scored_tokens(tiny, tiny_ids, tmp_path)
     from fi_toolkit.probe.selections import parse_selections
     from fi_toolkit.signals.trace import trace_prefix
 
-    m = random_model(tiny)
+    m = random_surrogate(tiny)
     write_surrogate(tmp_path / "s", m)
     p = 64
     trace = trace_prefix(tiny.model, tiny_ids, p, SIGNALS)
@@ -131,7 +124,7 @@ def test_the_policy_keeps_each_heads_top_scored_tokens(tiny, tiny_ids, tmp_path)
         sel.resolve(trace)
 
 
-def test_the_policy_refuses_a_model_of_another_size(tiny, tiny_ids, tmp_path):
+def test_the_policy_refuses_a_model_of_another_size(tiny, tiny_ids, tmp_path, monkeypatch):
     from fi_toolkit.probe.selections import parse_selections
     from fi_toolkit.signals.trace import trace_prefix
 
@@ -142,6 +135,7 @@ def test_the_policy_refuses_a_model_of_another_size(tiny, tiny_ids, tmp_path):
     (sel,) = parse_selections([f"policy:surrogate@keep=0.5:path={tmp_path / 's'}"])
     with pytest.raises(FIError, match="scores 4 layers x 3 KV heads; this model has 4 x 2"):
         sel.resolve(trace_prefix(tiny.model, tiny_ids, 64, SIGNALS), model=tiny.model, ids=tiny_ids)
+    monkeypatch.setattr("fi_toolkit.policies.surrogate.DEFAULT_MODEL", tmp_path / "absent")  # an installed package
     with pytest.raises(FIError, match="surrogate needs its directory"):
         registry.resolve("surrogate")
 
@@ -213,7 +207,7 @@ def test_while_decoding_each_row_is_scored_once_as_it_is_fed(tiny, tiny_ids, tmp
     from fi_toolkit.model.attention import ragged_attention
     from fi_toolkit.policies import make_policy
 
-    m = random_model(tiny, hidden=5)
+    m = random_surrogate(tiny, hidden=5)
     write_surrogate(tmp_path / "s", m)
     policy = make_policy(f"surrogate:path={tmp_path / 's'}", budget=24, window=4)
     decoder = CompressedDecoder(tiny.model, policy, 400, interval=7)

@@ -14,8 +14,8 @@ import torch
 
 kvpress = pytest.importorskip("kvpress")
 
+from cases import random_surrogate  # noqa: E402
 from kvpress.presses.kvzap_press import KVzapModel  # noqa: E402
-from test_surrogate import random_model  # noqa: E402
 
 from fi_toolkit.integrations.kvpress.bridge import run_press  # noqa: E402
 from fi_toolkit.policies.surrogate import attention_inputs, read_surrogate, write_surrogate  # noqa: E402
@@ -83,7 +83,7 @@ def test_kvzap_press_and_the_surrogate_policy_score_and_keep_the_same_entries(ti
     it is compared by the scores it kept (sorted): two choices that differ only among tied scores are the same.
     """
     model = tiny.model
-    folder = write_surrogate(tmp_path / "s", random_model(tiny, hidden))
+    folder = write_surrogate(tmp_path / "s", random_surrogate(tiny, hidden))
     form = "linear" if hidden is None else "mlp"
 
     press, theirs_scores = kvzap_press(model, folder, form)

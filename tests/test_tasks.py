@@ -1,4 +1,4 @@
-"""Long-context task generators and exact-match scoring (issue 9): mechanics with a whitespace tokenizer,
+"""Long-context task generators and exact-match scoring: mechanics with a whitespace tokenizer,
 the real SmolLM2 tokenizer (chat template) in the ``smollm`` tests."""
 
 from __future__ import annotations

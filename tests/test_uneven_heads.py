@@ -1,4 +1,4 @@
-"""Keep maps whose KV heads keep different counts (AdaKV-style presses, issue 12): the probe masks each
+"""Keep maps whose KV heads keep different counts (AdaKV-style presses): the probe masks each
 head's entries in every layer's attention, checked against an independent oracle (an uncached eager
 forward with a hand-built per-head mask, tests/oracles.py); compressed decoding refuses them."""
 

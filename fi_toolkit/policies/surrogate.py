@@ -11,8 +11,9 @@ under ``fi_toolkit``) and ``model.safetensors`` (``layers.<l>.weight``/``bias``,
 JSON and safetensors only (no pickle, no code), and a directory that is not such a model (missing or extra
 tensors, wrong shapes, non-finite weights, a model of another size) is refused in one line.
 
-**Policy** ``surrogate:path=DIR`` scores the cache by the attention inputs of its tokens: at a prompt's
-compression (the probe, ``fi field``, ``fi eval``) it runs one forward of the prompt's tokens with hooks on every
+**Policy** ``surrogate:path=DIR`` (without ``path=``: :data:`DEFAULT_MODEL`, the linear surrogate trained on the
+label factory's corpus for the embedded SmolLM2, in a source checkout only) scores the cache by the attention
+inputs of its tokens: at a prompt's compression (the probe, ``fi field``, ``fi eval``) it runs one forward of the prompt's tokens with hooks on every
 layer's attention input (the cost of a prefill), then ranks each KV head's slots by their tokens' scores. While
 decoding (``fi generate``, ``fi eval``, ``fi lm-eval``) the decoder's tracker scores every row once, as it is fed
 (:class:`~fi_toolkit.signals.tracker.SignalTracker`'s ``scorer``), so a compression only ranks stored scores.
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
 
     from fi_toolkit.signals.policy_view import Signals
 
+# the FI-trained linear surrogate of the embedded model (analyses/surrogate.py), present in a source checkout only
+DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "analyses" / "results" / "surrogate" / "model"
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
 HEADS = ("uniform", "global")
@@ -212,7 +215,9 @@ class Surrogate(Policy):
     def __post_init__(self):
         super().__post_init__()
         if not self.path:
-            raise FIError("surrogate needs its directory: surrogate:path=DIR (made by fi fit-surrogate)")
+            if not (DEFAULT_MODEL / CONFIG).is_file():
+                raise FIError("surrogate needs its directory: surrogate:path=DIR (made by fi fit-surrogate)")
+            self.path = str(DEFAULT_MODEL)
         if self.heads not in HEADS:
             raise FIError(f"heads must be uniform or global, got '{self.heads}'")
         self.model = read_surrogate(self.path)
