@@ -12,12 +12,13 @@ JSON and safetensors only (no pickle, no code), and a directory that is not such
 tensors, wrong shapes, non-finite weights, a model of another size) is refused in one line.
 
 **Policy** ``surrogate:path=DIR`` (without ``path=``: :data:`DEFAULT_MODEL`, the linear surrogate trained on the
-label factory's corpus for the embedded SmolLM2, in a source checkout only) scores the cache by the attention
-inputs of its tokens: at a prompt's compression (the probe, ``fi field``, ``fi eval``) it runs one forward of the
-prompt's tokens with hooks on every layer's attention input (the cost of a prefill), then ranks each KV head's slots by their tokens' scores. While
-decoding (``fi generate``, ``fi eval``, ``fi lm-eval``) the decoder's tracker scores every row once, as it is fed
-(:class:`~fi_toolkit.signals.tracker.SignalTracker`'s ``scorer``), so a compression only ranks stored scores.
-``heads=global`` shares a layer's budget over its KV heads by score (AdaKV's allocation, as ``learned:heads=global``).
+label factory's corpus for the embedded SmolLM2, in a source checkout only) scores the cache by the attention inputs
+of its tokens: at a prompt's compression (the probe, ``fi field``, ``fi eval``) it runs one forward of the prompt's
+tokens with hooks on every layer's attention input (the cost of a prefill), then ranks each KV head's slots by their
+tokens' scores. While decoding (``fi generate``, ``fi eval``, ``fi lm-eval``) the decoder's tracker scores every row
+once, as it is fed (:class:`~fi_toolkit.signals.tracker.SignalTracker`'s ``scorer``), so a compression only ranks
+stored scores. ``heads=global`` shares a layer's budget over its KV heads by score (AdaKV's allocation, as
+``learned:heads=global``).
 """
 
 from __future__ import annotations
