@@ -2,6 +2,7 @@
 
     python analyses/surrogate.py --test runs/labels-test --model fi=DIR [--model name=DIR ...] --out DIR
     python analyses/surrogate.py --test runs/labels-test --curve runs/labels-corpus --out DIR   # learning curve
+    python analyses/surrogate.py --figure DIR/offline.csv --scorer fi-linear --out docs/images/surrogate_heads.png
 
 The test run is ``fi labels`` on the bundled documents with ``--features`` (they are the corpus's test set). For
 every (document, layer, KV head), each scorer ranks the candidates ``[0, p - w)``: the surrogates by their own
@@ -43,14 +44,42 @@ def evicted_share(score: np.ndarray, fi: np.ndarray, p: int, keep: float) -> flo
     return float(fi[order[picks:]].sum() / fi.sum())
 
 
+def heads_figure(offline: Path, scorer: str, rival: str, out: Path) -> None:
+    """Which layers and KV heads the scorer ranks well: its within-head Spearman with FI per (layer, head), mean
+    over the test documents, beside its difference from ``rival``'s (seaborn heatmaps)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    table = pd.read_csv(offline)
+    mean = table.groupby(["scorer", "layer", "head"]).spearman.mean()
+    mine, theirs = mean[scorer].unstack("layer"), mean[rival].unstack("layer")
+    fig, axes = plt.subplots(2, 1, figsize=(12, 4.2), constrained_layout=True)
+    sns.heatmap(mine, ax=axes[0], vmin=-1, vmax=1, cmap="vlag", cbar_kws={"label": "Spearman"})
+    axes[0].set_title(f"{scorer}: within-head Spearman with FI (mean over the test documents)")
+    sns.heatmap(mine - theirs, ax=axes[1], center=0, cmap="PiYG", cbar_kws={"label": "difference"})
+    axes[1].set_title(f"{scorer} minus {rival}")
+    for ax in axes:
+        ax.set_ylabel("KV head")
+    fig.savefig(out, dpi=110)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--test", type=Path, required=True)
+    ap.add_argument("--test", type=Path)
+    ap.add_argument("--figure", type=Path, help="an offline.csv: draw the per-(layer, head) figure into --out")
+    ap.add_argument("--scorer", default="fi-linear")
+    ap.add_argument("--rival", default="expected_attention")
     ap.add_argument("--model", action="append", default=[], help="NAME=DIR of a surrogate (repeatable)")
     ap.add_argument("--target", default="fi")
     ap.add_argument("--curve", type=Path, help="a fi labels run: the learning curve of the linear surrogate")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
+    if args.figure is not None:
+        heads_figure(args.figure, args.scorer, args.rival, args.out)
+        return
     lm = load_model()
     models = {name: read_surrogate(d) for name, d in (m.split("=", 1) for m in args.model)}
     trained = {}

@@ -275,3 +275,15 @@ def test_fi_labels_on_alice_equals_fi_fit_data(smollm, tmp_path):
     columns = [c for c in want.columns if c != "document"]
     pd.testing.assert_frame_equal(got[columns], want[columns], check_exact=True)
     assert (got.point == 512).all() and got.fi_near.gt(0).all() and not got.fi_near.equals(got.fi_far)
+
+
+def test_slices_come_in_rounds_over_the_documents(tiny_ids):
+    """A run stopped early spans every text: the first slice of every document, then the second..."""
+    from fi_toolkit.surrogate.labels import slice_documents
+
+    long, short = (
+        Document("long", "", tiny_ids, "t", sha256="a"),
+        Document("short", "", tiny_ids[:150], "t", sha256="b"),
+    )
+    names = [d.name for d in slice_documents([long, short], TINY_LABELS)]
+    assert names == ["long#0", "short#0", "long#304"]  # 2 slices at most; short holds one of 96 tokens

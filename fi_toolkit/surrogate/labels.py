@@ -87,10 +87,14 @@ def corpus_texts(texts: list[tuple[str, str, str]], corpus: CorpusSettings) -> t
 
 def slice_documents(docs: Sequence[Document], settings: LabelSettings) -> list[Document]:
     """Every document cut into at most ``settings.slices`` slices of ``settings.slice_tokens()`` tokens
-    (:func:`fi_toolkit.surrogate.corpus.slices`)."""
+    (:func:`fi_toolkit.surrogate.corpus.slices`), in rounds: every document's first slice, then every second one...,
+    so a run stopped early (or the first units of a finished one) spans every text and kind of the corpus."""
+    from itertools import zip_longest
+
     from fi_toolkit.surrogate.corpus import slices
 
-    return [s for doc in docs for s in slices(doc, settings.slice_tokens(), settings.slices)]
+    per_doc = [slices(doc, settings.slice_tokens(), settings.slices) for doc in docs]
+    return [s for rnd in zip_longest(*per_doc) for s in rnd if s is not None]
 
 
 def run_labels(
