@@ -1862,6 +1862,8 @@ ARGUMENT_ERRORS = [
     (["lm-eval", "--model", "fi", "--model_args", "policy=nosuch"], "unknown policy 'nosuch'"),
     (["tasks", "export", "--task", "passkey", "--samples", "0", "--out", "t"], "--samples must be >= 1, got 0"),
     (["field", "alice", "--seeds", "0"], "--seeds must lie in [1, 1000], got 0"),
+    (["labels", "alice", "--samples", "0", "--out", "l"], "--samples must be >= 1, got 0"),
+    (["fit-surrogate", "no-such-run", "--out", "s"], "'no-such-run' is not a directory of fi labels"),
 ]
 
 

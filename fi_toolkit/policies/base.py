@@ -319,6 +319,26 @@ class Policy:
         ]
         return KeepMap(f"policy:{self.label}", keep, meta)
 
+    def keep_map_across_heads(self, signals) -> KeepMap:
+        """:meth:`keep_map` with each layer's budget (the uniform ``k`` per head, times ``Hkv``) shared over its
+        KV heads by :meth:`scores_for_heads` (``across_heads=True``; :func:`select_across_heads`, AdaKV's
+        allocation): an uneven keep map. The ``heads=global`` option of the learned policy and the surrogate."""
+        from fi_toolkit.eviction import KeepMap
+
+        s = as_signals(signals)
+        if s.window != self.window:
+            raise FIError(f"{self.name}: signals were traced with window {s.window}, the policy uses {self.window}")
+        budgets = self.layer_budgets(s, self.tokens(s.seen, max(s.protected)))
+        heads = self.live_heads(s, budgets, across_heads=True)
+        meta = {
+            "selector": f"policy:{self.name}",
+            "budget": self.budget.label,
+            "policy": self.name,
+            "per_layer": budgets,
+            "heads": "global",
+        }
+        return KeepMap.from_heads(f"policy:{self.label}", heads, meta)
+
     def live_heads(self, s: Signals, budgets: list[int], across_heads: bool = False) -> list[list[torch.Tensor]]:
         """Per layer, each head's kept slots when the cache holds dead slots (:func:`select_live`; a layer
         without any, :func:`select` or :func:`select_across_heads`)."""

@@ -237,23 +237,8 @@ class Learned(Fitted):
         (:func:`~fi_toolkit.policies.base.select_across_heads`): an uneven keep map."""
         if self.heads != "global":
             return super().keep_map(signals)
-        from fi_toolkit.eviction import KeepMap
-
-        s = as_signals(signals)
-        self._check_architecture(s)
-        if s.window != self.window:
-            raise FIError(f"{self.name}: signals were traced with window {s.window}, the policy uses {self.window}")
-        k = self.tokens(s.seen, max(s.protected))
-        budgets = self.layer_budgets(s, k)
-        heads = self.live_heads(s, budgets, across_heads=True)
-        meta = {
-            "selector": f"policy:{self.name}",
-            "budget": self.budget.label,
-            "policy": self.name,
-            "per_layer": budgets,
-            "heads": "global",
-        }
-        return KeepMap.from_heads(f"policy:{self.label}", heads, meta)
+        self._check_architecture(as_signals(signals))
+        return self.keep_map_across_heads(signals)
 
     def scores_for_heads(self, s: Signals, layer: int, across_heads: bool) -> torch.Tensor:
         """Across heads, the raw float64 scores (comparable across the heads of a layer); within a head, the ranks

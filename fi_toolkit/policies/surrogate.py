@@ -266,22 +266,7 @@ class Surrogate(Policy):
         ``Hkv``) is shared over its heads by score (:func:`~fi_toolkit.policies.base.select_across_heads`)."""
         if self.heads != "global":
             return super().keep_map(signals)
-        from fi_toolkit.eviction import KeepMap
-        from fi_toolkit.policies.base import as_signals
-
-        s = as_signals(signals)
-        if s.window != self.window:
-            raise FIError(f"{self.name}: signals were traced with window {s.window}, the policy uses {self.window}")
-        budgets = self.layer_budgets(s, self.tokens(s.seen, max(s.protected)))
-        heads = self.live_heads(s, budgets, across_heads=True)
-        meta = {
-            "selector": f"policy:{self.name}",
-            "budget": self.budget.label,
-            "policy": self.name,
-            "per_layer": budgets,
-            "heads": "global",
-        }
-        return KeepMap.from_heads(f"policy:{self.label}", heads, meta)
+        return self.keep_map_across_heads(signals)
 
     def scores_for_heads(self, s: Signals, layer: int, across_heads: bool) -> torch.Tensor:
         return self.scores(s, layer)
