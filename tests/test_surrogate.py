@@ -232,3 +232,29 @@ def test_while_decoding_each_row_is_scored_once_as_it_is_fed(tiny, tiny_ids, tmp
         signals = decoder.signals()
         positions = decoder.row.positions[layer]
         assert torch.equal(signals.input_scores[layer], held.gather(1, positions.long()))
+
+
+def test_heads_global_keeps_each_layers_top_scores_over_all_its_heads(tiny, tiny_ids, tmp_path):
+    """``heads=global``: per layer, every head's window, then the ``Hkv * (k - w)`` top-scored candidates over all
+    the heads together (recomputed by hand from the model's scores): heads keep different counts summing to
+    ``Hkv * k`` (an uneven map pads each head's row by repeating its last kept slot)."""
+    from fi_toolkit.probe.selections import parse_selections
+    from fi_toolkit.signals.trace import trace_prefix
+
+    m = random_surrogate(tiny, seed=3)
+    write_surrogate(tmp_path / "s", m)
+    p, k = 64, 32
+    (sel,) = parse_selections([f"policy:surrogate@keep=0.5:path={tmp_path / 's'},heads=global"])
+    keep_map = sel.resolve(trace_prefix(tiny.model, tiny_ids, p, SIGNALS), model=tiny.model, ids=tiny_ids)
+    inputs = attention_inputs(tiny.model, tiny_ids[:p])
+    counts = set()
+    for layer in range(4):
+        scores = (inputs[layer] @ m.weights[f"layers.{layer}.weight"].t() + m.weights[f"layers.{layer}.bias"]).t()
+        flat = scores[:, : p - W].reshape(-1)
+        top = set(torch.argsort(flat, descending=True)[: 2 * (k - W)].tolist())
+        for h in range(2):
+            want = sorted([j for j in range(p - W) if h * (p - W) + j in top] + list(range(p - W, p)))
+            assert sorted(set(keep_map.keep[layer][h].tolist())) == want
+            counts.add(len(want))
+        assert sum(len(set(keep_map.keep[layer][h].tolist())) for h in range(2)) == 2 * k
+    assert len(counts) > 1  # uneven: the heads share the layer's budget
