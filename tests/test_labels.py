@@ -113,7 +113,7 @@ def test_a_damaged_unit_is_refused_by_the_reader_and_recomputed_on_resume(tiny, 
     (unit,) = (tmp_path / "r" / "per_document").glob("*/labels.parquet")
     good = unit.read_bytes()
     unit.write_bytes(good[:-9] + b"x" * 9)
-    with pytest.raises(FIError, match="differs from what was written: run fi labels again with --resume"):
+    with pytest.raises(FIError, match="differs from what was written: run fi labels again, resuming it"):
         read_labels(tmp_path / "r")
     from fi_toolkit.runs.settings import RunSettings
 

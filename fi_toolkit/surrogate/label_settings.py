@@ -74,7 +74,7 @@ class LabelSettings:
         """Every field, against the observation ``window`` (a point must lie above it with one candidate)."""
         check_type("points", self.points, tuple)
         if not self.points:
-            raise FIError("no compression point given: pass at least one --point", parameter="points")
+            raise FIError("no compression point given: pass at least one in points", parameter="points")
         for p in self.points:
             check_int("points", p, window + 1)
         repeat = first_repeat(self.points)

@@ -253,9 +253,9 @@ def read_unit(run_dir: Path | str, unit: str, table: str = TABLE) -> pd.DataFram
     try:
         want = json.loads((folder / "done.json").read_text())["tables"][table]["sha256"]
     except (OSError, ValueError, KeyError, TypeError):
-        raise FIError(f"'{folder}' records no {table} table: run fi labels again with --resume") from None
+        raise FIError(f"'{folder}' records no {table} table: run fi labels again, resuming it") from None
     if not f.is_file() or hashlib.sha256(f.read_bytes()).hexdigest() != want:
-        raise FIError(f"'{f}' is missing or differs from what was written: run fi labels again with --resume")
+        raise FIError(f"'{f}' is missing or differs from what was written: run fi labels again, resuming it")
     return pd.read_parquet(f)
 
 
