@@ -13,6 +13,7 @@ from typing import List
 import typer
 
 from fi_toolkit.cli.options import _progress, err, out, settings_options, unit_progress
+from fi_toolkit.errors import FIError
 from fi_toolkit.model.settings import ModelSettings
 from fi_toolkit.surrogate.train_settings import SurrogateFitSettings
 
@@ -34,8 +35,6 @@ def fit_surrogate(
     results.check_results_dir(out_dir, overwrite)
     for run in runs:
         if not run.is_dir():
-            from fi_toolkit.errors import FIError
-
             raise FIError(f"'{run}' is not a directory of fi labels", parameter="runs")
     lm = model.load()
     with _progress() as bar:

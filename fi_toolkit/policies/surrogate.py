@@ -156,17 +156,14 @@ def read_surrogate(path: str | Path) -> SurrogateModel:
 
 def write_surrogate(path: str | Path, model: SurrogateModel) -> Path:
     """``config.json`` and ``model.safetensors`` into directory ``path`` (created; each file atomic)."""
-    import tempfile
-
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     from fi_toolkit.runs.results import atomic_write_bytes, atomic_write_text, make_dir
 
     folder = make_dir(Path(path))
     weights = {k: v.detach().float().contiguous() for k, v in sorted(model.weights.items())}
-    with tempfile.TemporaryDirectory(dir=folder) as tmp:
-        save_file(weights, str(Path(tmp) / WEIGHTS), metadata={"format": "pt"})  # the metadata transformers needs
-        atomic_write_bytes(folder / WEIGHTS, (Path(tmp) / WEIGHTS).read_bytes())
+    # the bytes straight into the atomic write; "format": "pt" is the metadata transformers' loader needs
+    atomic_write_bytes(folder / WEIGHTS, save(weights, metadata={"format": "pt"}))
     atomic_write_text(folder / CONFIG, json.dumps(model.config(), indent=2, sort_keys=True) + "\n")
     return folder
 

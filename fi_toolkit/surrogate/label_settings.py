@@ -22,8 +22,7 @@ from fi_toolkit.errors import FIError
 from fi_toolkit.probe.chunks import Chunk, parse_chunk
 from fi_toolkit.probe.estimator_options import check_samples
 from fi_toolkit.runs.settings import check_int, check_type, first_repeat, option
-
-KINDS = ("prose", "verse", "dialogue", "code")  # corpus.KINDS, here too so the settings import nothing else
+from fi_toolkit.surrogate.corpus import KINDS  # the corpus module is light: stdlib and errors at import
 
 
 @dataclass(frozen=True)

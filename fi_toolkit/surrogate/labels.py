@@ -58,6 +58,12 @@ class LabelUnit:
         return self.point
 
 
+def slice_key(unit: str) -> str:
+    """The slice of a unit's key (``<slice>_p<point>``, :class:`LabelUnit`'s name made file-safe): what the
+    units of one slice share."""
+    return unit.rsplit("_p", 1)[0]
+
+
 def label_units(docs: Sequence[Document], settings: LabelSettings) -> list[LabelUnit]:
     """Every document (slice) at every compression point, in document order."""
     return [LabelUnit(doc, p) for doc in docs for p in settings.points]
@@ -125,8 +131,7 @@ def run_labels(
 
     signals = check_type("signals", signals or SignalConfig(), SignalConfig).check()
     settings = check_type("settings", settings, LabelSettings).check(signals.window)
-    where = run_settings(run) if not isinstance(run, RunSettings) else run
-    where.check()
+    where = run_settings(run).check()
     docs = list(docs)
     if not docs:
         raise FIError("no document to label", parameter="docs")
@@ -192,8 +197,8 @@ def _computer(lm, settings: LabelSettings, signals: SignalConfig, progress: Prog
 
 
 def _throughput(run) -> dict:
-    """Labels per second of unit time, and per core (threads of each rank times ranks), from the units'
-    own records: the factory's measured speed, whatever share of it this session computed."""
+    """Labels per second of unit time, and per core (each unit ran on one rank with this many threads), from
+    the units' own records: the factory's measured speed, whatever share of it this session computed."""
     import torch
 
     done = [json.loads(f.read_text()) for f in sorted((run.path / "per_document").glob("*/done.json"))]

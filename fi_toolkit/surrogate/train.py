@@ -48,12 +48,12 @@ def _unit_arrays(labels, target: str, n_layers: int, n_heads: int):
 
 def _slices(runs: Sequence[Path]) -> list[tuple[str, list[tuple[Path, str]]]]:
     """Units grouped by slice: ``(slice key, [(run, unit)...])`` in run and unit order."""
-    from fi_toolkit.surrogate.labels import finished_units
+    from fi_toolkit.surrogate.labels import finished_units, slice_key
 
     groups: dict = {}
     for run in runs:
         for unit in finished_units(run):
-            groups.setdefault((str(run), unit.rsplit("_p", 1)[0]), []).append((run, unit))
+            groups.setdefault((str(run), slice_key(unit)), []).append((run, unit))
     return [(key[1], units) for key, units in groups.items()]
 
 
@@ -211,16 +211,15 @@ def run_fit_surrogate(
     slices = _slices(runs)[:max_slices]
     sums = [_Sums(d, n_heads, settings.loss == "weighted") for _ in range(n_layers)] if settings.closed_form else None
     rows: list[list] = [[] for _ in range(n_layers)]  # per layer (x, fi, group) blocks for Adam
-    units_used, labels_used, group = [], 0, 0
+    labels_used, group = 0, 0  # group: the units seen so far, each its own group (and sample seed)
     for done, (_name, units) in enumerate(slices):
-        tables = [(run, unit, read_unit(run, unit)) for run, unit in units]
+        tables = [read_unit(run, unit) for run, unit in units]
         tokens = torch.tensor(read_unit(units[0][0], units[0][1], "tokens").token.to_numpy())
-        end = max(int(t.point.iloc[0]) for _, _, t in tables)
+        end = max(int(t.point.iloc[0]) for t in tables)
         inputs = attention_inputs(lm.model, tokens[:end])
-        for run, unit, labels in tables:
+        for labels in tables:
             positions, fi = _unit_arrays(labels, settings.target, n_layers, n_heads)
             labels_used += fi.size
-            units_used.append({"run": str(run), "unit": unit})
             if not settings.closed_form:
                 rng = np.random.default_rng([settings.seed, group])
                 pick = np.sort(rng.choice(len(positions), min(settings.positions, len(positions)), replace=False))
@@ -252,7 +251,7 @@ def run_fit_surrogate(
         "model": lm.name,
         "settings": asdict(settings),
         "runs": [str(r) for r in runs],
-        "units": len(units_used),
+        "units": group,
         "labels": int(labels_used),
     }
     model = SurrogateModel(d, n_heads, n_layers, settings.hidden if settings.form == "mlp" else None, weights, about)
