@@ -287,3 +287,12 @@ def test_slices_come_in_rounds_over_the_documents(tiny_ids):
     )
     names = [d.name for d in slice_documents([long, short], TINY_LABELS)]
     assert names == ["long#0", "short#0", "long#304"]  # 2 slices at most; short holds one of 96 tokens
+
+
+def test_corpus_settings_refuse_an_unknown_kind_in_one_line():
+    from fi_toolkit.surrogate.label_settings import CorpusSettings
+
+    with pytest.raises(FIError, match="unknown kind poems: a kind is one of prose, verse, dialogue, code"):
+        CorpusSettings(kinds=("poems",)).check()
+    with pytest.raises(FIError, match=r"unknown kind \(none\)"):
+        CorpusSettings(kinds=()).check()

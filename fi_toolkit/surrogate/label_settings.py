@@ -140,6 +140,7 @@ class CorpusSettings:
         unknown = [k for k in self.kinds if k not in KINDS]
         if unknown or not self.kinds:
             raise FIError(
-                f"unknown kind {unknown[0] if unknown else '(none)'}: kinds are {', '.join(KINDS)}", parameter="kinds"
+                f"unknown kind {unknown[0] if unknown else '(none)'}: a kind is one of {', '.join(KINDS)}",
+                parameter="kinds",
             )
         return self
