@@ -258,3 +258,13 @@ def test_heads_global_keeps_each_layers_top_scores_over_all_its_heads(tiny, tiny
             counts.add(len(want))
         assert sum(len(set(keep_map.keep[layer][h].tolist())) for h in range(2)) == 2 * k
     assert len(counts) > 1  # uneven: the heads share the layer's budget
+
+
+def test_attention_inputs_are_each_layers_normed_residual_stream(tiny, tiny_ids):
+    """An oracle sharing no hook with the policy: the model's own ``output_hidden_states`` (each layer's input, the
+    residual stream) through that layer's ``input_layernorm`` is what the attention reads."""
+    with torch.no_grad():
+        hidden = tiny.model(tiny_ids[None, :64], output_hidden_states=True).hidden_states
+    inputs = attention_inputs(tiny.model, tiny_ids[:64])
+    for layer, block in enumerate(tiny.model.model.layers):
+        torch.testing.assert_close(inputs[layer], block.input_layernorm(hidden[layer])[0], rtol=1e-5, atol=1e-6)
