@@ -57,7 +57,7 @@ def test_probe_defaults_are_the_cli_defaults(built, tmp_path, monkeypatch, capsy
     monkeypatch.chdir(tmp_path)
     assert run_cli(["probe", "--chunk", "128:160"], capsys)[0] == 2
     default = ProbeSettings(["128:160"])
-    assert built["ProbeSettings"] == default
+    assert built["ProbeSettings"] == default == ProbeSettings(["128:160"], DEFAULT_SELECTIONS)  # None: the default
     assert default.prefix == 128 and default.document_tokens() == 160 and default.future.label == "document"
     assert len(default.selections) == len(DEFAULT_SELECTIONS) + 2  # random:remove=0.1@0-2 is three sets
 
@@ -96,6 +96,44 @@ def test_field_without_methods_places_every_policy_and_the_presses():
     assert s.presses and [m.name for m in s.methods] == [e.name for e in entries() if e.kind == REGISTRY_POLICY]
     assert s.document_tokens() == 288 and s.replay_length() is None
     assert not FieldSettings(methods=["h2o"], prefix=256, distances=(0,), chunk_len=32).presses
+
+
+def test_field_task_options_build_what_python_builds(built, tmp_path, monkeypatch, capsys):
+    """fi field's --task group (FieldTasks: the lists as typed) becomes FieldSettings' TaskSettings."""
+    from fi_toolkit.evaluation.field_settings import FieldTasks
+    from fi_toolkit.evaluation.settings import TaskSettings
+
+    monkeypatch.chdir(tmp_path)
+    args = ["field", "alice", "--policy", "snapkv", "--budget", "0.5", "--prefix", "128", "--distances", "0,32"]
+    args += [
+        "--chunk-len",
+        "16",
+        "--task",
+        "passkey,niah",
+        "--task-context",
+        "300,400",
+        "--task-samples",
+        "2",
+        "--max-new",
+        "5",
+    ]
+    code, _, err = run_cli([*args, "--out", "o"], capsys)
+    assert (code, err) == (2, f"error: {STOP}\n")
+    tasks = TaskSettings(("passkey", "niah"), (300, 400), 2, max_new=5)
+    common = dict(methods=["snapkv"], budgets=["keep=0.5"], prefix=128, distances="0,32", chunk_len=16)
+    python = FieldSettings(**common, tasks=tasks)
+    assert built["FieldSettings"] == python and python.tasks.tasks == ("passkey", "multikey_needle")
+    spelled = FieldTasks("passkey,niah", "300,400", samples=2, max_new=5)
+    assert FieldSettings(**common, tasks=spelled) == python
+    assert FieldTasks().task_settings() is None
+
+
+def test_field_defaults_are_the_cli_defaults(built, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert run_cli(["field", "alice", "--out", "o"], capsys)[0] == 2
+    default = FieldSettings()
+    assert built["FieldSettings"] == default and default.tasks is None and default.presses
+    assert (default.prefix, default.distances, default.chunk_len, default.seeds) == (1024, (0, 256), 128, 3)
 
 
 def test_correlate_cli_builds_what_python_builds(built, tmp_path, monkeypatch, capsys):
@@ -288,13 +326,34 @@ def test_settings_are_frozen():
         s.prefix = 100
 
 
+def test_report_cli_builds_what_python_builds(tmp_path, monkeypatch, capsys):
+    """``fi report``'s formats are a ReportSettings; its directory a RunSettings whose messages name ``--out``."""
+    from fi_toolkit.report.report_settings import ReportSettings, report_dir
+
+    monkeypatch.chdir(tmp_path)
+    built = record_settings(monkeypatch, ReportSettings)
+    code, _, err = run_cli(["report", "missing", "--format", "MD, html"], capsys)
+    assert code == 2 and "'missing' does not exist" in err
+    assert built["ReportSettings"] == ReportSettings("md,html") == ReportSettings(["MD", "html"])
+    assert ReportSettings().formats == ("html", "md", "csv", "json")
+    assert_refused_in_one_line(lambda: ReportSettings("pdf"), "invalid format 'pdf'", "formats")
+    assert_refused_in_one_line(lambda: ReportSettings(["md", 3]), "formats must be a str, got 3", "formats")
+    (tmp_path / "run").mkdir()
+    assert_refused_in_one_line(
+        lambda: report_dir(RunSettings("run"), ["run"]), "out_dir 'run' is the result directory 'run'", "out"
+    )
+    assert_refused_in_one_line(lambda: report_dir(RunSettings("r", resume=True), []), "does not resume", "resume")
+    assert report_dir(RunSettings("r"), ["run"]) == RunSettings("r") and not (tmp_path / "r").exists()
+
+
 def test_the_settings_modules_import_nothing_heavy():
     code = (
         "import sys; import fi_toolkit.studies.probe_settings, fi_toolkit.evaluation.field_settings; "
         "from fi_toolkit.evaluation.field_settings import FieldSettings; FieldSettings(prefix=256); "
         "from fi_toolkit.studies.correlate_settings import CorrelateSettings; CorrelateSettings(['128:160']); "
         "from fi_toolkit.studies.nearfar_settings import NearfarSettings; NearfarSettings(); "
-        "print(sorted(m for m in ('torch', 'pandas', 'scipy', 'transformers') if m in sys.modules))"
+        "from fi_toolkit.report.report_settings import ReportSettings; ReportSettings(); "
+        "print(sorted(m for m in ('torch', 'pandas', 'scipy', 'transformers', 'matplotlib') if m in sys.modules))"
     )
     root = Path(__file__).resolve().parents[1]
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, check=True)
@@ -371,6 +430,18 @@ def test_eval_task_cli_builds_what_python_builds(built_eval, tmp_path, monkeypat
     assert [p.label for p in python.policy_runs()] == ["snapkv@keep=0.5"]
 
 
+def test_eval_options_build_the_settings_of_their_kind():
+    """EvalOptions (fi eval's options as typed) -> a TextEvalSettings, or with tasks a TaskEvalSettings."""
+    from fi_toolkit.evaluation.settings import EvalOptions, TaskEvalSettings, TaskSettings, TextEvalSettings
+
+    assert EvalOptions().settings() == TextEvalSettings()
+    typed = EvalOptions("snapkv", "0.5", tasks="niah,passkey", contexts="300,400", samples=2, max_new=5)
+    tasks = TaskSettings(("niah", "passkey"), (300, 400), 2, max_new=5)
+    assert typed.settings(SignalConfig(window=16)) == TaskEvalSettings(
+        policies=["snapkv"], budgets=["keep=0.5"], signals=SignalConfig(window=16), tasks=tasks
+    )
+
+
 def _text(**kwargs):
     from fi_toolkit.evaluation.settings import TextEvalSettings
 
@@ -399,8 +470,8 @@ def _tasks(**kwargs):
         (lambda: _text(prompt=1024, length=1024), "length 1024 leaves nothing after the 1024-token prompt", "length"),
         (lambda: _text(future="generated:64", length=900), "length and future generated:64 both set", "length"),
         (lambda: _text(future="generated:0"), "future generated:0 generates nothing", "future"),
-        (lambda: _text(budgets="0.1,"), "budgets must be a comma-separated list without empty items", "budget"),
-        (lambda: _text(budgets="0.5,keep=0.5"), "budgets gives one budget twice", "budget"),
+        (lambda: _text(budgets="0.1,"), "budgets must be a comma-separated list without empty items", "budgets"),
+        (lambda: _text(budgets="0.5,keep=0.5"), "budgets gives one budget twice", "budgets"),
         (lambda: _text(policies=["infokv", "lru"]), "unknown policy 'lru'", None),
         (lambda: _text(policies=5), "policies must be a list or a comma-separated string, got 5", "policies"),
         (lambda: _text(budgets="0.01", prompt=512, length=1024), "keeps at most 10 of the 1024 tokens", None),
@@ -701,18 +772,15 @@ def test_the_scores_and_generate_commands_import_only_their_settings_and_run_fun
     import fi_toolkit.cli.app as app
     import fi_toolkit.cli.generate as generate
 
-    (scores,) = [n for n in ast.parse(Path(app.__file__).read_text()).body if getattr(n, "name", "") == "scores"]
-    assert _imported(scores) == {
-        "fi_toolkit.documents",
-        "fi_toolkit.runs.settings",
-        "fi_toolkit.studies.scores_settings",
-        "fi_toolkit.studies.scores_run",
-    }
+    tree = ast.parse(Path(app.__file__).read_text())
+    (scores,) = [n for n in tree.body if getattr(n, "name", "") == "scores"]
+    assert _imported(scores) == {"fi_toolkit.documents", "fi_toolkit.studies.scores_run"}
+    # its settings (ScoresSettings, RunSettings) are the command's annotations, imported with the module
+    assert {"fi_toolkit.studies.scores_settings", "fi_toolkit.runs.settings"} <= _imported(tree)
     assert {m for m in _imported(ast.parse(Path(generate.__file__).read_text())) if m.startswith("fi_toolkit")} == {
         "fi_toolkit.cli.options",
         "fi_toolkit.errors",
         "fi_toolkit.model.settings",
-        "fi_toolkit.policies.registry",
         "fi_toolkit.signals.config",
         "fi_toolkit.compress.generate_settings",
         "fi_toolkit.compress.generate_run",

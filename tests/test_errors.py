@@ -142,13 +142,14 @@ def test_naming_replaces_whole_unquoted_words_only():
 
 
 def test_the_cli_maps_parameters_to_the_running_commands_flags():
-    """Derived from the click options (settings fields included) plus the alias map: no hand-written table."""
+    """Derived from the click options, every one a settings field named as the library's parameter: no table."""
     from fi_toolkit.cli.app import command_flags, error_line
 
     ev = command_flags(["eval", "--task", "passkey"])
     assert ev["samples"] == "--samples" and ev["free_tokens"] == "--free-tokens" and ev["device_map"] == "--device-map"
     assert ev["pool_kernel"] == "--pool" and ev["out"] == "--out" and ev["tasks"] == "--task"
-    assert command_flags(["scores"])["out_dir"] == "--out"  # fi scores' out_file, through the alias map
+    assert command_flags(["scores"])["out"] == "--out" and command_flags(["fit"])["out_file"] == "--out"
+    assert command_flags(["probe"])["selections"] == "--select" and command_flags(["eval"])["policies"] == "--policy"
     assert command_flags(["nosuchcommand"]) == {}
     assert (
         error_line(FIError("samples must be at most 10,000, got 99", parameter="samples"), ["correlate"])
@@ -156,7 +157,7 @@ def test_the_cli_maps_parameters_to_the_running_commands_flags():
     )
     assert (
         error_line(
-            FIError("sinks, seed and n_resamples must be >= 0", parameter=("sinks", "seed", "n_resamples")),
+            FIError("sinks, seed and resamples must be >= 0", parameter=("sinks", "seed", "resamples")),
             ["correlate"],
         )
         == "--sinks, --seed and --resamples must be >= 0"

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import List
 
 import typer
 from rich.table import Table
@@ -21,7 +21,6 @@ from rich.table import Table
 from fi_toolkit.cli import INTERRUPTED, INTERRUPTED_LINE
 from fi_toolkit.cli.options import (
     FlagsTakeNoValue,
-    OverwriteOpt,
     _progress,
     check_document_lengths,
     chunk_ending,
@@ -32,8 +31,10 @@ from fi_toolkit.cli.options import (
 )
 from fi_toolkit.errors import FIError
 from fi_toolkit.model.settings import ModelSettings
-from fi_toolkit.policies.registry import policy_help
+from fi_toolkit.runs.settings import RunSettings
 from fi_toolkit.signals.config import SignalConfig
+from fi_toolkit.studies.probe_settings import ProbeSettings, probe_dir
+from fi_toolkit.studies.scores_settings import ScoresSettings, scores_file
 
 app = typer.Typer(
     cls=FlagsTakeNoValue,  # no <bool> after a flag in the help
@@ -54,65 +55,34 @@ except ImportError:  # pragma: no cover
 
 
 @app.command()
-@settings_options()
+@settings_options(
+    run={
+        "out": "Results directory (default: runs/probe-<time>-<random>).",
+        "resume": None,  # a probe is one pass
+        "overwrite": "Replace results already in --out.",
+    }
+)
 def probe(
     documents: List[str] = typer.Argument(None, help="Text/JSONL files or bundled names (default: alice)."),
-    chunk: List[str] = typer.Option(..., "--chunk", "-c", help="Future chunk START:END (repeatable)."),
-    select: List[str] = typer.Option(
-        None,
-        "--select",
-        "-s",
-        help="entropy:B, attention:B, distance:B, infokv:B, random:B@SEED, positions:A-B,C remove a token set; "
-        "a policy evicts what it would: "
-        + policy_help(selection=True)
-        + ". E.g. policy:infokv@0.25:alpha=0.5,tau=2. The FI ORACLE (estimator=fisher|exact, chunk=A:B) keeps per "
-        "layer and KV head by estimated FI on a future chunk (default: the first --chunk), so it sees the future: a "
-        "ceiling for the heuristics, not a policy. A kvpress press's B is keep=X or remove=X, X a share "
-        "(kvpress:SnapKVPress@keep=0.25 is its compression_ratio 0.75, the share removed; a bare X or a count is "
-        "refused); needs the kvpress extra: pip install 'fi_toolkit\\[kvpress]'. "
-        "B is a budget: remove=X or keep=X (a bare X is keep=X), X a share of the prefix [0, p) (0.1) or a token "
-        "count (100). Repeatable.",
-    ),
-    prefix: Optional[int] = typer.Option(None, help="Compression point p (default: smallest chunk start)."),
-    sinks: int = typer.Option(4, help="First N positions are never picked by score-based or random selectors."),
-    future: str = typer.Option(
-        "document",
-        help="What follows p: 'document' (its own tokens), 'generated:N' (the model's greedy continuation of the first "
-        "p tokens with its full cache) or 'generated:N@SEED' (sampled from SEED; the chunks must end by p + N).",
-    ),
+    *,
+    settings: ProbeSettings,
     model: ModelSettings = ModelSettings(),
     signals: SignalConfig = SignalConfig(),
-    batch_size: Optional[int] = typer.Option(
-        None, help="Evictions per batched forward (default: 1 on CPU, 8 on CUDA)."
-    ),
-    out_dir: Optional[Path] = typer.Option(
-        None, "--out", "-o", help="Results directory (default: runs/probe-<time>-<random>)."
-    ),
-    overwrite: bool = OverwriteOpt,
+    run: RunSettings = RunSettings(out=None),
 ):
     """Remove token sets from the KV cache at p and measure Forward Influence on future chunks.
 
     Everything that can be checked without the model is checked first; the results directory is
     created only when the results are written, so a failed or interrupted run leaves none behind."""
+    # settings is built from its options, and so checked, before this body runs; without --out (run.out None)
+    # the results go to a fresh runs/probe-<time>-<random>
     from fi_toolkit.documents import read_texts, tokenize_texts
     from fi_toolkit.runs import results
-    from fi_toolkit.runs.settings import RunSettings
-    from fi_toolkit.studies.probe_settings import DEFAULT_SELECTIONS, ProbeSettings
 
     model.check()
-    settings = ProbeSettings(
-        chunk,
-        list(select or DEFAULT_SELECTIONS),
-        prefix,
-        sinks,
-        future,
-        signals,
-        batch_size,
-    )
     texts = distinct_texts([t for spec in (documents or [None]) for t in read_texts(spec)])
-    run = RunSettings(out_dir, overwrite=overwrite) if out_dir is not None else None
-    if run is not None:
-        results.check_results_dir(out_dir, overwrite)
+    if run.out is not None:
+        probe_dir(run)
     else:  # runs/probe-<time>-<random> is made when the results are written: prove runs/ writable now
         results.check_out_path(Path("runs"), option="the default results directory")
     needed = settings.document_tokens()
@@ -130,8 +100,14 @@ def probe(
     lm = model.load()
     docs = tokenize_texts(texts, lm.tokenizer, max_tokens=settings.document_tokens())
     with _progress() as bar:
+        fresh = run.out is None  # a fresh runs/probe-<time>-<random>
         measured = run_probe(
-            lm, docs, settings, run, new_dir_in=None if run else Path("runs"), progress=_probe_progress(bar)
+            lm,
+            docs,
+            settings,
+            None if fresh else run,
+            new_dir_in=Path("runs") if fresh else None,
+            progress=_probe_progress(bar),
         )
     if measured is None:  # a rank other than 0: its tables went to rank 0, which writes and reports
         return
@@ -239,38 +215,21 @@ def _nats(value: float) -> str:
 
 
 @app.command()
-@settings_options()
+@settings_options(run={"out": "Output .csv or .parquet.", "resume": None, "overwrite": "Replace --out if it exists."})
 def scores(
     document: str = typer.Argument(None, help="Text/JSONL file or bundled name (default: alice)."),
-    prefix: int = typer.Option(2048, help="Trace the first PREFIX tokens."),
+    *,
     model: ModelSettings = ModelSettings(),
     signals: SignalConfig = SignalConfig(),
-    fi_chunk: List[str] = typer.Option(
-        None,
-        "--fi-chunk",
-        help="Also per-token FI of every prefix position on this future chunk START:END (repeatable): columns "
-        "fi_<chunk> (and fi_se_<chunk> for fisher).",
-    ),
-    estimator: Optional[str] = typer.Option(
-        None,
-        help="With --fi-chunk: 'fisher' (the gradient estimate, the default here) or 'exact' (leave-one-out, one "
-        "forward per position).",
-    ),
-    samples: Optional[int] = typer.Option(None, help="With --estimator fisher: label draws per chunk (default 16)."),
-    seed: Optional[int] = typer.Option(None, help="With --estimator fisher: seed of the label draws (default 0)."),
-    out_file: Path = typer.Option(Path("scores.csv"), "--out", "-o", help="Output .csv or .parquet."),
-    overwrite: bool = typer.Option(False, help="Replace --out if it exists."),
+    settings: ScoresSettings,
+    run: RunSettings = RunSettings(out=Path("scores.csv")),
 ):
     """Write per-token signals (H, A, D, E, S; per layer too) with the token text; with --fi-chunk, per-token FI too."""
+    # settings is built from its options, and so checked, before this body runs
     from fi_toolkit.documents import read_texts, tokenize_texts
-    from fi_toolkit.runs.settings import RunSettings
-    from fi_toolkit.studies.scores_settings import ScoresSettings, scores_file
 
     model.check()
-    settings = ScoresSettings(
-        prefix=prefix, fi_chunks=fi_chunk or (), estimator=estimator, samples=samples, seed=seed, signals=signals
-    )
-    run = scores_file(RunSettings(out_file, overwrite=overwrite))
+    run = scores_file(run)
     texts = read_texts(document)[:1]
     needed = settings.document_tokens()
     check_document_lengths(model, texts, needed, chunk_ending(settings.fi_chunks, needed, f"--prefix {needed:,}"))
@@ -291,7 +250,7 @@ def scores(
         table = run_scores(lm, doc, settings, run, progress=_scores_progress(bar))
     if table is None:  # a rank other than 0: its block of positions went to rank 0, which writes the file
         return
-    err.print(f"wrote {len(table):,} tokens x {table.shape[1]} columns to {out_file}", markup=False, highlight=False)
+    err.print(f"wrote {len(table):,} tokens x {table.shape[1]} columns to {run.out}", markup=False, highlight=False)
     _print_signal_summary(table, int((~table.in_window).sum()), doc.name)
 
 
@@ -370,29 +329,10 @@ def _out_of_memory(exc: BaseException) -> bool:
     return torch is not None and isinstance(exc, torch.OutOfMemoryError)
 
 
-# Library parameters the commands spell otherwise: parameter name -> the command's parameter names, tried
-# in order (every other parameter's flag comes from the running command's options, below).
-PARAMETER_ALIASES = {
-    "out_dir": ("out_dir", "out_file", "out"),
-    "prompt_len": ("prompt",),
-    "selections": ("select",),
-    "selection": ("select",),
-    "chunks": ("chunk", "fi_chunk"),
-    "fi_chunks": ("fi_chunk",),
-    "out": ("out_file",),
-    "policies": ("policy",),
-    "tasks": ("task",),
-    "contexts": ("context",),
-    "protocols": ("protocol",),
-    "budgets": ("budget",),
-    "n_resamples": ("resamples",),
-}
-
-
 def command_flags(argv: list[str]) -> dict[str, str]:
     """{python parameter name: its flag} of the ``fi`` command that ``argv`` runs, from its click options
-    (a settings field ``model__device`` is ``device`` too, from the dataclass's field metadata), so no table
-    of flags goes stale; :data:`PARAMETER_ALIASES` adds the library's names where the command's differ."""
+    (a settings field ``model__device`` is ``device`` too): every option is a settings field named as the
+    library's parameter, so the field's name finds its flag and no table of aliases exists to go stale."""
     import typer.main
 
     command = typer.main.get_command(app)
@@ -408,10 +348,6 @@ def command_flags(argv: list[str]) -> dict[str, str]:
             continue
         flags[param.name] = long[0]
         flags.setdefault(param.name.rpartition("__")[2], long[0])
-    for library, names in PARAMETER_ALIASES.items():
-        flag = next((flags[n] for n in names if n in flags), None)
-        if flag and library not in flags:
-            flags[library] = flag
     return flags
 
 

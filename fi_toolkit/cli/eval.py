@@ -2,7 +2,8 @@
 
 Two kinds of run, one command: documents (teacher-forced replay of the document or of the model's own
 continuation, ``--future``, plus free generation) or ``--task`` (generated long-context tasks answered
-greedily). Lists are comma-separated. The options become a
+greedily). Lists are comma-separated. The options are generated from
+:class:`~fi_toolkit.evaluation.settings.EvalOptions`' fields, which become a
 :class:`~fi_toolkit.evaluation.settings.TextEvalSettings` or a
 :class:`~fi_toolkit.evaluation.settings.TaskEvalSettings` (checked on construction, before the model loads),
 :func:`fi_toolkit.evaluation.run_eval` computes, and this module prints.
@@ -11,7 +12,7 @@ greedily). Lists are comma-separated. The options become a
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
+from typing import List
 
 import typer
 from rich.table import Table
@@ -19,30 +20,10 @@ from rich.table import Table
 from fi_toolkit.cli.options import _progress, check_document_lengths, err, out, settings_options, unit_progress
 from fi_toolkit.cli.study import _read_documents
 from fi_toolkit.errors import FIError
-from fi_toolkit.evaluation.settings import DEFAULT_CONTEXTS as CONTEXTS
-from fi_toolkit.evaluation.settings import DEFAULT_POLICIES as POLICIES
-from fi_toolkit.evaluation.settings import TaskEvalSettings, TaskSettings, TextEvalSettings, split_list
+from fi_toolkit.evaluation.settings import EvalOptions, TaskEvalSettings, TextEvalSettings
 from fi_toolkit.model.settings import ModelSettings
-from fi_toolkit.policies.registry import policy_help
 from fi_toolkit.runs.settings import RunSettings
 from fi_toolkit.signals.config import SignalConfig
-
-DEFAULT_POLICIES = ",".join(POLICIES)
-DEFAULT_CONTEXTS = ",".join(map(str, CONTEXTS))
-
-
-def int_list(text: str, option: str, minimum: int = 1) -> list[int]:
-    """``1024,2048`` -> whole numbers, each at least ``minimum``."""
-    values = []
-    for item in split_list(text, option):
-        try:
-            value = int(item)
-        except ValueError:
-            raise FIError(f"{option} must list whole numbers, got '{item}' in '{text}'") from None
-        if value < minimum:
-            raise FIError(f"{option} values must be >= {minimum}, got {value}")
-        values.append(value)
-    return values
 
 
 @settings_options()
@@ -50,93 +31,20 @@ def eval_(
     documents: List[str] = typer.Argument(
         None, help="Text/JSONL files or bundled names (default: alice); not with --task."
     ),
-    policy: str = typer.Option(
-        DEFAULT_POLICIES,
-        "--policy",
-        "-p",
-        help="Comma-separated policies (the full cache is always measured beside them), each "
-        + policy_help()
-        + ". E.g. infokv:alpha=0.5,tau=2; --alpha/--tau set the defaults; --window and --top-k are shared by all. "
-        "fi-oracle looks ahead: at each compression it keeps the entries with the highest estimated FI on the next "
-        "INTERVAL tokens of the document (documents only, not --task; no free generation; marked oracle in the "
-        "tables). A kvpress press takes the share --budget removes as its compression_ratio.",
-    ),
-    budget: str = typer.Option(
-        "0.1,0.25,0.5",
-        "--budget",
-        "-b",
-        help="Comma-separated budgets: keep=X or remove=X (a bare X is keep=X), a share of what each compression may "
-        "compress or a count.",
-    ),
-    interval: int = typer.Option(256, help="Compress back to the budget every INTERVAL fed (or generated) tokens."),
-    prompt: int = typer.Option(1024, help="Text: prompt tokens (prefilled and compressed first)."),
-    length: Optional[int] = typer.Option(
-        None, help="Text: tokens in all, prompt included (default: 2048; with --future generated:N it is prompt + N)."
-    ),
-    future: str = typer.Option(
-        "document",
-        help="Text: 'document' (its own next tokens) or 'generated:N' (the model's greedy continuation, N tokens) or "
-        "'generated:N@SEED' (sampled from SEED).",
-    ),
-    free_tokens: int = typer.Option(
-        64,
-        "--free-tokens",
-        help="Text: greedy tokens generated freely per policy, compared with the full cache's (0: skip).",
-    ),
-    task: Optional[str] = typer.Option(
-        None,
-        "--task",
-        help="Comma-separated tasks instead of documents: passkey, multikey_needle (niah), variable_tracking "
-        "(vartrack).",
-    ),
-    context: str = typer.Option(DEFAULT_CONTEXTS, help="Tasks: comma-separated prompt lengths in tokens."),
-    samples: int = typer.Option(10, help="Tasks: samples per task and context (seeds 0..N-1)."),
-    protocol: str = typer.Option(
-        "question-agnostic", help="Tasks: question-agnostic (compress the context, then ask) and/or question-aware."
-    ),
-    max_new: int = typer.Option(
-        12, "--max-new", help="Tasks: greedy answer tokens at most (the first line is scored)."
-    ),
-    resamples: int = typer.Option(1000, help="Bootstrap resamples per interval (0: none)."),
+    options: EvalOptions = EvalOptions(),
     model: ModelSettings = ModelSettings(),
     signals: SignalConfig = SignalConfig(),
     run: RunSettings = RunSettings(Path("runs/eval")),
-    unit_policies: int = typer.Option(
-        0,
-        "--unit-policies",
-        help="Text: split each document into work units of N replays (the full cache and "
-        "the policy x budget runs; 0: one unit per document), so torchrun's ranks "
-        "share documents; same tables.",
-    ),
 ):
     """Replay KL, top-1 agreement, ΔNLL and free-generation agreement on text, or task accuracy, per policy and
     budget."""
     model.check()
-    if task is not None and documents:
+    if options.tasks is not None and documents:
         raise FIError("give documents or --task, not both")
-    if task is not None and unit_policies:
+    if options.tasks is not None and options.unit_policies:
         raise FIError("--unit-policies splits text documents; a task run's unit is already one sample")
-    common = dict(policies=policy, budgets=budget, interval=interval, resamples=resamples, signals=signals)
-    if task is not None:
-        tasks = TaskSettings(
-            tuple(split_list(task, "--task")),
-            tuple(int_list(context, "--context")),
-            samples,
-            tuple(split_list(protocol, "--protocol")),
-            max_new,
-        )
-        settings = TaskEvalSettings(**common, tasks=tasks)
-        texts = None
-    else:
-        settings = TextEvalSettings(
-            **common,
-            prompt=prompt,
-            length=length,
-            future=future,
-            free_tokens=free_tokens,
-            unit_policies=unit_policies,
-        )
-        texts = _read_documents(documents)
+    settings = options.settings(signals)
+    texts = None if isinstance(settings, TaskEvalSettings) else _read_documents(documents)
     if texts is not None:
         needed = settings.document_tokens()
         reads = f"--prompt {needed:,}" if settings.future.generated else f"the replay's length {needed:,} (--length)"
@@ -162,7 +70,7 @@ def _report_text(tables, n_docs: int, settings: TextEvalSettings, run: RunSettin
     from fi_toolkit.cli.console import print_warning
     from fi_toolkit.report.noise import replay_noise_warning
 
-    _print_text(tables, n_docs, settings.text_setting())
+    _print_text(tables, n_docs, settings)
     print_warning(replay_noise_warning(tables["replays"]))
     err.print(
         f"results: {run.out}/ (replay_summary.csv, replays.csv, segments.csv, positions.csv, manifest.json)",
@@ -181,11 +89,12 @@ def _report_tasks(tables, run: RunSettings) -> None:
     )
 
 
-def _print_text(tables, n_docs: int, setting) -> None:
+def _print_text(tables, n_docs: int, settings: TextEvalSettings) -> None:
+    """The replay table; ``settings``: the run's (or anything with its prompt, interval, future and total())."""
     s = tables["replay_summary"]
     t = Table(
-        title=f"replay over {n_docs} document(s), {setting.future.label}, prompt {setting.prompt}, "
-        f"{setting.total()} tokens, compressing every {setting.interval}"
+        title=f"replay over {n_docs} document(s), {settings.future.label}, prompt {settings.prompt}, "
+        f"{settings.total()} tokens, compressing every {settings.interval}"
     )
     ci = s["mean_kl_low"].notna().any()
     for c in ("policy", "keep", "mean KL" + (" [95% CI]" if ci else ""), "top-1", "ΔNLL", "1st diff", "kept"):

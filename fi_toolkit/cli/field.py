@@ -1,12 +1,14 @@
 """``fi field``: the field map, every named policy and press placed against the FI ceiling in one resumable run.
 
-The options become a :class:`~fi_toolkit.evaluation.field_settings.FieldSettings` (checked on construction,
-before the model loads), :func:`fi_toolkit.evaluation.field.run_field` computes, and this module prints."""
+The options are generated from the fields of :class:`~fi_toolkit.evaluation.field_settings.FieldSettings` and of
+its ``--task`` group :class:`~fi_toolkit.evaluation.field_settings.FieldTasks`, and build the settings (checked on
+construction, before the command runs and the model loads); :func:`fi_toolkit.evaluation.field.run_field`
+computes, and this module prints."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
+from typing import List
 
 import typer
 from rich.table import Table
@@ -14,6 +16,7 @@ from rich.table import Table
 from fi_toolkit.cli.options import _progress, check_document_lengths, err, out, settings_options, unit_progress
 from fi_toolkit.cli.study import _read_documents
 from fi_toolkit.errors import FIError
+from fi_toolkit.evaluation.field_settings import FieldSettings, FieldTasks
 from fi_toolkit.model.settings import ModelSettings
 from fi_toolkit.runs.settings import RunSettings
 from fi_toolkit.signals.config import SignalConfig
@@ -22,76 +25,19 @@ from fi_toolkit.signals.config import SignalConfig
 @settings_options()
 def field(
     documents: List[str] = typer.Argument(None, help="Text/JSONL files or bundled names (at least one)."),
-    policy: List[str] = typer.Option(
-        None,
-        "--policy",
-        "-p",
-        help="A method to place, as fi eval --policy spells it, without a budget (repeatable): a project policy "
-        "(snapkv, infokv:alpha=0.5, adaptive(infokv), fitted:path=FILE) or a press (kvpress:SnapKVPress, "
-        "kvpress:AdaKVPress/SnapKVPress). Default: every project policy of the registry and, where kvpress is "
-        "installed, every press it exports that takes a compression ratio (those that cannot run here are "
-        "listed in refused.csv). The anchors, random positions with sinks kept and the FI oracle, are always "
-        "measured.",
-    ),
-    budget: List[str] = typer.Option(
-        ["keep=0.25"],
-        "--budget",
-        "-b",
-        help="A budget, a share of the prefix: keep=X or remove=X (a bare X is keep=X), 0 < X < 1 (repeatable).",
-    ),
-    prefix: int = typer.Option(1024, help="Compression point p (and the replay's prompt)."),
-    distances: str = typer.Option("0,256", help="Chunk starts as distances from p, comma-separated (near, far)."),
-    chunk_len: int = typer.Option(128, help="Tokens per chunk."),
-    sinks: int = typer.Option(4, help="The random anchor never picks the first N positions."),
-    seeds: int = typer.Option(3, help="Random anchor sets per budget (seeds 0..N-1), averaged per document."),
-    replay: bool = typer.Option(
-        False, "--replay/--no-replay", help="Also the replay KL in decoding, as fi eval measures it (costly)."
-    ),
-    interval: int = typer.Option(256, help="--replay: compress back to the budget every INTERVAL tokens."),
-    length: Optional[int] = typer.Option(
-        None, help="--replay: tokens in all, the prompt p included (default: the far chunk's end)."
-    ),
-    resamples: int = typer.Option(2000, help="Bootstrap resamples of each headroom CI (0: none)."),
-    task: Optional[str] = typer.Option(
-        None,
-        help="Also the accuracy of every method on these generated tasks, comma-separated (passkey, "
-        "multikey_needle, variable_tracking), answered as fi eval --task answers them, compressing every "
-        "--interval tokens.",
-    ),
-    task_context: str = typer.Option("1024", help="--task: prompt lengths in tokens, comma-separated."),
-    task_samples: int = typer.Option(4, help="--task: samples per task and prompt length (seeds 0..N-1)."),
-    max_new: int = typer.Option(12, help="--task: greedy tokens each answer may take."),
+    *,
+    settings: FieldSettings,
+    tasks: FieldTasks = FieldTasks(),
     model: ModelSettings = ModelSettings(),
     signals: SignalConfig = SignalConfig(),
-    batch_size: Optional[int] = typer.Option(
-        None, help="Evictions per batched forward (default: 1 on CPU, 8 on CUDA)."
-    ),
     run: RunSettings = RunSettings(Path("runs/field")),
 ):
     """Place each policy and press on the documents at the budgets: prefill FI near and far, the share of the
     headroom closed (random positions with sinks kept = 0, the FI oracle = 1) with bootstrap CIs, replay KL in
     decoding (--replay), seconds per compression; a leaderboard and paired tests over documents."""
-    from fi_toolkit.evaluation.field_settings import FieldSettings
-
     model.check()
     if not documents:
         raise FIError("give at least one document (a text or JSONL file, or a bundled name like alice)")
-    settings = FieldSettings(
-        methods=policy or None,
-        budgets=budget,
-        prefix=prefix,
-        distances=distances,
-        chunk_len=chunk_len,
-        sinks=sinks,
-        seeds=seeds,
-        replay=replay,
-        interval=interval,
-        length=length,
-        resamples=resamples,
-        signals=signals,
-        batch_size=batch_size,
-        tasks=None if task is None else _tasks(task, task_context, task_samples, max_new),
-    )
     texts = _read_documents(documents)
     if not texts:
         raise FIError("the documents given hold no text")
@@ -103,12 +49,12 @@ def field(
     from fi_toolkit.evaluation.field import run_field
 
     lm = model.load()
-    docs = tokenize_texts(texts, lm.tokenizer, max_tokens=settings.document_tokens())
+    docs = tokenize_texts(texts, lm.tokenizer, max_tokens=needed)
     with _progress() as bar:
         tables = run_field(lm, docs, settings, run, progress=unit_progress(bar, "field"))
     if tables is None:  # a rank other than 0 of a sharded run: rank 0 reports
         return
-    _print_leaderboard(tables, len(docs), prefix)
+    _print_leaderboard(tables, len(docs), settings.prefix)
     refused = tables.get("refused")
     if refused is not None and len(refused):
         err.print(
@@ -123,16 +69,6 @@ def field(
         markup=False,
         highlight=False,
     )
-
-
-def _tasks(task: str, contexts: str, samples: int, max_new: int):
-    """``--task`` and its options -> the :class:`~fi_toolkit.evaluation.settings.TaskSettings` (question-agnostic,
-    as fi eval's default: the compression never sees the question)."""
-    from fi_toolkit.cli.eval import int_list
-    from fi_toolkit.evaluation.settings import TaskSettings, split_list
-
-    names, lengths = tuple(split_list(task, "--task")), tuple(int_list(contexts, "--task-context"))
-    return TaskSettings(names, lengths, samples, max_new=max_new)
 
 
 def _print_leaderboard(tables, n_docs: int, prefix: int) -> None:

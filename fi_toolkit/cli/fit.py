@@ -9,58 +9,55 @@ rows of every run, cross-validated leaving one document out, and writes the JSON
 Each command parses its options into settings (:class:`~fi_toolkit.studies.fit_settings.FitDataSettings`,
 :class:`~fi_toolkit.studies.fit_settings.FitSettings`, which check them), calls one run function
 (:func:`~fi_toolkit.studies.fit_run.run_fit_data`, :func:`~fi_toolkit.studies.fit_run.run_fit`) and prints.
+Their options are generated from those settings (built without a default object: they check themselves), the
+model's and the signals', and :class:`~fi_toolkit.runs.settings.OutDirSettings` /
+:class:`~fi_toolkit.runs.settings.OutFileSettings` (``--out``, ``--overwrite``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
+from typing import List
 
 import typer
 
 from fi_toolkit.cli.options import _progress, check_document_lengths, chunk_ending, err, out, settings_options
 from fi_toolkit.cli.study import _read_documents
 from fi_toolkit.model.settings import ModelSettings
-from fi_toolkit.runs.settings import RunSettings
+from fi_toolkit.runs.settings import OutDirSettings, OutFileSettings, RunSettings
 from fi_toolkit.signals.config import SignalConfig
 from fi_toolkit.studies.fit_run import ROWS, run_fit, run_fit_data
-from fi_toolkit.studies.fit_settings import DEFAULT_RIDGE, DEFAULT_TARGET, FitDataSettings, FitSettings
+from fi_toolkit.studies.fit_settings import FitDataSettings, FitSettings
 
 
-@settings_options()
+@settings_options(output={"out_dir": "Run directory for fit_rows.parquet and manifest.json."})
 def fit_data(
     documents: List[str] = typer.Argument(None, help="Text/JSONL files or bundled names (default: alice)."),
-    chunk: List[str] = typer.Option(
-        ..., "--chunk", "-c", help="Future chunk START:END of the FI target (repeatable: the mean over chunks)."
-    ),
-    prefix: Optional[int] = typer.Option(None, help="Compression point p (default: smallest chunk start)."),
-    sinks: int = typer.Option(
-        0, help="Leave the first N positions out of the rows (the policy ranks them too: default 0)."
-    ),
-    samples: int = typer.Option(16, help="Label draws of the Fisher estimator per chunk."),
-    seed: int = typer.Option(0, help="Seed of the label draws."),
+    *,
+    settings: FitDataSettings,
     model: ModelSettings = ModelSettings(),
     signals: SignalConfig = SignalConfig(),
-    out_dir: Path = typer.Option(..., "--out", "-o", help="Run directory for fit_rows.parquet and manifest.json."),
-    overwrite: bool = typer.Option(False, help="Replace the results already in --out."),
+    output: OutDirSettings,
 ):
     """Training rows for fi fit: compression-time features and per-(layer, KV head) Fisher FI of every position."""
     from fi_toolkit.runs import results
 
     model.check()
-    settings = FitDataSettings(chunk, prefix, sinks, samples, seed, signals)
     texts = _read_documents(documents)
     needed = settings.document_tokens()
     check_document_lengths(model, texts, needed, chunk_ending(settings.chunks, needed, f"token {needed:,}"))
-    results.check_results_dir(out_dir, overwrite)
+    results.check_results_dir(output.out_dir, output.overwrite)
     # every check above imports nothing heavy (usage errors answer at once); the work below does
     from fi_toolkit.documents import tokenize_texts
 
     lm = model.load()
     docs = tokenize_texts(texts, lm.tokenizer, max_tokens=settings.document_tokens())
+    run = RunSettings(output.out_dir, overwrite=output.overwrite)
     with _progress() as bar:
-        rows = run_fit_data(lm, docs, settings, RunSettings(out_dir, overwrite=overwrite), progress=_bars(bar))
-    err.print(f"wrote {len(rows):,} rows ({len(docs)} document(s)) to {out_dir}/{ROWS}", markup=False, highlight=False)
+        rows = run_fit_data(lm, docs, settings, run, progress=_bars(bar))
+    err.print(
+        f"wrote {len(rows):,} rows ({len(docs)} document(s)) to {output.out_dir}/{ROWS}", markup=False, highlight=False
+    )
 
 
 def _bars(bar):
@@ -75,41 +72,16 @@ def _bars(bar):
     return progress
 
 
+@settings_options(output={"out_file": "The fitted policy JSON to write."})
 def fit(
     runs: List[Path] = typer.Argument(..., help="Run directories of fi fit-data (their documents are pooled)."),
-    out_file: Path = typer.Option(..., "--out", "-o", help="The fitted policy JSON to write."),
-    features: Optional[str] = typer.Option(
-        None,
-        help="Comma-separated features (default: all of them; 'decoding': all that a decoding compression can "
-        "compute).",
-    ),
-    target: Optional[str] = typer.Option(
-        None, help=f"'rank' (within-head rank of FI) or 'log' (log FI); ridge only (default: {DEFAULT_TARGET})."
-    ),
-    ridge: Optional[float] = typer.Option(
-        None,
-        help="Ridge penalty lambda (times the number of rows) on the standardised coefficients; ridge only "
-        f"(default: {DEFAULT_RIDGE:g}).",
-    ),
-    exclude: List[str] = typer.Option(
-        None, "--exclude", help="Leave this document's rows out (repeatable), to test the policy on it."
-    ),
-    learner: str = typer.Option(
-        "ridge",
-        help="'ridge' (a linear score, fitted:path=FILE) or 'lambdarank' (LightGBM LambdaRank on within-head FI "
-        "ranks, learned:path=FILE; its features add depth, kv_head, keydiff, vnorm, wo_vnorm and acc_wo_vnorm).",
-    ),
-    group: Optional[str] = typer.Option(
-        None,
-        help="lambdarank only: the query group, 'head' (rank within each KV head; default) or 'layer' (rank over "
-        "all KV heads of a layer, for learned:heads=global, which shares a layer's budget over its heads).",
-    ),
-    overwrite: bool = typer.Option(False, help="Replace --out if it exists."),
+    *,
+    settings: FitSettings,
+    output: OutFileSettings,
 ):
     """Fit a linear score of compression-time signals to per-(layer, KV head) FI; cross-validated leaving one document
     out."""
-    settings = FitSettings(learner, features, target, ridge, exclude or (), group)
-    record = run_fit(settings, runs, out_file, overwrite=overwrite)
+    record = run_fit(settings, runs, output.out_file, overwrite=output.overwrite)
     names = settings.features
     if settings.learner == "lambdarank":
         header = (
@@ -118,14 +90,14 @@ def fit(
             f"{'KV head' if settings.group == 'head' else 'layer'})"
         )
         weights = [f"{n:18s} gain {g:.4g}" for n, g in sorted(record["importance_gain"].items(), key=lambda t: -t[1])]
-        _print_fit(header, weights, "learned", record, out_file)
+        _print_fit(header, weights, "learned", record, output.out_file)
         return
     header = (
         f"fitted {len(names)} feature(s) on {record['rows']:,} rows of {len(record['documents'])} documents "
         f"(target {settings.target}, ridge {settings.ridge:g})"
     )
     weights = [f"{n:18s} {c:+.4f}" for n, c in sorted(zip(names, record["coefficients"]), key=lambda t: -abs(t[1]))]
-    _print_fit(header, weights, "fitted", record, out_file)
+    _print_fit(header, weights, "fitted", record, output.out_file)
 
 
 def _print_fit(header: str, weights: list[str], own: str, record: dict, out_file: Path) -> None:

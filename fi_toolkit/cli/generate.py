@@ -1,6 +1,7 @@
-"""``fi generate``: text generation with a compressed KV cache. Its options become a
-:class:`~fi_toolkit.compress.generate_settings.GenerateSettings` (checked on construction, before the model
-loads), :func:`fi_toolkit.compress.generate_run.run_generate` generates, and this module prints.
+"""``fi generate``: text generation with a compressed KV cache. Its options are generated from
+:class:`~fi_toolkit.compress.generate_settings.GenerateSettings`'s fields (built, and so checked, from them
+before the command runs and the model loads) and its small groups (the prompt file, streaming);
+:func:`fi_toolkit.compress.generate_run.run_generate` generates, and this module prints.
 
 Generated text streams to stdout; the statistics table goes to stderr at the end.
 """
@@ -15,9 +16,9 @@ import typer
 from rich.table import Table
 
 from fi_toolkit.cli.options import err, settings_options
+from fi_toolkit.compress.generate_settings import GenerateSettings, PromptFile, TextOutput
 from fi_toolkit.errors import FIError
 from fi_toolkit.model.settings import ModelSettings
-from fi_toolkit.policies.registry import policy_help
 from fi_toolkit.signals.config import SignalConfig
 
 
@@ -69,64 +70,24 @@ def stats_table(stats, policy_label: str) -> Table:
 )
 def generate(
     prompt: Optional[str] = typer.Argument(None, help="The prompt (or use --file)."),
-    file: Optional[Path] = typer.Option(None, "--file", "-f", help="Read the prompt from a text file."),
-    policy: str = typer.Option(
-        "infokv",
-        "--policy",
-        "-p",
-        help=policy_help(oracles=False)
-        + "; or none (full cache). infokv:alpha=0.5,top_k=64 overrides --alpha, --top-k, ... Not fi-oracle: "
-        "an oracle that sees the future text (fi eval on documents).",
-    ),
-    budget: str = typer.Option(
-        "keep=0.25",
-        "--budget",
-        "-b",
-        help="Entries kept per layer and head, window included: keep=X or remove=X (a bare X is keep=X), X a share of "
-        "the tokens it may compress at each compression (0.25) or a count (512).",
-    ),
-    interval: int = typer.Option(1024, help="Compress back to the budget every INTERVAL generated tokens."),
-    max_new: int = typer.Option(256, "--max-new", help="Maximum number of new tokens."),
-    compress_prompt: Optional[bool] = typer.Option(
-        None,
-        "--compress-prompt/--keep-prompt",
-        help="Whether the prompt is compressible (default: the policy's; RPC keeps it).",
-    ),
-    temperature: float = typer.Option(0.0, help="0 = greedy; otherwise sampling temperature."),
-    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling threshold."),
-    seed: int = typer.Option(0, help="Sampling seed."),
-    chat: bool = typer.Option(
-        True, "--chat/--raw", help="Wrap the prompt in the model's chat template (when it has one)."
-    ),
+    *,
+    source: PromptFile = PromptFile(),
+    settings: GenerateSettings,
     signals: SignalConfig = SignalConfig(),
     model: ModelSettings = ModelSettings(upcast=False),
-    stream: bool = typer.Option(True, "--stream/--no-stream", help="Stream text as it is generated."),
+    output: TextOutput = TextOutput(),
 ):
     """Generate text with the KV cache compressed by a policy (prefill and every --interval tokens)."""
-    from fi_toolkit.compress.generate_settings import GenerateSettings
-
     model.check()
-    if (prompt is None) == (file is None):
+    if (prompt is None) == (source.file is None):
         raise FIError("give a prompt or --file (exactly one)")
-    settings = GenerateSettings(
-        policy=policy,
-        budget=budget,
-        interval=interval,
-        max_new=max_new,
-        compress_prompt=compress_prompt,
-        temperature=temperature,
-        top_p=top_p,
-        seed=seed,
-        chat=chat,
-        signals=signals,
-    )
-    prompt = _read_prompt(file) if file is not None else prompt
+    prompt = _read_prompt(source.file) if source.file is not None else prompt
     # every check above imports nothing heavy but a kvpress policy (usage errors answer at once)
     from fi_toolkit.compress.generate_run import run_generate
 
     lm = model.load()
-    result = run_generate(lm, prompt, settings, _emit if stream else None)
-    if not stream:
+    result = run_generate(lm, prompt, settings, _emit if output.stream else None)
+    if not output.stream:
         _emit(result.text)
     _emit("\n")
     err.print(stats_table(result.stats, settings.label))

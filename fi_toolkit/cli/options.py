@@ -57,15 +57,28 @@ def _untyped_flags(params: list) -> list:
     return params
 
 
+_SETTINGS_CLASSES: list[type] = []  # every settings dataclass a command's options were generated from
+
+
+def settings_classes() -> list[type]:
+    """The settings dataclasses whose fields are some command's options (those imported so far)."""
+    return list(_SETTINGS_CLASSES)
+
+
 def settings_options(**tweaks):
     """Decorator: each parameter of a command annotated with a settings dataclass (a field's ``metadata``
     from :func:`fi_toolkit.runs.settings.option`) becomes that dataclass's options, and the command is
     called with one built object. The defaults are the parameter's default object's (``run: RunSettings =
     RunSettings(out=Path("runs/eval"))``), else the dataclass's; the flags and help are the fields'.
 
+    A parameter without a default is a settings class that checks itself on construction
+    (:class:`~fi_toolkit.studies.probe_settings.ProbeSettings`): a field without a default is a required option,
+    and the object is built from the options with ``cls(**values)``, a field that names another settings
+    parameter of the command (``signals``) filled with that parameter's object, built first.
+
     ``tweaks``: ``{parameter: {field: None}}`` leaves that option out (the field keeps its default),
-    ``{parameter: {field: "help"}}`` replaces its help. Checks are the command's (``settings.check()``),
-    so the order in which its errors are reported stays the command's.
+    ``{parameter: {field: "help"}}`` replaces its help. Checks of the groups with a default are the command's
+    (``settings.check()``), so the order in which its errors are reported stays the command's.
     """
 
     def decorate(command):
@@ -76,7 +89,7 @@ def settings_options(**tweaks):
             if not (dataclasses.is_dataclass(cls) and any("flags" in f.metadata for f in dataclasses.fields(cls))):
                 params.append(p.replace(annotation=hints.get(p.name, p.annotation)))
                 continue
-            default = p.default if isinstance(p.default, cls) else cls()
+            default = p.default if isinstance(p.default, cls) else None if p.default is p.empty else cls()
             names, tweak = [], tweaks.get(p.name, {})
             for f in _option_fields(cls):
                 if f.name in tweak and tweak[f.name] is None:
@@ -84,21 +97,29 @@ def settings_options(**tweaks):
                 names.append(f.name)
                 flags = f.metadata["flags"] or (f"--{f.name.replace('_', '-')}",)
                 help_text = tweak.get(f.name) or f.metadata["help"]
+                value = getattr(default, f.name) if default is not None else _field_default(f)
                 params.append(
                     inspect.Parameter(
                         f"{p.name}__{f.name}",
                         inspect.Parameter.KEYWORD_ONLY,
                         annotation=_cli_type(cls, f),
-                        default=typer.Option(getattr(default, f.name), *flags, help=help_text),
+                        default=typer.Option(value, *flags, help=help_text),
                     )
                 )
             groups[p.name] = (cls, default, names)
+            if cls not in _SETTINGS_CLASSES:
+                _SETTINGS_CLASSES.append(cls)
 
         @functools.wraps(command)
         def wrapper(**kwargs):
-            for name, (_cls, default, fields) in groups.items():
+            # the groups with a default first: a group built from its options may hold one of them (signals)
+            for name, (cls, default, fields) in sorted(groups.items(), key=lambda g: g[1][1] is None):
                 values = {f: kwargs.pop(f"{name}__{f}") for f in fields}
-                kwargs[name] = dataclasses.replace(default, **values)
+                if default is not None:
+                    kwargs[name] = dataclasses.replace(default, **values)
+                    continue
+                siblings = {f.name: kwargs[f.name] for f in dataclasses.fields(cls) if f.name in groups}
+                kwargs[name] = cls(**values, **{k: v for k, v in siblings.items() if k != name})
             return command(**kwargs)
 
         del wrapper.__wrapped__  # typer reads the signature below, not the command's
@@ -107,6 +128,15 @@ def settings_options(**tweaks):
         return wrapper
 
     return decorate
+
+
+def _field_default(f: dataclasses.Field):
+    """A field's default as an option's: ``...`` (required) for a field without one."""
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return ...
 
 
 def _option_fields(cls) -> list:

@@ -1,17 +1,20 @@
 """``fi correlate``, ``fi nearfar`` and ``fi report``: the studies on the command line.
 
-``fi correlate``: its options become a :class:`~fi_toolkit.studies.correlate_settings.CorrelateSettings`
-(checked on construction, before the model loads), :func:`fi_toolkit.studies.run_correlate` computes, and this
-module prints; ``fi nearfar`` likewise with :class:`~fi_toolkit.studies.nearfar_settings.NearfarSettings` and
-:func:`fi_toolkit.studies.run_nearfar`; ``fi report`` -> :func:`fi_toolkit.report.build_report`.
-Both studies write one set of tables per document as it finishes; ``--resume`` continues a stopped
-run and refuses different settings.
+Every option is a settings field (:func:`fi_toolkit.cli.options.settings_options`). ``fi correlate``: its
+options become a :class:`~fi_toolkit.studies.correlate_settings.CorrelateSettings` (checked on construction,
+before the model loads), :func:`fi_toolkit.studies.run_correlate` computes, and this module prints; ``fi
+nearfar`` likewise with :class:`~fi_toolkit.studies.nearfar_settings.NearfarSettings` and
+:func:`fi_toolkit.studies.run_nearfar`; ``fi report``: a
+:class:`~fi_toolkit.report.report_settings.ReportSettings` (the formats) and a
+:class:`~fi_toolkit.runs.settings.RunSettings` (``--out``, ``--overwrite``) ->
+:func:`fi_toolkit.report.build_report`. Both studies write one set of tables per document as it finishes;
+``--resume`` continues a stopped run and refuses different settings.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
+from typing import List
 
 import typer
 
@@ -26,11 +29,13 @@ from fi_toolkit.cli.options import (
     unit_progress,
 )
 from fi_toolkit.model.settings import ModelSettings
+from fi_toolkit.report.report_settings import ReportSettings, report_dir
 from fi_toolkit.runs.settings import RunSettings
 from fi_toolkit.signals.config import SignalConfig
+from fi_toolkit.studies.correlate_settings import CorrelateSettings
+from fi_toolkit.studies.nearfar_settings import NearfarSettings
 
 DocsArg = typer.Argument(None, help="Text/JSONL files or bundled names (default: alice).")
-BatchOpt = typer.Option(None, help="Evictions per batched forward (default: 1 on CPU, 8 on CUDA).")
 
 
 def _read_documents(specs):
@@ -52,58 +57,14 @@ def _run_study(label: str, model: ModelSettings, texts, max_tokens: int, study):
 @settings_options()
 def correlate(
     documents: List[str] = DocsArg,
-    chunk: List[str] = typer.Option(..., "--chunk", "-c", help="Future chunk START:END (repeatable)."),
-    prefix: Optional[int] = typer.Option(None, help="Compression point p (default: smallest chunk start)."),
-    candidates: Optional[str] = typer.Option(
-        None,
-        help="'all', 'sample:N' (N uniform positions; all of them when N is at least their number) or 'stratified:N' "
-        "(by entropy, reweighted); default sample:256. --estimator exact only.",
-    ),
-    estimator: str = typer.Option(
-        "exact",
-        help="'exact' (leave-one-out FI of the candidates, the default) or 'fisher' (the gradient estimate at every "
-        "position of [sinks, p - w) in one pass; docs/method.md, 'Gradient estimator').",
-    ),
-    samples: Optional[int] = typer.Option(
-        None, help="--estimator fisher: label draws per chunk (default 16); more draws, smaller standard error."
-    ),
-    validate: Optional[int] = typer.Option(
-        None,
-        help="--estimator fisher: also measure exact FI at N entropy-stratified positions and report the agreement "
-        "(Spearman, Pearson, top-10 percent overlap, bootstrap CIs).",
-    ),
-    sinks: int = typer.Option(4, help="First N positions are never candidates."),
-    seed: int = typer.Option(0, help="Seed of the candidate sample and the bootstrap."),
-    resamples: int = typer.Option(1000, help="Bootstrap resamples per coefficient (0: no intervals)."),
+    *,
+    settings: CorrelateSettings,
     model: ModelSettings = ModelSettings(),
     signals: SignalConfig = SignalConfig(),
-    batch_size: Optional[int] = BatchOpt,
     run: RunSettings = RunSettings(Path("runs/correlate")),
-    unit_candidates: int = typer.Option(
-        0,
-        "--unit-candidates",
-        help="Split each document into work units of N candidates (exact FI; 0: one "
-        "unit per document), so torchrun's ranks share documents; same tables.",
-    ),
 ):
     """Per-token (leave-one-out) FI of candidate positions, correlated with H, A, D, E, S (and per layer)."""
-    from fi_toolkit.studies.correlate_settings import CorrelateSettings
-
     model.check()
-    settings = CorrelateSettings(
-        chunks=chunk,
-        prefix=prefix,
-        candidates=candidates,
-        estimator=estimator,
-        samples=samples,
-        validate=validate,
-        sinks=sinks,
-        seed=seed,
-        resamples=resamples,
-        signals=signals,
-        batch_size=batch_size,
-        unit_candidates=unit_candidates,
-    )
     texts = _read_documents(documents)
     needed = settings.document_tokens()
     check_document_lengths(model, texts, needed, chunk_ending(settings.chunks, needed, f"token {needed:,}"))
@@ -146,48 +107,14 @@ def correlate(
 @settings_options()
 def nearfar(
     documents: List[str] = DocsArg,
-    prefix: int = typer.Option(1024, help="Compression point p."),
-    distances: str = typer.Option("0,256,512,1024", help="Chunk starts as distances from p, comma-separated."),
-    chunk_len: int = typer.Option(256, help="Tokens per chunk."),
-    budget: str = typer.Option(
-        "remove=0.1",
-        "--budget",
-        "-b",
-        help="Set size, one budget for every set: remove=X or keep=X, a share of the prefix "
-        "[0, p) (0.1) or a token count (100).",
-    ),
-    seeds: int = typer.Option(3, help="Random sets (seeds 0..N-1)."),
-    sinks: int = typer.Option(4, help="Sink protection: the first N positions are never selected."),
-    with_unprotected: bool = typer.Option(
-        True, "--with-unprotected/--protected-only", help="Also measure every set without sink protection."
-    ),
+    *,
+    settings: NearfarSettings,
     model: ModelSettings = ModelSettings(),
     signals: SignalConfig = SignalConfig(),
-    batch_size: Optional[int] = BatchOpt,
     run: RunSettings = RunSettings(Path("runs/nearfar")),
-    unit_sets: int = typer.Option(
-        0,
-        "--unit-sets",
-        help="Split each document into work units of N sets (0: one unit per document), "
-        "so torchrun's ranks share documents when they are few; same tables.",
-    ),
 ):
     """Equal-size sets by entropy/attention/distance/InfoKV/random: FI on chunks at increasing distance from p."""
-    from fi_toolkit.studies.nearfar_settings import NearfarSettings
-
     model.check()
-    settings = NearfarSettings(
-        prefix=prefix,
-        distances=distances,
-        chunk_len=chunk_len,
-        budget=budget,
-        seeds=seeds,
-        sinks=sinks,
-        with_unprotected=with_unprotected,
-        signals=signals,
-        batch_size=batch_size,
-        unit_sets=unit_sets,
-    )
     texts = _read_documents(documents)
     far = settings.chunks[-1]
     check_document_lengths(model, texts, far.end, f"the farthest chunk {far.label}")
@@ -237,35 +164,38 @@ def _print_nearfar(tables, n_docs: int) -> None:
     out.print(display_table(text_cells(t[columns])).to_string(index=False), soft_wrap=True)  # rows stay whole
 
 
+@settings_options(
+    where={
+        "out": "Report directory.",
+        "resume": None,  # a report is written whole
+        "overwrite": "Replace a report (or other results) already in --out; in a directory of other files, write "
+        "the report beside them.",
+    }
+)
 def report(
     runs: List[Path] = typer.Argument(
         ...,
         help="Result directories of fi correlate / fi nearfar / fi eval, or lm-eval output directories (fi lm-eval).",
     ),
-    formats: str = typer.Option("html,md,csv,json", "--format", "-f", help="Any of html,md,csv,json."),
-    out_dir: Path = typer.Option(Path("report"), "--out", "-o", help="Report directory."),
-    overwrite: bool = typer.Option(
-        False,
-        help="Replace a report (or other results) already in --out; in a directory of other files, write the "
-        "report beside them.",
-    ),
+    *,
+    settings: ReportSettings,
+    where: RunSettings = RunSettings(Path("report")),
 ):
     """Turn result directories into a self-contained HTML page, Markdown, and CSV/JSON tables."""
-    from fi_toolkit.report.preflight import REPORT_MARK, check_report_out, check_run_dirs, parse_formats
+    from fi_toolkit.report.preflight import REPORT_MARK, check_run_dirs
 
-    chosen = parse_formats(formats)
     check_run_dirs(runs, resume="--resume")
-    check_report_out(out_dir, runs, overwrite)
+    report_dir(where, runs)
     # every check above imports nothing heavy (usage errors answer at once); reading the runs does
     from fi_toolkit.report import build_report
 
-    written = build_report(runs, out_dir, chosen, overwrite=overwrite)
+    written = build_report(runs, where.out, settings.formats, overwrite=where.overwrite)
     for path in written:
         if path.suffix in (".html", ".md", ".json") and path.name != REPORT_MARK:
             err.print(f"wrote {path}", markup=False, highlight=False)
-    if "csv" in formats:
+    if "csv" in settings.formats:
         err.print(
-            f"wrote {sum(p.suffix == '.csv' for p in written)} CSV table(s) under {out_dir}/tables/",
+            f"wrote {sum(p.suffix == '.csv' for p in written)} CSV table(s) under {where.out}/tables/",
             markup=False,
             highlight=False,
         )

@@ -1,52 +1,60 @@
 """``fi tasks export``: the toolkit's long-context tasks as lm-eval tasks (JSONL + YAML). Parses its options into
 a :class:`~fi_toolkit.evaluation.lmeval.export_settings.TaskExportSettings`, loads the model (its tokenizer sizes
-the prompts), calls :func:`~fi_toolkit.evaluation.lmeval.export_run.run_task_export`."""
+the prompts), calls :func:`~fi_toolkit.evaluation.lmeval.export_run.run_task_export`.
+
+Its options are generated from ``TaskExportSettings`` (built without a default object: it checks itself),
+:class:`~fi_toolkit.model.settings.ModelSettings` and :class:`~fi_toolkit.runs.settings.OutDirSettings`. Of the
+model's options only ``--model`` is shown, and ``--device``, kept out of ``--help`` as before: the export reads
+the tokenizer and the config, so where the weights go and in which dtype is not the user's concern (the
+defaults, as ``load_model``'s). ``ModelSettings`` rather than a dataclass of its own: one ``--model`` help and
+one model check for every command.
+"""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Optional
-
 import typer
 
-from fi_toolkit.cli.options import out
-from fi_toolkit.model.settings import DEFAULT_MODEL, ModelSettings
+from fi_toolkit.cli.options import out, settings_options
+from fi_toolkit.evaluation.lmeval.export_settings import TaskExportSettings
+from fi_toolkit.model.settings import ModelSettings
+from fi_toolkit.runs.settings import OutDirSettings
+
+
+def _hidden(*names: str):
+    """Decorator: a command made by :func:`settings_options`, with its generated options ``names`` kept out of
+    ``--help`` (a field's metadata says nothing about hiding, so its typer option is marked here)."""
+
+    def hide(command):
+        for name in names:
+            command.__signature__.parameters[name].default.hidden = True
+        return command
+
+    return hide
+
+
+@_hidden("model__device")
+@settings_options(
+    model={"device_map": None, "dtype": None, "upcast": None},
+    output={
+        "out_dir": "Directory for the JSONL files, the task YAMLs and fi_scoring.py.",
+        "overwrite": "Replace task files already in --out (other files stay).",
+    },
+)
+def export(*, settings: TaskExportSettings, model: ModelSettings = ModelSettings(), output: OutDirSettings):
+    """Write lm-eval tasks fi_passkey, fi_multikey_needle, ... (run with lm-eval --include_path OUT)."""
+    settings.check_out(output.out_dir, output.overwrite)
+    model.check()  # a --model directory without a model, before torch loads
+    # every check above imports nothing heavy (usage errors answer at once); the export does
+    from fi_toolkit.evaluation.lmeval.export_run import run_task_export
+
+    for path in run_task_export(model.load(), settings, output.out_dir, output.overwrite):
+        out.print(str(path), markup=False, highlight=False)
 
 
 def register(app: typer.Typer) -> None:
+    """Add ``tasks export`` to ``app``."""
     tasks_app = typer.Typer(
         help="The toolkit's long-context tasks (passkey, needle) for other harnesses.", no_args_is_help=True
     )
-
-    @tasks_app.command("export")
-    def export(
-        out_dir: Path = typer.Option(
-            ..., "--out", "-o", help="Directory for the JSONL files, the task YAMLs and fi_scoring.py."
-        ),
-        task: str = typer.Option(
-            "passkey,multikey_needle", "--task", help="Comma-separated: passkey, multikey_needle, variable_tracking."
-        ),
-        context: int = typer.Option(1024, help="Tokens per prompt (measured with the model's tokenizer)."),
-        samples: int = typer.Option(8, help="Samples per task (seeds SEED .. SEED + N - 1)."),
-        seed: int = typer.Option(0, help="First seed."),
-        max_gen_toks: int = typer.Option(16, help="Tokens each answer may take."),
-        model: str = typer.Option(
-            DEFAULT_MODEL, "--model", "-m", help="smollm2-135m (embedded), a local directory or a HF id."
-        ),
-        device: Optional[str] = typer.Option(None, hidden=True),
-        overwrite: bool = typer.Option(False, help="Replace task files already in --out (other files stay)."),
-    ):
-        """Write lm-eval tasks fi_passkey, fi_multikey_needle, ... (run with lm-eval --include_path OUT)."""
-        from fi_toolkit.evaluation.lmeval.export_settings import TaskExportSettings
-
-        settings = TaskExportSettings(task, context, samples, seed, max_gen_toks)
-        settings.check_out(out_dir, overwrite)
-        ModelSettings(model).check()  # a --model directory without a model, before torch loads
-        # every check above imports nothing heavy (usage errors answer at once); the export does
-        from fi_toolkit.evaluation.lmeval.export_run import run_task_export
-        from fi_toolkit.model.loading import load_model
-
-        for path in run_task_export(load_model(model, device=device), settings, out_dir, overwrite):
-            out.print(str(path), markup=False, highlight=False)
-
+    tasks_app.command("export")(export)
     app.add_typer(tasks_app, name="tasks")

@@ -1,6 +1,8 @@
 """``fi view``: a page that shows why policies evict what they evict. Parses its options into a
 :class:`~fi_toolkit.report.view_settings.ViewSettings`, loads the model and the document, calls
-:func:`~fi_toolkit.report.view_run.run_view`.
+:func:`~fi_toolkit.report.view_run.run_view`. Its options are generated from ``ViewSettings`` (built without a
+default object: it checks itself), the model's, the signals' and
+:class:`~fi_toolkit.runs.settings.OutFileSettings` (``--out``, ``--overwrite``).
 
 Every option is checked before the model loads (one line, exit 2); so is the chunk against the document's
 length (counted with the model's tokenizer.json, else bounded by its bytes), and again once the loaded
@@ -10,57 +12,36 @@ tokenizer has tokenised it (before any estimate runs); the page is written atomi
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
 from fi_toolkit.cli.options import _progress, check_document_lengths, err, settings_options
 from fi_toolkit.errors import FIError
 from fi_toolkit.model.settings import ModelSettings
-from fi_toolkit.policies.registry import policy_help
+from fi_toolkit.report.view_settings import ViewSettings
+from fi_toolkit.runs.settings import OutFileSettings
 from fi_toolkit.signals.config import SignalConfig
 
 
-@settings_options()
+@settings_options(output={"out_file": "The page (.html)."})
 def view(
     document: str = typer.Argument(..., help="Text/JSONL file or bundled name (a JSONL file: its first document)."),
-    policy: str = typer.Option(
-        "infokv,snapkv",
-        "--policy",
-        "-p",
-        help="Comma-separated policies, each "
-        + policy_help(oracles=False)
-        + ". The page marks, per token, the share of layers x KV heads that evicted it.",
-    ),
-    budget: str = typer.Option(
-        "keep=0.25",
-        "--budget",
-        "-b",
-        help="One budget for every policy: keep=X or remove=X (a bare X is keep=X), a share of the prefix (0.25) or a "
-        "count (512).",
-    ),
-    prefix: int = typer.Option(1024, help="Compression point p: the page shows the prefix tokens [0, p)."),
-    chunk: Optional[str] = typer.Option(
-        None, "--chunk", "-c", help="Future chunk START:END that the estimated FI is measured on (default p:p+256)."
-    ),
-    samples: int = typer.Option(16, help="Label draws of the Fisher estimate (fi scores --estimator fisher)."),
-    seed: int = typer.Option(0, help="Seed of the label draws."),
+    *,
+    settings: ViewSettings,
     model: ModelSettings = ModelSettings(),
     signals: SignalConfig = SignalConfig(),
-    out_file: Path = typer.Option(Path("view.html"), "--out", "-o", help="The page (.html)."),
-    overwrite: bool = typer.Option(False, help="Replace --out if it exists."),
+    output: OutFileSettings = OutFileSettings(Path("view.html")),
 ):
     """Write one standalone HTML page: every prefix token shaded by its estimated FI (or H, A, D, S), each
     policy's evictions marked, a token's numbers on hover (docs/guides/view.md)."""
     from fi_toolkit.documents import read_texts
-    from fi_toolkit.report.view_settings import ViewSettings
     from fi_toolkit.runs import results
 
     model.check()
-    settings = ViewSettings(policy, budget, prefix, chunk, samples, seed, signals)
+    out_file, overwrite = output.out_file, output.overwrite
     if out_file.suffix.lower() not in (".html", ".htm"):
         raise FIError(f"--out must end in .html, got '{out_file}'")
-    results.check_out_path(out_file, want_dir=False)
+    results.check_out_path(out_file, want_dir=False, option="out_file")
     if out_file.exists() and not overwrite:
         raise FIError(f"--out '{out_file}' exists; choose another file or pass --overwrite")
     name, text, source = read_texts(document)[0]
@@ -75,7 +56,7 @@ def view(
         bar.add_task(f"trace and estimate FI on {settings.chunk.label}: {doc.name}", total=None)
         run_view(lm, doc, settings, out_file)
     err.print(
-        f"wrote {out_file} ({out_file.stat().st_size / 1024:,.0f} KiB, {prefix:,} tokens, "
+        f"wrote {out_file} ({out_file.stat().st_size / 1024:,.0f} KiB, {settings.prefix:,} tokens, "
         f"{len(settings.policies)} polic{'y' if len(settings.policies) == 1 else 'ies'})",
         markup=False,
         highlight=False,

@@ -5,16 +5,21 @@ check its press).
 
 The settings hold how to generate (the policy at its budget, the compression interval, the sampling, the chat
 template, the signal options), not the prompt: the model and the prompt are the run function's other
-arguments, so one settings object generates from any prompt.
+arguments, so one settings object generates from any prompt. Each field carries its command-line flag and
+help (:func:`fi_toolkit.runs.settings.option`), from which ``fi generate``'s options are generated; where the
+prompt comes from (:class:`PromptFile`) and how the text prints (:class:`TextOutput`) are the command's own
+small groups.
 """
 
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from fi_toolkit.budget import Budget
-from fi_toolkit.runs.settings import check_int, check_number, check_type
+from fi_toolkit.policies.registry import policy_help
+from fi_toolkit.runs.settings import check_int, check_number, check_type, option
 from fi_toolkit.signals.config import SignalConfig
 
 FULL_CACHE = ("none", "full")  # policy spellings of the uncompressed cache
@@ -40,15 +45,45 @@ class GenerateSettings:
     policy and :attr:`label` its label.
     """
 
-    policy: str | None = "infokv"
-    budget: Budget | str = "keep=0.25"
-    interval: int = 1024
-    max_new: int = 256
-    compress_prompt: bool | None = None
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int = 0
-    chat: bool = True
+    policy: str | None = field(
+        default="infokv",
+        metadata=option(
+            "--policy",
+            "-p",
+            help=policy_help(oracles=False)
+            + "; or none (full cache). infokv:alpha=0.5,top_k=64 overrides --alpha, --top-k, ... Not fi-oracle: "
+            "an oracle that sees the future text (fi eval on documents).",
+            cli_type=str,
+        ),
+    )
+    budget: Budget | str = field(
+        default="keep=0.25",
+        metadata=option(
+            "--budget",
+            "-b",
+            help="Entries kept per layer and head, window included: keep=X or remove=X (a bare X is keep=X), X a "
+            "share of the tokens it may compress at each compression (0.25) or a count (512).",
+            cli_type=str,
+        ),
+    )
+    interval: int = field(
+        default=1024, metadata=option(help="Compress back to the budget every INTERVAL generated tokens.")
+    )
+    max_new: int = field(default=256, metadata=option("--max-new", help="Maximum number of new tokens."))
+    compress_prompt: bool | None = field(
+        default=None,
+        metadata=option(
+            "--compress-prompt/--keep-prompt",
+            help="Whether the prompt is compressible (default: the policy's; RPC keeps it).",
+        ),
+    )
+    temperature: float = field(default=0.0, metadata=option(help="0 = greedy; otherwise sampling temperature."))
+    top_p: float = field(default=1.0, metadata=option("--top-p", help="Nucleus sampling threshold."))
+    seed: int = field(default=0, metadata=option(help="Sampling seed."))
+    chat: bool = field(
+        default=True,
+        metadata=option("--chat/--raw", help="Wrap the prompt in the model's chat template (when it has one)."),
+    )
     signals: SignalConfig = field(default_factory=SignalConfig)
     _resolved: object = field(default=None, init=False, repr=False, compare=False)
 
@@ -86,3 +121,19 @@ class GenerateSettings:
         """The policy, fresh (a copy: a generation may leave state in its policy, the settings stay as built),
         or None for the full cache."""
         return copy.deepcopy(self._resolved)
+
+
+@dataclass(frozen=True)
+class PromptFile:
+    """Where ``fi generate`` reads its prompt when it is not the command's argument: ``file``, a text file
+    (None: the argument). Apart from :class:`GenerateSettings`, which holds how to generate from any prompt."""
+
+    file: Path | None = field(default=None, metadata=option("--file", "-f", help="Read the prompt from a text file."))
+
+
+@dataclass(frozen=True)
+class TextOutput:
+    """How ``fi generate`` prints the text: ``stream``, as it is generated (else all at the end). A group of its
+    own, after the model's options, where the command has always listed it."""
+
+    stream: bool = field(default=True, metadata=option("--stream/--no-stream", help="Stream text as it is generated."))

@@ -7,19 +7,24 @@ The settings hold what is measured (methods, budgets, the compression point, the
 the replay, the bootstrap, the signal options, the batch size), not the documents: the model and the
 documents are the run function's other arguments. The methods' and budgets' messages name them as
 ``--policy NAME`` and ``--budget B`` (:mod:`fi_toolkit.studies.field_spec` spells them so).
+
+Each field carries its command-line flag and help (:func:`fi_toolkit.runs.settings.option`), from which
+``fi field``'s options are generated; its ``--task`` options are :class:`FieldTasks`' fields (the command line's
+spelling of a :class:`~fi_toolkit.evaluation.settings.TaskSettings`), which ``FieldSettings`` accepts as its
+``tasks``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import List, Sequence
 
 from fi_toolkit.budget import Budget
 from fi_toolkit.errors import FIError
-from fi_toolkit.evaluation.settings import TaskSettings
+from fi_toolkit.evaluation.settings import TaskSettings, budget_from, int_list, split_list
 from fi_toolkit.probe.chunks import Chunk
 from fi_toolkit.probe.selections import check_prefix, check_sinks
-from fi_toolkit.runs.settings import check_int, check_resamples, check_type
+from fi_toolkit.runs.settings import check_int, check_resamples, check_type, option
 from fi_toolkit.signals.config import SignalConfig
 from fi_toolkit.studies.field_spec import (
     Method,
@@ -32,6 +37,40 @@ from fi_toolkit.studies.field_spec import (
 from fi_toolkit.studies.nearfar_spec import nearfar_chunks, parse_distances
 
 MAX_SEEDS = 1000  # random anchor sets per budget: more is a typo
+
+
+@dataclass(frozen=True)
+class FieldTasks:
+    """``fi field``'s ``--task`` options as the command line spells them: ``tasks``, comma-separated (None: no
+    tasks), at the comma-separated prompt lengths ``contexts``, ``samples`` per task and length, answers of at
+    most ``max_new`` tokens. :meth:`task_settings` -> the :class:`~fi_toolkit.evaluation.settings.TaskSettings`
+    (question-agnostic, as fi eval's default: the compression never sees the question). A group of its own:
+    its flags (``--task-context``, ``--task-samples``) and defaults are not fi eval's."""
+
+    tasks: str | None = field(
+        default=None,
+        metadata=option(
+            "--task",
+            help="Also the accuracy of every method on these generated tasks, comma-separated (passkey, "
+            "multikey_needle, variable_tracking), answered as fi eval --task answers them, compressing every "
+            "--interval tokens.",
+        ),
+    )
+    contexts: str = field(
+        default="1024", metadata=option("--task-context", help="--task: prompt lengths in tokens, comma-separated.")
+    )
+    samples: int = field(
+        default=4,
+        metadata=option("--task-samples", help="--task: samples per task and prompt length (seeds 0..N-1)."),
+    )
+    max_new: int = field(default=12, metadata=option(help="--task: greedy tokens each answer may take."))
+
+    def task_settings(self) -> TaskSettings | None:
+        """The tasks to answer, or None where ``tasks`` names none (lists split, contexts whole numbers)."""
+        if self.tasks is None:
+            return None
+        names, lengths = tuple(split_list(self.tasks, "tasks")), tuple(int_list(self.contexts, "contexts"))
+        return TaskSettings(names, lengths, self.samples, max_new=self.max_new)
 
 
 @dataclass(frozen=True)
@@ -50,28 +89,69 @@ class FieldSettings:
     ``batch_size``: evictions per batched forward (None: 1 on CPU, 8 on CUDA). ``presses``: also every press
     the providers offer that takes a budget (None: when no methods are named). ``tasks``: also every method's
     accuracy on these generated tasks, answered as ``fi eval --task`` answers them, compressing every
-    ``interval`` tokens (:mod:`fi_toolkit.evaluation.field_tasks`; None: no tasks). After construction
+    ``interval`` tokens (:mod:`fi_toolkit.evaluation.field_tasks`; a :class:`FieldTasks`, the command line's
+    spelling, is read first; None: no tasks). After construction
     ``methods``, ``budgets`` and ``distances`` are tuples of parsed values, ``presses`` a bool and ``tasks``
     checked.
     """
 
-    methods: Sequence[Method | str] | None = None
-    budgets: Sequence[Budget | str] = ("keep=0.25",)
-    prefix: int = 1024
-    distances: Sequence[int] | str = (0, 256)
-    chunk_len: int = 128
-    sinks: int = 4
-    seeds: int = 3
-    replay: bool = False
-    interval: int = 256
-    length: int | None = None
-    resamples: int = 2000
+    methods: Sequence[Method | str] | None = field(
+        default=None,
+        metadata=option(
+            "--policy",
+            "-p",
+            help="A method to place, as fi eval --policy spells it, without a budget (repeatable): a project policy "
+            "(snapkv, infokv:alpha=0.5, adaptive(infokv), fitted:path=FILE) or a press (kvpress:SnapKVPress, "
+            "kvpress:AdaKVPress/SnapKVPress). Default: every project policy of the registry and, where kvpress is "
+            "installed, every press it exports that takes a compression ratio (those that cannot run here are "
+            "listed in refused.csv). The anchors, random positions with sinks kept and the FI oracle, are always "
+            "measured.",
+            cli_type=List[str],
+        ),
+    )
+    budgets: Sequence[Budget | str] = field(
+        default=("keep=0.25",),
+        metadata=option(
+            "--budget",
+            "-b",
+            help="A budget, a share of the prefix: keep=X or remove=X (a bare X is keep=X), 0 < X < 1 (repeatable).",
+            cli_type=List[str],
+        ),
+    )
+    prefix: int = field(default=1024, metadata=option(help="Compression point p (and the replay's prompt)."))
+    distances: Sequence[int] | str = field(
+        default="0,256",
+        metadata=option(help="Chunk starts as distances from p, comma-separated (near, far).", cli_type=str),
+    )
+    chunk_len: int = field(default=128, metadata=option(help="Tokens per chunk."))
+    sinks: int = field(default=4, metadata=option(help="The random anchor never picks the first N positions."))
+    seeds: int = field(
+        default=3, metadata=option(help="Random anchor sets per budget (seeds 0..N-1), averaged per document.")
+    )
+    replay: bool = field(
+        default=False,
+        metadata=option(
+            "--replay/--no-replay", help="Also the replay KL in decoding, as fi eval measures it (costly)."
+        ),
+    )
+    interval: int = field(
+        default=256, metadata=option(help="--replay: compress back to the budget every INTERVAL tokens.")
+    )
+    length: int | None = field(
+        default=None,
+        metadata=option(help="--replay: tokens in all, the prompt p included (default: the far chunk's end)."),
+    )
+    resamples: int = field(default=2000, metadata=option(help="Bootstrap resamples of each headroom CI (0: none)."))
     signals: SignalConfig = field(default_factory=SignalConfig)
-    batch_size: int | None = None
+    batch_size: int | None = field(
+        default=None, metadata=option(help="Evictions per batched forward (default: 1 on CPU, 8 on CUDA).")
+    )
     presses: bool | None = None
-    tasks: TaskSettings | None = None
+    tasks: TaskSettings | FieldTasks | None = None
 
     def __post_init__(self):
+        if isinstance(self.tasks, FieldTasks):  # the command line's --task options, read before the rest
+            object.__setattr__(self, "tasks", self.tasks.task_settings())
         check_type("signals", self.signals, SignalConfig)
         config = self.signals.check()
         budgets = tuple(self._budgets())
@@ -90,14 +170,16 @@ class FieldSettings:
         if self.batch_size is not None:
             check_int("batch_size", self.batch_size, 1)
         check_resamples(self.resamples)
-        check_methods(methods, budgets, self.prefix, config.window, self.sinks)
+        with budget_from("budgets"):
+            check_methods(methods, budgets, self.prefix, config.window, self.sinks)
         check_type("replay", self.replay, bool)
         if self.replay:
             check_int("interval", self.interval, 1)
             total = check_int("length", self.length) if self.length is not None else chunks[-1].end
             if total <= self.prefix:
                 raise FIError(f"length {total} leaves nothing after the {self.prefix}-token prompt", parameter="length")
-            _check_replay_budgets(methods, budgets, config, self.prefix, total)
+            with budget_from("budgets"):
+                _check_replay_budgets(methods, budgets, config, self.prefix, total)
         elif self.length is not None:
             raise FIError("length sets the replay: it goes with replay", parameter=("length", "replay"))
         presses = self.methods is None if self.presses is None else check_type("presses", self.presses, bool)

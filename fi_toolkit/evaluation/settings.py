@@ -9,19 +9,26 @@ signal options, and are checked on construction (one :class:`~fi_toolkit.errors.
 line names its flags). The policies' and budgets' messages name them as ``--policy NAME`` and ``--budget``,
 as the policy registry spells them.
 
+``fi eval``'s options are the fields of :class:`EvalOptions`, the command line's spelling of both kinds of run
+(comma-separated lists; ``tasks`` None: a text run), which :meth:`EvalOptions.settings` turns into one or the
+other: the settings themselves are built only once the kind of run is known, so a task run is never checked
+as a text run.
+
 Imports nothing heavy at module level (no torch, no pandas): the command line builds the settings, and so
 refuses bad options, before the model loads (checking each budget against the replay imports the decoder).
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 from fi_toolkit.budget import Budget
 from fi_toolkit.compress.future import DOCUMENT, Future, parse_future
 from fi_toolkit.errors import FIError
-from fi_toolkit.runs.settings import check_int, check_resamples, check_type, first_repeat
+from fi_toolkit.policies.registry import policy_help
+from fi_toolkit.runs.settings import check_int, check_resamples, check_type, first_repeat, option
 from fi_toolkit.runs.units import check_unit_size
 from fi_toolkit.signals.config import SignalConfig
 
@@ -89,17 +96,40 @@ DEFAULT_POLICIES = ("infokv", "snapkv", "pyramidkv", "streaming", "h2o", "knorm"
 DEFAULT_BUDGETS = ("keep=0.1", "keep=0.25", "keep=0.5")
 
 
-def split_list(text: str, option: str, parameter: str | None = None) -> list[str]:
-    """``a,b,c`` -> items; an empty item (``a,,b``, a trailing comma) or an empty list is refused. ``option``
-    names the list in the message; ``parameter``, where given, is the command's parameter it stands for (the
-    CLI names its flag)."""
+def split_list(text: str, name: str) -> list[str]:
+    """``a,b,c`` -> items; an empty item (``a,,b``, a trailing comma) or an empty list is refused. ``name``: the
+    parameter the list is (the command line names its flag)."""
     items = [t.strip() for t in text.split(",")]
-    named = {option: parameter} if parameter else None
     if not text.strip() or any(not t for t in items):
-        raise FIError(f"{option} must be a comma-separated list without empty items, got '{text}'", parameter=named)
+        raise FIError(f"{name} must be a comma-separated list without empty items, got '{text}'", parameter=name)
     if len(set(items)) != len(items):
-        raise FIError(f"{option} lists an item twice: '{text}'", parameter=named)
+        raise FIError(f"{name} lists an item twice: '{text}'", parameter=name)
     return items
+
+
+def int_list(text: str, name: str, minimum: int = 1) -> list[int]:
+    """``1024,2048`` -> whole numbers, each at least ``minimum`` (:func:`split_list`'s checks first)."""
+    values = []
+    for item in split_list(text, name):
+        try:
+            value = int(item)
+        except ValueError:
+            raise FIError(f"{name} must list whole numbers, got '{item}' in '{text}'", parameter=name) from None
+        if value < minimum:
+            raise FIError(f"{name} values must be >= {minimum}, got {value}", parameter=name)
+        values.append(value)
+    return values
+
+
+@contextmanager
+def budget_from(name: str):
+    """Errors raised within about a policy's ``budget`` argument (the registry's) are about ``name``, the
+    settings' parameter the budgets come from (``budgets``), so the command line names that one's flag."""
+    try:
+        yield
+    except FIError as exc:
+        exc.parameters = {spelling: name if p == "budget" else p for spelling, p in exc.parameters.items()}
+        raise
 
 
 def make_policies(names: str, budgets: str, window: int, alpha: float, tau: float, top_k: int, future: bool = False):
@@ -110,17 +140,18 @@ def make_policies(names: str, budgets: str, window: int, alpha: float, tau: floa
     (the same class and options) is refused."""
     from fi_toolkit.policies.registry import resolve, split_policies
 
-    spelled = split_list(budgets, "budgets", "budget")
+    spelled = split_list(budgets, "budgets")
     parsed = [Budget.parse(b, "--budget") for b in spelled]
     pair = first_repeat(zip(spelled, parsed), key=lambda sb: sb[1])
     if pair:
         raise FIError(
             f"budgets gives one budget twice: '{pair[0][0]}' and '{pair[1][0]}' are both {pair[0][1].label}",
-            parameter={"budgets": "budget"},
+            parameter="budgets",
         )
     names = split_policies(names, "--policy")
     shared = dict(shared=("window", "top_k"), alpha=alpha, tau=tau, top_k=top_k, future=future)
-    policies = [[resolve(name, b, window, where=f"--policy {name}", **shared) for b in parsed] for name in names]
+    with budget_from("budgets"):
+        policies = [[resolve(name, b, window, where=f"--policy {name}", **shared) for b in parsed] for name in names]
     if future:
         from fi_toolkit.policies.fi_oracle import check_decoding_oracle
 
@@ -131,7 +162,7 @@ def make_policies(names: str, budgets: str, window: int, alpha: float, tau: floa
         raise FIError(
             f"policies gives one policy twice: '{pair[0][0]}' and '{pair[1][0]}' are the same policy "
             "with the same options",
-            parameter={"policies": "policy"},
+            parameter="policies",
         )
     return [p for row in policies for p in row]
 
@@ -179,7 +210,7 @@ class _PolicyRun:
         resolved = make_policies(names, budgets, c.window, c.alpha, c.tau, c.top_k, future=future)
         check_int("interval", self.interval, 1)
         check_resamples(self.resamples)
-        parsed = tuple(Budget.parse(b, "--budget") for b in split_list(budgets, "budgets", "budget"))
+        parsed = tuple(Budget.parse(b, "--budget") for b in split_list(budgets, "budgets"))
         object.__setattr__(self, "policies", tuple(split_policies(names, "--policy")))
         object.__setattr__(self, "budgets", parsed)
         object.__setattr__(self, "_resolved", tuple(resolved))
@@ -244,6 +275,11 @@ class TextEvalSettings(_PolicyRun):
         continues it)."""
         return self.prompt if self.future.generated else self.length or 2048
 
+    def total(self) -> int:
+        """Tokens in all each replay reads, the prompt included: the length, or with a generated future the
+        prompt and its N tokens."""
+        return self.prompt + self.future.tokens if self.future.generated else self.length or 2048
+
 
 @dataclass(frozen=True)
 class TaskEvalSettings(_PolicyRun):
@@ -268,3 +304,106 @@ class TaskEvalSettings(_PolicyRun):
                     f"context, not above the window of {window}"
                 )
         object.__setattr__(self, "tasks", tasks)
+
+
+@dataclass(frozen=True)
+class EvalOptions:
+    """``fi eval``'s options as the command line spells them: each field's flag and help is its option's
+    (:func:`~fi_toolkit.runs.settings.option`). Lists are comma-separated strings; ``tasks`` None is a text
+    run (the fields marked Text), else a task run (those marked Tasks). Not checked on construction:
+    :meth:`settings` builds (and so checks) the :class:`TextEvalSettings` or :class:`TaskEvalSettings`, the
+    only kind the run reads."""
+
+    policies: str = field(
+        default=",".join(DEFAULT_POLICIES),
+        metadata=option(
+            "--policy",
+            "-p",
+            help="Comma-separated policies (the full cache is always measured beside them), each "
+            + policy_help()
+            + ". E.g. infokv:alpha=0.5,tau=2; --alpha/--tau set the defaults; --window and --top-k are shared by "
+            "all. fi-oracle looks ahead: at each compression it keeps the entries with the highest estimated FI on "
+            "the next INTERVAL tokens of the document (documents only, not --task; no free generation; marked "
+            "oracle in the tables). A kvpress press takes the share --budget removes as its compression_ratio.",
+        ),
+    )
+    budgets: str = field(
+        default="0.1,0.25,0.5",
+        metadata=option(
+            "--budget",
+            "-b",
+            help="Comma-separated budgets: keep=X or remove=X (a bare X is keep=X), a share of what each "
+            "compression may compress or a count.",
+        ),
+    )
+    interval: int = field(
+        default=256, metadata=option(help="Compress back to the budget every INTERVAL fed (or generated) tokens.")
+    )
+    prompt: int = field(default=1024, metadata=option(help="Text: prompt tokens (prefilled and compressed first)."))
+    length: int | None = field(
+        default=None,
+        metadata=option(
+            help="Text: tokens in all, prompt included (default: 2048; with --future generated:N it is prompt + N)."
+        ),
+    )
+    future: str = field(
+        default=DOCUMENT.label,
+        metadata=option(
+            help="Text: 'document' (its own next tokens) or 'generated:N' (the model's greedy continuation, N "
+            "tokens) or 'generated:N@SEED' (sampled from SEED)."
+        ),
+    )
+    free_tokens: int = field(
+        default=64,
+        metadata=option(
+            help="Text: greedy tokens generated freely per policy, compared with the full cache's (0: skip)."
+        ),
+    )
+    tasks: str | None = field(
+        default=None,
+        metadata=option(
+            "--task",
+            help="Comma-separated tasks instead of documents: passkey, multikey_needle (niah), variable_tracking "
+            "(vartrack).",
+        ),
+    )
+    contexts: str = field(
+        default=",".join(map(str, DEFAULT_CONTEXTS)),
+        metadata=option("--context", help="Tasks: comma-separated prompt lengths in tokens."),
+    )
+    samples: int = field(default=10, metadata=option(help="Tasks: samples per task and context (seeds 0..N-1)."))
+    protocols: str = field(
+        default="question-agnostic",
+        metadata=option(
+            "--protocol",
+            help="Tasks: question-agnostic (compress the context, then ask) and/or question-aware.",
+        ),
+    )
+    max_new: int = field(
+        default=12, metadata=option(help="Tasks: greedy answer tokens at most (the first line is scored).")
+    )
+    resamples: int = field(default=1000, metadata=option(help="Bootstrap resamples per interval (0: none)."))
+    unit_policies: int = field(
+        default=0,
+        metadata=option(
+            help="Text: split each document into work units of N replays (the full cache and the policy x budget "
+            "runs; 0: one unit per document), so torchrun's ranks share documents; same tables."
+        ),
+    )
+
+    def settings(self, signals: SignalConfig | None = None) -> TextEvalSettings | TaskEvalSettings:
+        """The run's settings, with ``signals`` (None: the defaults): a :class:`TaskEvalSettings` where
+        ``tasks`` names some, else a :class:`TextEvalSettings`; each checks itself on construction."""
+        common = dict(policies=self.policies, budgets=self.budgets, interval=self.interval, resamples=self.resamples)
+        common["signals"] = SignalConfig() if signals is None else signals
+        if self.tasks is None:
+            text = dict(prompt=self.prompt, length=self.length, future=self.future, free_tokens=self.free_tokens)
+            return TextEvalSettings(**common, **text, unit_policies=self.unit_policies)
+        tasks = TaskSettings(
+            tuple(split_list(self.tasks, "tasks")),
+            tuple(int_list(self.contexts, "contexts")),
+            self.samples,
+            tuple(split_list(self.protocols, "protocols")),
+            self.max_new,
+        )
+        return TaskEvalSettings(**common, tasks=tasks)

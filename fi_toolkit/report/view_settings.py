@@ -4,19 +4,25 @@ builds it, and so refuses bad options, before the model loads.
 
 The settings hold the page's policies, budget, compression point, chunk and Fisher estimate, not the document:
 the model and the document are the run function's other arguments.
+
+Each field that is an option carries its flag and help (:func:`fi_toolkit.runs.settings.option`), from which
+:func:`fi_toolkit.cli.options.settings_options` generates ``fi view``'s options; a field is named as the messages
+name it (``policies``, flag ``--policy``). ``--policy``'s help lists the registry's policies
+(:func:`~fi_toolkit.policies.registry.policy_help`: the registry imports nothing heavy).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Optional, Sequence
 
 from fi_toolkit.budget import Budget
 from fi_toolkit.errors import FIError
+from fi_toolkit.policies.registry import policy_help
 from fi_toolkit.probe.chunks import Chunk, check_chunks, parse_chunk
 from fi_toolkit.probe.estimator_options import check_samples
 from fi_toolkit.probe.selections import check_prefix
-from fi_toolkit.runs.settings import check_int, check_type
+from fi_toolkit.runs.settings import check_int, check_type, option
 from fi_toolkit.signals.config import SignalConfig
 
 DEFAULT_POLICIES = "infokv,snapkv"
@@ -38,13 +44,45 @@ class ViewSettings:
     :class:`~fi_toolkit.probe.chunks.Chunk`.
     """
 
-    policies: str | Sequence[str] = DEFAULT_POLICIES
-    budget: str | Budget = "keep=0.25"
-    prefix: int = 1024
-    chunk: str | Chunk | None = None
-    samples: int = 16
-    seed: int = 0
-    signals: SignalConfig = field(default_factory=SignalConfig)
+    policies: str | Sequence[str] = field(
+        default=DEFAULT_POLICIES,
+        metadata=option(
+            "--policy",
+            "-p",
+            help="Comma-separated policies, each "
+            + policy_help(oracles=False)
+            + ". The page marks, per token, the share of layers x KV heads that evicted it.",
+            cli_type=str,
+        ),
+    )
+    budget: str | Budget = field(
+        default="keep=0.25",
+        metadata=option(
+            "--budget",
+            "-b",
+            help="One budget for every policy: keep=X or remove=X (a bare X is keep=X), a share of the prefix (0.25) "
+            "or a count (512).",
+            cli_type=str,
+        ),
+    )
+    prefix: int = field(
+        default=1024, metadata=option("--prefix", help="Compression point p: the page shows the prefix tokens [0, p).")
+    )
+    chunk: str | Chunk | None = field(
+        default=None,
+        metadata=option(
+            "--chunk",
+            "-c",
+            help="Future chunk START:END that the estimated FI is measured on (default p:p+256).",
+            cli_type=Optional[str],
+        ),
+    )
+    samples: int = field(
+        default=16,
+        metadata=option("--samples", help="Label draws of the Fisher estimate (fi scores --estimator fisher)."),
+    )
+    seed: int = field(default=0, metadata=option("--seed", help="Seed of the label draws."))
+    signals: SignalConfig = field(default_factory=SignalConfig)  # the command's signal options, built beside
 
     def __post_init__(self):
         check_type("signals", self.signals, SignalConfig)

@@ -249,8 +249,8 @@ class ResumableRun:
             if diff:
                 raise FIError(
                     f"cannot resume '{self.path}' with different settings ({_describe_differences(diff)}); "
-                    "use the original settings, a new out_dir, or overwrite",
-                    parameter=("out_dir", "overwrite"),
+                    "use the original settings, a new out, or overwrite",
+                    parameter=("out", "overwrite"),
                 )
         # settings.json missing but per_document/ present: each unit's own settings decide (see _problem)
 

@@ -106,7 +106,10 @@ class RunSettings:
         if command is not None:
             from fi_toolkit.runs.run_dir import check_run_dir
 
-            check_run_dir(self.out, command, self.resume, self.overwrite)
+            try:
+                check_run_dir(self.out, command, self.resume, self.overwrite)
+            except FIError as exc:  # check_run_dir's parameter is out_dir: here it is this object's out
+                raise exc.about({"out_dir": "out"}) from None
         elif self.resume and self.overwrite:
             raise FIError(
                 "resume and overwrite contradict each other: resume continues the run in out, "
@@ -114,6 +117,42 @@ class RunSettings:
                 parameter=("resume", "overwrite", "out"),
             )
         return self
+
+
+@dataclass(frozen=True)
+class OutDirSettings:
+    """Where a command that writes once, with no ``--resume`` (``fi fit-data``, ``fi fit-surrogate``,
+    ``fi tasks export``), writes: the directory ``out_dir`` (required), and ``overwrite`` to replace what is there.
+
+    Not :class:`RunSettings` (a resumable run's, whose field is ``out``): the field is named ``out_dir`` as the
+    library's checks name it (``results.check_results_dir``), so their messages name ``--out`` on the command line
+    with no table of aliases. The checks are the run functions'. A string ``out_dir`` becomes a Path.
+    """
+
+    out_dir: Path = field(metadata=option("--out", "-o", help="Results directory."))
+    overwrite: bool = field(
+        default=False, metadata=option("--overwrite/--no-overwrite", help="Replace the results already in --out.")
+    )
+
+    def __post_init__(self):
+        if isinstance(self.out_dir, str):
+            object.__setattr__(self, "out_dir", Path(self.out_dir))
+
+
+@dataclass(frozen=True)
+class OutFileSettings:
+    """Where a command that writes one file (``fi fit``, ``fi view``) writes: ``out_file`` (required unless the
+    command's default object names one), and ``overwrite`` to replace it. The field is named ``out_file`` as the
+    library's checks name it (``fit_run.run_fit``), for the reason :class:`OutDirSettings` gives."""
+
+    out_file: Path = field(metadata=option("--out", "-o", help="The file to write."))
+    overwrite: bool = field(
+        default=False, metadata=option("--overwrite/--no-overwrite", help="Replace --out if it exists.")
+    )
+
+    def __post_init__(self):
+        if isinstance(self.out_file, str):
+            object.__setattr__(self, "out_file", Path(self.out_file))
 
 
 def run_settings(out_dir: Path | str | RunSettings, resume: bool = False, overwrite: bool = False) -> RunSettings:

@@ -4,19 +4,21 @@ line builds it, and so refuses bad options, before the model loads.
 
 The settings hold what is measured (chunks, the compression point, the candidates or the estimator, sinks, the
 seed, the bootstrap, the signal options, the batch size, the work units), not the documents: the model and the
-documents are the run function's other arguments, so one settings object studies any set of documents.
+documents are the run function's other arguments, so one settings object studies any set of documents. Each
+field that is an option carries its flag and help (:func:`fi_toolkit.runs.settings.option`), from which
+:func:`fi_toolkit.cli.options.settings_options` generates ``fi correlate``'s options.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import List, Sequence
 
 from fi_toolkit.errors import FIError
 from fi_toolkit.probe.chunks import Chunk, check_chunks, parse_chunks
 from fi_toolkit.probe.estimator_options import DEFAULT_SAMPLES
 from fi_toolkit.probe.selections import check_prefix, check_sinks
-from fi_toolkit.runs.settings import check_int, check_resamples, check_type
+from fi_toolkit.runs.settings import check_int, check_resamples, check_type, option
 from fi_toolkit.signals.config import SignalConfig
 from fi_toolkit.studies.study_options import check_estimator, check_unit_candidates, parse_candidates
 
@@ -45,18 +47,61 @@ class CorrelateSettings:
     from its fields gives the same object.
     """
 
-    chunks: Sequence[Chunk | str]
-    prefix: int | None = None
-    candidates: str | None = None
-    estimator: str = "exact"
-    samples: int | None = None
-    validate: int | None = None
-    sinks: int = 4
-    seed: int = 0
-    resamples: int = 1000
+    chunks: Sequence[Chunk | str] = field(
+        metadata=option("--chunk", "-c", help="Future chunk START:END (repeatable).", cli_type=List[str])
+    )
+    prefix: int | None = field(
+        default=None, metadata=option("--prefix", help="Compression point p (default: smallest chunk start).")
+    )
+    candidates: str | None = field(
+        default=None,
+        metadata=option(
+            "--candidates",
+            help="'all', 'sample:N' (N uniform positions; all of them when N is at least their number) or "
+            "'stratified:N' (by entropy, reweighted); default sample:256. --estimator exact only.",
+        ),
+    )
+    estimator: str = field(
+        default="exact",
+        metadata=option(
+            "--estimator",
+            help="'exact' (leave-one-out FI of the candidates, the default) or 'fisher' (the gradient estimate at "
+            "every position of [sinks, p - w) in one pass; docs/method.md, 'Gradient estimator').",
+        ),
+    )
+    samples: int | None = field(
+        default=None,
+        metadata=option(
+            "--samples",
+            help="--estimator fisher: label draws per chunk (default 16); more draws, smaller standard error.",
+        ),
+    )
+    validate: int | None = field(
+        default=None,
+        metadata=option(
+            "--validate",
+            help="--estimator fisher: also measure exact FI at N entropy-stratified positions and report the "
+            "agreement (Spearman, Pearson, top-10 percent overlap, bootstrap CIs).",
+        ),
+    )
+    sinks: int = field(default=4, metadata=option("--sinks", help="First N positions are never candidates."))
+    seed: int = field(default=0, metadata=option("--seed", help="Seed of the candidate sample and the bootstrap."))
+    resamples: int = field(
+        default=1000, metadata=option("--resamples", help="Bootstrap resamples per coefficient (0: no intervals).")
+    )
     signals: SignalConfig = field(default_factory=SignalConfig)
-    batch_size: int | None = None
-    unit_candidates: int = 0
+    batch_size: int | None = field(
+        default=None,
+        metadata=option("--batch-size", help="Evictions per batched forward (default: 1 on CPU, 8 on CUDA)."),
+    )
+    unit_candidates: int = field(
+        default=0,
+        metadata=option(
+            "--unit-candidates",
+            help="Split each document into work units of N candidates (exact FI; 0: one unit per document), so "
+            "torchrun's ranks share documents; same tables.",
+        ),
+    )
 
     def __post_init__(self):
         chunks = parse_chunks(self.chunks)

@@ -5,6 +5,11 @@ command line builds them, and so refuses bad options, before the model loads or 
 
 The settings hold what is computed, not the documents or the runs: those are the run functions' other
 arguments, so one settings object makes rows of any documents, or fits any runs.
+
+Each field that is an option carries its flag and help (:func:`fi_toolkit.runs.settings.option`), from which
+:func:`fi_toolkit.cli.options.settings_options` generates the commands' options; a field is named as the
+library's messages name it (``chunks``, flag ``--chunk``), so the command line names the flag in them. The
+commands build these without a default object (``cls(**options)``): they check themselves on construction.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import ClassVar, List, Optional, Sequence
 
 from fi_toolkit.errors import FIError
 from fi_toolkit.policies.features import EXTRA, check_feature_names, check_features
@@ -20,7 +25,7 @@ from fi_toolkit.policies.fitted import FEATURES
 from fi_toolkit.probe.chunks import Chunk, check_chunks, parse_chunks
 from fi_toolkit.probe.estimator_options import DEFAULT_SAMPLES, check_samples
 from fi_toolkit.probe.selections import check_prefix
-from fi_toolkit.runs.settings import check_int, check_type
+from fi_toolkit.runs.settings import check_int, check_type, option
 from fi_toolkit.signals.config import SignalConfig
 from fi_toolkit.studies.fit_options import DECODING_FEATURES, DEFAULT_FEATURES, TARGETS
 
@@ -44,12 +49,28 @@ class FitDataSettings:
     and ``prefix`` an int.
     """
 
-    chunks: Sequence[Chunk | str]
-    prefix: int | None = None
-    sinks: int = 0
-    samples: int = DEFAULT_SAMPLES
-    seed: int = 0
-    signals: SignalConfig = field(default_factory=SignalConfig)
+    chunks: Sequence[Chunk | str] = field(
+        metadata=option(
+            "--chunk",
+            "-c",
+            help="Future chunk START:END of the FI target (repeatable: the mean over chunks).",
+            cli_type=List[str],
+        )
+    )
+    prefix: int | None = field(
+        default=None, metadata=option("--prefix", help="Compression point p (default: smallest chunk start).")
+    )
+    sinks: int = field(
+        default=0,
+        metadata=option(
+            "--sinks", help="Leave the first N positions out of the rows (the policy ranks them too: default 0)."
+        ),
+    )
+    samples: int = field(
+        default=DEFAULT_SAMPLES, metadata=option("--samples", help="Label draws of the Fisher estimator per chunk.")
+    )
+    seed: int = field(default=0, metadata=option("--seed", help="Seed of the label draws."))
+    signals: SignalConfig = field(default_factory=SignalConfig)  # the command's signal options, built beside
 
     def __post_init__(self):
         chunks = parse_chunks(self.chunks)
@@ -94,12 +115,56 @@ class FitSettings:
     object.
     """
 
-    learner: str = "ridge"
-    features: Sequence[str] | str | None = None
-    target: str | None = None
-    ridge: float | None = None
-    exclude: Sequence[str] = ()
-    group: str | None = None
+    OPTION_ORDER: ClassVar[tuple[str, ...]] = ("features", "target", "ridge", "exclude", "learner", "group")
+
+    learner: str = field(
+        default="ridge",
+        metadata=option(
+            "--learner",
+            help="'ridge' (a linear score, fitted:path=FILE) or 'lambdarank' (LightGBM LambdaRank on within-head FI "
+            "ranks, learned:path=FILE; its features add depth, kv_head, keydiff, vnorm, wo_vnorm and acc_wo_vnorm).",
+        ),
+    )
+    features: Sequence[str] | str | None = field(
+        default=None,
+        metadata=option(
+            "--features",
+            help="Comma-separated features (default: all of them; 'decoding': all that a decoding compression can "
+            "compute).",
+            cli_type=Optional[str],
+        ),
+    )
+    target: str | None = field(
+        default=None,
+        metadata=option(
+            "--target",
+            help=f"'rank' (within-head rank of FI) or 'log' (log FI); ridge only (default: {DEFAULT_TARGET}).",
+        ),
+    )
+    ridge: float | None = field(
+        default=None,
+        metadata=option(
+            "--ridge",
+            help="Ridge penalty lambda (times the number of rows) on the standardised coefficients; ridge only "
+            f"(default: {DEFAULT_RIDGE:g}).",
+        ),
+    )
+    exclude: Sequence[str] = field(
+        default=(),
+        metadata=option(
+            "--exclude",
+            help="Leave this document's rows out (repeatable), to test the policy on it.",
+            cli_type=List[str],
+        ),
+    )
+    group: str | None = field(
+        default=None,
+        metadata=option(
+            "--group",
+            help="lambdarank only: the query group, 'head' (rank within each KV head; default) or 'layer' (rank over "
+            "all KV heads of a layer, for learned:heads=global, which shares a layer's budget over its heads).",
+        ),
+    )
 
     def __post_init__(self):
         learner = check_type("learner", self.learner, str)

@@ -5,7 +5,9 @@ line builds it, and so refuses bad options, before the model loads.
 The settings hold what is measured (the compression point, the chunks' distances and length, the sets' budget
 and seeds, sink protection, the signal options, the batch size, the work units, extra selections), not the
 documents: the model and the documents are the run function's other arguments. The budget's messages name it
-as ``--budget B``, as :class:`~fi_toolkit.evaluation.field_settings.FieldSettings`' do.
+as ``--budget B``, as :class:`~fi_toolkit.evaluation.field_settings.FieldSettings`' do. Each field that is an
+option carries its flag and help (:func:`fi_toolkit.runs.settings.option`), from which
+:func:`fi_toolkit.cli.options.settings_options` generates ``fi nearfar``'s options (``selections`` is not one).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from fi_toolkit.budget import Budget
 from fi_toolkit.errors import FIError
 from fi_toolkit.probe.chunks import Chunk
 from fi_toolkit.probe.selections import check_prefix, check_selections, check_sinks, parse_selections
-from fi_toolkit.runs.settings import check_int, check_type
+from fi_toolkit.runs.settings import check_int, check_type, option
 from fi_toolkit.runs.units import check_unit_size
 from fi_toolkit.signals.config import SignalConfig
 from fi_toolkit.studies.nearfar_spec import nearfar_chunks, nearfar_selections, parse_distances
@@ -28,29 +30,56 @@ class NearfarSettings:
     """``fi nearfar``'s options, checked on construction (one :class:`~fi_toolkit.errors.FIError` line naming
     the parameter; the command line names its flag).
 
-    ``prefix``: the compression point ``p``; ``distances``: chunk starts from ``p`` (``"0,256"`` or ints),
-    each chunk ``chunk_len`` tokens; ``budget``: the size of every set (``remove=0.1``, a share of ``[0, p)``,
-    or a count); ``seeds``: random sets (seeds ``0..N-1``); ``sinks``: the first positions no set selects;
-    ``with_unprotected``: also measure every set without sink protection (when ``sinks > 0``); ``signals``:
-    the signal options; ``batch_size``: evictions per batched forward (None: 1 on CPU, 8 on CUDA);
-    ``unit_sets``: work units of N sets (0: one unit per document), the same tables; ``selections``:
-    ``--select`` specs measured beside the study's sets (``kvpress:NAME@BUDGET``, ``policy:NAME@BUDGET``; not
-    an option of ``fi nearfar``).
+    ``prefix``: the compression point ``p``; ``distances``: chunk starts from ``p`` (``"0,256"`` or ints; the
+    default spelled as the option's), each chunk ``chunk_len`` tokens; ``budget``: the size of every set
+    (``remove=0.1``, a share of ``[0, p)``, or a count); ``seeds``: random sets (seeds ``0..N-1``); ``sinks``: the
+    first positions no set selects; ``with_unprotected``: also measure every set without sink protection (when
+    ``sinks > 0``); ``signals``: the signal options; ``batch_size``: evictions per batched forward (None: 1 on CPU,
+    8 on CUDA); ``unit_sets``: work units of N sets (0: one unit per document), the same tables; ``selections``:
+    ``--select`` specs measured beside the study's sets (``kvpress:NAME@BUDGET``, ``policy:NAME@BUDGET``; not an
+    option of ``fi nearfar``).
 
     After construction ``distances`` and ``selections`` are tuples and ``budget`` a
     :class:`~fi_toolkit.budget.Budget`.
     """
 
-    prefix: int = 1024
-    distances: Sequence[int] | str = (0, 256, 512, 1024)
-    chunk_len: int = 256
-    budget: Budget | str = "remove=0.1"
-    seeds: int = 3
-    sinks: int = 4
-    with_unprotected: bool = True
+    prefix: int = field(default=1024, metadata=option("--prefix", help="Compression point p."))
+    distances: Sequence[int] | str = field(
+        default="0,256,512,1024",
+        metadata=option("--distances", help="Chunk starts as distances from p, comma-separated.", cli_type=str),
+    )
+    chunk_len: int = field(default=256, metadata=option("--chunk-len", help="Tokens per chunk."))
+    budget: Budget | str = field(
+        default="remove=0.1",
+        metadata=option(
+            "--budget",
+            "-b",
+            help="Set size, one budget for every set: remove=X or keep=X, a share of the prefix [0, p) (0.1) or a "
+            "token count (100).",
+            cli_type=str,
+        ),
+    )
+    seeds: int = field(default=3, metadata=option("--seeds", help="Random sets (seeds 0..N-1)."))
+    sinks: int = field(
+        default=4, metadata=option("--sinks", help="Sink protection: the first N positions are never selected.")
+    )
+    with_unprotected: bool = field(
+        default=True,
+        metadata=option("--with-unprotected/--protected-only", help="Also measure every set without sink protection."),
+    )
     signals: SignalConfig = field(default_factory=SignalConfig)
-    batch_size: int | None = None
-    unit_sets: int = 0
+    batch_size: int | None = field(
+        default=None,
+        metadata=option("--batch-size", help="Evictions per batched forward (default: 1 on CPU, 8 on CUDA)."),
+    )
+    unit_sets: int = field(
+        default=0,
+        metadata=option(
+            "--unit-sets",
+            help="Split each document into work units of N sets (0: one unit per document), so torchrun's ranks "
+            "share documents when they are few; same tables.",
+        ),
+    )
     selections: Sequence[str] = ()
 
     def __post_init__(self):

@@ -27,7 +27,7 @@ from fi_toolkit.probe.noise_floor import CONTROL_LABELS, noise_floor
 from fi_toolkit.runs import results
 from fi_toolkit.runs.distributed import World, assign, current
 from fi_toolkit.runs.settings import RunSettings, check_type
-from fi_toolkit.studies.probe_settings import ProbeSettings
+from fi_toolkit.studies.probe_settings import ProbeSettings, probe_dir
 
 # progress(document, stage, done, total): stage "generate", "trace" or "probe"; total None while unknown
 Progress = Callable[[str, str, int, "int | None"], None]
@@ -75,12 +75,9 @@ def run_probe(
     """
     check_type("settings", settings, ProbeSettings)
     if run is not None:
-        check_type("run", run, RunSettings)
-        if run.resume:
-            raise FIError("a probe does not resume: run it again, or pass overwrite to replace it", parameter="resume")
+        probe_dir(run)
         if new_dir_in is not None:
             raise FIError("give run or new_dir_in, not both", parameter=("run", "new_dir_in"))
-        results.check_results_dir(run.out, run.overwrite)
     if not docs:
         raise FIError("no document given", parameter="docs")
     started, t0 = results.now(), time.perf_counter()

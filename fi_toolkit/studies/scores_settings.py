@@ -3,6 +3,10 @@
 goes. Imports nothing heavy (no torch, no pandas): the command line builds both, and so refuses bad options,
 before the model loads.
 
+Each field of :class:`ScoresSettings` that is an option carries its flag and help
+(:func:`fi_toolkit.runs.settings.option`), from which :func:`fi_toolkit.cli.options.settings_options` generates
+``fi scores``' options; where the table goes is the command's :class:`~fi_toolkit.runs.settings.RunSettings`.
+
 It lives in ``studies/`` beside the run function, not in ``probe/``: exact per-token FI is
 :func:`fi_toolkit.studies.per_token.per_token_fi`, and ``probe/`` sits below ``studies/``.
 """
@@ -11,13 +15,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import List, Sequence
 
 from fi_toolkit.errors import FIError
 from fi_toolkit.probe.chunks import Chunk, check_chunks, parse_chunks
 from fi_toolkit.probe.estimator_options import DEFAULT_SAMPLES, ESTIMATORS, check_samples
 from fi_toolkit.probe.selections import check_prefix
-from fi_toolkit.runs.settings import RunSettings, check_int, check_type
+from fi_toolkit.runs.settings import RunSettings, check_int, check_type, option
 from fi_toolkit.signals.config import SignalConfig
 
 TABLE_SUFFIXES = (".csv", ".parquet")
@@ -40,11 +44,30 @@ class ScoresSettings:
     building the object again from its fields gives the same object.
     """
 
-    prefix: int = 2048
-    fi_chunks: Sequence[Chunk | str] = ()
-    estimator: str | None = None
-    samples: int | None = None
-    seed: int | None = None
+    prefix: int = field(default=2048, metadata=option("--prefix", help="Trace the first PREFIX tokens."))
+    fi_chunks: Sequence[Chunk | str] = field(
+        default=(),
+        metadata=option(
+            "--fi-chunk",
+            help="Also per-token FI of every prefix position on this future chunk START:END (repeatable): columns "
+            "fi_<chunk> (and fi_se_<chunk> for fisher).",
+            cli_type=List[str],
+        ),
+    )
+    estimator: str | None = field(
+        default=None,
+        metadata=option(
+            "--estimator",
+            help="With --fi-chunk: 'fisher' (the gradient estimate, the default here) or 'exact' (leave-one-out, one "
+            "forward per position).",
+        ),
+    )
+    samples: int | None = field(
+        default=None, metadata=option("--samples", help="With --estimator fisher: label draws per chunk (default 16).")
+    )
+    seed: int | None = field(
+        default=None, metadata=option("--seed", help="With --estimator fisher: seed of the label draws (default 0).")
+    )
     signals: SignalConfig = field(default_factory=SignalConfig)
 
     def __post_init__(self):

@@ -1,18 +1,22 @@
 """What ``fi tasks export`` writes: :class:`TaskExportSettings`, the object the command line builds and
 :func:`fi_toolkit.evaluation.lmeval.export_run.run_task_export` takes. Imports nothing heavy (no torch, no
 lm-eval): the command line builds it, and checks where it writes, before the model loads.
+
+Each field carries its flag and help (:func:`fi_toolkit.runs.settings.option`), from which
+:func:`fi_toolkit.cli.options.settings_options` generates the command's options; a field is named as the messages
+name it (``tasks``, flag ``--task``). The command builds it without a default object: it checks itself.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
 from fi_toolkit.errors import FIError
 from fi_toolkit.evaluation.settings import DEFAULT_TASKS
 from fi_toolkit.runs import results
-from fi_toolkit.runs.settings import check_int, check_type, first_repeat
+from fi_toolkit.runs.settings import check_int, check_type, first_repeat, option
 
 SCORING = "fi_scoring.py"  # the scoring functions every exported task's YAML names
 
@@ -28,11 +32,16 @@ class TaskExportSettings:
     construction ``tasks`` is a tuple.
     """
 
-    tasks: str | Sequence[str] = "passkey,multikey_needle"
-    context: int = 1024
-    samples: int = 8
-    seed: int = 0
-    max_gen_toks: int = 16
+    tasks: str | Sequence[str] = field(
+        default="passkey,multikey_needle",
+        metadata=option("--task", help="Comma-separated: passkey, multikey_needle, variable_tracking.", cli_type=str),
+    )
+    context: int = field(
+        default=1024, metadata=option("--context", help="Tokens per prompt (measured with the model's tokenizer).")
+    )
+    samples: int = field(default=8, metadata=option("--samples", help="Samples per task (seeds SEED .. SEED + N - 1)."))
+    seed: int = field(default=0, metadata=option("--seed", help="First seed."))
+    max_gen_toks: int = field(default=16, metadata=option("--max-gen-toks", help="Tokens each answer may take."))
 
     def __post_init__(self):
         names = (
