@@ -14,7 +14,9 @@ summed single-entry FI that eviction of the lowest-ranked candidates removes (``
 The sum of single-entry FI is a proxy of the FI of the evicted set (the probe measures that: ``fi probe``).
 Tables ``offline.csv`` (per document) and ``offline_summary.csv``. ``--curve RUN``: the linear surrogate (ridge
 of log FI, the default settings) trained on the first 2, 4, 8, ... slices of the labels run ``RUN`` (and all of
-them), each judged as above: ``curve.csv`` (slices, units, labels, and the scores).
+them), each judged as above: ``curve.csv`` (target, slices, units, labels, and the scores); ``--curve-target
+kvzip_plus`` adds the same surrogate trained on KVzip+ scores (KVzap's teacher, computed once per unit) on the
+same slices, the like-for-like anchor; ``--curve-max N`` stops the curve at ``N`` slices.
 """
 
 from __future__ import annotations
@@ -75,6 +77,13 @@ def main(argv=None) -> None:
     ap.add_argument("--model", action="append", default=[], help="NAME=DIR of a surrogate (repeatable)")
     ap.add_argument("--target", default="fi")
     ap.add_argument("--curve", type=Path, help="a fi labels run: the learning curve of the linear surrogate")
+    ap.add_argument(
+        "--curve-target",
+        action="append",
+        default=[],
+        help="what the curve's surrogates learn: fi (default), kvzip_plus (KVzap's teacher); repeatable",
+    )
+    ap.add_argument("--curve-max", type=int, help="the curve's largest training set, in slices (default: all)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     if args.figure is not None:
@@ -87,12 +96,16 @@ def main(argv=None) -> None:
         from fi_toolkit.surrogate.train import _slices, run_fit_surrogate
         from fi_toolkit.surrogate.train_settings import SurrogateFitSettings
 
-        total = len(_slices([args.curve]))
+        total = min(len(_slices([args.curve])), args.curve_max or len(_slices([args.curve])))
         sizes = sorted({*(2**k for k in range(1, total.bit_length()) if 2**k < total), total})
-        for n in sizes:
-            m = run_fit_surrogate(lm, [args.curve], SurrogateFitSettings(), max_slices=n)
-            trained[f"curve:{n}"] = (n, m.about["units"], m.about["labels"])
-            models[f"curve:{n}"] = m
+        cache: dict = {}  # the KVzip+ teacher's scores, computed once per unit over the curve
+        for target in args.curve_target or ["fi"]:
+            for n in sizes:
+                settings = SurrogateFitSettings(target=target)
+                m = run_fit_surrogate(lm, [args.curve], settings, max_slices=n, teacher_cache=cache)
+                name = f"curve:{n}" if target == "fi" else f"curve:{target}:{n}"
+                trained[name] = (target, n, m.about["units"], m.about["labels"])
+                models[name] = m
     rows = []
     for unit in finished_units(args.test):
         labels = read_unit(args.test, unit)
@@ -123,9 +136,11 @@ def main(argv=None) -> None:
     print(summary.round(4).to_string())
     if trained:
         curve = summary.loc[list(trained)].copy()
-        curve.insert(0, "labels", [trained[k][2] for k in curve.index])
-        curve.insert(0, "units", [trained[k][1] for k in curve.index])
-        curve.insert(0, "slices", [trained[k][0] for k in curve.index])
+        curve.insert(0, "labels", [trained[k][3] for k in curve.index])
+        curve.insert(0, "units", [trained[k][2] for k in curve.index])
+        curve.insert(0, "slices", [trained[k][1] for k in curve.index])
+        curve.insert(0, "target", [trained[k][0] for k in curve.index])
+        curve = curve.sort_values(["target", "slices"])
         curve.to_csv(args.out / "curve.csv")
         print(curve.round(4).to_string())
 

@@ -8,6 +8,8 @@ label. Per layer, one model maps ``x`` to the ``Hkv`` scores (:class:`SurrogateF
 - ``linear`` with ``log`` or ``weighted``: ridge regression of ``log FI`` on the standardised hidden states,
   solved in closed form from running sums (every row used, exact, float64; ``weighted``: each row weighted by
   its FI over its (unit, layer, head)'s mean, one solve per head);
+- the target: FI (``fi``, ``fi_near``, ``fi_far``), or ``kvzip_plus``, KVzip+ scores computed here for the
+  unit's prefix (:mod:`~fi_toolkit.surrogate.kvzip_plus`): KVzap's recipe, the like-for-like anchor;
 - ``mlp``, or ``listwise``: Adam, full batch, on a seeded sample of ``positions`` positions per unit (the rows
   of all KV heads at a sampled position stay together).
 
@@ -24,7 +26,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from fi_toolkit.errors import FIError
 from fi_toolkit.runs.settings import check_type
-from fi_toolkit.surrogate.train_settings import SurrogateFitSettings
+from fi_toolkit.surrogate.train_settings import KVZIP_PLUS, SurrogateFitSettings
 
 if TYPE_CHECKING:
     import torch
@@ -35,15 +37,21 @@ LOG_FLOOR = 1e-30  # FI estimates are positive; the floor only guards log(0)
 Progress = Callable[[str, int, int], None]
 
 
-def _unit_arrays(labels, target: str, n_layers: int, n_heads: int):
-    """A unit's ``positions [m]`` and FI ``[L, m, Hkv]`` (float64) from its rows (layer, head, position order)."""
+def _unit_arrays(labels, target: str, n_layers: int, n_heads: int, teacher=None):
+    """A unit's ``positions [m]`` and its target ``[L, m, Hkv]`` (float64) from its rows (layer, head, position
+    order): the FI column ``target``, or with ``teacher(point) -> [L, Hkv, point]`` (KVzip+) the teacher's scores
+    at the rows' positions."""
     import numpy as np
 
     m = len(labels) // (n_layers * n_heads)
     if m * n_layers * n_heads != len(labels) or not (labels.layer.to_numpy()[:m] == 0).all():
         raise FIError("a labels table is not one row per (layer, KV head, position) in that order")
+    positions = labels.position.to_numpy()[:m]
+    if teacher is not None:
+        scores = teacher(int(labels.point.iloc[0])).double().numpy()
+        return positions, scores[:, :, positions].transpose(0, 2, 1)
     fi = labels[target].to_numpy(dtype=np.float64).reshape(n_layers, n_heads, m).transpose(0, 2, 1)
-    return labels.position.to_numpy()[:m], fi
+    return positions, fi
 
 
 def _slices(runs: Sequence[Path]) -> list[tuple[str, list[tuple[Path, str]]]]:
@@ -192,14 +200,17 @@ def run_fit_surrogate(
     *,
     max_slices: int | None = None,
     progress: Progress | None = None,
+    teacher_cache: dict | None = None,
 ) -> SurrogateModel:
     """Train the surrogate on the units of ``runs`` (``fi labels`` run directories) -> the model (written to the
     directory ``out`` when given; its ``about`` holds the training's record). ``max_slices``: only the first so
-    many slices (a learning curve's points)."""
+    many slices (a learning curve's points). ``teacher_cache``: a dict that keeps the KVzip+ scores of each
+    (run, unit) across calls (a learning curve computes each unit's teacher once)."""
     import numpy as np
     import torch
 
     from fi_toolkit.policies.surrogate import SurrogateModel, attention_inputs, write_surrogate
+    from fi_toolkit.surrogate.kvzip_plus import kvzip_plus_scores, repeat_prompt
     from fi_toolkit.surrogate.labels import read_unit
 
     settings = check_type("settings", settings, SurrogateFitSettings).check()
@@ -212,13 +223,22 @@ def run_fit_surrogate(
     sums = [_Sums(d, n_heads, settings.loss == "weighted") for _ in range(n_layers)] if settings.closed_form else None
     rows: list[list] = [[] for _ in range(n_layers)]  # per layer (x, fi, group) blocks for Adam
     labels_used, group = 0, 0  # group: the units seen so far, each its own group (and sample seed)
+    cache = {} if teacher_cache is None else teacher_cache
     for done, (_name, units) in enumerate(slices):
         tables = [read_unit(run, unit) for run, unit in units]
         tokens = torch.tensor(read_unit(units[0][0], units[0][1], "tokens").token.to_numpy())
         end = max(int(t.point.iloc[0]) for t in tables)
         inputs = attention_inputs(lm.model, tokens[:end])
+        teacher = None
+        if settings.target == KVZIP_PLUS:
+
+            def teacher(point, tokens=tokens, key=(str(units[0][0]), _name), cache=cache):
+                if (*key, point) not in cache:
+                    cache[(*key, point)] = kvzip_plus_scores(lm.model, repeat_prompt(lm.tokenizer, tokens[:point]))
+                return cache[(*key, point)]
+
         for labels in tables:
-            positions, fi = _unit_arrays(labels, settings.target, n_layers, n_heads)
+            positions, fi = _unit_arrays(labels, settings.target, n_layers, n_heads, teacher)
             labels_used += fi.size
             if not settings.closed_form:
                 rng = np.random.default_rng([settings.seed, group])
@@ -247,7 +267,9 @@ def run_fit_surrogate(
         if progress:
             progress("layers", layer + 1, n_layers)
     about = {
-        "trained_on": "Forward Influence (fi labels)",
+        "trained_on": "KVzip+ scores (kvzap's teacher)"
+        if settings.target == KVZIP_PLUS
+        else "Forward Influence (fi labels)",
         "model": lm.name,
         "settings": asdict(settings),
         "runs": [str(r) for r in runs],

@@ -6,7 +6,8 @@ form as a ridge regression; ``mlp``: its two-layer MLP, trained with Adam), the 
 log FI, every entry alike; ``weighted``: the same weighted by each entry's FI over its head's mean, so the few
 entries whose removal costs most dominate; ``listwise``: within each (unit, layer, KV head), the cross-entropy of
 the softmax of the scores against FI's own shares, ListNet's loss, which also puts the weight where FI is large)
-and the target (``fi``: the mean of the near and far chunks' FI; ``fi_near``, ``fi_far``).
+and the target (``fi``: the mean of the near and far chunks' FI; ``fi_near``, ``fi_far``; ``kvzip_plus``: KVzip+
+scores, KVzap's own teacher, computed while training, the like-for-like anchor).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from fi_toolkit.runs.settings import check_int, check_number, check_type, option
 
 FORMS = ("linear", "mlp")
 LOSSES = ("log", "weighted", "listwise")
-TARGETS = ("fi", "fi_near", "fi_far")
+KVZIP_PLUS = "kvzip_plus"  # KVzap's teacher, computed while training (fi_toolkit.surrogate.kvzip_plus)
+TARGETS = ("fi", "fi_near", "fi_far", KVZIP_PLUS)
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,10 @@ class SurrogateFitSettings:
     loss: str = field(
         default="log", metadata=option("--loss", help="log (squared error of log FI), weighted (by FI), listwise.")
     )
-    target: str = field(default="fi", metadata=option("--target", help="fi (near and far), fi_near or fi_far."))
+    target: str = field(
+        default="fi",
+        metadata=option("--target", help="fi (near and far), fi_near, fi_far, or kvzip_plus (KVzap's teacher)."),
+    )
     ridge: float = field(
         default=1e-2, metadata=option("--ridge", help="Ridge penalty on the standardised hidden states (linear).")
     )
