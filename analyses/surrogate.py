@@ -16,7 +16,10 @@ Tables ``offline.csv`` (per document) and ``offline_summary.csv``. ``--curve RUN
 of log FI, the default settings) trained on the first 2, 4, 8, ... slices of the labels run ``RUN`` (and all of
 them), each judged as above: ``curve.csv`` (target, slices, units, labels, and the scores); ``--curve-target
 kvzip_plus`` adds the same surrogate trained on KVzip+ scores (KVzap's teacher, computed once per unit) on the
-same slices, the like-for-like anchor; ``--curve-max N`` stops the curve at ``N`` slices.
+same slices, the like-for-like anchor; ``--curve-max N`` stops the curve at ``N`` slices; ``--save`` keeps the
+curve's models. ``--sinks N``: the first ``N`` positions are kept by every scorer and left out of both numbers
+(``fi probe`` protects 4 by default; a teacher whose context never opens the sequence, KVzip+'s inside its chat
+turn, has no reason to score the sink high).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import torch
 from scipy import stats
 
 from fi_toolkit.model.loading import load_model
-from fi_toolkit.policies.surrogate import attention_inputs, read_surrogate
+from fi_toolkit.policies.surrogate import attention_inputs, read_surrogate, write_surrogate
 from fi_toolkit.surrogate.labels import finished_units, read_unit
 
 BASELINES = {"snapkv": "attention", "h2o": "log_accumulated", "expected_attention": "expected_attention"}
@@ -38,10 +41,11 @@ KEEPS = (0.10, 0.25, 0.50)
 WINDOW = 32
 
 
-def evicted_share(score: np.ndarray, fi: np.ndarray, p: int, keep: float) -> float:
+def evicted_share(score: np.ndarray, fi: np.ndarray, p: int, keep: float, sinks: int = 0) -> float:
     """The share of ``fi``'s sum over the candidates that a policy keeping ``keep`` of ``p`` evicts: it keeps the
-    window and the ``round(keep * p) - w`` top-scored candidates."""
-    picks = max(0, round(keep * p) - WINDOW)
+    window, the ``sinks`` first positions (not among the candidates passed) and the ``round(keep * p) - w -
+    sinks`` top-scored candidates."""
+    picks = max(0, round(keep * p) - WINDOW - sinks)
     order = np.argsort(-score, kind="stable")
     return float(fi[order[picks:]].sum() / fi.sum())
 
@@ -84,6 +88,8 @@ def main(argv=None) -> None:
         help="what the curve's surrogates learn: fi (default), kvzip_plus (KVzap's teacher); repeatable",
     )
     ap.add_argument("--curve-max", type=int, help="the curve's largest training set, in slices (default: all)")
+    ap.add_argument("--sinks", type=int, default=0, help="first positions every scorer keeps (fi probe's default: 4)")
+    ap.add_argument("--save", action="store_true", help="write each trained surrogate into OUT/models/NAME")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     if args.figure is not None:
@@ -106,6 +112,8 @@ def main(argv=None) -> None:
                 name = f"curve:{n}" if target == "fi" else f"curve:{target}:{n}"
                 trained[name] = (target, n, m.about["units"], m.about["labels"])
                 models[name] = m
+                if args.save:
+                    write_surrogate(args.out / "models" / name.replace(":", "-"), m)
     rows = []
     for unit in finished_units(args.test):
         labels = read_unit(args.test, unit)
@@ -115,6 +123,7 @@ def main(argv=None) -> None:
         scored = {name: [m.score(layer, x).numpy() for layer, x in enumerate(inputs)] for name, m in models.items()}
         rng = np.random.default_rng(0)
         for (layer, head), part in labels.groupby(["layer", "head"], sort=True):
+            part = part[part.position >= args.sinks]  # the sinks are kept by every scorer (the probe's default is 4)
             positions = part.position.to_numpy()
             fi = part[args.target].to_numpy()
             scores = {name: s[layer][positions, head] for name, s in scored.items()}
@@ -125,7 +134,7 @@ def main(argv=None) -> None:
                 row = {"document": unit, "layer": layer, "head": head, "scorer": name}
                 row["spearman"] = stats.spearmanr(score, fi).statistic
                 for keep in KEEPS:
-                    row[f"evicted@{keep:g}"] = evicted_share(score, fi, p, keep)
+                    row[f"evicted@{keep:g}"] = evicted_share(score, fi, p, keep, args.sinks)
                 rows.append(row)
     table = pd.DataFrame(rows)
     args.out.mkdir(parents=True, exist_ok=True)

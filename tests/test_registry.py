@@ -121,7 +121,13 @@ def test_help_texts_list_what_the_registry_holds():
     assert "infokv (alpha=0.9, tau=1.0, top_k=256)" in policy_help() and "pyramidkv (beta=20.0)" in policy_help()
     assert "kvpress:NAME@B" in policy_help(selection=True) and "policy:fi-oracle@B" in policy_help(selection=True)
     root = typer.main.get_command(app)
-    helps = {(cmd, p.name): p.help for cmd in ("eval", "generate", "view", "probe") for p in root.commands[cmd].params}
+    helps = {  # by the option's flag (its parameter is the settings field's generated name)
+        (cmd, flag[2:]): p.help
+        for cmd in ("eval", "generate", "view", "probe")
+        for p in root.commands[cmd].params
+        for flag in getattr(p, "opts", [])
+        if flag.startswith("--")
+    }
     assert policy_help() in helps["eval", "policy"]
     assert (
         policy_help(oracles=False) in helps["generate", "policy"]
