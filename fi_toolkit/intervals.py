@@ -45,16 +45,38 @@ def mean_interval(
         return mean, np.nan, np.nan
     if np.ptp(x) == 0:
         return mean, mean, mean
+    low, high = bootstrap_interval((x,), np.mean, n_resamples=n_resamples, confidence=confidence, seed=seed)
+    return mean, low, high
+
+
+def bootstrap_interval(
+    data: tuple,
+    statistic,
+    *,
+    paired: bool = False,
+    vectorized: bool | None = None,
+    n_resamples: int = 1000,
+    confidence: float = CONFIDENCE,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """(low, high): the percentile bootstrap interval of ``statistic`` over ``data`` (a tuple of samples,
+    ``paired`` when they are resampled together), ``scipy.stats.bootstrap`` with ``rng=np.random.default_rng(seed)``.
+    The one place the project bootstraps: means (:func:`mean_interval`), headroom ratios
+    (:func:`fi_toolkit.probe.headroom.gap_closed`), correlations (:func:`fi_toolkit.studies.statistics.correlation`)
+    and overlaps (:mod:`fi_toolkit.studies.agreement`). Degenerate resamples (a constant one) give no warning; the
+    callers decide beforehand when there are too few units for an interval."""
     from scipy import stats  # here, so that importing the rule imports no scipy
 
-    with warnings.catch_warnings():
+    with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", stats.DegenerateDataWarning)
         ci = stats.bootstrap(
-            (x,),
-            np.mean,
+            data,
+            statistic,
+            paired=paired,
+            vectorized=vectorized,
             n_resamples=n_resamples,
             confidence_level=confidence,
             method="percentile",
             rng=np.random.default_rng(seed),
         ).confidence_interval
-    return mean, float(ci.low), float(ci.high)
+    return float(ci.low), float(ci.high)

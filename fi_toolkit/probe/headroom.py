@@ -35,9 +35,8 @@ from typing import Sequence
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
-from fi_toolkit.intervals import MIN_BOOTSTRAP_UNITS
+from fi_toolkit.intervals import MIN_BOOTSTRAP_UNITS, bootstrap_interval
 from fi_toolkit.policies.fi_oracle import LABEL_SEEDS
 from fi_toolkit.probe.noise_floor import CONTROL
 
@@ -126,17 +125,9 @@ def gap_closed(
     interval would be the data's range, or where the oracle equals random everywhere)."""
     low = high = float("nan")
     if len(r) >= MIN_BOOTSTRAP_UNITS and not np.allclose(r, o):
-        ci = stats.bootstrap(
-            (r, s, o),
-            _ratio,
-            paired=True,
-            vectorized=True,
-            n_resamples=resamples,
-            confidence_level=confidence,
-            method="percentile",
-            random_state=np.random.default_rng(seed),
-        ).confidence_interval
-        low, high = float(ci.low), float(ci.high)
+        low, high = bootstrap_interval(
+            (r, s, o), _ratio, paired=True, vectorized=True, n_resamples=resamples, confidence=confidence, seed=seed
+        )
     return float(_ratio(r, s, o)), low, high
 
 

@@ -10,15 +10,14 @@ positions with the largest exact FI, the share that are also among the ``k`` lar
 
 from __future__ import annotations
 
-import warnings
 from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
 import torch
-from scipy import stats
 
 from fi_toolkit.errors import FIError
+from fi_toolkit.intervals import bootstrap_interval
 from fi_toolkit.probe.chunks import Chunk
 from fi_toolkit.probe.estimator import fisher_fi
 from fi_toolkit.probe.experiment import fi_table
@@ -64,18 +63,9 @@ def agreement(exact, estimate, weights=None, n_resamples: int = 1000, seed: int 
         "weighted": False,
     }
     if n_resamples > 0 and exact.size >= 3:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", stats.DegenerateDataWarning)
-            boot = stats.bootstrap(
-                (exact, estimate),
-                top_overlap,
-                paired=True,
-                vectorized=False,
-                n_resamples=n_resamples,
-                method="percentile",
-                rng=np.random.default_rng(seed),
-            )
-        row["ci_low"], row["ci_high"] = float(boot.confidence_interval.low), float(boot.confidence_interval.high)
+        row["ci_low"], row["ci_high"] = bootstrap_interval(
+            (exact, estimate), top_overlap, paired=True, vectorized=False, n_resamples=n_resamples, seed=seed
+        )
     rows.append(row)
     return rows
 

@@ -7,12 +7,11 @@ serve stratified candidate samples (inverse inclusion probabilities, see :mod:`.
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 from scipy import stats
 
 from fi_toolkit.errors import FIError
+from fi_toolkit.intervals import bootstrap_interval
 
 METHODS = ("spearman", "pearson", "kendall")
 
@@ -110,17 +109,7 @@ def correlation(
         row["rho"], row["p_value"] = float(res.statistic), float(res.pvalue)
         data, stat = (x, y), statistic
     if n_resamples > 0:
-        with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
-            warnings.simplefilter("ignore", stats.DegenerateDataWarning)
-            boot = stats.bootstrap(
-                data,
-                stat,
-                paired=True,
-                vectorized=vectorized,
-                n_resamples=n_resamples,
-                confidence_level=confidence,
-                method="percentile",
-                rng=np.random.default_rng(seed),
-            )
-        row["ci_low"], row["ci_high"] = float(boot.confidence_interval.low), float(boot.confidence_interval.high)
+        row["ci_low"], row["ci_high"] = bootstrap_interval(
+            data, stat, paired=True, vectorized=vectorized, n_resamples=n_resamples, confidence=confidence, seed=seed
+        )
     return row
