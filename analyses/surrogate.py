@@ -102,7 +102,8 @@ def main(argv=None) -> None:
         from fi_toolkit.surrogate.train import _slices, run_fit_surrogate
         from fi_toolkit.surrogate.train_settings import SurrogateFitSettings
 
-        total = min(len(_slices([args.curve])), args.curve_max or len(_slices([args.curve])))
+        total = len(_slices([args.curve]))
+        total = min(total, args.curve_max or total)
         sizes = sorted({*(2**k for k in range(1, total.bit_length()) if 2**k < total), total})
         cache: dict = {}  # the KVzip+ teacher's scores, computed once per unit over the curve
         for target in args.curve_target or ["fi"]:

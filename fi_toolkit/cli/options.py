@@ -57,6 +57,7 @@ def _untyped_flags(params: list) -> list:
     return params
 
 
+HIDDEN = object()  # a settings_options tweak: keep the option, out of --help
 _SETTINGS_CLASSES: list[type] = []  # every settings dataclass a command's options were generated from
 
 
@@ -77,7 +78,8 @@ def settings_options(**tweaks):
     parameter of the command (``signals``) filled with that parameter's object, built first.
 
     ``tweaks``: ``{parameter: {field: None}}`` leaves that option out (the field keeps its default),
-    ``{parameter: {field: "help"}}`` replaces its help. Checks of the groups with a default are the command's
+    ``{parameter: {field: "help"}}`` replaces its help, ``{parameter: {field: HIDDEN}}`` keeps the option out of
+    ``--help``. Checks of the groups with a default are the command's
     (``settings.check()``), so the order in which its errors are reported stays the command's.
     """
 
@@ -96,14 +98,15 @@ def settings_options(**tweaks):
                     continue
                 names.append(f.name)
                 flags = f.metadata["flags"] or (f"--{f.name.replace('_', '-')}",)
-                help_text = tweak.get(f.name) or f.metadata["help"]
+                hidden = tweak.get(f.name) is HIDDEN
+                help_text = f.metadata["help"] if hidden else tweak.get(f.name) or f.metadata["help"]
                 value = getattr(default, f.name) if default is not None else _field_default(f)
                 params.append(
                     inspect.Parameter(
                         f"{p.name}__{f.name}",
                         inspect.Parameter.KEYWORD_ONLY,
                         annotation=_cli_type(cls, f),
-                        default=typer.Option(value, *flags, help=help_text),
+                        default=typer.Option(value, *flags, help=help_text, hidden=hidden),
                     )
                 )
             groups[p.name] = (cls, default, names)

@@ -14,27 +14,14 @@ from __future__ import annotations
 
 import typer
 
-from fi_toolkit.cli.options import out, settings_options
+from fi_toolkit.cli.options import HIDDEN, out, settings_options
 from fi_toolkit.evaluation.lmeval.export_settings import TaskExportSettings
 from fi_toolkit.model.settings import ModelSettings
 from fi_toolkit.runs.settings import OutDirSettings
 
 
-def _hidden(*names: str):
-    """Decorator: a command made by :func:`settings_options`, with its generated options ``names`` kept out of
-    ``--help`` (a field's metadata says nothing about hiding, so its typer option is marked here)."""
-
-    def hide(command):
-        for name in names:
-            command.__signature__.parameters[name].default.hidden = True
-        return command
-
-    return hide
-
-
-@_hidden("model__device")
 @settings_options(
-    model={"device_map": None, "dtype": None, "upcast": None},
+    model={"device": HIDDEN, "device_map": None, "dtype": None, "upcast": None},
     output={
         "out_dir": "Directory for the JSONL files, the task YAMLs and fi_scoring.py.",
         "overwrite": "Replace task files already in --out (other files stay).",
