@@ -268,3 +268,41 @@ def test_attention_inputs_are_each_layers_normed_residual_stream(tiny, tiny_ids)
     inputs = attention_inputs(tiny.model, tiny_ids[:64])
     for layer, block in enumerate(tiny.model.model.layers):
         torch.testing.assert_close(inputs[layer], block.input_layernorm(hidden[layer])[0], rtol=1e-5, atol=1e-6)
+
+
+def test_the_prefix_trace_scores_positions_so_the_probe_runs_no_extra_forward(tiny, tiny_ids, tmp_path, monkeypatch):
+    """The probe traces the prefix with the first surrogate selection's scorer (in chunks, here 3 forwards): that
+    surrogate's keep map is then the one of its own forward of the prompt, without running it; a second, different
+    surrogate does not take those scores but runs its own forward."""
+    import fi_toolkit.policies.surrogate as surrogate_module
+    from fi_toolkit.probe.selections import parse_selections, trace_scorer
+    from fi_toolkit.signals.trace import trace_prefix
+
+    write_surrogate(tmp_path / "s", random_surrogate(tiny))
+    write_surrogate(tmp_path / "o", random_surrogate(tiny, seed=5))
+    p = 64
+    first, second = parse_selections(
+        [f"policy:surrogate@keep=0.5:path={tmp_path / 's'}", f"policy:surrogate@keep=0.5:path={tmp_path / 'o'}"]
+    )
+    scorer = trace_scorer([*parse_selections(["policy:snapkv@keep=0.5"]), first, second])
+    assert scorer.digest == read_surrogate(tmp_path / "s").digest
+    untraced = trace_prefix(tiny.model, tiny_ids, p, SIGNALS)
+    traced = trace_prefix(tiny.model, tiny_ids, p, SignalConfig(window=W, prefill_chunk=24), scorer)
+    inputs = attention_inputs(tiny.model, tiny_ids[:p])
+    for layer in range(4):  # the traced scores are the scorer's of each position's attention input
+        torch.testing.assert_close(
+            traced.input_scores[layer], scorer.score(layer, inputs[layer]).t(), atol=1e-5, rtol=1e-4
+        )
+    want = [s.resolve(untraced, model=tiny.model, ids=tiny_ids) for s in (first, second)]
+    forwards = []
+    real = surrogate_module.attention_inputs
+    monkeypatch.setattr(surrogate_module, "attention_inputs", lambda *a, **k: forwards.append(1) or real(*a, **k))
+    got = first.resolve(traced, model=tiny.model, ids=tiny_ids)
+    assert forwards == []
+    got_second = second.resolve(traced, model=tiny.model, ids=tiny_ids)
+    assert forwards == [1]
+    for layer in range(4):
+        for h in range(2):
+            assert got.keep[layer][h].tolist() == want[0].keep[layer][h].tolist()
+            assert got_second.keep[layer][h].tolist() == want[1].keep[layer][h].tolist()
+    assert trace_scorer(parse_selections(["policy:snapkv@keep=0.5", "attention:remove=0.25"])) is None

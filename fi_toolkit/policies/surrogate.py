@@ -13,16 +13,17 @@ tensors, wrong shapes, non-finite weights, a model of another size) is refused i
 
 **Policy** ``surrogate:path=DIR`` (without ``path=``: :data:`DEFAULT_MODEL`, the linear surrogate trained on the
 label factory's corpus for the embedded SmolLM2, in a source checkout only) scores the cache by the attention inputs
-of its tokens: at a prompt's compression (the probe, ``fi field``, ``fi eval``) it runs one forward of the prompt's
-tokens with hooks on every layer's attention input (the cost of a prefill), then ranks each KV head's slots by their
-tokens' scores. While decoding (``fi generate``, ``fi eval``, ``fi lm-eval``) the decoder's tracker scores every row
-once, as it is fed (:class:`~fi_toolkit.signals.tracker.SignalTracker`'s ``scorer``), so a compression only ranks
-stored scores. ``heads=global`` shares a layer's budget over its KV heads by score (AdaKV's allocation, as
-``learned:heads=global``).
+of its tokens, each scored once, as it is fed: at a prompt's compression in the probe and ``fi field`` by the prefix
+trace (:func:`~fi_toolkit.probe.selections.trace_scorer`), while decoding (``fi generate``, ``fi eval``,
+``fi lm-eval``) by the decoder's tracker (:class:`~fi_toolkit.signals.tracker.SignalTracker`'s ``scorer``); a
+compression then only ranks stored scores. Given signals without its scores, it runs one forward of the prompt's
+tokens with hooks on every layer's attention input (the cost of a prefill). ``heads=global`` shares a layer's budget
+over its KV heads by score (AdaKV's allocation, as ``learned:heads=global``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +55,7 @@ class SurrogateModel:
     hidden_dim: int | None
     weights: dict = field(repr=False)
     about: dict = field(default_factory=dict)
+    digest: str = ""  # sha256 of the weights file read: two reads of one model score alike (Surrogate.scores)
 
     def expected_shapes(self) -> dict[str, tuple[int, ...]]:
         d, h, m = self.input_dim, self.output_dim, self.hidden_dim
@@ -137,6 +139,7 @@ def read_surrogate(path: str | Path) -> SurrogateModel:
     )
     try:
         weights = load_file(str(folder / WEIGHTS))
+        model.digest = hashlib.sha256((folder / WEIGHTS).read_bytes()).hexdigest()
     except FileNotFoundError:
         raise FIError(f"{where} holds no model.safetensors") from None
     except (SafetensorError, OSError, ValueError) as e:
@@ -250,11 +253,16 @@ class Surrogate(Policy):
         """What the decoder's tracker scores each fed row with (:class:`~fi_toolkit.signals.tracker.SignalTracker`)."""
         return self.model
 
+    def _scored_by_me(self, s: Signals) -> bool:
+        """Whether ``s.input_scores`` are this surrogate's: its model, or another read of the same weights."""
+        by = s.scored_by
+        return by is self.model or (isinstance(by, SurrogateModel) and by.digest == self.model.digest != "")
+
     def scores(self, s: Signals, layer: int) -> torch.Tensor:
         import torch
 
-        if s.input_scores is not None:  # scored by the tracker as each token was fed: nothing to recompute
-            return s.input_scores[layer]
+        if s.input_scores is not None and self._scored_by_me(s):  # scored as each token was fed (the decoder's
+            return s.input_scores[layer]  # tracker, or the prefix trace): nothing to recompute
         table = self._scores_by_position(s)[layer].to(s.positions[layer].device)
         return torch.gather(table, 1, s.positions[layer].long())
 

@@ -18,7 +18,7 @@ from fi_toolkit.model.architectures import context_limit
 from fi_toolkit.model.loading import LoadedModel
 from fi_toolkit.probe.chunks import Chunk, check_chunks
 from fi_toolkit.probe.forward_influence import ProbeResult, forward_influence
-from fi_toolkit.probe.selections import Selection, parse_selections, token_scores
+from fi_toolkit.probe.selections import Selection, parse_selections, token_scores, trace_scorer
 from fi_toolkit.signals.trace import SignalConfig, Trace, trace_prefix
 
 
@@ -26,7 +26,9 @@ def max_context(lm: LoadedModel) -> int | None:
     return context_limit(lm.config)  # the declared context, or a sliding window / longrope bound narrowing it
 
 
-def trace_document(lm: LoadedModel, doc: Document, prefix: int, config: SignalConfig = SignalConfig()) -> Trace:
+def trace_document(
+    lm: LoadedModel, doc: Document, prefix: int, config: SignalConfig = SignalConfig(), scorer=None
+) -> Trace:
     """Trace ``doc[:prefix]`` with clear errors for documents or models too short for it.
 
     Args:
@@ -34,6 +36,8 @@ def trace_document(lm: LoadedModel, doc: Document, prefix: int, config: SignalCo
         doc: the document; ``doc.ids`` ``[N]`` must hold at least ``prefix`` tokens.
         prefix: the compression point ``p`` (``config.window < p <= N``, within the model's context).
         config: the signal options (window, top-k, ...).
+        scorer: scores every position from its attention input during the same forward (a surrogate's model:
+            :func:`~fi_toolkit.probe.selections.trace_scorer`), kept as the trace's ``input_scores``.
 
     Returns:
         The :class:`~fi_toolkit.signals.trace.Trace` of ``doc.ids[:prefix]``: the prefix cache
@@ -48,7 +52,7 @@ def trace_document(lm: LoadedModel, doc: Document, prefix: int, config: SignalCo
     if limit is not None and prefix > limit:
         raise FIError(f"prefix {prefix:,} is past the model's context of {limit:,} tokens")
     doc.require(prefix, f"a prefix of {prefix:,}")
-    return trace_prefix(lm.model, doc.ids, prefix, config)
+    return trace_prefix(lm.model, doc.ids, prefix, config, scorer)
 
 
 def set_signals(trace: Trace, removed: torch.Tensor | None) -> dict:
@@ -152,7 +156,7 @@ def probe_document(
     )
     if sinks < 0:
         raise FIError(f"sinks must be >= 0, got {sinks}", parameter="sinks")
-    trace = trace if trace is not None else trace_document(lm, doc, prefix, config)
+    trace = trace if trace is not None else trace_document(lm, doc, prefix, config, trace_scorer(parsed))
     evictions = [
         s.resolve(trace, sinks=sinks, alpha=config.alpha, model=lm.model, ids=doc.ids, chunks=chunks) for s in parsed
     ]

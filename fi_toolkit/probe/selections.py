@@ -263,6 +263,19 @@ class Selection:
         return keep_map
 
 
+def trace_scorer(selections: Sequence[Selection]):
+    """What the prefix trace should score every position with as it feeds it: the scorer of the first ``policy:``
+    selection that scores tokens by their attention inputs (the surrogate's model), so that its keep map needs no
+    forward of its own; None when no selection has one. A second surrogate in the same probe scores by its own
+    forward (a trace holds one scorer's scores)."""
+    for s in selections:
+        if s.kind == "policy":
+            scorer = getattr(s.make_policy(), "input_scorer", None)
+            if scorer is not None:
+                return scorer
+    return None
+
+
 def _parse_positions(text: str, where: str) -> tuple[int, ...]:
     ranges: list[tuple[int, int]] = []
     try:

@@ -55,6 +55,7 @@ class Signals:
     # per layer [Hkv, n_l]: each slot's score by a scorer of its token's attention input, computed when the token was
     # fed (the surrogate's; SignalTracker's scorer); None without one
     input_scores: list[torch.Tensor] | None = None
+    scored_by: object = None  # the scorer that gave input_scores (a policy uses them only if they are its own)
 
     def __post_init__(self):
         if not self.protected:
@@ -95,4 +96,6 @@ class Signals:
             query_moments=None if trace.query_moments is None else list(trace.query_moments),
             last_query=None if trace.last_query is None else list(trace.last_query),
             rotary=trace.rotary,
+            input_scores=None if trace.input_scores is None else list(trace.input_scores),
+            scored_by=trace.scored_by,
         )

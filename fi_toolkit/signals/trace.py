@@ -53,6 +53,10 @@ class Trace:
     query_moments: list[tuple | None] | None = None  # per layer (count, sum, outer sum) of the prefill's queries
     last_query: list[torch.Tensor] | None = None  # per layer [Hq, hd], the last prefill row's rotated query
     rotary: object = None  # the model's rotary embedding module
+    # per layer [Hkv, p]: each position's score by the scorer the prefix was traced with (a surrogate's, computed
+    # from the attention inputs of this very forward, so a surrogate needs no forward of its own); None without one
+    input_scores: list[torch.Tensor] | None = None
+    scored_by: object = None  # that scorer
 
     @property
     def num_layers(self) -> int:
@@ -118,7 +122,7 @@ class Trace:
 
 @torch.no_grad()
 def trace_prefix(
-    model: torch.nn.Module, ids: torch.Tensor, prefix_len: int, config: SignalConfig = SignalConfig()
+    model: torch.nn.Module, ids: torch.Tensor, prefix_len: int, config: SignalConfig = SignalConfig(), scorer=None
 ) -> Trace:
     """Run ``ids[:prefix_len]`` through ``model`` once and collect cache + signals (docs/method.md, "Signals").
 
@@ -130,6 +134,8 @@ def trace_prefix(
         ids: token ids, ``[N]`` (1-D, ``N >= prefix_len``).
         prefix_len: the compression point ``p`` (``config.window < p``).
         config: the signal options; validated first.
+        scorer: scores each position from its attention input as it is fed (``scorer.score(layer, x [q, d])
+            -> [q, Hkv]``, a surrogate's model); the trace keeps them as ``input_scores``. None: no scores.
 
     Returns:
         :class:`Trace`: ``keys[l]``/``values[l]`` ``[1, Hkv, p, head_dim]`` on the model's device, and float32
@@ -145,9 +151,8 @@ def trace_prefix(
     if limit is not None and p > limit:
         raise FIError(f"prefix of {p:,} tokens is past the model's {context_phrase(model.config)}")
     device = next(model.parameters()).device
-    tracker = SignalTracker(
-        config, capacity=p, accumulate=True
-    )  # the accumulator at the prefill's end: Trace.accumulated
+    # the accumulator at the prefill's end: Trace.accumulated
+    tracker = SignalTracker(config, capacity=p, accumulate=True, scorer=scorer)
     cache = DynamicCache(config=model.config)
     with tracker(model):
         for a in range(0, p, config.prefill_chunk):  # the tracker carries the last w queries across chunks
@@ -193,4 +198,6 @@ def tracker_trace(tracker: SignalTracker, cache: DynamicCache) -> Trace:
         view.query_moments,
         view.last_query,
         view.rotary,
+        view.input_scores,
+        view.scored_by,
     )

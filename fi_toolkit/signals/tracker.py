@@ -327,6 +327,7 @@ class SignalTracker:
             s.inputs, s.rope = list(self.inputs), self.rope
         if self.scorer is not None and all(t is not None for t in self.input_scores):
             s.input_scores = [t.gather(1, pos.to(t.device).long()) for t, pos in zip(self.input_scores, positions)]
+            s.scored_by = self.scorer
         s.query_moments = list(self.moments)
         if all(q is not None for q in self.queries):
             s.last_query = [q[:, -1] for q in self.queries]

@@ -24,6 +24,7 @@ from fi_toolkit.probe.chunks import check_chunks
 from fi_toolkit.probe.experiment import max_context, probe_document, trace_document
 from fi_toolkit.probe.headroom import headroom_table, with_oracle_seeds
 from fi_toolkit.probe.noise_floor import CONTROL_LABELS, noise_floor
+from fi_toolkit.probe.selections import trace_scorer
 from fi_toolkit.runs import results
 from fi_toolkit.runs.distributed import World, assign, current
 from fi_toolkit.runs.settings import RunSettings, check_type
@@ -132,7 +133,7 @@ def _probe_one(lm, doc: Document, settings: ProbeSettings, progress) -> pd.DataF
     """One document's FI table: its trace, then every selection (and the noise controls) on every chunk."""
     if progress:
         progress(doc.name, "trace", 0, None)
-    trace = trace_document(lm, doc, settings.prefix, settings.signals)
+    trace = trace_document(lm, doc, settings.prefix, settings.signals, trace_scorer(settings.selections))
     selections = with_oracle_seeds(settings.selections)  # each FI oracle at a second label seed: its own noise
     total, done = len(selections) + len(CONTROL_LABELS), [0]
 
