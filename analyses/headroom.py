@@ -11,7 +11,7 @@ analyses/results/headroom/:
   closed, bootstrap 95 % CI over documents; every oracle as the reference on every chunk);
 - ``oracle_vs_policies.csv``: per document, budget and chunk, the oracle fitted on that chunk against
   each heuristic (``oracle_fi <= policy_fi``?) and the rounds' effect;
-- ``headroom.png``: :func:`fi_toolkit.report.headroom.headroom_figure`.
+- ``headroom.png``: :func:`fi_toolkit.report.kinds.probe.headroom_figure`.
 
     fi probe alice hamlet lcet10 botchan paradise_regained --chunk 512:640 --chunk 768:896 \\
         $(python analyses/headroom.py --print-selects) --out runs/analyses/headroom-p512
@@ -32,7 +32,7 @@ from _common import ROOT  # noqa: E402
 
 from fi_toolkit.probe.headroom import ORACLE, RANDOM, fit_chunk, headroom_table  # noqa: E402
 from fi_toolkit.probe.noise_floor import CONTROL  # noqa: E402
-from fi_toolkit.report.headroom import headroom_figure  # noqa: E402
+from fi_toolkit.report.kinds.probe import headroom_figure  # noqa: E402
 
 POLICIES = ("snapkv", "infokv", "adaptive(infokv)", "h2o", "pyramidkv", "streaming")
 

@@ -1,13 +1,13 @@
 """The two committed figures of the README and the results pages, drawn from the committed results with the
-report's own figure functions (fi_toolkit/report/figures.py, eval_figures.py); no model, about half a minute.
+report's own figure functions (fi_toolkit/report/kinds/nearfar.py, retention.py); no model, about half a minute.
 
     PYTHONPATH=. .venv/bin/python docs/make_figures.py
 
-* docs/images/nearfar.png: ``figures.nearfar_distance`` on analyses/results/nearfar-p1024/. Only the summary over
+* docs/images/nearfar.png: ``nearfar.nearfar_distance`` on analyses/results/nearfar-p1024/. Only the summary over
   documents is committed (not the per-document nearfar.csv), so the lines are the means over the 5 documents,
   without the 95 % bands that ``fi report`` draws from a full run directory (the committed summary's intervals are
   the Student-t intervals of the code that wrote it, which the report no longer uses).
-* docs/images/accuracy_vs_retention.png: ``eval_figures.accuracy_vs_retention`` on analyses/results/eval/tasks/,
+* docs/images/accuracy_vs_retention.png: ``retention.accuracy_vs_retention`` on analyses/results/eval/tasks/,
   the same figure as ``fi report analyses/results/eval/tasks --format md --out DIR``
   (DIR/figures/tasks__accuracy_vs_retention.png).
 """
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from fi_toolkit.report import eval_figures, figures
 from fi_toolkit.report.export import load_run
+from fi_toolkit.report.kinds import eval_tasks, nearfar, retention
 from fi_toolkit.studies.nearfar import METRICS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,16 +32,14 @@ def nearfar_figure(run: Path, out: Path) -> None:
     summary = pd.read_csv(run / "nearfar_summary.csv")
     # its intervals were written by the Student-t summary of the time: not drawn (the report draws bootstrap bands)
     means = summary.assign(**{f"{m}_{b}": float("nan") for m in METRICS for b in ("ci_low", "ci_high")})
-    text = figures.caption(manifest) + " | lines: means over the documents (committed summary, no bands)"
-    fig = figures.nearfar_distance(means, text)
+    text = nearfar.caption({"manifest": manifest}) + " | lines: means over the documents (committed summary, no bands)"
+    fig = nearfar.nearfar_distance(means, text)
     fig.savefig(out, dpi=90)
 
 
 def accuracy_figure(run: Path, out: Path) -> None:
     loaded = load_run(run)
-    fig = eval_figures.accuracy_vs_retention(
-        loaded["tables"]["task_summary"], eval_figures.eval_caption(loaded["manifest"])
-    )
+    fig = retention.accuracy_vs_retention(loaded["tables"]["task_summary"], eval_tasks.caption(loaded))
     fig.savefig(out, dpi=90)
 
 

@@ -2129,7 +2129,7 @@ def test_ctrl_c_during_fit_overwrite_keeps_the_old_policy_file(tmp_path, monkeyp
         "documents": ["a", "b"],
         "cross_validation": {"mean": {"spearman_fitted": 0.5, "spearman_snapkv": None, "spearman_infokv": None}},
     }
-    monkeypatch.setattr("fi_toolkit.studies.fit.fit_policy", lambda *args: record)
+    monkeypatch.setattr("fi_toolkit.fit.ridge.fit_policy", lambda *args: record)
     args = ["fit", "fd", "--features", "attention", "--out", "p.json", "--overwrite"]
 
     def interrupt(path):

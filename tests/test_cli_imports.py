@@ -70,7 +70,7 @@ def test_every_command_reaches_a_run_function():
         for target in imports_of(path, module, known) & known
         if defines_a_run_function(modules[target]) and not target.startswith(ROOMS)
     }
-    expected = {"studies.probe_run", "studies.study", "evaluation.run", "evaluation.field", "studies.fit_run"}
+    expected = {"studies.probe_run", "studies.study", "evaluation.run", "field.run", "fit.run"}
     assert {f"fi_toolkit.{m}" for m in expected} <= runs, runs
 
 

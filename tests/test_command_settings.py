@@ -15,12 +15,12 @@ from cli_runner import STOP, assert_refused_in_one_line, record_settings, run_cl
 
 from fi_toolkit.budget import Budget
 from fi_toolkit.errors import FIError
-from fi_toolkit.evaluation.field_settings import FieldSettings
+from fi_toolkit.field.settings import FieldSettings
+from fi_toolkit.field.spec import POLICY, Method
 from fi_toolkit.probe.chunks import Chunk
 from fi_toolkit.runs.settings import RunSettings
 from fi_toolkit.signals.config import SignalConfig
 from fi_toolkit.studies.correlate_settings import CorrelateSettings
-from fi_toolkit.studies.field_spec import POLICY, Method
 from fi_toolkit.studies.nearfar_settings import NearfarSettings
 from fi_toolkit.studies.probe_settings import DEFAULT_SELECTIONS, ProbeSettings
 
@@ -100,8 +100,8 @@ def test_field_without_methods_places_every_policy_and_the_presses():
 
 def test_field_task_options_build_what_python_builds(built, tmp_path, monkeypatch, capsys):
     """fi field's --task group (FieldTasks: the lists as typed) becomes FieldSettings' TaskSettings."""
-    from fi_toolkit.evaluation.field_settings import FieldTasks
     from fi_toolkit.evaluation.settings import TaskSettings
+    from fi_toolkit.field.settings import FieldTasks
 
     monkeypatch.chdir(tmp_path)
     args = ["field", "alice", "--policy", "snapkv", "--budget", "0.5", "--prefix", "128", "--distances", "0,32"]
@@ -348,8 +348,8 @@ def test_report_cli_builds_what_python_builds(tmp_path, monkeypatch, capsys):
 
 def test_the_settings_modules_import_nothing_heavy():
     code = (
-        "import sys; import fi_toolkit.studies.probe_settings, fi_toolkit.evaluation.field_settings; "
-        "from fi_toolkit.evaluation.field_settings import FieldSettings; FieldSettings(prefix=256); "
+        "import sys; import fi_toolkit.studies.probe_settings, fi_toolkit.field.settings; "
+        "from fi_toolkit.field.settings import FieldSettings; FieldSettings(prefix=256); "
         "from fi_toolkit.studies.correlate_settings import CorrelateSettings; CorrelateSettings(['128:160']); "
         "from fi_toolkit.studies.nearfar_settings import NearfarSettings; NearfarSettings(); "
         "from fi_toolkit.report.report_settings import ReportSettings; ReportSettings(); "

@@ -14,11 +14,11 @@ from cli_runner import STOP, record_settings, run_cli
 import fi_toolkit.cli.app as cli_app
 from fi_toolkit.errors import FIError
 from fi_toolkit.evaluation.lmeval.export_settings import TaskExportSettings
+from fi_toolkit.fit.settings import FitDataSettings, FitSettings
 from fi_toolkit.model.settings import ModelSettings
 from fi_toolkit.report.view_settings import ViewSettings
 from fi_toolkit.runs.settings import OutDirSettings, OutFileSettings, RunSettings
 from fi_toolkit.signals.config import SignalConfig
-from fi_toolkit.studies.fit_settings import FitDataSettings, FitSettings
 from fi_toolkit.surrogate.train_settings import SurrogateFitSettings
 
 COMMANDS = (["fit-data"], ["fit"], ["fit-surrogate"], ["view"], ["tasks", "export"])

@@ -1,4 +1,4 @@
-"""The learned policy's extra features (:mod:`fi_toolkit.policies.features`) against explicit loops over
+"""The learned policy's extra features (:mod:`fi_toolkit.policies.learned.features`) against explicit loops over
 slots with Python's math (no torch vector code), the value side against the attention module's own
 ``o_proj`` run on each head's value placed alone in its input, and their independence of the text after
 the compression point."""
@@ -13,7 +13,7 @@ import torch
 
 from fi_toolkit import SignalConfig
 from fi_toolkit.errors import FIError
-from fi_toolkit.policies.features import FUTURE_POSITIONS, learned_matrix, wo_vnorm
+from fi_toolkit.policies.learned.features import FUTURE_POSITIONS, learned_matrix, wo_vnorm
 from fi_toolkit.signals.formulas import QUERY_SINKS
 from fi_toolkit.signals.policy_view import Signals
 from fi_toolkit.signals.trace import trace_prefix

@@ -10,7 +10,7 @@ import torch
 
 from fi_toolkit import SignalConfig
 from fi_toolkit.model.architectures import queries
-from fi_toolkit.policies.features import (
+from fi_toolkit.policies.learned.features import (
     FUTURE_POSITIONS,
     average_rotation,
     expected_attention,

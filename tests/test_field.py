@@ -17,8 +17,8 @@ import pandas as pd
 import pytest
 from cli_runner import run_cli
 
+from fi_toolkit.field.summary import NEEDS_TWO, NO_INTERVAL, field_summaries
 from fi_toolkit.runs.resumable import read_table
-from fi_toolkit.studies.field_summary import NEEDS_TWO, NO_INTERVAL, field_summaries
 
 HAS_KVPRESS = importlib.util.find_spec("kvpress") is not None
 DOCS = ["alice", "hamlet"]
@@ -106,7 +106,7 @@ def test_field_resumes_per_cell_and_lists_what_cannot_run(tmp_path, capsys, monk
     out = tmp_path / "run"
     args = ["field", "alice", *COMMON, "--distances", "0", "--chunk-len", "32", "--budget", "keep=0.5"]
     args += ["--resamples", "50", "--out", str(out)]
-    from fi_toolkit.evaluation import field as field_module
+    from fi_toolkit.field import run as field_module
 
     real, calls, stop = field_module.field_cell, [], [True]
 

@@ -19,12 +19,14 @@ from cli_runner import run_cli
 from fi_toolkit import Document, SignalConfig
 from fi_toolkit.compress.decoder import generate
 from fi_toolkit.errors import FIError
+from fi_toolkit.fit.ridge import fit_policy, policy_json
+from fi_toolkit.fit.rows import fit_rows
+from fi_toolkit.fit.settings import DECODING_FEATURES
 from fi_toolkit.policies import Fitted, SnapKV, parse_policy
-from fi_toolkit.policies.fitted import FEATURES, FORMAT
+from fi_toolkit.policies.learned.fitted import FEATURES, FORMAT
 from fi_toolkit.probe.chunks import parse_chunk
 from fi_toolkit.runs import results
 from fi_toolkit.signals.trace import trace_prefix
-from fi_toolkit.studies.fit import DECODING_FEATURES, fit_policy, fit_rows, policy_json
 
 P, W = 96, 8
 CONFIG = SignalConfig(window=W)

@@ -16,11 +16,10 @@ import pytest
 from cli_runner import STOP, assert_refused_in_one_line, record_settings, run_cli
 
 from fi_toolkit.errors import FIError
-from fi_toolkit.policies.features import EXTRA
+from fi_toolkit.fit.settings import DECODING_FEATURES, DEFAULT_FEATURES, FitDataSettings, FitSettings
+from fi_toolkit.policies.learned.features import EXTRA
 from fi_toolkit.probe.chunks import Chunk
 from fi_toolkit.signals.config import SignalConfig
-from fi_toolkit.studies.fit_options import DECODING_FEATURES, DEFAULT_FEATURES
-from fi_toolkit.studies.fit_settings import FitDataSettings, FitSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "pandas", "numpy", "scipy", "transformers", "lightgbm")
@@ -155,7 +154,7 @@ def test_the_cli_names_its_flags_in_the_settings_messages(args, line, capsys, tm
 
 def test_run_fit_refuses_before_reading(tmp_path):
     """What the paths alone decide, named by the Python parameter (the command line: its flag)."""
-    from fi_toolkit.studies.fit_run import run_fit
+    from fi_toolkit.fit.run import run_fit
 
     (tmp_path / "p.json").write_text("{}\n")
     for runs, out, message, parameter in (
@@ -174,8 +173,8 @@ def test_run_fit_refuses_before_reading(tmp_path):
 
 
 def test_run_fit_data_refuses_before_the_model(tmp_path):
+    from fi_toolkit.fit.run import run_fit_data
     from fi_toolkit.runs.settings import RunSettings
-    from fi_toolkit.studies.fit_run import run_fit_data
 
     settings = FitDataSettings(["128:160"])
     with pytest.raises(FIError, match="no document given"):
@@ -192,8 +191,8 @@ def _fit_data_run(root: Path, documents: list[str]) -> Path:
     import numpy as np
     import pandas as pd
 
+    from fi_toolkit.fit.settings import DEFAULT_FEATURES
     from fi_toolkit.runs import results
-    from fi_toolkit.studies.fit_options import DEFAULT_FEATURES
 
     rng = np.random.default_rng(0)
     n = 40
@@ -229,8 +228,8 @@ def test_run_fit_writes_what_fi_fit_writes(learner, tmp_path, monkeypatch, capsy
     """The same runs and options: ``run_fit`` returns the record and writes the bytes ``fi fit`` writes."""
     if learner == "lambdarank":
         pytest.importorskip("lightgbm")
-    from fi_toolkit.studies.fit import policy_json
-    from fi_toolkit.studies.fit_run import run_fit
+    from fi_toolkit.fit.ridge import policy_json
+    from fi_toolkit.fit.run import run_fit
 
     monkeypatch.chdir(tmp_path)
     _fit_data_run(tmp_path, ["a", "b", "c"])
@@ -249,8 +248,8 @@ def test_run_fit_writes_what_fi_fit_writes(learner, tmp_path, monkeypatch, capsy
 
 def test_the_settings_modules_import_nothing_heavy():
     code = (
-        "import sys; from fi_toolkit.studies.fit_settings import FitDataSettings, FitSettings; "
-        "import fi_toolkit.studies.fit_run, fi_toolkit.cli.fit; "
+        "import sys; from fi_toolkit.fit.settings import FitDataSettings, FitSettings; "
+        "import fi_toolkit.fit.run, fi_toolkit.cli.fit; "
         "FitDataSettings(['128:160']); FitSettings(); FitSettings(learner='lambdarank', features='decoding'); "
         f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
     )
@@ -270,16 +269,16 @@ def test_the_command_module_leaves_the_checks_to_the_settings():
     tree = ast.parse((ROOT / "fi_toolkit" / "cli" / "fit.py").read_text())
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    kept_out = ("fi_toolkit.probe", "fi_toolkit.policies.features", "fi_toolkit.policies.learned", "pandas", "torch")
+    kept_out = ("fi_toolkit.probe", "fi_toolkit.policies.learned", "pandas", "torch")
     assert not [m for m in imported if m.startswith(kept_out)]
-    studies = {m for m in imported if m.startswith("fi_toolkit.studies")}
-    assert studies == {"fi_toolkit.studies.fit_settings", "fi_toolkit.studies.fit_run"}
+    fit = {m for m in imported if m.startswith("fi_toolkit.fit")}
+    assert fit == {"fi_toolkit.fit.settings", "fi_toolkit.fit.run"}
     assert sorted(m for m in imported if m.startswith("fi_toolkit.") and not m.startswith("fi_toolkit.cli")) == [
         "fi_toolkit.documents",
+        "fi_toolkit.fit.run",
+        "fi_toolkit.fit.settings",
         "fi_toolkit.model.settings",
         "fi_toolkit.runs",
         "fi_toolkit.runs.settings",
         "fi_toolkit.signals.config",
-        "fi_toolkit.studies.fit_run",
-        "fi_toolkit.studies.fit_settings",
     ]

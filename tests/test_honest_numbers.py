@@ -139,8 +139,7 @@ def test_probe_report_has_one_random_baseline_per_budget(smollm, tmp_path):
     headline, no seed named as a competitor; values and the paired test recomputed here from fi.csv."""
     from fi_toolkit.documents import load_document
     from fi_toolkit.report.export import _figures, build_report, load_run
-    from fi_toolkit.report.headline import headline
-    from fi_toolkit.report.lead import lead_table
+    from fi_toolkit.report.kinds import kind_of
     from fi_toolkit.runs.settings import RunSettings
     from fi_toolkit.studies.probe_run import run_probe
     from fi_toolkit.studies.probe_settings import ProbeSettings
@@ -153,7 +152,7 @@ def test_probe_report_has_one_random_baseline_per_budget(smollm, tmp_path):
     run = load_run(tmp_path / "probe")
     fi = pd.read_csv(tmp_path / "probe" / "fi.csv")
 
-    lead = lead_table(run).table
+    lead = kind_of("probe").lead(run).table
     random_rows = lead[lead["selection"].str.startswith("random")]
     assert random_rows["selection"].tolist() == ["random:remove=0.1 (3 seeds)", "random:keep=0.5 (2 seeds)"]
     for label, prefix in (
@@ -167,7 +166,7 @@ def test_probe_report_has_one_random_baseline_per_budget(smollm, tmp_path):
             assert value == pytest.approx(seeds.mean(), rel=1e-3)
             assert (low, high) == pytest.approx((seeds.min(), seeds.max()), rel=1e-3)
 
-    lines = headline(run)
+    lines = kind_of("probe").headline(run["tables"])
     assert not [line for line in lines if re.search(r"random:\S+@\d", line)]  # no seed named on its own
     baselines = [line for line in lines if "baseline random:" in line]
     assert len(baselines) == 4  # two chunks x two budgets

@@ -48,8 +48,8 @@ def test_slices_are_evenly_spread_equal_length_windows_named_by_their_first_toke
 
 def test_labels_are_fit_data_rows_per_point_with_the_near_and_far_fi_beside_their_mean(tiny, tiny_ids, tmp_path):
     """Each unit's rows, recomputed with fi fit-data's own row builder at absolute chunks: equal in every cell."""
+    from fi_toolkit.fit.rows import fit_rows
     from fi_toolkit.signals.trace import trace_prefix
-    from fi_toolkit.studies.fit import fit_rows
 
     docs = tiny_docs(tiny_ids)
     manifest = run_labels(tiny, docs, TINY_LABELS, tmp_path / "run", signals=SIGNALS)
@@ -263,8 +263,8 @@ def test_fi_labels_on_alice_equals_fi_fit_data(smollm, tmp_path):
     """The factory's rows of alice at p = 512 (near 0:128, far 256:384) equal fi fit-data's with
     --chunk 512:640 --chunk 768:896 in every column, features included."""
     from fi_toolkit.documents import load_document
-    from fi_toolkit.studies.fit_run import run_fit_data
-    from fi_toolkit.studies.fit_settings import FitDataSettings
+    from fi_toolkit.fit.run import run_fit_data
+    from fi_toolkit.fit.settings import FitDataSettings
 
     settings = LabelSettings(points=(512,), samples=2, slices=1, features=True)
     doc = load_document("alice", smollm.tokenizer, max_tokens=settings.slice_tokens())

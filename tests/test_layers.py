@@ -23,8 +23,10 @@ LAYERS: list[tuple[str, ...]] = [
     ("probe",),  # chunks, KL, Forward Influence, noise floor, selections
     ("compress",),  # compressed decoding, generation, replay
     ("studies",),  # correlation, near/far, agreement, statistics
+    ("fit",),  # fi fit-data, fi fit: the fitted and learned policies' training (the surrogate's labels use its rows)
     ("surrogate",),  # the FI-trained surrogate: its corpus and label factory
     ("evaluation",),  # fi eval: replays, tasks, summaries
+    ("field",),  # fi field: every policy and press against the FI oracle (prefill FI, replay KL, tasks)
     ("report",),  # tables and figures -> HTML, Markdown, CSV, JSON
     ("cli",),  # the fi command line
     ("__init__", "__main__"),  # the public API and `python -m fi_toolkit`

@@ -20,13 +20,16 @@ from scipy import stats
 from fi_toolkit import Document, SignalConfig
 from fi_toolkit.compress.decoder import generate
 from fi_toolkit.errors import FIError
+from fi_toolkit.fit.lambdarank import learn_policy
+from fi_toolkit.fit.ridge import policy_json
+from fi_toolkit.fit.rows import fit_rows
+from fi_toolkit.fit.settings import DECODING_FEATURES
 from fi_toolkit.policies import Learned, parse_policy
-from fi_toolkit.policies.learned import EXTRA, FORMAT
+from fi_toolkit.policies.learned.features import EXTRA
+from fi_toolkit.policies.learned.lambdarank import FORMAT
 from fi_toolkit.probe.chunks import parse_chunk
 from fi_toolkit.runs import results
 from fi_toolkit.signals.trace import trace_prefix
-from fi_toolkit.studies.fit import DECODING_FEATURES, fit_rows, policy_json
-from fi_toolkit.studies.learned import learn_policy
 
 pytest.importorskip("lightgbm")
 
@@ -221,8 +224,8 @@ def test_in_house_trees_predict_as_lightgbm(rows):
     """The numpy evaluation of the dumped trees equals LightGBM's own prediction from the model string."""
     import lightgbm as lgb
 
-    from fi_toolkit.policies.learned import compile_trees, predict
-    from fi_toolkit.studies.learned import feature_frame
+    from fi_toolkit.fit.lambdarank import feature_frame
+    from fi_toolkit.policies.learned.lambdarank import compile_trees, predict
 
     table = pd.concat(rows, ignore_index=True)
     names = list(DECODING_FEATURES) + list(EXTRA)
@@ -249,7 +252,7 @@ def test_hostile_files_exit_2_in_one_line(good, tmp_path, capsys):
 
 
 def test_default_model_is_the_committed_one(tiny, tiny_ids):
-    from fi_toolkit.policies.learned import DEFAULT_MODEL
+    from fi_toolkit.policies.learned.lambdarank import DEFAULT_MODEL
 
     if not DEFAULT_MODEL.is_file():
         pytest.skip("no committed default model in this checkout")

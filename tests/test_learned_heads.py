@@ -20,12 +20,12 @@ from scipy import stats
 from fi_toolkit import SignalConfig
 from fi_toolkit.compress.decoder import generate
 from fi_toolkit.errors import FIError
+from fi_toolkit.fit.lambdarank import LEVELS, grades, learn_policy
+from fi_toolkit.fit.ridge import policy_json
+from fi_toolkit.fit.settings import FitSettings
 from fi_toolkit.policies import Learned, parse_policy
 from fi_toolkit.policies.base import select, select_across_heads
 from fi_toolkit.signals.trace import trace_prefix
-from fi_toolkit.studies.fit import policy_json
-from fi_toolkit.studies.fit_settings import FitSettings
-from fi_toolkit.studies.learned import LEVELS, grades, learn_policy
 
 pytest.importorskip("lightgbm")
 
@@ -116,8 +116,8 @@ def test_grades_of_a_layer_group_rank_over_every_head_of_the_layer():
 @pytest.fixture(scope="module")
 def rows(tiny):
     from fi_toolkit import Document
+    from fi_toolkit.fit.rows import fit_rows
     from fi_toolkit.probe.chunks import parse_chunk
-    from fi_toolkit.studies.fit import fit_rows
 
     out = []
     for k in range(3):

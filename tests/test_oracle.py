@@ -197,7 +197,7 @@ def test_headroom_is_the_share_of_the_gap_closed_with_a_bootstrap_ci():
 
 def test_headroom_figure_draws_the_reference_rows():
     from fi_toolkit.probe.headroom import headroom_table
-    from fi_toolkit.report.headroom import headroom_figure, reference_rows
+    from fi_toolkit.report.kinds.probe import headroom_figure, reference_rows
 
     rows = []
     for d, scale in enumerate([1.0, 2.0, 0.5]):

@@ -18,7 +18,7 @@ from fi_toolkit import Document, LoadedModel, SignalConfig
 from fi_toolkit.errors import FIError
 from fi_toolkit.probe.chunks import Chunk
 from fi_toolkit.report import build_report
-from fi_toolkit.report.export import TABLES
+from fi_toolkit.report.kinds import kind_of
 from fi_toolkit.studies import CorrelateSettings, NearfarSettings, read_table, run_correlate, run_nearfar
 
 CFG = SignalConfig(window=8)
@@ -67,7 +67,7 @@ def test_tables_carry_exactly_the_result_numbers(runs):
     report = json.loads((out / "report.json").read_text())
     for run in report["runs"]:
         src = root / ("corr" if run["command"] == "correlate" else "nf")
-        for name, _ in TABLES[run["command"]]:
+        for name, _ in kind_of(run["command"]).tables:
             assert (out / "tables" / f"{run['label']}__{name}.csv").read_bytes() == (src / f"{name}.csv").read_bytes()
             table = read_table(src / f"{name}.csv")
             records = run["tables"][name]

@@ -14,7 +14,7 @@ from scipy import stats
 
 from fi_toolkit.report import build_report, load_run
 from fi_toolkit.report.export import CROSS_TITLE, cross_run_tables
-from fi_toolkit.report.lmeval import accuracy_vs_budget
+from fi_toolkit.report.kinds.lmeval import accuracy_vs_budget
 
 CELLS = [
     ("none", None),

@@ -28,7 +28,7 @@ from fi_toolkit.policies import make_policy  # noqa: E402
 from fi_toolkit.probe.chunks import Chunk  # noqa: E402
 from fi_toolkit.report import build_report, load_run  # noqa: E402
 from fi_toolkit.report.export import _figures  # noqa: E402
-from fi_toolkit.report.figures import nearfar_distance  # noqa: E402
+from fi_toolkit.report.kinds.nearfar import nearfar_distance  # noqa: E402
 from fi_toolkit.studies import CorrelateSettings, NearfarSettings, run_correlate, run_nearfar  # noqa: E402
 
 CFG = SignalConfig(window=8)
@@ -162,7 +162,7 @@ def test_the_overlap_check_fails_on_labels_that_run_together():
 
 def test_headroom_figure_labels_do_not_overlap():
     """Two chunks side by side (as notebooks/04_headroom.ipynb draws them): no label runs into the other panel."""
-    from fi_toolkit.report.headroom import headroom_figure
+    from fi_toolkit.report.kinds.probe import headroom_figure
 
     rows = []
     for chunk in ("128:160", "224:256"):
@@ -311,10 +311,10 @@ def test_each_run_leads_with_its_result(one_document):
 
 
 def test_probe_headline_compares_sets_of_equal_size(tmp_path):
-    from fi_toolkit.report.headline import headline
+    from fi_toolkit.report.kinds import kind_of
 
     run = _probe_dir(tmp_path / "probe", 2)
-    lines = headline(load_run(run))
+    lines = kind_of("probe").headline(load_run(run)["tables"])
     assert (
         "chunk 96:112, 13 removed: lowest mean FI entropy:remove=13 (0.00205 nats), highest attention:remove=13 "
         "(0.00405 nats)" in lines
@@ -330,7 +330,7 @@ def test_probe_headline_compares_sets_of_equal_size(tmp_path):
 def test_field_figures_fit_their_data_with_one_document_and_a_method_far_below_random():
     """The field map's bars stop at -1 (random positions that evict the sinks reach -10): the axis still fits
     what is drawn, no label runs into the next panel, and one document (no CI) draws without an error bar."""
-    from fi_toolkit.report.field_figures import fi_vs_replay, field_headroom
+    from fi_toolkit.report.kinds.field import fi_vs_replay, field_headroom
 
     rows = []
     for budget in ("keep=0.25", "keep=0.5"):

@@ -206,7 +206,7 @@ def test_fi_eval_runs_learned_heads_global_on_smollm(tmp_path, capsys):
     import pandas as pd
     from cli_runner import run_cli
 
-    from fi_toolkit.policies.learned import DEFAULT_MODEL
+    from fi_toolkit.policies.learned.lambdarank import DEFAULT_MODEL
 
     model = DEFAULT_MODEL.parents[1] / "learned-heads" / "model.json"
     policy = f"learned:path={model},heads=global,learned:path={model}"
@@ -241,7 +241,7 @@ def test_lmeval_batched_continuations_hide_the_pads(tiny):
 def test_dead_slots_influence_no_signal_or_feature(tiny, ids):
     """Overwrite every dead slot's key and value with noise: no live slot's signal or learned feature moves (the
     window attention, the accumulator, KeyDiff's anchor, ExpectedAttention's and TOVA's softmax)."""
-    from fi_toolkit.policies.features import LEARNED_FEATURES, learned_matrix
+    from fi_toolkit.policies.learned.features import LEARNED_FEATURES, learned_matrix
     from fi_toolkit.signals.tracker import SignalTracker
 
     tracker = SignalTracker(CONFIG, N, accumulate=True, token_signals=True)

@@ -164,8 +164,9 @@ def _print_fi_table(table, title: str) -> None:
     """Mean FI per selection and chunk; a mean whose every row is below the noise floor (the controls' always
     are) carries the report's mark, explained under the table. The random seeds of a size are one baseline row,
     as in the report: their pooled mean, and under the table the range of the seeds' means."""
-    from fi_toolkit.report.lead import pooled_fi
+    from fi_toolkit.report.display import pooled_fi
     from fi_toolkit.report.noise import BELOW_FLOOR_MARK, below_floor_note
+    from fi_toolkit.report.numbers import console_fi
 
     pivot = table.pivot_table(index="selection", columns="chunk", values="fi", aggfunc="mean", sort=False)
     sizes = table.groupby("selection", sort=False)[["n_removed", "n_kept"]].mean()
@@ -192,26 +193,22 @@ def _print_fi_table(table, title: str) -> None:
             shown.add(size)
             base = baselines[baselines["size"] == size].set_index("chunk")
             label = base["selection"].iloc[0]
-            t.add_row(label, removed, kept, *[_nats(base.at[c, "fi"]) for c in pivot.columns])
+            t.add_row(label, removed, kept, *[console_fi(base.at[c, "fi"]) for c in pivot.columns])
             spreads.append(
                 f"{label}: the seeds' means span "
                 + ", ".join(
-                    f"{_nats(base.at[c, 'seed_min'])}..{_nats(base.at[c, 'seed_max'])} on {c}" for c in pivot.columns
+                    f"{console_fi(base.at[c, 'seed_min'])}..{console_fi(base.at[c, 'seed_max'])} on {c}"
+                    for c in pivot.columns
                 )
             )
             continue
-        cells = [_nats(v) + (f" {BELOW_FLOOR_MARK}" if (sel, c) in below else "") for c, v in row.items()]
+        cells = [console_fi(v) + (f" {BELOW_FLOOR_MARK}" if (sel, c) in below else "") for c, v in row.items()]
         t.add_row(sel, removed, kept, *cells)
     out.print(t)
     for line in spreads:  # random positions: one baseline per size, its seeds' spread under the table
         out.print(line, markup=False, highlight=False, soft_wrap=True)
     if below:
         out.print(below_floor_note(table), markup=False, highlight=False, soft_wrap=True)
-
-
-def _nats(value: float) -> str:
-    """Five decimals where FI lives; small values (the controls) in scientific notation, not as 0.00000."""
-    return f"{value:.5f}" if value == 0 or abs(value) >= 1e-4 else f"{value:.2e}"
 
 
 @app.command()

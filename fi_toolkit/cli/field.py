@@ -1,8 +1,8 @@
 """``fi field``: the field map, every named policy and press placed against the FI ceiling in one resumable run.
 
-The options are generated from the fields of :class:`~fi_toolkit.evaluation.field_settings.FieldSettings` and of
-its ``--task`` group :class:`~fi_toolkit.evaluation.field_settings.FieldTasks`, and build the settings (checked on
-construction, before the command runs and the model loads); :func:`fi_toolkit.evaluation.field.run_field`
+The options are generated from the fields of :class:`~fi_toolkit.field.settings.FieldSettings` and of
+its ``--task`` group :class:`~fi_toolkit.field.settings.FieldTasks`, and build the settings (checked on
+construction, before the command runs and the model loads); :func:`fi_toolkit.field.run.run_field`
 computes, and this module prints."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from rich.table import Table
 from fi_toolkit.cli.options import _progress, check_document_lengths, err, out, settings_options, unit_progress
 from fi_toolkit.cli.study import _read_documents
 from fi_toolkit.errors import FIError
-from fi_toolkit.evaluation.field_settings import FieldSettings, FieldTasks
+from fi_toolkit.field.settings import FieldSettings, FieldTasks
 from fi_toolkit.model.settings import ModelSettings
 from fi_toolkit.runs.settings import RunSettings
 from fi_toolkit.signals.config import SignalConfig
@@ -46,7 +46,7 @@ def field(
     check_document_lengths(model, texts, needed, reads)
     run.check("field")
     from fi_toolkit.documents import tokenize_texts
-    from fi_toolkit.evaluation.field import run_field
+    from fi_toolkit.field.run import run_field
 
     lm = model.load()
     docs = tokenize_texts(texts, lm.tokenizer, max_tokens=needed)

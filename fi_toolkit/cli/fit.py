@@ -1,4 +1,4 @@
-"""``fi fit-data`` and ``fi fit``: learn a policy from Forward Influence (:mod:`fi_toolkit.studies.fit`).
+"""``fi fit-data`` and ``fi fit``: learn a policy from Forward Influence (:mod:`fi_toolkit.fit`).
 
 ``fi fit-data DOCS --chunk A:B --out RUN`` writes ``RUN/fit_rows.parquet`` (per document, layer, KV head
 and candidate position: the compression-time features and the Fisher estimate of FI) and
@@ -6,9 +6,9 @@ and candidate position: the compression-time features and the Fisher estimate of
 rows of every run, cross-validated leaving one document out, and writes the JSON ``fitted:path=policy.json``
 (``learned:path=``) reads.
 
-Each command parses its options into settings (:class:`~fi_toolkit.studies.fit_settings.FitDataSettings`,
-:class:`~fi_toolkit.studies.fit_settings.FitSettings`, which check them), calls one run function
-(:func:`~fi_toolkit.studies.fit_run.run_fit_data`, :func:`~fi_toolkit.studies.fit_run.run_fit`) and prints.
+Each command parses its options into settings (:class:`~fi_toolkit.fit.settings.FitDataSettings`,
+:class:`~fi_toolkit.fit.settings.FitSettings`, which check them), calls one run function
+(:func:`~fi_toolkit.fit.run.run_fit_data`, :func:`~fi_toolkit.fit.run.run_fit`) and prints.
 Their options are generated from those settings (built without a default object: they check themselves), the
 model's and the signals', and :class:`~fi_toolkit.runs.settings.OutDirSettings` /
 :class:`~fi_toolkit.runs.settings.OutFileSettings` (``--out``, ``--overwrite``).
@@ -23,11 +23,11 @@ import typer
 
 from fi_toolkit.cli.options import _progress, check_document_lengths, chunk_ending, err, out, settings_options
 from fi_toolkit.cli.study import _read_documents
+from fi_toolkit.fit.run import ROWS, run_fit, run_fit_data
+from fi_toolkit.fit.settings import FitDataSettings, FitSettings
 from fi_toolkit.model.settings import ModelSettings
 from fi_toolkit.runs.settings import OutDirSettings, OutFileSettings, RunSettings
 from fi_toolkit.signals.config import SignalConfig
-from fi_toolkit.studies.fit_run import ROWS, run_fit, run_fit_data
-from fi_toolkit.studies.fit_settings import FitDataSettings, FitSettings
 
 
 @settings_options(output={"out_dir": "Run directory for fit_rows.parquet and manifest.json."})

@@ -19,15 +19,8 @@ from fi_toolkit.cli.options import err, settings_options
 from fi_toolkit.compress.generate_settings import GenerateSettings, PromptFile, TextOutput
 from fi_toolkit.errors import FIError
 from fi_toolkit.model.settings import ModelSettings
+from fi_toolkit.report.numbers import byte_size
 from fi_toolkit.signals.config import SignalConfig
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:,.1f} {unit}" if unit != "B" else f"{int(n):,} B"
-        n /= 1024
-    return str(n)  # pragma: no cover
 
 
 def stats_table(stats, policy_label: str) -> Table:
@@ -50,10 +43,13 @@ def stats_table(stats, policy_label: str) -> Table:
             ),
         ),
         ("compression time", f"{stats.compression_seconds:.3f} s"),
-        ("cache, full", _human(full)),
-        ("cache, kept", f"{_human(stats.cache_bytes_kept)} ({stats.cache_bytes_kept / full:.1%})" if full else "0 B"),
-        ("cache, peak", _human(stats.peak_cache_bytes)),
-        (f"peak memory ({stats.peak_memory_kind})", _human(stats.peak_memory_bytes)),
+        ("cache, full", byte_size(full)),
+        (
+            "cache, kept",
+            f"{byte_size(stats.cache_bytes_kept)} ({stats.cache_bytes_kept / full:.1%})" if full else "0 B",
+        ),
+        ("cache, peak", byte_size(stats.peak_cache_bytes)),
+        (f"peak memory ({stats.peak_memory_kind})", byte_size(stats.peak_memory_bytes)),
     ]
     if stats.note:
         rows.append(("note", stats.note))

@@ -147,7 +147,8 @@ def _print_nearfar(tables, n_docs: int) -> None:
     a statistic is missing, never ``NaN``; column names as the report spells them)."""
     import pandas as pd
 
-    from fi_toolkit.report.display import display_table, number_text, text_cells
+    from fi_toolkit.report.display import display_table, text_cells
+    from fi_toolkit.report.numbers import number_text
 
     s = _whole_sinks(tables["nearfar_summary"])
     rows = pd.MultiIndex.from_frame(s[["sinks", "selector"]].drop_duplicates())  # a set with no value: n/a

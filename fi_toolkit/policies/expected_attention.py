@@ -1,7 +1,7 @@
 """ExpectedAttention (Devoto et al., arXiv 2510.00636; kvpress's ``ExpectedAttentionPress``): keep the entries the
 future queries are expected to attend to most, times their value norm.
 
-Score: :func:`fi_toolkit.policies.features.expected_attention`, the attention of a Gaussian model of the queries
+Score: :func:`fi_toolkit.policies.learned.features.expected_attention`, the attention of a Gaussian model of the queries
 (mean and covariance of the pre-RoPE queries of the rows fed since the last compression, past the first 4,
 rotated by RoPE averaged over the next 512 positions) over each key, averaged over the KV group, times
 ``||v||``; the first 4 slots are kept as the press keeps its sinks. Equal to the press's ``score`` on the same
@@ -27,6 +27,6 @@ class ExpectedAttention(Policy):
     name: ClassVar[str] = "expected_attention"
 
     def scores(self, s: Signals, layer: int):
-        from fi_toolkit.policies.features import expected_attention_scores
+        from fi_toolkit.policies.learned.features import expected_attention_scores
 
         return expected_attention_scores(s, layer)

@@ -45,11 +45,10 @@ from fi_toolkit.policies.adaptive import Adaptive
 from fi_toolkit.policies.base import Policy
 from fi_toolkit.policies.expected_attention import ExpectedAttention
 from fi_toolkit.policies.fi_oracle import FIOracle
-from fi_toolkit.policies.fitted import Fitted
 from fi_toolkit.policies.h2o import H2O
 from fi_toolkit.policies.infokv import InfoKV
 from fi_toolkit.policies.knorm import KNorm
-from fi_toolkit.policies.learned import Learned
+from fi_toolkit.policies.learned import Fitted, Learned
 from fi_toolkit.policies.pyramidkv import PyramidKV
 from fi_toolkit.policies.random import RandomPolicy
 from fi_toolkit.policies.rpc import RPC

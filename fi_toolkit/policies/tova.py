@@ -1,7 +1,7 @@
 """TOVA, token omission via attention (Oren et al., arXiv 2401.06104; kvpress's ``TOVAPress``): keep the entries
 the last query attends to most.
 
-Score: :func:`fi_toolkit.policies.features.tova`, the softmax attention of the last row's query over the cache,
+Score: :func:`fi_toolkit.policies.learned.features.tova`, the softmax attention of the last row's query over the cache,
 averaged over every query head of the layer (the paper's layer-wise variant, as kvpress: one score for every KV
 head). Equal to the press's ``score`` (tests/test_features_kvpress.py); the most recent ``window`` entries are
 always kept, as by every policy here (the paper keeps none by rule). Defaults: ``window=32, budget=0.25``.
@@ -23,6 +23,6 @@ class TOVA(Policy):
     name: ClassVar[str] = "tova"
 
     def scores(self, s: Signals, layer: int):
-        from fi_toolkit.policies.features import tova_scores
+        from fi_toolkit.policies.learned.features import tova_scores
 
         return tova_scores(s, layer)

@@ -1,15 +1,14 @@
 """Tables as a person reads them: the cells ``fi report`` shows in HTML and Markdown.
 
-The CSV and JSON files keep every digit; the page shows each number with at most
-:data:`SIGNIFICANT` significant digits, whole-number columns as integers (``4``, not ``4.0``),
-a value and its bootstrap bounds in one column (``FI mean [95 % CI]``: ``0.02664 [0.0213, 0.0311]``),
-a minimum and maximum as one range, booleans as ``yes``/``no``, and column names in words. Text cells stay as
-the CSV has them. A statistic over documents that one document cannot give (a spread, a confidence
-interval, a paired test) reads ``n/a (needs ≥ 2 documents)``, never ``nan``; an interval over fewer documents
-than a bootstrap can use (:mod:`fi_toolkit.intervals`) reads ``n/a (needs ≥ 4 documents for a bootstrap interval)``.
-:func:`split_settings` moves
-the columns that hold one value in every row out of the table, into a "settings" line above it, so the
-columns that vary (the results) come first on the screen.
+The CSV and JSON files keep every digit; the page shows each number as
+:func:`~fi_toolkit.report.numbers.number_text` writes it (at most 4 significant digits), whole-number columns as
+integers (``4``, not ``4.0``), a value and its bootstrap bounds in one column (``FI mean [95 % CI]``:
+``0.02664 [0.0213, 0.0311]``), a minimum and maximum as one range, booleans as ``yes``/``no``, and column names in
+words. Text cells stay as the CSV has them. A statistic over documents that one document cannot give (a spread, a
+confidence interval, a paired test) reads ``n/a (needs ≥ 2 documents)``, never ``nan``; an interval over fewer
+documents than a bootstrap can use (:mod:`fi_toolkit.intervals`) reads ``n/a (needs ≥ 4 documents for a bootstrap
+interval)``. :func:`split_settings` moves the columns that hold one value in every row out of the table, into a
+"settings" line above it, so the columns that vary (the results) come first on the screen.
 """
 
 from __future__ import annotations
@@ -19,8 +18,8 @@ import math
 import pandas as pd
 
 from fi_toolkit.intervals import MIN_BOOTSTRAP_UNITS, NEEDS_BOOTSTRAP
+from fi_toolkit.report.numbers import number_text
 
-SIGNIFICANT = 4
 WORDS = {  # column-name words as a reader spells them; other words keep their spelling, '_' becomes ' '
     "fi": "FI",
     "kl": "KL",
@@ -60,33 +59,6 @@ DOCUMENT_COUNTS = ("n_documents", "documents")
 BOOLEANS = {"true": "yes", "false": "no"}
 # (suffix of the low bound, suffix of the high bound, what the pair is): checked in this order
 BOUNDS = [("_ci_low", "_ci_high", "95 % CI"), ("_low", "_high", "95 % CI"), ("_min", "_max", "range")]
-
-
-def number_text(value: float, integer: bool = False) -> str:
-    """One number for the page: ``integer`` columns as whole numbers, others with at most 4 significant
-    digits (``0.026641269`` -> ``0.02664``, ``1.5e-07`` -> ``1.5e-07``); NaN is an empty cell."""
-    if not math.isfinite(value):
-        return "" if math.isnan(value) else ("∞" if value > 0 else "−∞")
-    if integer:
-        return str(int(round(value)))
-    text = f"{value:.{SIGNIFICANT}g}"
-    return "0" if text in ("0", "-0") else text
-
-
-def same_notation(values: list[float], digits: int = SIGNIFICANT) -> list[str]:
-    """Numbers read side by side (a colour bar's ticks) in one notation: all in scientific notation with
-    ``digits`` significant digits (``4.283e-07``, ``1.083e-02``) when any non-zero one is below 1e-3 or from 1e4
-    on, or they span three decades or more; else all as decimals with the places the smallest needs for
-    ``digits`` significant digits (``0.1083``, ``0.5000``). Zero reads ``0``, NaN an empty string."""
-    finite = [abs(v) for v in values if math.isfinite(v) and v != 0]
-    if not finite:
-        return [number_text(v) for v in values]
-    small, large = min(finite), max(finite)
-    if small < 1e-3 or large >= 1e4 or large >= 1e3 * small:
-        spec = f".{digits - 1}e"
-    else:
-        spec = f".{max(0, digits - 1 - math.floor(math.log10(small)))}f"
-    return [format(v, spec) if math.isfinite(v) and v != 0 else number_text(v) for v in values]
 
 
 def text_cells(table: pd.DataFrame) -> pd.DataFrame:
@@ -256,3 +228,11 @@ def split_settings(shown: pd.DataFrame) -> tuple[pd.DataFrame, list[tuple[str, s
     for c in constant:
         by_value.setdefault(str(shown[c].iloc[0]), []).append(c)
     return table, [(", ".join(names), value) for value, names in by_value.items()]
+
+
+def pooled_fi(fi: pd.DataFrame) -> pd.DataFrame:
+    """The measured sets as every report table shows them, the random seeds of a size pooled into one baseline
+    row: :func:`~fi_toolkit.studies.random_baseline.pooled_sets` without the bootstrap (what ``fi probe`` prints)."""
+    from fi_toolkit.studies.random_baseline import pooled_sets
+
+    return pooled_sets(fi, n_resamples=0)

@@ -27,11 +27,9 @@ from typing import Sequence
 import pandas as pd
 
 from fi_toolkit.errors import FIError
-from fi_toolkit.report import eval_figures, field_figures, figures, lmeval
 from fi_toolkit.report.display import display_table, split_settings, text_cells
-from fi_toolkit.report.headline import headline
-from fi_toolkit.report.headroom import headroom_figure
-from fi_toolkit.report.lead import LeadTable, lead_table
+from fi_toolkit.report.figures import plt
+from fi_toolkit.report.kinds import KINDS, LeadTable, kind_of, manifest_kind, reads_manifest
 from fi_toolkit.report.preflight import (  # noqa: F401
     FORMATS,
     REPORT_FILES,
@@ -45,147 +43,22 @@ from fi_toolkit.report.preflight import (  # noqa: F401
 from fi_toolkit.report.token_page import read_view_meta, with_report_link
 from fi_toolkit.runs import results
 from fi_toolkit.runs.resumable import read_table
-from fi_toolkit.studies.random_baseline import versus_random
-
-# Tables of each run kind, in display order; the ones shown in HTML/Markdown are marked True.
-TABLES = {
-    "correlate": [("correlation_summary", True), ("correlations", False), ("tokens", False)],
-    "nearfar": [
-        ("nearfar_summary", True),
-        ("nearfar_tests", True),
-        ("token_class_summary", True),
-        ("nearfar", False),
-        ("token_classes", False),
-    ],
-    "eval-text": [
-        ("replay_summary", True),
-        ("segment_summary", False),
-        ("replays", False),
-        ("segments", False),
-        ("positions", False),
-    ],
-    "eval-tasks": [("task_summary", True), ("kl_accuracy", True), ("answers", False)],
-    "probe": [("fi", True)],
-    "field": [
-        ("leaderboard", True),
-        ("tests", True),
-        ("refused", True),
-        ("headroom", False),
-        ("fi", False),
-        ("replays", False),
-    ],
-}
-EVAL_KINDS = {"text": "eval-text", "tasks": "eval-tasks"}  # fi eval writes command 'eval' and settings.kind
-# Tables a run holds only with some settings (fi correlate --estimator fisher --validate N), read when present.
-OPTIONAL_TABLES = {
-    "correlate": [("agreement", True), ("agreement_summary", True), ("validation", False)],
-    "probe": [("headroom", True)],  # fi probe beside an FI oracle and random sets
-    "field": [("task_summary", True), ("answers", False)],  # fi field --task
-}
-SHOWN_COLUMNS = {  # columns shown in HTML/Markdown, results first (all columns stay in CSV/JSON)
-    "correlation_summary": [
-        "chunk",
-        "signal",
-        "method",
-        "rho_mean",
-        "rho_std",
-        "rho_min",
-        "rho_max",
-        "share_positive",
-        "n_documents",
-        "sampling",
-        "weighted",
-    ],
-    "fi": [
-        "chunk",
-        "selection",
-        "document",
-        "n_removed",
-        "fi",
-        "below_noise_floor",
-        "n_kept",
-        "mean_entropy",
-        "mean_attention",
-        "mean_distance",
-        "mean_infokv",
-        "prefix",
-        "entropy_of",
-    ],
-    "headroom": [
-        "chunk",
-        "n_removed",
-        "selection",
-        "headroom",
-        "ci_low",
-        "ci_high",
-        "headroom_seed_sd",
-        "fi_policy",
-        "fi_random",
-        "fi_oracle",
-        "fi_oracle_seed_sd",
-        "oracle_seeds",
-        "oracle",
-        "fit_chunk",
-        "n_documents",
-    ],
-}
-# What each run kind answers (the heading of its part) and what each shown table holds, with units.
-KIND_TITLES = {
-    "probe": "Forward Influence of token sets (fi probe)",
-    "correlate": "Which signal predicts a token's Forward Influence? (fi correlate)",
-    "nearfar": "Forward Influence of equal-size sets, near and far (fi nearfar)",
-    "eval-text": "Compressed decoding against the full cache (fi eval, text)",
-    "eval-tasks": "Task accuracy under compression (fi eval, tasks)",
-    lmeval.KIND: "lm-evaluation-harness under compression (fi lm-eval)",
-    "field": "The field map: every policy and press against the FI oracle (fi field)",
-}
-TABLE_TITLES = {
-    "fi": "FI (nats) of each token set, per chunk and document; controls first (their FI is the noise floor)",
-    "headroom": "Headroom: the share of the random-to-oracle FI gap each set closes (0: random, 1: the FI oracle), "
-    "bootstrap 95 % CI over documents, and the oracle's own noise (sd over its label seeds); FI columns in nats",
-    "correlation_summary": "Correlation of per-token FI with each signal per chunk: mean ρ over documents, its range "
-    "and sd, and the share of documents with ρ > 0",
-    "agreement": "Fisher estimate against exact leave-one-out FI, per document (bootstrap 95 % CI)",
-    "agreement_summary": "Fisher estimate against exact leave-one-out FI: mean over documents",
-    "nearfar_summary": "Equal-size sets per selector and chunk distance: FI (nats), FI / random FI and FI / FI on the "
-    "nearest chunk, mean over documents [bootstrap 95 % CI]",
-    "nearfar_tests": "Does entropy beat attention? One-sided paired tests over documents per chunk distance "
-    "(Wilcoxon signed-rank; t-test of the log ratio)",
-    "token_class_summary": "Word classes in each selector's set: share of content words, function words and other "
-    "tokens",
-    "replay_summary": "Decoding replay per policy and budget: mean KL(full ‖ compressed) (nats), top-1 agreement, "
-    "ΔNLL (nats), first divergence of free generation (tokens), kept share [bootstrap 95 % CI over documents]",
-    "task_summary": "Task accuracy per policy and budget (exact match) and the answer's KL (nats) [bootstrap 95 % "
-    "CI over samples]",
-    "kl_accuracy": "Does the answer's KL predict accuracy? Spearman across cells [bootstrap 95 % CI]",
-    "leaderboard": "Each method per budget, best first: FI (nats) per chunk, headroom (0: random positions with "
-    "sinks kept, 1: the FI oracle) [bootstrap 95 % CI over documents], replay KL (nats), seconds per compression",
-    "versus_random": "Each token set against random positions of its size, paired over (document, random seed): "
-    "mean FI (nats) of the set and of random, their ratio, pairs where the set is below random, two-sided "
-    "Wilcoxon signed-rank p (the pairs of one document share the set's value)",
-    "tests": "Is the best method better? Each method against the lowest mean, paired over documents (one-sided "
-    "Wilcoxon signed-rank, uncorrected)",
-    "refused": "Methods that could not run here, and why",
-    lmeval.TABLES[0][0]: "lm-eval score per task, metric, policy and budget [95 % band]",
-    lmeval.TABLES[1][0]: "Realised cache per request: entries kept and in the full cache, their share, compressions",
-}
 
 
 def _check_manifest(manifest, manifest_file: Path) -> str:
-    """The fields a report reads: a dict with 'command' and 'settings' (documents, chunks); -> the command."""
+    """The fields a report reads: a dict with 'command' and 'settings' (documents, chunks); -> the run's kind
+    (:func:`~fi_toolkit.report.kinds.manifest_kind`)."""
     if not isinstance(manifest, dict):
         raise FIError(f"'{manifest_file}' is not a run manifest (expected a JSON object)")
-    kind = manifest.get("command")
-    if kind == "probe" and "settings" not in manifest:  # fi probe's manifest keeps its settings at the top
-        manifest["settings"] = {
-            k: manifest[k] for k in ("documents", "prefix", "chunks", "selections") if k in manifest
-        }
-    if kind is None:
+    command = manifest.get("command")
+    top = next((k.top_level_settings for k in KINDS.values() if k.command == command and k.top_level_settings), ())
+    if top and "settings" not in manifest:  # a manifest that keeps its settings at the top (fi probe's)
+        manifest["settings"] = {k: manifest[k] for k in top if k in manifest}
+    if command is None:
         raise FIError(f"'{manifest_file}' lacks the field 'command'; is it a fi correlate/nearfar manifest?")
     settings = manifest.get("settings")
-    if kind == "eval" and isinstance(settings, dict):
-        kind = EVAL_KINDS.get(settings.get("kind"), kind)
-    if kind not in TABLES:
+    kind = manifest_kind(command, settings)
+    if not reads_manifest(kind):
         raise FIError(
             f"'{manifest_file.parent}' holds a '{kind}' run; fi report reads probe, correlate, nearfar, eval and "
             "field runs"
@@ -218,8 +91,9 @@ def load_run(path: Path) -> dict:
     """
     path = Path(path)
     manifest_file = path / "manifest.json"
-    if lmeval.is_lmeval_dir(path):  # lm-eval's output (fi lm-eval): tables computed from its JSON files
-        return lmeval.load_lmeval_run(path)
+    for own in KINDS.values():  # output of its own (lm-eval's, fi lm-eval): tables computed from its files
+        if own.reads_directory is not None and own.reads_directory(path):
+            return own.load(path)
     if not manifest_file.is_file():
         raise not_a_run(path)
     try:
@@ -228,7 +102,7 @@ def load_run(path: Path) -> dict:
         raise FIError(f"'{manifest_file}' is not valid JSON") from None
     kind = _check_manifest(manifest, manifest_file)
     tables, text = {}, {}
-    names = TABLES[kind] + [t for t in OPTIONAL_TABLES.get(kind, []) if (path / f"{t[0]}.csv").exists()]
+    names = kind_of(kind).tables + [t for t in kind_of(kind).optional_tables if (path / f"{t[0]}.csv").exists()]
     for name, _shown in names:
         f = path / f"{name}.csv"
         if not f.exists():
@@ -238,7 +112,7 @@ def load_run(path: Path) -> dict:
             text[name] = pd.read_csv(f, dtype=str, keep_default_na=False)
         except (ValueError, pd.errors.ParserError):  # EmptyDataError is a ValueError
             raise FIError(f"'{f}' is not a readable CSV table") from None
-    derived = _derived_tables(kind, tables)
+    derived = kind_of(kind).derived(tables)
     for name, df in derived.items():
         tables[name], text[name] = df, text_cells(df)
         names.append((name, True))
@@ -255,15 +129,6 @@ def load_run(path: Path) -> dict:
     }
 
 
-def _derived_tables(kind: str, tables: dict) -> dict[str, pd.DataFrame]:
-    """Tables the report computes from a run's own (so runs written before them get them too): for a probe,
-    every set against random positions of its size (:func:`~fi_toolkit.studies.random_baseline.versus_random`)."""
-    if kind == "probe":
-        versus = versus_random(tables["fi"])
-        return {"versus_random": versus} if len(versus) else {}
-    return {}
-
-
 def _views(path: Path, manifest: dict) -> list[Path]:
     """The ``fi view`` pages in a run directory (``*.html`` or ``views/*.html``) of the documents it covers."""
     names = {d["name"] for d in manifest["settings"].get("documents", [])}
@@ -272,69 +137,29 @@ def _views(path: Path, manifest: dict) -> list[Path]:
 
 
 def _figures(run: dict) -> list[tuple[str, object]]:
-    cap, t = _caption(run), run["tables"]
-    if run["kind"] == "eval-text":
-        made = [
-            ("replay_vs_retention", eval_figures.replay_vs_retention(t["replay_summary"], cap)),
-            ("kl_over_position", eval_figures.kl_over_position(t["positions"], t["segments"], cap)),
-        ]
-    elif run["kind"] == lmeval.KIND:
-        made = [("accuracy_vs_budget", lmeval.accuracy_vs_budget(t["lmeval_accuracy"], cap))]
-    elif run["kind"] == "eval-tasks":
-        made = [("accuracy_vs_retention", eval_figures.accuracy_vs_retention(t["task_summary"], cap))]
-    elif run["kind"] == "probe":
-        made = [("versus_random", figures.probe_versus_random(t["fi"], cap))]
-        made += [("headroom", headroom_figure(t["headroom"], cap))] if "headroom" in t else []
-    elif run["kind"] == "field":
-        made = [
-            ("field_headroom", field_figures.field_headroom(t["leaderboard"], cap)),
-            ("fi_vs_replay", field_figures.fi_vs_replay(t["leaderboard"], cap)),
-        ]
-        if "task_summary" in t:  # fi field --task: each method's accuracy at each budget, the full cache's beside
-            made.append(("accuracy_vs_budget", eval_figures.accuracy_vs_retention(t["task_summary"], cap)))
-    elif run["kind"] == "nearfar":
-        made = [
-            ("fi_vs_distance", figures.nearfar_distance(t["nearfar_summary"], cap)),
-            ("token_classes", figures.token_classes(t["token_class_summary"], cap)),
-        ]
-    else:
-        made = [
-            ("fi_vs_signals", figures.fi_vs_signals(t["tokens"], cap)),
-            ("rho_heatmap", figures.rho_heatmap(t["correlation_summary"], cap)),
-            ("rho_vs_distance", figures.rho_vs_distance(t["correlations"], cap)),
-        ]
-        if "validation" in t:
-            made.append(("estimate_vs_exact", figures.estimate_vs_exact(t["validation"], cap)))
+    """The run's figures (its kind's), those with something to draw."""
+    made = kind_of(run["kind"]).figures(run["tables"], _caption(run))
     return [(name, fig) for name, fig in made if fig is not None]
 
 
 def _caption(run: dict) -> str:
-    if run["kind"] == lmeval.KIND:
-        return lmeval.caption(run)
-    return (
-        eval_figures.eval_caption(run["manifest"])
-        if run["kind"].startswith("eval")
-        else figures.caption(run["manifest"])
-    )
+    return kind_of(run["kind"]).caption(run)
 
 
 def cross_run_tables(runs: list[dict]) -> pd.DataFrame | None:
-    """With a text and a task eval run: does mean replay KL predict task accuracy across (policy, budget)?"""
-    from fi_toolkit.evaluation.summaries import kl_accuracy_table
-
-    text = [r for r in runs if r["kind"] == "eval-text"]
-    tasks = [r for r in runs if r["kind"] == "eval-tasks"]
-    bench = [r for r in runs if r["kind"] == lmeval.KIND]
-    if not text or not (tasks or bench):
+    """With a run of mean replay KL (``fi eval`` text) and runs of accuracy (``fi eval`` tasks, lm-eval): does mean
+    replay KL predict accuracy across (policy, budget)? One part per kind of accuracy, in :data:`KINDS` order."""
+    replays = [r["tables"][kind_of(r["kind"]).replay_table] for r in runs if kind_of(r["kind"]).replay_table]
+    against = [
+        (kind, [r["tables"] for r in runs if r["kind"] == kind.name])
+        for kind in KINDS.values()
+        if kind.versus_replay is not None
+    ]
+    against = [(kind, tables) for kind, tables in against if tables]
+    if not replays or not against:
         return None
-    replay = pd.concat([r["tables"]["replay_summary"] for r in text], ignore_index=True)
-    parts = []
-    if tasks:
-        answers = pd.concat([r["tables"]["task_summary"] for r in tasks], ignore_index=True)
-        parts.append(kl_accuracy_table(answers, replay).iloc[1:])
-    if bench:
-        parts.append(lmeval.kl_vs_benchmark(replay, pd.concat([r["tables"]["lmeval_accuracy"] for r in bench])))
-    return pd.concat(parts, ignore_index=True)
+    replay = pd.concat(replays, ignore_index=True)
+    return pd.concat([kind.versus_replay(tables, replay) for kind, tables in against], ignore_index=True)
 
 
 def _figure_title(fig, name: str) -> str:
@@ -346,7 +171,7 @@ def _figure_title(fig, name: str) -> str:
 def _png(fig) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")  # legends outside the axes stay in
-    figures.plt.close(fig)
+    plt.close(fig)
     return buf.getvalue()
 
 
@@ -362,14 +187,15 @@ def _records(df: pd.DataFrame) -> list[dict]:
 
 def _shown(run: dict, name: str) -> pd.DataFrame:
     """The table as shown: its CSV text in :func:`~fi_toolkit.report.display.display_table`'s reading form,
-    the columns of :data:`SHOWN_COLUMNS` first (the others follow; chunk bounds the chunk label already says
-    are left out)."""
+    its kind's ``shown_columns`` first (the others follow, unless the kind names them all; chunk bounds the chunk
+    label already says are left out), its kind's ``shown_rows``."""
+    kind = kind_of(run["kind"])
     df = run["text"][name]
-    first = [c for c in SHOWN_COLUMNS.get(name, []) if c in df.columns]
+    first = [c for c in kind.shown_columns.get(name, []) if c in df.columns]
     derived = {"chunk_start", "chunk_end"} if "chunk" in df.columns else set()
-    rest = [c for c in df.columns if c not in first and c not in derived and name not in SHOWN_COLUMNS]
-    if name == "correlation_summary":  # the per-layer rows live in the heatmap and the CSV
-        df = df[df["scope"] == "mean"]
+    rest = [c for c in df.columns if c not in first and c not in derived and name not in kind.shown_columns]
+    if name in kind.shown_rows:
+        df = kind.shown_rows[name](df)
     return display_table(df[first + rest])
 
 
@@ -402,16 +228,6 @@ def _html_table(df: pd.DataFrame) -> str:
         for row in df.itertuples(index=False)
     )
     return f"<div class='table-wrap'><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
-
-
-def _top_tokens(run: dict, n: int = 12) -> pd.DataFrame | None:
-    if run["kind"] != "correlate":
-        return None
-    text = run["text"]["tokens"]
-    first = text["chunk"].iloc[0] if len(text) else None
-    part = text[text["chunk"] == first]
-    order = run["tables"]["tokens"].loc[part.index, "fi"].sort_values(ascending=False).index[:n]
-    return display_table(part.loc[order, ["document", "position", "token", "chunk", "fi", "entropy", "attention"]])
 
 
 CSS = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
@@ -527,27 +343,25 @@ def _write_report(runs: list[dict], out_dir: Path, formats: Sequence[str]) -> li
 
 
 CROSS_TITLE = "Does mean replay KL predict task accuracy? (Spearman across policy x budget cells, bootstrap 95% CI)"
-TOP_TOKENS_TITLE = "Tokens with the largest per-token FI (nats), first chunk"
 
 
 def _blocks(run: dict, figs: list[tuple[str, str, bytes]]) -> list[tuple]:
     """What a run's part of the report says, in order, for both writers: its answer first (the lead table and
     the headline), then the figures, then the detail tables, each titled by what it shows."""
-    title = f"{KIND_TITLES.get(run['kind'], run['kind'])}: {run['label']}"
-    blocks: list[tuple] = [("h2", title), ("caption", _caption(run))]
-    lead = lead_table(run)
+    kind = kind_of(run["kind"])
+    blocks: list[tuple] = [("h2", f"{kind.title}: {run['label']}"), ("caption", _caption(run))]
+    lead = kind.lead(run)
     if lead is not None:
         blocks.append(("lead", lead))
-    blocks.append(("list", headline(run)))
+    blocks.append(("list", kind.headline(run["tables"])))
     blocks += [("figure", name, fig_title, png) for name, fig_title, png in figs]
     for name, shown in run["names"]:
         if shown:
             table, settings = split_settings(_shown(run, name))
-            blocks.append(("table", TABLE_TITLES.get(name, name), f"{name}.csv", table, settings))
-    top = _top_tokens(run)
-    if top is not None:
-        table, settings = split_settings(top)
-        blocks.append(("table", TOP_TOKENS_TITLE, "tokens.csv", table, settings))
+            blocks.append(("table", kind.table_titles.get(name, name), f"{name}.csv", table, settings))
+    for title, source, shown in kind.extra_tables(run):
+        table, settings = split_settings(shown)
+        blocks.append(("table", title, source, table, settings))
     if run.get("view_copies"):
         blocks.append(("views", run["view_copies"]))
     return blocks
@@ -557,30 +371,42 @@ def _settings_text(settings: list[tuple[str, str]]) -> str:
     return "; ".join(f"{names}: {value}" for names, value in settings)
 
 
-def _md_block(block: tuple, run: dict, out_dir: Path, pngs: list[Path]) -> list[str]:
-    kind = block[0]
-    if kind == "h2":
-        return [f"## {_md(block[1])}", ""]
-    if kind == "caption":
-        return [_md(block[1]), ""]
-    if kind == "lead":
-        lead: LeadTable = block[1]
-        note = [f"*{_md(lead.note)}*", ""] if lead.note else []
-        return [f"### Result: {_md(lead.title)}", "", _md_table(lead.table), "", *note]
-    if kind == "list":
-        return [f"- {_md(line)}" for line in block[1]] + [""]
-    if kind == "figure":
-        _, name, title, png = block
-        f = out_dir / "figures" / f"{run['label']}__{name}.png"
-        results.atomic_write_bytes(f, png)
-        pngs.append(f)
-        return [f"![{_md(title)}](figures/{urllib.parse.quote(f.name)})", "", f"*Figure: {_md(title)}*", ""]
-    if kind == "table":
-        _, title, source, table, settings = block
-        same = [f"*Same in every row:* {_md(_settings_text(settings))}", ""] if settings else []
-        return [f"### {_md(title)}", "", f"From `{_md(source)}`.", "", *same, _md_table(table), ""]
-    links = [f"- [{_md(read_view_meta(f)['document'])}](views/{urllib.parse.quote(f.name)})" for f in block[1]]
+def _md_lead(lead: LeadTable) -> list[str]:
+    note = [f"*{_md(lead.note)}*", ""] if lead.note else []
+    return [f"### Result: {_md(lead.title)}", "", _md_table(lead.table), "", *note]
+
+
+def _md_figure(name: str, title: str, png: bytes, run: dict, out_dir: Path, pngs: list[Path]) -> list[str]:
+    """The figure's PNG written beside report.md (listed in ``pngs``), and its link."""
+    f = out_dir / "figures" / f"{run['label']}__{name}.png"
+    results.atomic_write_bytes(f, png)
+    pngs.append(f)
+    return [f"![{_md(title)}](figures/{urllib.parse.quote(f.name)})", "", f"*Figure: {_md(title)}*", ""]
+
+
+def _md_detail(title: str, source: str, table: pd.DataFrame, settings: list[tuple[str, str]]) -> list[str]:
+    same = [f"*Same in every row:* {_md(_settings_text(settings))}", ""] if settings else []
+    return [f"### {_md(title)}", "", f"From `{_md(source)}`.", "", *same, _md_table(table), ""]
+
+
+def _md_views(pages: list[Path]) -> list[str]:
+    links = [f"- [{_md(read_view_meta(f)['document'])}](views/{urllib.parse.quote(f.name)})" for f in pages]
     return ["### Token pages (fi view): each prefix token shaded by its estimated FI", "", *links, ""]
+
+
+MD_BLOCKS = {  # a block of _blocks -> its Markdown lines; a figure's are _md_figure's, which writes its PNG too
+    "h2": lambda text: [f"## {_md(text)}", ""],
+    "caption": lambda text: [_md(text), ""],
+    "lead": _md_lead,
+    "list": lambda lines: [f"- {_md(line)}" for line in lines] + [""],
+    "table": _md_detail,
+    "views": _md_views,
+}
+
+
+def _md_block(block: tuple, run: dict, out_dir: Path, pngs: list[Path]) -> list[str]:
+    what, *fields = block
+    return _md_figure(*fields, run, out_dir, pngs) if what == "figure" else MD_BLOCKS[what](*fields)
 
 
 def _write_markdown(runs, figs, out_dir: Path, cross: pd.DataFrame | None = None) -> list[Path]:
@@ -597,39 +423,54 @@ def _write_markdown(runs, figs, out_dir: Path, cross: pd.DataFrame | None = None
     return [path] + pngs
 
 
-def _html_block(block: tuple) -> str:
-    e, kind = html.escape, block[0]
-    if kind == "h2":
-        return f"<h2>{e(block[1])}</h2>"
-    if kind == "caption":
-        return f"<p class='cap'>{e(block[1])}</p>"
-    if kind == "lead":
-        lead: LeadTable = block[1]
-        note = f"<p class='note'>{e(lead.note)}</p>" if lead.note else ""
-        return f"<section class='lead'><h3>Result: {e(lead.title)}</h3>{_html_table(lead.table)}{note}</section>"
-    if kind == "list":
-        return "<ul class='headline'>" + "".join(f"<li>{e(line)}</li>" for line in block[1]) + "</ul>"
-    if kind == "figure":
-        _, name, title, png = block
-        return (
-            f"<figure><img alt='{e(title)}' src='data:image/png;base64,{base64.b64encode(png).decode()}'/>"
-            f"<figcaption>{e(title)}</figcaption></figure>"
-        )
-    if kind == "table":
-        _, title, source, table, settings = block
-        same = (
-            "<p class='settings'><b>Same in every row:</b> "
-            + "; ".join(f"{e(names)}: <b>{e(value)}</b>" for names, value in settings)
-            + "</p>"
-            if settings
-            else ""
-        )
-        return f"<h3>{e(title)} <span class='src'>{e(source)}</span></h3>{same}{_html_table(table)}"
+def _html_lead(lead: LeadTable) -> str:
+    note = f"<p class='note'>{html.escape(lead.note)}</p>" if lead.note else ""
+    return f"<section class='lead'><h3>Result: {html.escape(lead.title)}</h3>{_html_table(lead.table)}{note}</section>"
+
+
+def _html_figure(name: str, title: str, png: bytes) -> str:
+    e = html.escape
+    return (
+        f"<figure><img alt='{e(title)}' src='data:image/png;base64,{base64.b64encode(png).decode()}'/>"
+        f"<figcaption>{e(title)}</figcaption></figure>"
+    )
+
+
+def _html_detail(title: str, source: str, table: pd.DataFrame, settings: list[tuple[str, str]]) -> str:
+    e = html.escape
+    same = (
+        "<p class='settings'><b>Same in every row:</b> "
+        + "; ".join(f"{e(names)}: <b>{e(value)}</b>" for names, value in settings)
+        + "</p>"
+        if settings
+        else ""
+    )
+    return f"<h3>{e(title)} <span class='src'>{e(source)}</span></h3>{same}{_html_table(table)}"
+
+
+def _html_views(pages: list[Path]) -> str:
+    e = html.escape
     links = "".join(
         f"<li><a href='views/{e(urllib.parse.quote(f.name))}'>{e(read_view_meta(f)['document'])}</a></li>"
-        for f in block[1]
+        for f in pages
     )
     return f"<h3>Token pages (fi view): each prefix token shaded by its estimated FI</h3><ul>{links}</ul>"
+
+
+HTML_BLOCKS = {  # a block of _blocks -> its HTML
+    "h2": lambda text: f"<h2>{html.escape(text)}</h2>",
+    "caption": lambda text: f"<p class='cap'>{html.escape(text)}</p>",
+    "lead": _html_lead,
+    "list": lambda lines: "<ul class='headline'>" + "".join(f"<li>{html.escape(x)}</li>" for x in lines) + "</ul>",
+    "figure": _html_figure,
+    "table": _html_detail,
+    "views": _html_views,
+}
+
+
+def _html_block(block: tuple) -> str:
+    what, *fields = block
+    return HTML_BLOCKS[what](*fields)
 
 
 def _write_html(runs, figs, out_dir: Path, cross: pd.DataFrame | None = None) -> Path:

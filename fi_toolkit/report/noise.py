@@ -9,6 +9,7 @@ import pandas as pd
 
 from fi_toolkit.evaluation.replay_runs import FULL
 from fi_toolkit.probe.noise_floor import CONTROL, NOISE_MARGIN, noise_floor, text_below_noise_floor
+from fi_toolkit.report.numbers import significant
 
 BELOW_FLOOR_MARK = "†"  # beside a value below NOISE_MARGIN x its noise floor where no column says so (a mean)
 
@@ -18,10 +19,10 @@ def below_floor_note(table: pd.DataFrame) -> str:
     :data:`BELOW_FLOOR_MARK` (``table``: the tidy FI table, controls included). The controls' own values
     carry it too: they are the floor, and a negative one is round-off of a KL that is never below 0."""
     floors = [v for chunks in noise_floor(table).values() for v in chunks.values()]
-    top = f", up to {max(floors):.2g} nats" if floors else ""
+    top = f", up to {significant(max(floors), 2)} nats" if floors else ""
     return (
-        f"{BELOW_FLOOR_MARK} below {NOISE_MARGIN:g}x the noise floor (the controls' largest |FI|{top}): rounding, "
-        "not the eviction; FI < 0 is round-off"
+        f"{BELOW_FLOOR_MARK} below {significant(NOISE_MARGIN)}x the noise floor (the controls' largest |FI|{top}): "
+        "rounding, not the eviction; FI < 0 is round-off"
     )
 
 
@@ -37,8 +38,8 @@ def noise_warning(table: pd.DataFrame, controls: pd.DataFrame | None = None) -> 
         return None
     top = max(v for chunks in floors.values() for v in chunks.values())
     return (
-        f"warning: {int(flagged.sum())} of {len(measured)} FI values are below {NOISE_MARGIN:g}x the noise floor "
-        f"(up to {top:.2g} nats); they measure rounding, not the eviction (column below_noise_floor)"
+        f"warning: {int(flagged.sum())} of {len(measured)} FI values are below {significant(NOISE_MARGIN)}x the noise "
+        f"floor (up to {significant(top, 2)} nats); they measure rounding, not the eviction (column below_noise_floor)"
     )
 
 
@@ -50,6 +51,7 @@ def replay_noise_warning(replays: pd.DataFrame, full: str = FULL) -> str | None:
         return None
     first = replays[replays["policy"] != full][below.to_numpy()].iloc[0]
     return (
-        f"warning: {int(below.sum())} of {len(below)} compressed replays have a mean KL below {NOISE_MARGIN:g}x "
-        f"the full-cache replay's (the noise floor), e.g. {first['policy']}@{first['budget']} on {first['document']}"
+        f"warning: {int(below.sum())} of {len(below)} compressed replays have a mean KL below "
+        f"{significant(NOISE_MARGIN)}x the full-cache replay's (the noise floor), e.g. "
+        f"{first['policy']}@{first['budget']} on {first['document']}"
     )

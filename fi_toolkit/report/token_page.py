@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from fi_toolkit.eviction import KeepMap
-from fi_toolkit.report.display import same_notation
+from fi_toolkit.report.numbers import percent, same_notation, significant
 from fi_toolkit.runs import results
 
 GENERATOR = "fi view"  # <meta name="generator">: how fi report recognises a page (fi_toolkit.report.export)
@@ -208,7 +208,7 @@ def median_se(data: ViewData) -> float:
 def tick_labels(values: list[float | None]) -> list[str]:
     """The colour bar's tick labels of one shading (``values``: the page's, None where undefined): the values at
     :data:`TICKS` of the sorted defined ones, picked as the page's script ranks them, in one notation
-    (:func:`~fi_toolkit.report.display.same_notation`: never ``4.28e-7`` beside ``0.01083``)."""
+    (:func:`~fi_toolkit.report.numbers.same_notation`: never ``4.28e-7`` beside ``0.01083``)."""
     ranked = sorted(v for v in values if v is not None)
     if not ranked:
         return []
@@ -329,8 +329,8 @@ def _policy_title(entry: dict) -> str:
     """A policy's summary as hover text."""
     fi = entry["fi_evicted"]
     return (
-        f"{entry['label']}: evicts {entry['evicted']:.1%} of the (layer, KV head, token) entries, carrying "
-        + ("n/a" if fi is None else f"{fi:.1%}")
+        f"{entry['label']}: evicts {percent(entry['evicted'])} of the (layer, KV head, token) entries, carrying "
+        + ("n/a" if fi is None else percent(fi))
         + " of the summed FI estimate (lower is better)"
         + ("; shade by its score: click" if entry["score"] else "; it ranks no scores of its own")
     )
@@ -355,14 +355,14 @@ def _summary(data: ViewData, entries: list[dict]) -> str:
     budgets = ", ".join(s.get("budgets", [])) or "–"
     caption = (
         f"Budget {budgets} (entries kept per layer and KV head, a share of the prefix). Noise floor of FI on "
-        f"{data.chunk}: {'n/a' if floor is None else format(floor, '.1g')} nats (the controls, float rounding); "
-        f"median standard error of the estimate: {se:.2g} nats. Lower FI share evicted is better."
+        f"{data.chunk}: {'n/a' if floor is None else significant(floor, 1)} nats (the controls, float rounding); "
+        f"median standard error of the estimate: {significant(se, 2)} nats. Lower FI share evicted is better."
     )
     rows = "".join(
         f"<tr><td><span class='swatch' style='background:{r['color']}'></span>"
         f"<button class='policy' data-shade='score:{e(r['label'])}' title='{e(_policy_title(r))}'>{e(r['label'])}"
-        f"</button></td><td>{e(r['budget'])}</td><td class='num'>{r['evicted']:.1%}</td><td class='num'>"
-        f"{'n/a' if r['fi_evicted'] is None else format(r['fi_evicted'], '.1%')}</td></tr>"
+        f"</button></td><td>{e(r['budget'])}</td><td class='num'>{percent(r['evicted'])}</td><td class='num'>"
+        f"{'n/a' if r['fi_evicted'] is None else percent(r['fi_evicted'])}</td></tr>"
         for r in entries
     )
     return (

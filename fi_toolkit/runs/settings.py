@@ -143,7 +143,7 @@ class OutDirSettings:
 class OutFileSettings:
     """Where a command that writes one file (``fi fit``, ``fi view``) writes: ``out_file`` (required unless the
     command's default object names one), and ``overwrite`` to replace it. The field is named ``out_file`` as the
-    library's checks name it (``fit_run.run_fit``), for the reason :class:`OutDirSettings` gives."""
+    library's checks name it (``fit.run.run_fit``), for the reason :class:`OutDirSettings` gives."""
 
     out_file: Path = field(metadata=option("--out", "-o", help="The file to write."))
     overwrite: bool = field(

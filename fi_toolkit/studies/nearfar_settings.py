@@ -5,7 +5,7 @@ line builds it, and so refuses bad options, before the model loads.
 The settings hold what is measured (the compression point, the chunks' distances and length, the sets' budget
 and seeds, sink protection, the signal options, the batch size, the work units, extra selections), not the
 documents: the model and the documents are the run function's other arguments. The budget's messages name it
-as ``--budget B``, as :class:`~fi_toolkit.evaluation.field_settings.FieldSettings`' do. Each field that is an
+as ``--budget B``, as :class:`~fi_toolkit.field.settings.FieldSettings`' do. Each field that is an
 option carries its flag and help (:func:`fi_toolkit.runs.settings.option`), from which
 :func:`fi_toolkit.cli.options.settings_options` generates ``fi nearfar``'s options (``selections`` is not one).
 """

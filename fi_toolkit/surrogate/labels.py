@@ -3,7 +3,7 @@ points of many documents, the training signal of the FI-trained surrogate.
 
 A **unit** is one slice of a text at one compression point ``p`` (:class:`LabelUnit`, named
 ``<slice>@p<p>``): the slice's prefix ``[0, p)`` is traced, then the Fisher estimate of every
-(layer, KV head, position)'s FI (:func:`fi_toolkit.studies.fit.fit_rows`, the rows ``fi fit-data`` writes) is
+(layer, KV head, position)'s FI (:func:`fi_toolkit.fit.rows.fit_rows`, the rows ``fi fit-data`` writes) is
 computed on the near and the far chunk after ``p``. Its table ``labels.parquet`` holds one row per
 (layer, KV head, candidate position ``j`` in ``[sinks, p - w)``): ``document, point, layer, head, position,
 fi_near, fi_far, fi`` (``fi``: their mean, ``fi fit-data``'s target), and with ``features`` the compression-time
@@ -165,8 +165,8 @@ def _computer(lm, settings: LabelSettings, signals: SignalConfig, progress: Prog
     """``compute(unit) -> {"labels": rows}`` for :meth:`ResumableRun.run`."""
     import pandas as pd
 
+    from fi_toolkit.fit.rows import fit_rows
     from fi_toolkit.probe.experiment import trace_document
-    from fi_toolkit.studies.fit import fit_rows
 
     def compute(unit: LabelUnit) -> dict:
         trace = trace_document(lm, unit.doc, unit.point, signals)

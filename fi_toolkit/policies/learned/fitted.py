@@ -1,5 +1,5 @@
 """A fitted policy: a linear score of compression-time signals, learned by ``fi fit`` to rank
-entries by their per-(layer, KV head) Forward Influence (:mod:`fi_toolkit.studies.fit`). The signals are
+entries by their per-(layer, KV head) Forward Influence (:mod:`fi_toolkit.fit.ridge`). The signals are
 InfoKV's (arXiv 2606.26875: H, D^(l), E^(l)), SnapKV's window attention (arXiv 2404.14469), H2O's
 accumulated attention (arXiv 2306.14048), KNorm's key norm (arXiv 2406.11430) and position.
 

@@ -3,7 +3,7 @@ resumable run with one unit per (document, method) cell.
 
 A cell measures, for each budget:
 
-- **prefill FI** on each chunk: the method's probe selection (:mod:`fi_toolkit.studies.field_spec`) removed at
+- **prefill FI** on each chunk: the method's probe selection (:mod:`fi_toolkit.field.spec`) removed at
   ``p``, measured by :func:`~fi_toolkit.probe.forward_influence.forward_influence` against the document's one
   trace and full-cache reference (shared by its cells), exactly what ``fi probe --select`` measures;
 - **cost**: the seconds the method took to choose its keep map at ``p`` (``compress_seconds``; the trace's
@@ -19,7 +19,7 @@ that needs a download, a press that rewrites keys, a budget its policy cannot me
 arguments set what they keep) are refused before any work, with that reason.
 
 Tables: ``fi`` (per document x method x budget x selection x chunk), ``replays`` (per document x method x
-budget), ``refused``; the summaries (:mod:`fi_toolkit.studies.field_summary`): ``headroom``, ``leaderboard``
+budget), ``refused``; the summaries (:mod:`fi_toolkit.field.summary`): ``headroom``, ``leaderboard``
 (also JSON), ``tests``.
 """
 
@@ -36,24 +36,24 @@ from fi_toolkit.budget import Budget
 from fi_toolkit.compress.future import DOCUMENT
 from fi_toolkit.documents import Document
 from fi_toolkit.errors import FIError
-from fi_toolkit.evaluation.field_settings import FieldSettings
-from fi_toolkit.evaluation.field_tasks import accuracy_columns, task_cell, task_entries, task_summary
 from fi_toolkit.evaluation.replay_runs import evaluate_text, text_context
 from fi_toolkit.evaluation.task_runs import SampleUnit
 from fi_toolkit.evaluation.text_setting import TextSetting
+from fi_toolkit.field.settings import FieldSettings
+from fi_toolkit.field.spec import ANCHOR, ANCHORS, PRESS, Method, replay_policy
+from fi_toolkit.field.summary import field_summaries
+from fi_toolkit.field.tasks import accuracy_columns, task_cell, task_entries, task_summary
 from fi_toolkit.model.loading import dtype_name
 from fi_toolkit.policies import registry
 from fi_toolkit.probe.chunks import Chunk, check_chunks
 from fi_toolkit.probe.experiment import fi_table, max_context, trace_document
 from fi_toolkit.probe.forward_influence import chunk_reference, forward_influence
-from fi_toolkit.probe.selections import parse_selections
+from fi_toolkit.probe.selections import parse_selections, trace_scorer
 from fi_toolkit.runs import results
 from fi_toolkit.runs.execute import execute_run
 from fi_toolkit.runs.resumable import ResumableRun, last_document, split_units
 from fi_toolkit.runs.settings import RunSettings, check_type, run_settings
 from fi_toolkit.signals.config import SignalConfig
-from fi_toolkit.studies.field_spec import ANCHOR, ANCHORS, PRESS, Method, replay_policy
-from fi_toolkit.studies.field_summary import field_summaries
 
 Progress = Callable[[str, int, int], None]
 REFUSED_COLUMNS = ["document", "method", "kind", "budget", "stage", "reason"]
@@ -195,7 +195,7 @@ def run_field(
     Args:
         lm: the model, from :func:`~fi_toolkit.model.loading.load_model`.
         docs: the documents; each must reach ``settings.document_tokens()`` tokens.
-        settings: what to place where (:class:`~fi_toolkit.evaluation.field_settings.FieldSettings`).
+        settings: what to place where (:class:`~fi_toolkit.field.settings.FieldSettings`).
         run: the results directory, or a :class:`~fi_toolkit.runs.settings.RunSettings` (resume, overwrite).
         block: query positions per block of the continuation forward.
         progress: ``progress(unit, done, total)`` after each budget of a cell.
@@ -226,8 +226,10 @@ def run_field(
     where = run_settings(run).check()
     resumable = ResumableRun(where.out, "field", manifest, where.resume, where.overwrite)
 
+    scorer = _trace_scorer(methods, budgets, chunks)
+
     def make(doc):
-        trace = trace_document(lm, doc, prefix, config)
+        trace = trace_document(lm, doc, prefix, config, scorer)
         return {"trace": trace, "reference": chunk_reference(lm.model, trace, doc.ids, chunks, block)}
 
     setup = last_document(make)
@@ -274,6 +276,19 @@ def run_field(
         board = tables["leaderboard"].astype(object).where(tables["leaderboard"].notna(), None)
         results.write_json(resumable.path / "leaderboard.json", board.to_dict(orient="records"))
     return tables
+
+
+def _trace_scorer(methods: Sequence[Method], budgets: Sequence[Budget], chunks: Sequence[Chunk]):
+    """What each document's trace scores its positions with (:func:`~fi_toolkit.probe.selections.trace_scorer`):
+    the first method's that scores tokens by their attention inputs; a method that cannot be parsed is skipped
+    here (its cells refuse it)."""
+    selections = []
+    for m in methods:
+        try:
+            selections += parse_selections(m.selections(budgets[0], chunks, 1))
+        except FIError:
+            continue
+    return trace_scorer(selections)
 
 
 def field_cell(

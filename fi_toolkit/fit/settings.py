@@ -1,7 +1,9 @@
 """What ``fi fit-data`` and ``fi fit`` do: :class:`FitDataSettings` (the training rows' target and candidates),
-which :func:`fi_toolkit.studies.fit_run.run_fit_data` takes, and :class:`FitSettings` (the learner and what it
-fits), which :func:`fi_toolkit.studies.fit_run.run_fit` takes. Imports nothing heavy (no torch, no pandas): the
+which :func:`fi_toolkit.fit.run.run_fit_data` takes, and :class:`FitSettings` (the learner and what it
+fits), which :func:`fi_toolkit.fit.run.run_fit` takes. Imports nothing heavy (no torch, no pandas): the
 command line builds them, and so refuses bad options, before the model loads or a run is read.
+:func:`check_fit_options` checks the options of a ridge fit (features, target, ridge penalty) the same way,
+without numpy or torch (:mod:`fi_toolkit.fit.ridge` fits).
 
 The settings hold what is computed, not the documents or the runs: those are the run functions' other
 arguments, so one settings object makes rows of any documents, or fits any runs.
@@ -20,20 +22,33 @@ from dataclasses import dataclass, field
 from typing import ClassVar, List, Optional, Sequence
 
 from fi_toolkit.errors import FIError
-from fi_toolkit.policies.features import EXTRA, check_feature_names, check_features
-from fi_toolkit.policies.fitted import FEATURES
+from fi_toolkit.policies.learned.features import EXTRA, check_feature_names, check_features
+from fi_toolkit.policies.learned.fitted import FEATURES
 from fi_toolkit.probe.chunks import Chunk, check_chunks, parse_chunks
 from fi_toolkit.probe.estimator_options import DEFAULT_SAMPLES, check_samples
 from fi_toolkit.probe.selections import check_prefix
 from fi_toolkit.runs.settings import check_int, check_type, option
 from fi_toolkit.signals.config import SignalConfig
-from fi_toolkit.studies.fit_options import DECODING_FEATURES, DEFAULT_FEATURES, TARGETS
 
 LEARNERS = ("ridge", "lambdarank")
 DEFAULT_TARGET = "rank"
 DEFAULT_RIDGE = 1e-3
 GROUPS = ("head", "layer")  # the lambdarank learner's query groups: per (document, layer, KV head) or per layer
 DEFAULT_GROUP = "head"
+TARGETS = ("rank", "log")
+DEFAULT_FEATURES = tuple(FEATURES)  # every feature, at a prefill and while decoding
+DECODING_FEATURES = tuple(f for f in FEATURES if f != "entropy_next")  # without the other convention's H
+
+
+def check_fit_options(features: Sequence[str], target: str, penalty: float) -> None:
+    """Refuse an unknown, missing or repeated feature, an unknown target, or a penalty that is not a finite
+    number >= 0 (FIError naming the parameter)."""
+    check_feature_names(features, FEATURES)
+    if target not in TARGETS:
+        raise FIError(f"target must be one of {', '.join(TARGETS)}, got '{target}'", parameter="target")
+    ok = isinstance(penalty, (int, float)) and not isinstance(penalty, bool) and math.isfinite(penalty)
+    if not (ok and penalty >= 0):
+        raise FIError(f"penalty must be a finite number >= 0, got {penalty}", parameter={"penalty": "ridge"})
 
 
 @dataclass(frozen=True)
@@ -101,7 +116,7 @@ class FitSettings:
     ``learner``: ``ridge`` (a linear score of standardised features, ``fitted:path=FILE``) or ``lambdarank``
     (LightGBM LambdaRank on within-head FI ranks, ``learned:path=FILE``); ``features``: a list or a
     comma-separated string of feature names, ``decoding`` (every feature a decoding compression can compute),
-    or None (every feature); the lambdarank learner adds :data:`~fi_toolkit.policies.features.EXTRA` to
+    or None (every feature); the lambdarank learner adds :data:`~fi_toolkit.policies.learned.features.EXTRA` to
     ``decoding`` and None; ``target`` (ridge only): ``rank`` (within-head rank of FI, the default) or ``log``
     (log FI); ``ridge`` (ridge only): the penalty lambda, times the number of rows, on the standardised
     coefficients (default 1e-3); ``exclude``: documents whose rows are left out, to test the policy on them;

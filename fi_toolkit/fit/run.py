@@ -1,11 +1,11 @@
 """The ``fi fit-data`` and ``fi fit`` runs: :func:`run_fit_data` computes a policy's training rows
-(:func:`fi_toolkit.studies.fit.fit_rows` per document) and writes ``fit_rows.parquet`` and ``manifest.json``
+(:func:`fi_toolkit.fit.rows.fit_rows` per document) and writes ``fit_rows.parquet`` and ``manifest.json``
 when given where; :func:`run_fit` reads such runs, fits a ridge score
-(:func:`~fi_toolkit.studies.fit.fit_policy`) or a LambdaRank model
-(:func:`~fi_toolkit.studies.learned.learn_policy`) and writes the policy JSON when given where.
+(:func:`~fi_toolkit.fit.ridge.fit_policy`) or a LambdaRank model
+(:func:`~fi_toolkit.fit.lambdarank.learn_policy`) and writes the policy JSON when given where.
 
 From the command line: ``fi fit-data`` and ``fi fit`` parse their options into a
-:class:`~fi_toolkit.studies.fit_settings.FitDataSettings` or :class:`~fi_toolkit.studies.fit_settings.FitSettings`,
+:class:`~fi_toolkit.fit.settings.FitDataSettings` or :class:`~fi_toolkit.fit.settings.FitSettings`,
 call these functions and print what they return. The module imports nothing heavy itself (pandas, torch and
 LightGBM are imported where the work starts), so ``fi fit`` answers a missing run directory or an unwritable
 ``--out`` at once.
@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from fi_toolkit.errors import FIError
+from fi_toolkit.fit.settings import FitDataSettings, FitSettings
 from fi_toolkit.probe.chunks import check_chunks
 from fi_toolkit.runs import results
 from fi_toolkit.runs.settings import RunSettings, check_type
-from fi_toolkit.studies.fit_settings import FitDataSettings, FitSettings
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -48,12 +48,12 @@ def run_fit_data(
     progress: Progress | None = None,
 ) -> pd.DataFrame:
     """The training rows of every document -> one table, ``L * H_kv * (p - w - sinks)`` rows per document
-    (columns ``document, layer, head, position, fi`` and one per feature: :func:`~fi_toolkit.studies.fit.fit_rows`).
+    (columns ``document, layer, head, position, fi`` and one per feature: :func:`~fi_toolkit.fit.rows.fit_rows`).
 
     Args:
         lm: the model, from :func:`~fi_toolkit.model.loading.load_model`.
         docs: the documents; each must reach ``settings.document_tokens()`` tokens.
-        settings: what to compute (:class:`~fi_toolkit.studies.fit_settings.FitDataSettings`).
+        settings: what to compute (:class:`~fi_toolkit.fit.settings.FitDataSettings`).
         run: the run directory for ``fit_rows.parquet`` and ``manifest.json`` (what :func:`run_fit` reads), or a
             :class:`~fi_toolkit.runs.settings.RunSettings` (``overwrite`` replaces a run there, the old one kept
             whole until the new one is complete; fit data does not resume). None: nothing is written.
@@ -90,8 +90,8 @@ def _run_settings(run) -> RunSettings | None:
 
 def _rows_of(lm, doc: Document, settings: FitDataSettings, progress: Progress | None) -> pd.DataFrame:
     """One document's rows: its trace at ``p``, then the Fisher FI of every (layer, KV head, position)."""
+    from fi_toolkit.fit.rows import fit_rows
     from fi_toolkit.probe.experiment import trace_document
-    from fi_toolkit.studies.fit import fit_rows
 
     if progress:
         progress(doc.name, "trace", 0, None)
@@ -151,7 +151,7 @@ def run_fit(
     score beside SnapKV's and InfoKV's, and the model, signals and settings of the runs).
 
     Args:
-        settings: the learner and what it fits (:class:`~fi_toolkit.studies.fit_settings.FitSettings`).
+        settings: the learner and what it fits (:class:`~fi_toolkit.fit.settings.FitSettings`).
         runs: ``fi fit-data`` run directories (:func:`run_fit_data`'s), made with the same settings; their
             documents are pooled, each at most once, and at least two remain after ``settings.exclude``.
         out_file: the ``.json`` file to write (``fitted:path=FILE`` or ``learned:path=FILE`` reads it), written
@@ -170,7 +170,7 @@ def run_fit(
     rows, meta = _pooled(runs, [_read_run(r) for r in runs], settings.exclude)
     record = _fitted(rows, settings, meta)
     if out_file is not None:
-        from fi_toolkit.studies.fit import policy_json
+        from fi_toolkit.fit.ridge import policy_json
 
         results.atomic_write_text(out_file, policy_json(record))
     return record
@@ -277,12 +277,12 @@ def _pooled(runs: list[Path], loaded: list[tuple[dict, pd.DataFrame]], exclude: 
 
 
 def _fitted(rows: pd.DataFrame, settings: FitSettings, meta: dict) -> dict:
-    """The learner's record: the ridge fit (:func:`~fi_toolkit.studies.fit.fit_policy`) or the LambdaRank model
-    (:func:`~fi_toolkit.studies.learned.learn_policy`)."""
+    """The learner's record: the ridge fit (:func:`~fi_toolkit.fit.ridge.fit_policy`) or the LambdaRank model
+    (:func:`~fi_toolkit.fit.lambdarank.learn_policy`)."""
     if settings.learner == "lambdarank":
-        from fi_toolkit.studies.learned import learn_policy
+        from fi_toolkit.fit.lambdarank import learn_policy
 
         return learn_policy(rows, list(settings.features), meta, group=settings.group)
-    from fi_toolkit.studies import fit
+    from fi_toolkit.fit import ridge
 
-    return fit.fit_policy(rows, list(settings.features), settings.target, settings.ridge, meta)
+    return ridge.fit_policy(rows, list(settings.features), settings.target, settings.ridge, meta)

@@ -1,4 +1,4 @@
-"""Features of the learned policy beyond the fitted policy's (:data:`fi_toolkit.policies.fitted.FEATURES`),
+"""Features of the learned policy beyond the fitted policy's (:data:`fi_toolkit.policies.learned.fitted.FEATURES`),
 computable at the compression point from :class:`Signals` alone, per (layer, KV head, slot):
 
 - ``depth``: layer / number of layers (constant over a layer);
@@ -42,7 +42,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from fi_toolkit.errors import FIError
-from fi_toolkit.policies.fitted import FEATURES, feature_matrix
+from fi_toolkit.policies.learned.fitted import FEATURES, feature_matrix
 from fi_toolkit.signals.config import QUERY_SINKS
 
 if TYPE_CHECKING:

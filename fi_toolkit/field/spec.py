@@ -1,5 +1,5 @@
 """The field map's methods and budgets, parsed and checked without torch, pandas or scipy (the command line
-checks them before the model loads; :mod:`fi_toolkit.evaluation.field` runs the map).
+checks them before the model loads; :mod:`fi_toolkit.field.run` runs the map).
 
 A **method** is a project policy (``snapkv``, ``infokv:alpha=0.5``, ``adaptive(infokv)``) or a provider's press
 (``kvpress:SnapKVPress``, ``kvpress:AdaKVPress/SnapKVPress``), spelled as ``--policy`` spells it, without a
@@ -56,7 +56,7 @@ class Method:
         """The probe selections (``fi probe --select`` specs) of this method at ``budget``: one for a policy
         or a press, ``seeds`` random sets for the random anchor, one FI oracle per chunk (it scores that
         chunk) for the oracle anchor, then each again at label seed 1 (the oracle's own noise,
-        :func:`fi_toolkit.studies.field_summary.headroom`)."""
+        :func:`fi_toolkit.field.summary.headroom`)."""
         opts = f":{self.options}" if self.options else ""
         if self.kind == POLICY:
             return [f"policy:{self.head}@{budget.label}{opts}"]
@@ -94,7 +94,7 @@ def parse_budgets(specs: Sequence[str], option: str = "--budget") -> list[Budget
 
 def default_methods() -> list[Method]:
     """Every project policy of the registry (kind ``policy``: no wrapper, oracle or file policy); the presses
-    that run here are added once the model is loaded (:func:`fi_toolkit.evaluation.field.press_methods`)."""
+    that run here are added once the model is loaded (:func:`fi_toolkit.field.run.press_methods`)."""
     return [Method(e.name, POLICY) for e in registry.entries() if e.kind == registry.POLICY]
 
 

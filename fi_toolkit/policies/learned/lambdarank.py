@@ -1,10 +1,10 @@
 """A learned policy: a LightGBM LambdaRank model (``fi fit --learner lambdarank``) that ranks the entries of
 each (layer, KV head) by a score of compression-time features, trained on within-head ranks of Forward
-Influence (:mod:`fi_toolkit.studies.learned`).
+Influence (:mod:`fi_toolkit.fit.lambdarank`).
 
-Features: those of :data:`fi_toolkit.policies.fitted.FEATURES` (SnapKV's window attention, arXiv 2404.14469;
+Features: those of :data:`fi_toolkit.policies.learned.fitted.FEATURES` (SnapKV's window attention, arXiv 2404.14469;
 H2O's accumulator, arXiv 2306.14048; InfoKV's entropies, D^(l) and E^(l), arXiv 2606.26875; key norm, recency,
-position) plus :data:`fi_toolkit.policies.features.EXTRA`
+position) plus :data:`fi_toolkit.policies.learned.features.EXTRA`
 (depth, KV head index, KeyDiff's score, the value side: ``||v||``, ``||W_o v||`` and accumulated
 attention times ``||W_o v||``, and the scores of ExpectedAttention, arXiv 2510.00636, and TOVA,
 arXiv 2401.06104). All come from :class:`Signals` at the compression point, so the policy never reads a token
@@ -44,8 +44,8 @@ from typing import TYPE_CHECKING, ClassVar
 
 from fi_toolkit.errors import FIError
 from fi_toolkit.policies.base import as_signals
-from fi_toolkit.policies.features import EXTRA, LEARNED_FEATURES, learned_matrix  # noqa: F401 (re-exported)
-from fi_toolkit.policies.fitted import (
+from fi_toolkit.policies.learned.features import LEARNED_FEATURES, learned_matrix
+from fi_toolkit.policies.learned.fitted import (
     TOKEN_FEATURES,
     Fitted,
     check_listed_features,
@@ -62,7 +62,7 @@ FORMAT = "fi_toolkit.learned/1"
 HEADS = ("uniform", "global")  # the policy's heads option: every head keeps k, or a layer's budget shared by score
 GROUPS = ("head", "layer")  # a model file's query group (absent in files made before it was recorded: head)
 # the model trained on the five bundled documents (analyses/learned.py), present in a source checkout only
-DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "analyses" / "results" / "learned" / "model.json"
+DEFAULT_MODEL = Path(__file__).resolve().parents[3] / "analyses" / "results" / "learned" / "model.json"
 
 
 ZERO = 1e-35  # LightGBM's kZeroThreshold: |x| <= ZERO is "zero" for a split whose missing type is Zero

@@ -1,4 +1,4 @@
-"""The field map's summaries, from its per-cell tables (:mod:`fi_toolkit.evaluation.field` writes them):
+"""The field map's summaries, from its per-cell tables (:mod:`fi_toolkit.field.run` writes them):
 
 - ``headroom``: per budget x chunk x method, the share of the random-to-oracle gap in FI the method closes,
   ``(FI_random - FI) / (FI_random - FI_oracle)`` (0: random positions with sinks kept, 1: the FI oracle that
@@ -25,9 +25,9 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from fi_toolkit.field.spec import ANCHOR, ORACLE_ANCHOR, RANDOM_ANCHOR
 from fi_toolkit.intervals import MIN_BOOTSTRAP_UNITS, NEEDS_BOOTSTRAP
 from fi_toolkit.probe.headroom import gap_closed, oracle_seed, seed_noise
-from fi_toolkit.studies.field_spec import ANCHOR, ORACLE_ANCHOR, RANDOM_ANCHOR
 
 NEEDS_TWO = "n/a (needs ≥ 2 documents)"  # the wording of fi_toolkit.report.display
 NO_INTERVAL = f"n/a ({NEEDS_BOOTSTRAP})"

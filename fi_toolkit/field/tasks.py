@@ -1,7 +1,7 @@
 """Task accuracy in ``fi field``: every method at every budget answers the generated long-context tasks
 (passkey, needle, variable tracking) as ``fi eval --task`` answers them, one unit per task sample.
 
-A method answers as its replay policy (:func:`~fi_toolkit.studies.field_spec.replay_policy`, what
+A method answers as its replay policy (:func:`~fi_toolkit.field.spec.replay_policy`, what
 ``fi eval --policy NAME --budget B`` resolves): the prompt compressed to the budget, then every ``interval``
 generated tokens (:func:`~fi_toolkit.evaluation.task_runs.evaluate_sample`, the same call ``fi eval --task``
 makes, with the full cache first). A method and budget that cannot run on the shortest task prompt (a policy
@@ -22,7 +22,7 @@ from fi_toolkit.errors import FIError
 from fi_toolkit.evaluation.settings import TaskSettings
 from fi_toolkit.evaluation.summaries import summarise_answers
 from fi_toolkit.evaluation.task_runs import evaluate_sample
-from fi_toolkit.studies.field_spec import ANCHOR, Method, replay_policy
+from fi_toolkit.field.spec import ANCHOR, Method, replay_policy
 
 
 @dataclass

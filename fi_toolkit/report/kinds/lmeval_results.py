@@ -1,4 +1,4 @@
-"""``fi report`` on lm-evaluation-harness output: what ``fi lm-eval`` wrote.
+"""lm-evaluation-harness output (what ``fi lm-eval`` wrote) read into a run's tables for ``fi report``.
 
 lm-eval 0.4.x writes ``OUTPUT_PATH/<model>/results_<date>.json`` per run (``results[task]`` holds
 ``"<metric>,<filter>"`` and ``"<metric>_stderr,<filter>"``; ``config`` holds ``model_args`` and,
@@ -25,7 +25,7 @@ import pandas as pd
 from fi_toolkit.budget import Budget
 from fi_toolkit.errors import FIError
 
-KIND = "lm-eval"
+NAME = "lm-eval"  # the run kind (fi_toolkit.report.kinds.lmeval)
 NONE = "none"
 Z95 = 1.959964  # the normal quantile of a two-sided 95 % band from lm-eval's stderr
 TABLES = [("lmeval_accuracy", True), ("lmeval_cache", True), ("lmeval_samples", False)]
@@ -284,7 +284,7 @@ def load_lmeval_run(path: Path) -> dict:
     }
     models = sorted(set(reported_df["model"]))
     manifest = {
-        "command": KIND,
+        "command": NAME,
         "model": {"name": ", ".join(models)},
         "settings": {"results_files": [str(f.relative_to(path)) for f in files]},
     }
@@ -292,103 +292,10 @@ def load_lmeval_run(path: Path) -> dict:
         "label": path.name,
         "path": path,
         "manifest": manifest,
-        "kind": KIND,
+        "kind": NAME,
         "tables": tables,
         "text": text,
         "names": TABLES,
         "views": [],
         "computed": True,
     }
-
-
-def caption(run: dict) -> str:
-    acc = run["tables"]["lmeval_accuracy"]
-    bands = sorted(set(acc["band"]))
-    return (
-        f"lm-eval output, model {run['manifest']['model']['name']} | "
-        f"{len(run['manifest']['settings']['results_files'])} "
-        f"results file(s) | tasks {', '.join(dict.fromkeys(acc['task']))} | bands: "
-        + "; ".join(
-            {"bootstrap": "bootstrap 95% over samples", "stderr": "lm-eval's ±1.96·stderr", "none": "none"}[b]
-            for b in bands
-        )
-    )
-
-
-def headline(run: dict) -> list[str]:
-    """Per task and metric: the full cache's value and the best compressed policy per budget."""
-    acc, lines = run["tables"]["lmeval_accuracy"], []
-    for (task, filt, metric), part in acc.groupby(["task", "filter", "metric"], sort=False):
-        full = part[part["policy"] == NONE]
-        head = f"{task} {metric} ({filt})"
-        if len(full):
-            lines.append(f"{head}: full cache {full['value'].iloc[0]:.4g}")
-        best = part[part["policy"] != NONE].sort_values("value", ascending=False).groupby("budget", sort=False).head(1)
-        for r in best.itertuples():
-            band = (
-                "no band"
-                if pd.isna(r.value_low) or pd.isna(r.value_high)
-                else f"[{r.value_low:.4g}, {r.value_high:.4g}]"
-            )
-            lines.append(f"{head}, {r.budget}: best {r.policy} {r.value:.4g} {band} ({r.band})")
-    for r in run["tables"]["lmeval_cache"].itertuples():
-        lines.append(
-            f"{r.task}, {r.policy} {r.budget}: {r.cache_entries:.4g} of {r.full_entries:.4g} cache entries "
-            f"per request, {r.compressions:.3g} compressions per request"
-        )
-    return lines
-
-
-def accuracy_vs_budget(acc: pd.DataFrame, text: str):
-    """Every task x metric against the budget, a line per policy with its 95 % band, the full cache dashed."""
-    from fi_toolkit.report.eval_figures import _against_retention
-    from fi_toolkit.report.figures import _finish, plt
-
-    if acc.empty:
-        return None
-    groups = list(acc.groupby(["model", "task", "filter", "metric"], sort=False))
-    cols = min(3, len(groups))
-    rows = -(-len(groups) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 4 * rows), squeeze=False)
-    for i, ((model, task, filt, metric), part) in enumerate(groups):
-        ax = axes[i // cols][i % cols]
-        part = part.assign(policy=part["policy"].replace(NONE, "full"))  # the dashed full-cache line
-        _against_retention(ax, part, "value", metric, i == cols - 1)
-        compressed = part[part["policy"] != "full"]["retention"].dropna()
-        shares = bool(len(compressed)) and compressed.max() <= 1
-        ax.set_xlabel("budget (share of the cache kept)" if shares else "budget (cache entries kept)")
-        band = {"bootstrap": "bootstrap band", "stderr": "±1.96·stderr band"}.get(part["band"].iloc[0], "no band")
-        ax.set_title(
-            f"{task} ({filt})" + (f", {model}" if acc["model"].nunique() > 1 else "") + f"; {band}", fontsize=10
-        )
-    for j in range(len(groups), rows * cols):
-        axes[j // cols][j % cols].axis("off")
-    fig.suptitle(
-        "lm-eval score (higher is better) against budget per policy (95% bands; dashed: full cache)", fontsize=11
-    )
-    return _finish(fig, text)
-
-
-def kl_vs_benchmark(
-    replay_summary: pd.DataFrame, accuracy: pd.DataFrame, n_resamples: int = 1000, seed: int = 0
-) -> pd.DataFrame:
-    """Does a ``fi eval`` text run's mean replay KL predict the lm-eval value? One row per future x task
-    x filter x metric: Spearman across the compressed (policy, budget) cells both hold, bootstrap CI
-    (:func:`fi_toolkit.evaluation.summaries.kl_predicts_accuracy`, as for ``fi eval`` tasks). The full
-    cache (``full``, ``none``) is left out. Cells match on the policy's name and budget label, which
-    ``fi_policy`` (``Policy.label``) and ``fi eval`` (``Policy.name``, ``Budget.label``) spell alike."""
-    from fi_toolkit.evaluation.summaries import kl_predicts_accuracy
-
-    replay = replay_summary[replay_summary["policy"] != "full"]
-    bench = accuracy[accuracy["policy"] != NONE]
-    rows = []
-    for future, part in replay.groupby("future", sort=False):
-        kl = part.groupby(["policy", "budget"])["mean_kl"].mean()
-        for (task, filt, metric), b in bench.groupby(["task", "filter", "metric"], sort=False):
-            value = b.groupby(["policy", "budget"])["value"].mean()
-            rows.append(
-                kl_predicts_accuracy(
-                    kl, value, f"replay KL ({future}) vs lm-eval {task} {metric} ({filt})", n_resamples, seed
-                )
-            )
-    return pd.DataFrame(rows)

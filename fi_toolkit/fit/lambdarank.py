@@ -22,9 +22,9 @@ import numpy as np
 import pandas as pd
 
 from fi_toolkit.errors import FIError
-from fi_toolkit.policies.features import LEARNED_FEATURES, ROW_FEATURES, check_features  # noqa: F401 (re-exported)
-from fi_toolkit.policies.learned import FORMAT
-from fi_toolkit.studies.fit import _infokv, cross_validation, within_head_spearman
+from fi_toolkit.fit.ridge import _infokv, cross_validation, within_head_spearman
+from fi_toolkit.policies.learned.features import ROW_FEATURES, check_features
+from fi_toolkit.policies.learned.lambdarank import FORMAT
 
 LEVELS = 31  # grades 0..30: LightGBM's default label_gain covers 31 grades
 GROUPS = {"head": ["document", "layer", "head"], "layer": ["document", "layer"]}  # query group -> its columns

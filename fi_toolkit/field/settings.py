@@ -1,12 +1,12 @@
 """What ``fi field`` places and where: :class:`FieldSettings`, the object the command line builds and
-:func:`fi_toolkit.evaluation.field.run_field` takes. Imports nothing heavy (no torch, no pandas): the command
+:func:`fi_toolkit.field.run.run_field` takes. Imports nothing heavy (no torch, no pandas): the command
 line builds it, and so refuses bad options, before the model loads (with ``replay``, checking each policy's
 budget on the replay imports the decoder).
 
 The settings hold what is measured (methods, budgets, the compression point, the chunks, the anchors' seeds,
 the replay, the bootstrap, the signal options, the batch size), not the documents: the model and the
 documents are the run function's other arguments. The methods' and budgets' messages name them as
-``--policy NAME`` and ``--budget B`` (:mod:`fi_toolkit.studies.field_spec` spells them so).
+``--policy NAME`` and ``--budget B`` (:mod:`fi_toolkit.field.spec` spells them so).
 
 Each field carries its command-line flag and help (:func:`fi_toolkit.runs.settings.option`), from which
 ``fi field``'s options are generated; its ``--task`` options are :class:`FieldTasks`' fields (the command line's
@@ -22,11 +22,7 @@ from typing import List, Sequence
 from fi_toolkit.budget import Budget
 from fi_toolkit.errors import FIError
 from fi_toolkit.evaluation.settings import TaskSettings, budget_from, int_list, split_list
-from fi_toolkit.probe.chunks import Chunk
-from fi_toolkit.probe.selections import check_prefix, check_sinks
-from fi_toolkit.runs.settings import check_int, check_resamples, check_type, option
-from fi_toolkit.signals.config import SignalConfig
-from fi_toolkit.studies.field_spec import (
+from fi_toolkit.field.spec import (
     Method,
     check_methods,
     default_methods,
@@ -34,6 +30,10 @@ from fi_toolkit.studies.field_spec import (
     parse_methods,
     replay_policy,
 )
+from fi_toolkit.probe.chunks import Chunk
+from fi_toolkit.probe.selections import check_prefix, check_sinks
+from fi_toolkit.runs.settings import check_int, check_resamples, check_type, option
+from fi_toolkit.signals.config import SignalConfig
 from fi_toolkit.studies.nearfar_spec import nearfar_chunks, parse_distances
 
 MAX_SEEDS = 1000  # random anchor sets per budget: more is a typo
@@ -79,7 +79,7 @@ class FieldSettings:
     command line names its flags).
 
     ``methods``: policies and presses as ``--policy`` spells them, without a budget (strings or
-    :class:`~fi_toolkit.studies.field_spec.Method`); None: every project policy of the registry and every
+    :class:`~fi_toolkit.field.spec.Method`); None: every project policy of the registry and every
     press the providers offer that takes a budget (``presses``). ``budgets``: shares of the prefix
     (``keep=0.25``). ``prefix``: the compression point ``p`` (and the replay's prompt). ``distances``: chunk
     starts from ``p`` (``"0,256"`` or ints), each chunk ``chunk_len`` tokens. ``sinks``: the random anchor
@@ -89,7 +89,7 @@ class FieldSettings:
     ``batch_size``: evictions per batched forward (None: 1 on CPU, 8 on CUDA). ``presses``: also every press
     the providers offer that takes a budget (None: when no methods are named). ``tasks``: also every method's
     accuracy on these generated tasks, answered as ``fi eval --task`` answers them, compressing every
-    ``interval`` tokens (:mod:`fi_toolkit.evaluation.field_tasks`; a :class:`FieldTasks`, the command line's
+    ``interval`` tokens (:mod:`fi_toolkit.field.tasks`; a :class:`FieldTasks`, the command line's
     spelling, is read first; None: no tasks). After construction
     ``methods``, ``budgets`` and ``distances`` are tuples of parsed values, ``presses`` a bool and ``tasks``
     checked.
