@@ -4,14 +4,18 @@ H2O and ExpectedAttention, as ratios to SnapKV, in the two places a policy compr
 On SmolLM2 (embedded), 'alice', keep 25 % (the prompt) or a cache of ``--budget`` tokens (decoding), one thread by
 default. The surrogates are random models of SmolLM2's shapes (576 -> 3 scores per layer; the MLP with
 ``--mlp-hidden`` units, KVzap's 64) written to a temporary directory: the scores do not change the cost.
-``learned`` is the committed default model (``learned`` without ``path=``, ``fi_toolkit/policies/learned.py``).
+``learned`` is the committed default model (``learned`` without ``path=``,
+``fi_toolkit/policies/learned/lambdarank.py``).
 
 (a) **Prompt compression as the probe does it**: ``policy.keep_map`` on a prefill trace of ``p`` tokens
-(``--prefix``, 512 and 2,048); the trace is shared and not timed. The surrogate is given the model and the prompt's
-tokens (``Signals.model``/``tokens``, as ``_policy_keep_map`` in ``fi_toolkit/probe/selections.py`` does for a
-policy that ``needs_model``) and runs its one forward of the prompt with hooks on every layer's attention input:
-that forward is its real cost there. (It memoises the scores of the last tokens it saw, ``_table``; the benchmark
-clears it before every call so each call pays the forward, as a new prompt does.)
+(``--prefix``, 512 and 2,048); the trace is shared and not timed. The probe traces the prefix with the surrogate's
+scorer (:func:`~fi_toolkit.probe.selections.trace_scorer`), so its keep map only ranks the scores the trace stored:
+the benchmark traces the prefix so for each surrogate, and times apart what that scoring adds to the trace (the
+scorer's ``score`` of every layer's attention inputs ``[p, d]``, the same calls the trace makes; column
+``+scoring``). The ratio is of the keep map plus that scoring to SnapKV's keep map. ``own forward``: the surrogate
+given signals without its scores (the model and the prompt's tokens, as ``_policy_keep_map`` gives a policy that
+``needs_model``) runs one forward of the prompt with hooks on every layer's attention input, as the probe did before
+it traced the scores (its memo ``_table`` cleared before every call, as on a new prompt).
 
 (b) **Compression while decoding**: a :class:`~fi_toolkit.compress.decoder.CompressedDecoder` per policy prefills
 ``--decode-prompt`` tokens (compressing them to the budget), then is fed the next ``--new`` tokens of the document
@@ -49,7 +53,7 @@ from fi_toolkit.model.attention import ragged_attention
 from fi_toolkit.model.loading import load_model
 from fi_toolkit.policies import parse_policy
 from fi_toolkit.policies.base import as_signals
-from fi_toolkit.policies.surrogate import SurrogateModel, write_surrogate
+from fi_toolkit.policies.surrogate import SurrogateModel, attention_inputs, write_surrogate
 from fi_toolkit.runs.results import atomic_write_text
 from fi_toolkit.signals.trace import trace_prefix
 
@@ -95,25 +99,34 @@ class ScoreTimer:
 
 def prompt_setting(lm, doc, specs: dict[str, str], p: int, rounds: int, warm: bool) -> dict[str, list[float]]:
     """(a): seconds per ``policy.keep_map`` of a prefill trace of ``p`` tokens, per policy, one sample per round;
-    ``warm``: one untimed call of each first."""
-    trace = trace_prefix(lm.model, doc.ids, p)
+    for a surrogate also ``NAME +scoring`` (its scores of the prefix, as the trace computes them) and ``NAME own
+    forward`` (its keep map without traced scores); ``warm``: one untimed call of each first."""
+    plain = trace_prefix(lm.model, doc.ids, p)
     policies = {name: parse_policy(spec, budget="keep=0.25") for name, spec in specs.items()}
-    signals = {}
+    inputs = attention_inputs(lm.model, doc.ids[:p])
+    calls = {}  # name -> a callable timed once per round
     for name, policy in policies.items():
-        if policy.needs_model:  # as the probe gives it (fi_toolkit/probe/selections.py, _policy_keep_map)
-            signals[name] = dataclasses.replace(as_signals(trace), model=lm.model, tokens=doc.ids[:p])
-        else:
-            signals[name] = trace
-    samples: dict[str, list[float]] = {name: [] for name in specs}
-    for name in specs if warm else ():  # one untimed call each (first-call allocations, lazy imports)
-        policies[name].keep_map(signals[name])
+        scorer = getattr(policy, "input_scorer", None)
+        if scorer is None:
+            calls[name] = lambda policy=policy: policy.keep_map(plain)
+            continue
+        traced = trace_prefix(lm.model, doc.ids, p, scorer=scorer)  # as the probe traces it (trace_scorer)
+        untraced = dataclasses.replace(as_signals(plain), model=lm.model, tokens=doc.ids[:p])
+        calls[name] = lambda policy=policy, traced=traced: policy.keep_map(traced)
+        calls[f"{name} +scoring"] = lambda scorer=scorer: [scorer.score(i, x) for i, x in enumerate(inputs)]
+
+        def own_forward(policy=policy, signals=untraced):
+            policy._table = None  # its forward of the prompt, as on a new prompt
+            return policy.keep_map(signals)
+
+        calls[f"{name} own forward"] = own_forward
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    for name in calls if warm else ():  # one untimed call each (first-call allocations, lazy imports)
+        calls[name]()
     for r in range(rounds):
-        for name in rotated(list(specs), r):
-            policy = policies[name]
-            if hasattr(policy, "_table"):
-                policy._table = None  # the surrogate pays its forward of the prompt, as on a new prompt
+        for name in rotated(list(calls), r):
             t0 = time.perf_counter()
-            policy.keep_map(signals[name])
+            calls[name]()
             samples[name].append(time.perf_counter() - t0)
     return samples
 
@@ -174,21 +187,39 @@ def ms(x: float) -> str:
 
 
 def table(a, prompt: dict[int, dict[str, list[float]]], decode: dict[str, dict[str, list[float]]]) -> str:
-    names = list(decode) if decode else list(next(iter(prompt.values())))
+    names = [n for n in next(iter(prompt.values())) if not n.endswith((" +scoring", " own forward"))]
     lines = [
         f"SmolLM2-135M, alice, {torch.get_num_threads()} thread(s); medians of interleaved rounds; x = ratio to SnapKV",
         "",
         "(a) prompt compression as the probe does it: policy.keep_map on a prefill trace, keep 25 %",
-        "    (the surrogate's time includes its one forward of the prompt)",
+        "    a surrogate: its keep map on a trace that scored the prefix (trace_scorer), + that scoring = its cost;",
+        "    'own forward': its keep map from signals without its scores (one forward of the prompt)",
     ]
-    head = "  " + f"{'policy':20s}" + "".join(f"{f'p={p} (ms)':>16s}{'x':>8s}" for p in prompt)
+    head = "  " + f"{'policy':30s}" + "".join(f"{f'p={p} (ms)':>16s}{'x':>8s}" for p in prompt)
     lines += [head]
-    for name in names:
-        row = "  " + f"{name:20s}"
+
+    def row(label: str, seconds) -> str:
+        text = "  " + f"{label:30s}"
         for samples in prompt.values():
-            t, base = median(samples[name]), median(samples[BASE])
-            row += f"{1000 * t:16.1f}{t / base:7.1f}x"
-        lines.append(row)
+            t, base = seconds(samples), median(samples[BASE])
+            text += f"{1000 * t:16.1f}{t / base:7.1f}x"
+        return text
+
+    for name in names:
+        lines.append(row(name, lambda samples, name=name: median(samples[name])))
+        if f"{name} +scoring" in next(iter(prompt.values())):
+            lines.append(
+                row("  + scoring in the trace", lambda samples, name=name: median(samples[f"{name} +scoring"]))
+            )
+            lines.append(
+                row(
+                    "  = keep map + scoring",
+                    lambda samples, name=name: median(samples[name]) + median(samples[f"{name} +scoring"]),
+                )
+            )
+            lines.append(
+                row("  own forward (before)", lambda samples, name=name: median(samples[f"{name} own forward"]))
+            )
     lines.append("  rounds: " + ", ".join(f"p={p}: {len(s[BASE])}" for p, s in prompt.items()))
     if decode:
         lines += [

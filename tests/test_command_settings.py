@@ -784,4 +784,5 @@ def test_the_scores_and_generate_commands_import_only_their_settings_and_run_fun
         "fi_toolkit.signals.config",
         "fi_toolkit.compress.generate_settings",
         "fi_toolkit.compress.generate_run",
+        "fi_toolkit.report.numbers",  # the one number formatter (its byte sizes)
     }
