@@ -23,7 +23,7 @@ BIN_LME := $(VENV_LME)/bin
 STAMP_LME := $(VENV_LME)/.installed
 comma := ,
 
-.PHONY: corpus setup probe test test-min test-kvpress test-lmeval lint bench gpu-check clean-cache docs browser
+.PHONY: corpus setup probe test test-min test-kvpress test-lmeval lint bench gpu-check clean-cache docs browser venvs
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -105,9 +105,15 @@ test-kvpress: $(STAMP_KVP)
 $(STAMP_LME): pyproject.toml
 	$(call extra_venv,$(VENV_LME),lmeval$(comma)dev)
 
-# The lm-evaluation-harness backend (fi_toolkit/evaluation/lmeval/, fi lm-eval): tests/test_lmeval.py, offline.
+# The lm-evaluation-harness backend (fi_toolkit/evaluation/lmeval/, fi lm-eval): tests/test_lmeval.py, offline. One
+# file, so its tests are spread over the workers one by one (--dist load; each worker builds the module's fixtures).
 test-lmeval: $(STAMP_LME)
-	HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $(BIN_LME)/python -m pytest -q -m lmeval tests/test_lmeval.py
+	OMP_NUM_THREADS=1 HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $(BIN_LME)/python -m pytest -q -n auto --dist load \
+		-m lmeval tests/test_lmeval.py
+
+# The environments of test-min, test-kvpress and test-lmeval, built one after another (.ci/run builds them while
+# make test runs: pip mostly waits on the disk and the network).
+venvs: $(STAMP_MIN) $(STAMP_KVP) $(STAMP_LME)
 
 # ruff (configured in pyproject.toml: line length 120): the formatter's check and the linter, no fixes.
 LINTED := fi_toolkit tests analyses benchmarks docs
