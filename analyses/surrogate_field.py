@@ -2,9 +2,9 @@
 methods, on the five bundled documents (none in its training corpus): prefill FI near (``p:p+128``) and far
 (``p+256:p+384``) at keep 10, 25 and 50 %, headroom with bootstrap CIs over documents, paired tests, seconds per
 compression (docs/results/surrogate.md, "Beside KVgrad and KVzip"). Run it in the kvpress extra's venv; the run is
-resumable (``--resume`` is passed when its directory exists). Then copies the run's tables to ``--results`` and
-writes ``wins.csv``: per rival, in how many (document, chunk, budget) cells the surrogate (``heads=global``) has the
-lower FI.
+resumable (``--resume`` is passed when its directory exists). Then copies the run's tables to ``--results``,
+writes ``wins.csv`` (per rival, in how many (document, chunk, budget) cells the surrogate, ``heads=global``, has the
+lower FI) and puts ``fi report``'s headroom figure in ``docs/images/surrogate_field_p{P}.png``.
 
     OMP_NUM_THREADS=1 .venv-kvpress/bin/python analyses/surrogate_field.py    # about 2 h of one core
 """
@@ -71,6 +71,15 @@ def main() -> None:
     args.results.mkdir(parents=True, exist_ok=True)
     for name in TABLES:
         shutil.copy2(args.run / name, args.results / name)
+    report = args.run.parent / f"{args.run.name}-report"
+    subprocess.run(
+        [sys.executable, "-m", "fi_toolkit", "report", str(args.run), "--out", str(report), "--overwrite"],
+        check=True,
+        env=env,
+        cwd=ROOT,
+    )
+    figure = next((report / "figures").glob("*field_headroom.png"))
+    shutil.copy2(figure, ROOT / "docs" / "images" / f"surrogate_field_p{args.prefix}.png")
     wins = cell_wins(pd.read_csv(args.run / "fi.csv"))
     wins.to_csv(args.results / "wins.csv", index=False)
     print(wins.to_string(index=False))
