@@ -57,3 +57,12 @@ def execute(name: str, tmp_path: Path, monkeypatch=None, env: dict | None = None
 
 def figures(nb) -> int:
     return sum("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+
+
+def committed_text(name: str) -> str:
+    """What the committed copy of ``notebooks/<name>`` printed (its code cells' stream outputs), to compare with a
+    fresh run."""
+    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+    return "".join(
+        o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "stream"
+    )

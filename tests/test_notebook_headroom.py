@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import re
 
-import nbformat
 import pandas as pd
 import pytest
-from notebook_runner import NOTEBOOKS, execute
+from notebook_runner import committed_text, execute
 
 NAME = "04_headroom.ipynb"
 ORACLE = "policy:fi-oracle@keep=0.25"
@@ -27,13 +26,6 @@ def headroom_rows(printed: str) -> dict[tuple[str, str], list[float]]:
         if m:
             rows[m.group(1), m.group(2)] = [float(v) for v in m.group(3).split()]
     return rows
-
-
-def committed_text() -> str:
-    nb = nbformat.read(NOTEBOOKS / NAME, as_version=4)
-    return "".join(
-        o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "stream"
-    )
 
 
 @pytest.mark.smollm
@@ -65,7 +57,7 @@ def test_headroom_notebook_runs(tmp_path):
             expected = (rand[chunk] - mean[sel, chunk]) / (rand[chunk] - mean[oracle, chunk])
             assert hr.loc[(oracle, chunk, sel), "headroom"] == pytest.approx(expected, rel=1e-9)
 
-    fresh, committed = headroom_rows(printed), headroom_rows(committed_text())
+    fresh, committed = headroom_rows(printed), headroom_rows(committed_text(NAME))
     assert set(fresh) == {(c, s) for c in chunks for s in [*fitted_on.values(), f"{ORACLE}:rounds=2", *HEURISTICS]}
     assert set(committed) == set(fresh)
     for key, (r, s, o, h, _, _) in fresh.items():  # the committed run is this run, up to a CPU's rounding

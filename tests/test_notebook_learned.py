@@ -11,10 +11,9 @@ import json
 import re
 from pathlib import Path
 
-import nbformat
 import pandas as pd
 import pytest
-from notebook_runner import NOTEBOOKS, execute
+from notebook_runner import NOTEBOOKS, committed_text, execute
 
 NAME = "06_learned_policy.ipynb"
 ROOT = NOTEBOOKS.parent
@@ -46,13 +45,6 @@ def printed_rows(text: str, pattern: re.Pattern) -> dict[str, list[float]]:
         if m:
             rows[m.group(1)] = [float(v) for v in m.group(2).split()]
     return rows
-
-
-def committed_text() -> str:
-    nb = nbformat.read(NOTEBOOKS / NAME, as_version=4)
-    return "".join(
-        o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "stream"
-    )
 
 
 @pytest.mark.smollm
@@ -115,7 +107,7 @@ def test_learned_notebook_runs(tmp_path):
     )
     assert "16 of 16 rows found in the study's table" in printed
 
-    committed = printed_rows(committed_text(), _HEADROOM)  # the committed run is this run, up to a CPU's rounding
+    committed = printed_rows(committed_text(NAME), _HEADROOM)  # the committed run is this run, up to a CPU's rounding
     assert set(committed) == set(fresh)
     for p, (r, s, o, h, _, _) in fresh.items():
         cr, cs, co, ch, _, _ = committed[p]

@@ -10,11 +10,10 @@ from __future__ import annotations
 import json
 import re
 
-import nbformat
 import numpy as np
 import pandas as pd
 import pytest
-from notebook_runner import NOTEBOOKS, execute
+from notebook_runner import NOTEBOOKS, committed_text, execute
 from safetensors.numpy import load_file
 
 NAME = "07_surrogate.ipynb"
@@ -31,13 +30,6 @@ def printed_rows(text: str) -> dict[str, tuple[float, float]]:
         for line in text.splitlines()
         if (m := _ROW.match(line.strip()))
     }
-
-
-def committed_text() -> str:
-    nb = nbformat.read(NOTEBOOKS / NAME, as_version=4)
-    return "".join(
-        o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "stream"
-    )
 
 
 @pytest.mark.smollm
@@ -85,7 +77,7 @@ def test_surrogate_notebook_runs(tmp_path):
         assert hr.loc[policy, "headroom"] == pytest.approx((rand - value) / (rand - oracle), rel=1e-9)
         assert fresh[policy][1] == pytest.approx(hr.loc[policy, "headroom"], abs=6e-5)
 
-    committed = printed_rows(committed_text())  # the committed run is this run, up to a CPU's rounding
+    committed = printed_rows(committed_text(NAME))  # the committed run is this run, up to a CPU's rounding
     assert set(committed) == set(fresh)
     for policy, (value, headroom) in fresh.items():
         assert committed[policy][0] == pytest.approx(value, rel=0.02), policy
