@@ -112,7 +112,7 @@ def _dimension(config: dict, key: str, where: str, optional: bool = False) -> in
 def read_surrogate(path: str | Path) -> SurrogateModel:
     """The surrogate in directory ``path``, every tensor's name, shape and values checked (module docstring)."""
     from safetensors import SafetensorError
-    from safetensors.torch import load_file
+    from safetensors.torch import load
 
     where = f"surrogate '{path}'"
     folder = Path(path)
@@ -138,8 +138,9 @@ def read_surrogate(path: str | Path) -> SurrogateModel:
         config.get("fi_toolkit") if isinstance(config.get("fi_toolkit"), dict) else {},
     )
     try:
-        weights = load_file(str(folder / WEIGHTS))
-        model.digest = hashlib.sha256((folder / WEIGHTS).read_bytes()).hexdigest()
+        data = (folder / WEIGHTS).read_bytes()  # read once: parsed and hashed from the same bytes
+        weights = load(data)
+        model.digest = hashlib.sha256(data).hexdigest()
     except FileNotFoundError:
         raise FIError(f"{where} holds no model.safetensors") from None
     except (SafetensorError, OSError, ValueError) as e:
