@@ -115,3 +115,26 @@ class Budget:
     def compression_ratio(self, n: int) -> float:
         """kvpress's ``compression_ratio`` (share removed) of this budget on ``n`` entries."""
         return self.removed(n) / n if n else 0.0
+
+
+def press_budget(text: str, where: str) -> Budget:
+    """A press's budget, ``keep=X`` or ``remove=X``, ``X`` a share strictly between 0 and 1 (:class:`Budget`); a bare
+    number is refused with both spellings of it, and so is a token count."""
+    text = text.strip()
+    budget = Budget.parse(text, where)
+    if "=" not in text:
+        if budget.is_share and 0.0 < budget.amount < 1.0:
+            keep, remove = Budget("keep", round(1 - budget.amount, 12)), Budget("remove", budget.amount)
+            raise FIError(
+                f"{where}: write {keep.label} or {remove.label}: kvpress's compression_ratio is the share removed "
+                "(a bare budget elsewhere is the share kept)"
+            )
+        raise FIError(f"{where}: write keep=X or remove=X, X a share of the prefix strictly between 0 and 1")
+    if not budget.is_share:
+        raise FIError(
+            f"{where}: {budget.label} is a token count; a press takes a share of the prefix (keep=0.25), "
+            "as kvpress's compression_ratio is one"
+        )
+    if not 0.0 < budget.removed_share < 1.0:
+        raise FIError(f"{where}: {budget.label} must keep some and remove some: a share strictly between 0 and 1")
+    return budget

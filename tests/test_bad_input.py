@@ -964,8 +964,28 @@ CASES = [
     (
         "eval-kvpress-budget",
         None,
-        ["eval", "--policy", "kvpress:TOVAPress@keep=0.25"],
-        "give the budget with --budget (kvpress:NAME, without @BUDGET)",
+        ["eval", "--policy", "kvpress:TOVAPress@0.75"],
+        "--policy kvpress:TOVAPress@0.75: write keep=0.25 or remove=0.75: kvpress's compression_ratio is the share",
+    ),
+    # one method spec, NAME[@BUDGET][:key=value,...]: what a command cannot measure is refused by name
+    ("select-without-budget", None, ["probe", "--chunk", "128:160", "--select", "snapkv"], "needs a budget"),
+    (
+        "select-budget-after-options",
+        None,
+        ["probe", "--chunk", "128:160", "--select", "infokv:alpha=0.5@keep=0.25"],
+        "write the budget before the options: infokv@keep=0.25:OPTIONS",
+    ),
+    (
+        "eval-token-set",
+        None,
+        ["eval", "--policy", "set:entropy@remove=0.1"],
+        "--policy set:entropy@remove=0.1: set:entropy@remove=0.1 is a token set of the probe's analysis",
+    ),
+    (
+        "field-method-budget-not-mapped",
+        None,
+        ["field", "--policy", "snapkv@keep=0.3", "--budget", "keep=0.25"],
+        "--policy snapkv@keep=0.3: its budget keep=0.3 is none of the map's (keep=0.25)",
     ),
     ("eval-kvpress-not-installed", without_kvpress, ["eval", "--policy", "kvpress:TOVAPress"], KVPRESS_MISSING),
     (

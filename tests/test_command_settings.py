@@ -16,7 +16,7 @@ from cli_runner import STOP, assert_refused_in_one_line, record_settings, run_cl
 from fi_toolkit.budget import Budget
 from fi_toolkit.errors import FIError
 from fi_toolkit.field.settings import FieldSettings
-from fi_toolkit.field.spec import POLICY, Method
+from fi_toolkit.policies.method import POLICY, Method
 from fi_toolkit.probe.chunks import Chunk
 from fi_toolkit.runs.settings import RunSettings
 from fi_toolkit.signals.config import SignalConfig
@@ -83,7 +83,8 @@ def test_field_cli_builds_what_python_builds(built, tmp_path, monkeypatch, capsy
         batch_size=2,
     )
     assert built["FieldSettings"] == python
-    assert python.methods == (Method("snapkv", POLICY), Method("infokv:alpha=0.5", POLICY)) and not python.presses
+    assert python.methods == (Method(POLICY, "snapkv"), Method(POLICY, "infokv", options="alpha=0.5"))
+    assert not python.presses
     assert python.budgets == (Budget.parse("keep=0.5"), Budget.parse("remove=0.25"))
     assert python.chunks == [Chunk(128, 144), Chunk(160, 176)] and python.document_tokens() == 200
 

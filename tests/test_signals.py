@@ -11,6 +11,7 @@ import torch
 
 from fi_toolkit.budget import Budget
 from fi_toolkit.model.loading import tiny_model
+from fi_toolkit.policies.method import SET, Method
 from fi_toolkit.probe.selections import Selection, token_scores
 from fi_toolkit.signals import formulas as signals
 from fi_toolkit.signals.trace import SignalConfig, trace_prefix
@@ -141,11 +142,11 @@ def test_layer_entropy_and_infokv_formulas(tiny, tiny_ids):
 def test_infokv_with_alpha_one_selects_exactly_what_attention_selects(tiny, tiny_ids, amount, removed):
     trace = trace_prefix(tiny.model, tiny_ids, 200, SignalConfig(window=16, alpha=1.0))
     budget = Budget.parse(amount)
-    by_attention = Selection("a", "attention", budget).resolve(trace, sinks=4)
-    by_infokv = Selection("i", "infokv", budget).resolve(trace, sinks=4, alpha=1.0)
+    by_attention = Selection("a", Method(SET, "attention", budget)).resolve(trace, sinks=4)
+    by_infokv = Selection("i", Method(SET, "infokv", budget)).resolve(trace, sinks=4, alpha=1.0)
     assert torch.equal(by_attention.removed, by_infokv.removed)
     assert by_infokv.size == removed  # a share of the whole prefix p = 200; a bare number is what is kept
-    by_default = Selection("i", "infokv", budget).resolve(trace, sinks=4, alpha=0.5)
+    by_default = Selection("i", Method(SET, "infokv", budget)).resolve(trace, sinks=4, alpha=0.5)
     assert not torch.equal(by_default.removed, by_attention.removed)
     scores = token_scores(trace, "attention")[4 : trace.scored]
     threshold = scores.sort(descending=True).values[by_attention.size - 1]

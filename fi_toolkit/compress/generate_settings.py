@@ -51,8 +51,9 @@ class GenerateSettings:
             "--policy",
             "-p",
             help=policy_help(oracles=False)
-            + "; or none (full cache). infokv:alpha=0.5,top_k=64 overrides --alpha, --top-k, ... Not fi-oracle: "
-            "an oracle that sees the future text (fi eval on documents).",
+            + "; or none (full cache). infokv:alpha=0.5,top_k=64 overrides --alpha, --top-k, ... and a budget "
+            "spelled with the name, infokv@keep=0.1, overrides --budget. Not fi-oracle: an oracle that sees the "
+            "future text (fi eval on documents).",
             cli_type=str,
         ),
     )
@@ -104,7 +105,8 @@ class GenerateSettings:
 
             where = f"--policy {self.policy}"
             resolved = resolve(self.policy, self.budget, s.window, where=where, alpha=s.alpha, tau=s.tau, top_k=s.top_k)
-        object.__setattr__(self, "budget", Budget.parse(self.budget))
+        budget = Budget.parse(self.budget) if resolved is None else resolved.budget  # a budget spelled @B wins
+        object.__setattr__(self, "budget", budget)
         object.__setattr__(self, "_resolved", resolved)
 
     @property

@@ -134,11 +134,12 @@ def budget_from(name: str):
 
 def make_policies(names: str, budgets: str, window: int, alpha: float, tau: float, top_k: int, future: bool = False):
     """``names`` (``infokv:alpha=0.5,tau=2,snapkv``) x ``budgets`` (``0.1,keep=0.25``) -> the policies, name by
-    name, each at every budget; ``window`` and ``top_k`` are the run's (one prefill's signals serve every
-    policy), ``alpha`` and ``tau`` the defaults. ``future``: a replay of known text, where the FI oracle may
+    name, each at every budget (a name spelled with its own budget, ``snapkv@keep=0.25``, at that one alone);
+    ``window`` and ``top_k`` are the run's (one prefill's signals serve every policy), ``alpha`` and ``tau`` the
+    defaults. ``future``: a replay of known text, where the FI oracle may
     look ahead (refused otherwise, and with the prefill oracle's options). A budget or a policy given twice
     (the same class and options) is refused."""
-    from fi_toolkit.policies.registry import resolve, split_policies
+    from fi_toolkit.policies.registry import parse_method, resolve, split_policies
 
     spelled = split_list(budgets, "budgets")
     parsed = [Budget.parse(b, "--budget") for b in spelled]
@@ -150,18 +151,23 @@ def make_policies(names: str, budgets: str, window: int, alpha: float, tau: floa
         )
     names = split_policies(names, "--policy")
     shared = dict(shared=("window", "top_k"), alpha=alpha, tau=tau, top_k=top_k, future=future)
+    policies = []
     with budget_from("budgets"):
-        policies = [[resolve(name, b, window, where=f"--policy {name}", **shared) for b in parsed] for name in names]
+        for name in names:
+            where = f"--policy {name}"
+            method = parse_method(name, where, oracles=future)  # NAME@BUDGET: at its own budget alone
+            at = parsed if method.budget is None else [method.budget]
+            policies.append([resolve(method, b, window, where=where, **shared) for b in at])
     if future:
         from fi_toolkit.policies.fi_oracle import check_decoding_oracle
 
         for name, row in zip(names, policies):
             check_decoding_oracle(row[0], f"--policy {name}")
-    pair = first_repeat(zip(names, policies), key=lambda np: _policy_key(np[1][0]))
+    pair = first_repeat(((n, p) for n, row in zip(names, policies) for p in row), key=lambda np: _policy_key(np[1]))
     if pair:
         raise FIError(
             f"policies gives one policy twice: '{pair[0][0]}' and '{pair[1][0]}' are the same policy "
-            "with the same options",
+            f"with the same options at {pair[0][1].budget.label}",
             parameter="policies",
         )
     return [p for row in policies for p in row]
@@ -324,7 +330,9 @@ class EvalOptions:
             + ". E.g. infokv:alpha=0.5,tau=2; --alpha/--tau set the defaults; --window and --top-k are shared by "
             "all. fi-oracle looks ahead: at each compression it keeps the entries with the highest estimated FI on "
             "the next INTERVAL tokens of the document (documents only, not --task; no free generation; marked "
-            "oracle in the tables). A kvpress press takes the share --budget removes as its compression_ratio.",
+            "oracle in the tables). A kvpress press takes the share --budget removes as its compression_ratio. A "
+            "budget spelled with a name (snapkv@keep=0.25; a press's names its side, kvpress:SnapKVPress@keep=0.25) "
+            "is that policy's alone: it runs at that budget instead of every --budget.",
         ),
     )
     budgets: str = field(

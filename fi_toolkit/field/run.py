@@ -40,11 +40,12 @@ from fi_toolkit.evaluation.replay_runs import evaluate_text, text_context
 from fi_toolkit.evaluation.task_runs import SampleUnit
 from fi_toolkit.evaluation.text_setting import TextSetting
 from fi_toolkit.field.settings import FieldSettings
-from fi_toolkit.field.spec import ANCHOR, ANCHORS, PRESS, Method, replay_policy
+from fi_toolkit.field.spec import ANCHORS, method_selections, replay_policy
 from fi_toolkit.field.summary import field_summaries
 from fi_toolkit.field.tasks import accuracy_columns, task_cell, task_entries, task_summary
 from fi_toolkit.model.loading import dtype_name
 from fi_toolkit.policies import registry
+from fi_toolkit.policies.method import ANCHOR, PRESS, Method
 from fi_toolkit.probe.chunks import Chunk, check_chunks
 from fi_toolkit.probe.experiment import fi_table, max_context, trace_document
 from fi_toolkit.probe.forward_influence import chunk_reference, forward_influence
@@ -103,7 +104,7 @@ def press_methods(ratio: float, layers: int) -> tuple[list[Method], list[dict]]:
                 _refusal("", name, PRESS, "", "catalog", "sets one compression ratio per layer, not the run's budget")
             )
         else:
-            methods.append(Method(head + (f":{options}" if options else ""), PRESS))
+            methods.append(Method(PRESS, head, options=options))
     return methods, refused
 
 
@@ -285,7 +286,8 @@ def _trace_scorer(methods: Sequence[Method], budgets: Sequence[Budget], chunks: 
     selections = []
     for m in methods:
         try:
-            selections += parse_selections(m.selections(budgets[0], chunks, 1))
+            at = next(b for b in budgets if m.runs_at(b))
+            selections += parse_selections(method_selections(m, at, chunks, 1))
         except FIError:
             continue
     return trace_scorer(selections)
@@ -312,9 +314,10 @@ def field_cell(
     trace, reference = shared["trace"], shared["reference"]
     refused, evictions, seconds = [], [], []
     name = getattr(unit, "name", doc.name)
+    budgets = [b for b in budgets if method.runs_at(b)]  # a method spelled with a budget: that one alone
     total = len(budgets) * (2 if replay is not None and method.kind != ANCHOR else 1)
     for k, budget in enumerate(budgets):
-        for spec in method.selections(budget, chunks, seeds):
+        for spec in method_selections(method, budget, chunks, seeds):
             where = f"selection {spec}"
             try:
                 for sel in parse_selections([spec]):

@@ -78,21 +78,19 @@ class FieldSettings:
     """``fi field``'s options, checked on construction (one :class:`~fi_toolkit.errors.FIError` line; the
     command line names its flags).
 
-    ``methods``: policies and presses as ``--policy`` spells them, without a budget (strings or
-    :class:`~fi_toolkit.field.spec.Method`); None: every project policy of the registry and every
-    press the providers offer that takes a budget (``presses``). ``budgets``: shares of the prefix
-    (``keep=0.25``). ``prefix``: the compression point ``p`` (and the replay's prompt). ``distances``: chunk
-    starts from ``p`` (``"0,256"`` or ints), each chunk ``chunk_len`` tokens. ``sinks``: the random anchor
-    never picks the first positions. ``seeds``: random anchor sets per budget. ``replay``: also the replay KL
-    in decoding, compressing every ``interval`` tokens up to ``length`` tokens (default: the far chunk's
-    end). ``resamples``: bootstrap resamples per headroom CI (0: none). ``signals``: the signal options;
-    ``batch_size``: evictions per batched forward (None: 1 on CPU, 8 on CUDA). ``presses``: also every press
-    the providers offer that takes a budget (None: when no methods are named). ``tasks``: also every method's
-    accuracy on these generated tasks, answered as ``fi eval --task`` answers them, compressing every
-    ``interval`` tokens (:mod:`fi_toolkit.field.tasks`; a :class:`FieldTasks`, the command line's
-    spelling, is read first; None: no tasks). After construction
-    ``methods``, ``budgets`` and ``distances`` are tuples of parsed values, ``presses`` a bool and ``tasks``
-    checked.
+    ``methods``: policies and presses as ``--policy`` spells them (strings or
+    :class:`~fi_toolkit.policies.method.Method`; one spelled with a budget is measured at that one alone); None: every
+    project policy of the registry and every press the providers offer that takes a budget (``presses``). ``budgets``:
+    shares of the prefix (``keep=0.25``). ``prefix``: the compression point ``p`` (and the replay's prompt).
+    ``distances``: chunk starts from ``p`` (``"0,256"`` or ints), each chunk ``chunk_len`` tokens. ``sinks``: the random
+    anchor never picks the first positions. ``seeds``: random anchor sets per budget. ``replay``: also the replay KL in
+    decoding, compressing every ``interval`` tokens up to ``length`` tokens (default: the far chunk's end).
+    ``resamples``: bootstrap resamples per headroom CI (0: none). ``signals``: the signal options; ``batch_size``:
+    evictions per batched forward (None: 1 on CPU, 8 on CUDA). ``presses``: also every press the providers offer that
+    takes a budget (None: when no methods are named). ``tasks``: also every method's accuracy on these generated tasks,
+    answered as ``fi eval --task`` answers them, compressing every ``interval`` tokens (:mod:`fi_toolkit.field.tasks`; a
+    :class:`FieldTasks`, the command line's spelling, is read first; None: no tasks). After construction ``methods``,
+    ``budgets`` and ``distances`` are tuples of parsed values, ``presses`` a bool and ``tasks`` checked.
     """
 
     methods: Sequence[Method | str] | None = field(
@@ -100,12 +98,13 @@ class FieldSettings:
         metadata=option(
             "--policy",
             "-p",
-            help="A method to place, as fi eval --policy spells it, without a budget (repeatable): a project policy "
-            "(snapkv, infokv:alpha=0.5, adaptive(infokv), fitted:path=FILE) or a press (kvpress:SnapKVPress, "
-            "kvpress:AdaKVPress/SnapKVPress). Default: every project policy of the registry and, where kvpress is "
-            "installed, every press it exports that takes a compression ratio (those that cannot run here are "
-            "listed in refused.csv). The anchors, random positions with sinks kept and the FI oracle, are always "
-            "measured.",
+            help="A method to place, as fi eval --policy and fi probe --select spell it (repeatable): a project "
+            "policy (snapkv, infokv:alpha=0.5, adaptive(infokv), fitted:path=FILE) or a press (kvpress:SnapKVPress, "
+            "kvpress:AdaKVPress/SnapKVPress), measured at every --budget; with a budget of its own "
+            "(snapkv@keep=0.25, one of the --budget values) at that one alone. Default: every project policy of the "
+            "registry and, where kvpress is installed, every press it exports that takes a compression ratio (those "
+            "that cannot run here are listed in refused.csv). The anchors, random positions with sinks kept and the "
+            "FI oracle, are always measured.",
             cli_type=List[str],
         ),
     )
@@ -155,7 +154,7 @@ class FieldSettings:
         check_type("signals", self.signals, SignalConfig)
         config = self.signals.check()
         budgets = tuple(self._budgets())
-        methods = tuple(self._methods())
+        methods = tuple(self._methods(budgets))
         distances = parse_distances(self.distances) if isinstance(self.distances, str) else list(self.distances)
         for d in distances:
             check_int("distances", d)
@@ -197,14 +196,15 @@ class FieldSettings:
             raise FIError(f"budgets must be a list of budgets, got {self.budgets!r}", parameter="budgets")
         return parse_budgets([b if isinstance(b, str) else b.label for b in self.budgets])
 
-    def _methods(self) -> list[Method]:
+    def _methods(self, budgets: Sequence[Budget]) -> list[Method]:
         if self.methods is None:
             return default_methods()
         if isinstance(self.methods, (str, Method)) or not isinstance(self.methods, Sequence):
             raise FIError(f"methods must be a list of names, got {self.methods!r}", parameter="methods")
         if not self.methods:
             raise FIError("methods lists nothing (None: every policy and press)", parameter="methods")
-        return parse_methods([m.name if isinstance(m, Method) else check_type("methods", m, str) for m in self.methods])
+        given = [m if isinstance(m, Method) else check_type("methods", m, str) for m in self.methods]
+        return parse_methods(given, budgets)
 
     @property
     def chunks(self) -> list[Chunk]:
@@ -227,7 +227,7 @@ def _check_replay_budgets(methods, budgets, config, prompt: int, total: int) -> 
     from fi_toolkit.compress.budget_check import check_budget
 
     for m in methods:
-        for b in budgets:
+        for b in (b for b in budgets if m.runs_at(b)):
             p = replay_policy(m, b, config)
             try:
                 check_budget(p, prompt, total - prompt, p.compress_prompt)

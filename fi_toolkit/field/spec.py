@@ -1,74 +1,51 @@
 """The field map's methods and budgets, parsed and checked without torch, pandas or scipy (the command line
 checks them before the model loads; :mod:`fi_toolkit.field.run` runs the map).
 
-A **method** is a project policy (``snapkv``, ``infokv:alpha=0.5``, ``adaptive(infokv)``) or a provider's press
-(``kvpress:SnapKVPress``, ``kvpress:AdaKVPress/SnapKVPress``), spelled as ``--policy`` spells it, without a
-budget. Two **anchors** are measured beside them on every document, the ends of the headroom scale
-(docs/results/headroom.md): random positions with the first ``sinks`` kept (0) and the FI oracle that saw
-the chunk (1), one oracle per chunk. ``policy:random``, which evicts sinks, is a method like any other, no
-anchor.
+A **method** (:class:`~fi_toolkit.policies.method.Method`) is a project policy (``snapkv``, ``infokv:alpha=0.5``,
+``adaptive(infokv)``) or a provider's press (``kvpress:SnapKVPress``, ``kvpress:AdaKVPress/SnapKVPress``),
+spelled as ``--policy`` and ``--select`` spell it; without a budget it is measured at every budget of the map,
+with one (``snapkv@keep=0.25``) at that budget alone, which must be one of the map's. Two **anchors** are
+measured beside them on every document, the ends of the headroom scale (docs/results/headroom.md): random
+positions with the first ``sinks`` kept (0) and the FI oracle that saw the chunk (1), one oracle per chunk.
+``random``, the policy, which evicts sinks, is a method like any other, no anchor.
 
 Each method at budget ``B`` is a probe selection, as ``fi probe --select`` spells it:
-``policy:NAME@B[:options]`` for a policy, ``kvpress:NAMES@B[:options]`` for a press (kvpress's
+``NAME@B[:options]`` for a policy, ``kvpress:NAMES@B[:options]`` for a press (kvpress's
 ``compression_ratio`` is the share ``B`` removes), so a cell of the map is what ``fi probe`` measures with
 that selection. In decoding it is what ``fi eval --policy NAME --budget B`` replays.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Sequence
 
 from fi_toolkit.budget import Budget
 from fi_toolkit.errors import FIError
 from fi_toolkit.policies import registry
 from fi_toolkit.policies.fi_oracle import LABEL_SEEDS
+from fi_toolkit.policies.method import ANCHOR, POLICY, PRESS, Method
 from fi_toolkit.probe.chunks import Chunk
 
-POLICY, PRESS, ANCHOR = "policy", "press", "anchor"
 RANDOM_ANCHOR = "random-positions"  # random positions, the first sinks kept: 0 on the headroom scale
 ORACLE_ANCHOR = "fi-oracle"  # the FI oracle that saw the chunk: 1 on the headroom scale
 
 
-@dataclass(frozen=True)
-class Method:
-    """One row of the map: ``name`` as ``--policy`` spells it (``snapkv``, ``kvpress:SnapKVPress``), its
-    ``kind`` (policy, press or anchor)."""
-
-    name: str
-    kind: str
-
-    @property
-    def head(self) -> str:
-        """The name without options: ``infokv:alpha=0.5`` -> ``infokv``; ``kvpress:X:opt=1`` -> ``kvpress:X``."""
-        if self.kind == PRESS:
-            prefix, _, rest = self.name.partition(":")
-            return f"{prefix}:{rest.partition(':')[0]}"
-        return self.name.partition(":")[0]
-
-    @property
-    def options(self) -> str:
-        """The options spelled after the name (``alpha=0.5``), or ''."""
-        rest = self.name[len(self.head) :]
-        return rest[1:] if rest.startswith(":") else ""
-
-    def selections(self, budget: Budget, chunks: Sequence[Chunk], seeds: int) -> list[str]:
-        """The probe selections (``fi probe --select`` specs) of this method at ``budget``: one for a policy
-        or a press, ``seeds`` random sets for the random anchor, one FI oracle per chunk (it scores that
-        chunk) for the oracle anchor, then each again at label seed 1 (the oracle's own noise,
-        :func:`fi_toolkit.field.summary.headroom`)."""
-        opts = f":{self.options}" if self.options else ""
-        if self.kind == POLICY:
-            return [f"policy:{self.head}@{budget.label}{opts}"]
-        if self.kind == PRESS:
-            return [f"{self.head}@{budget.label}{opts}"]
-        if self.name == RANDOM_ANCHOR:
-            return [f"random:{budget.label}@0-{seeds - 1}"]
-        oracles = [f"policy:fi-oracle@{budget.label}:chunk={c.label}" for c in chunks]
-        return oracles + [f"{o},seed={s}" for s in LABEL_SEEDS if s for o in oracles]  # its own noise
+def method_selections(method: Method, budget: Budget, chunks: Sequence[Chunk], seeds: int) -> list[str]:
+    """The probe selections (``fi probe --select`` specs) of ``method`` at ``budget``: one for a policy or a
+    press, ``seeds`` random sets for the random anchor, one FI oracle per chunk (it scores that chunk) for the
+    oracle anchor, then each again at label seed 1 (the oracle's own noise,
+    :func:`fi_toolkit.field.summary.headroom`)."""
+    if method.kind == POLICY:
+        return [f"policy:{method.at(budget).spelling}"]
+    if method.kind == PRESS:
+        return [method.at(budget).spelling]
+    if method.head == RANDOM_ANCHOR:
+        return [f"random:{budget.label}@0-{seeds - 1}"]
+    oracles = [f"policy:fi-oracle@{budget.label}:chunk={c.label}" for c in chunks]
+    return oracles + [f"{o},seed={s}" for s in LABEL_SEEDS if s for o in oracles]  # its own noise
 
 
-ANCHORS = (Method(RANDOM_ANCHOR, ANCHOR), Method(ORACLE_ANCHOR, ANCHOR))
+ANCHORS = (Method(ANCHOR, RANDOM_ANCHOR), Method(ANCHOR, ORACLE_ANCHOR))
 
 
 def parse_budgets(specs: Sequence[str], option: str = "--budget") -> list[Budget]:
@@ -95,26 +72,42 @@ def parse_budgets(specs: Sequence[str], option: str = "--budget") -> list[Budget
 def default_methods() -> list[Method]:
     """Every project policy of the registry (kind ``policy``: no wrapper, oracle or file policy); the presses
     that run here are added once the model is loaded (:func:`fi_toolkit.field.run.press_methods`)."""
-    return [Method(e.name, POLICY) for e in registry.entries() if e.kind == registry.POLICY]
+    return [Method(POLICY, e.name) for e in registry.entries() if e.kind == registry.POLICY]
 
 
-def parse_methods(names: Sequence[str], option: str = "--policy") -> list[Method]:
-    """``--policy`` values -> methods; unknown names and options are refused in one line (the registry's),
-    and so is the FI oracle (an anchor, always measured) and a name given twice."""
-    methods = []
-    for text in names:
-        text = text.strip()
+def parse_methods(
+    names: Sequence[str | Method], budgets: Sequence[Budget] = (), option: str = "--policy"
+) -> list[Method]:
+    """``--policy`` values, methods' spellings (:mod:`fi_toolkit.policies.method`) -> methods; unknown names and
+    options are refused in one line (the registry's), and so are a token set (a probe's, with no replay), the FI
+    oracle (an anchor, always measured), a method named twice at one budget and a budget spelled with a name
+    that is none of the map's ``budgets`` (the anchors that scale it are measured at those alone)."""
+    methods: list[Method] = []
+    for given in names:
+        text = given.spelling if isinstance(given, Method) else given.strip()
         where = f"{option} {text}"
-        entry = registry.lookup(text, where)
-        if entry.kind == registry.ORACLE:
+        m = registry.parse_method(given if isinstance(given, Method) else text, where)
+        if m.kind not in (POLICY, PRESS):
+            raise FIError(f"{where}: a token set is a probe's selection; the field map places policies and presses")
+        if registry.is_oracle(m.head):
             raise FIError(f"{where}: the FI oracle is the map's anchor (1 on the headroom scale), always measured")
-        if entry.kind == registry.WRAPPER:  # pragma: no cover - lookup returns the wrapped policy's entry
-            raise FIError(f"{where}: a wrapper wraps a policy: adaptive(NAME)")
-        kind = PRESS if entry.kind == registry.PRESS else POLICY
-        if any(m.name == text for m in methods):
+        if m.budget is not None and budgets and not any(m.runs_at(b) for b in budgets):
+            shown = ", ".join(b.label for b in budgets)
+            raise FIError(
+                f"{where}: its budget {m.budget.label} is none of the map's ({shown}), where the anchors that "
+                f"scale it are measured; add the budget {m.budget.label}"
+            )
+        if any(_clash(o, m) for o in methods):
             raise FIError(f"{option} gives '{text}' twice")
-        methods.append(Method(text, kind))
+        methods.append(m)
     return methods
+
+
+def _clash(a: Method, b: Method) -> bool:
+    """Whether two methods would fill the same cells: one policy or press with the same options, measured at a
+    budget both take."""
+    same = (a.kind, a.head, a.options) == (b.kind, b.head, b.options)
+    return same and (a.budget is None or b.budget is None or a.runs_at(b.budget))
 
 
 def check_methods(methods: Sequence[Method], budgets: Sequence[Budget], prefix: int, window: int, sinks: int) -> None:
@@ -124,9 +117,9 @@ def check_methods(methods: Sequence[Method], budgets: Sequence[Budget], prefix: 
 
     chunks = [Chunk(prefix, prefix + 1)]  # only the oracle's chunk label is read; its place is checked later
     for m in [*ANCHORS, *methods]:
-        for b in budgets:
+        for b in (b for b in budgets if m.runs_at(b)):
             where = f"--budget {b.label}" if m.kind == ANCHOR else f"--policy {m.name}"
-            for sel in parse_selections(m.selections(b, chunks, 1), where):
+            for sel in parse_selections(method_selections(m, b, chunks, 1), where):
                 sel.check(prefix, window, sinks)
 
 
@@ -134,8 +127,8 @@ def replay_policy(method: Method, budget: Budget, config):
     """The policy ``fi eval --policy NAME --budget B`` replays, resolved as it resolves them (``config``: the
     run's :class:`~fi_toolkit.signals.config.SignalConfig`, whose window, alpha, tau and top-k it takes)."""
     return registry.resolve(
-        method.name,
-        budget,
+        method.at(budget),
+        None,
         config.window,
         where=f"--policy {method.name}",
         shared=("window", "top_k"),

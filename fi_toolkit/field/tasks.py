@@ -22,7 +22,8 @@ from fi_toolkit.errors import FIError
 from fi_toolkit.evaluation.settings import TaskSettings
 from fi_toolkit.evaluation.summaries import summarise_answers
 from fi_toolkit.evaluation.task_runs import evaluate_sample
-from fi_toolkit.field.spec import ANCHOR, Method, replay_policy
+from fi_toolkit.field.spec import replay_policy
+from fi_toolkit.policies.method import ANCHOR, Method
 
 
 @dataclass
@@ -42,7 +43,7 @@ def task_entries(methods, budgets, config, tasks: TaskSettings, refusal) -> tupl
     shortest = min(tasks.contexts)
     entries, refused = [], []
     for m in (m for m in methods if m.kind != ANCHOR):
-        for b in budgets:
+        for b in (b for b in budgets if m.runs_at(b)):
             try:
                 policy = replay_policy(m, b, config)
                 check_budget(policy, shortest, tasks.max_new, policy.compress_prompt)

@@ -1,14 +1,16 @@
 """The policy registry: every policy a command, a probe selection or the Python API can name, with its kind,
 a one-line summary, its paper and its options. Names resolve here and nowhere else (tests/test_imports.py).
 
-**Spelling**, kvpress style: ``NAME[:key=value,...]``. ``infokv:alpha=0.5,tau=2`` is ``InfoKV(alpha=0.5,
-tau=2.0)``: each value is parsed by the type of the dataclass field it sets (float, int or bool:
-``true``/``false``) and checked by the policy's own validation (``alpha must lie in [0, 1], got 2.0``); an
-option the policy does not have is refused, naming its options. The budget is no option: it has its own
-spelling (``--budget``, ``policy:NAME@BUDGET``). A wrapper wraps a scored policy: ``adaptive(NAME)[:key=value,...]``
-is :class:`~fi_toolkit.policies.adaptive.Adaptive` (the options set the wrapped policy's fields), also spelled
-``NAME-adaptive`` (how labels spell it: ``infokv-adaptive``). Options spelled with the name appear in the
-policy's name and label (``infokv:alpha=0.5@keep=0.25``).
+**Spelling**, kvpress style: ``NAME[@BUDGET][:key=value,...]``, one grammar for every method that chooses cache entries,
+policy, press or probe token set (:mod:`fi_toolkit.policies.method`; :func:`parse_method` parses it into one
+:class:`~fi_toolkit.policies.method.Method`). ``infokv:alpha=0.5,tau=2`` is ``InfoKV(alpha=0.5, tau=2.0)``: each value
+is parsed by the type of the dataclass field it sets (float, int or bool: ``true``/``false``) and checked by the
+policy's own validation (``alpha must lie in [0, 1], got 2.0``); an option the policy does not have is refused, naming
+its options. The budget is no option: it has its own spelling (``--budget``, ``NAME@BUDGET``; a budget spelled with the
+name wins). A wrapper wraps a scored policy: ``adaptive(NAME)[:key=value,...]`` is
+:class:`~fi_toolkit.policies.adaptive.Adaptive` (the options set the wrapped policy's fields), also spelled
+``NAME-adaptive`` (how labels spell it: ``infokv-adaptive``). Options spelled with the name appear in the policy's name
+and label (``infokv:alpha=0.5@keep=0.25``).
 
 **Kinds**: ``policy`` (compresses from its name alone), ``wrapper``, ``oracle`` (sees the future text: only a
 probe or a replay of known text can give it its scores), ``file policy`` (reads a file: ``fitted:path=FILE``)
@@ -40,6 +42,7 @@ import typing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from fi_toolkit.budget import Budget
 from fi_toolkit.errors import FIError
 from fi_toolkit.policies.adaptive import Adaptive
 from fi_toolkit.policies.base import Policy
@@ -49,6 +52,17 @@ from fi_toolkit.policies.h2o import H2O
 from fi_toolkit.policies.infokv import InfoKV
 from fi_toolkit.policies.knorm import KNorm
 from fi_toolkit.policies.learned import Fitted, Learned
+from fi_toolkit.policies.method import (
+    LEGACY_POLICY_PREFIX,
+    SET_OPTIONS,
+    SET_PREFIX,
+    SETS,
+    Method,
+    split_spelling,
+)
+from fi_toolkit.policies.method import POLICY as POLICY_METHOD
+from fi_toolkit.policies.method import PRESS as PRESS_METHOD
+from fi_toolkit.policies.method import SET as SET_METHOD
 from fi_toolkit.policies.pyramidkv import PyramidKV
 from fi_toolkit.policies.random import RandomPolicy
 from fi_toolkit.policies.rpc import RPC
@@ -90,7 +104,7 @@ class Option:
 @dataclass(frozen=True)
 class Entry:
     """What the registry holds under one name. ``spelling``: how ``--policy`` writes it; ``selection``: how a
-    probe selection writes it (``policy:NAME@B[:key=value,...]`` for the project's own); ``cls``: the policy's
+    probe selection writes it (``NAME@B[:key=value,...]`` for the project's own); ``cls``: the policy's
     dataclass (None for a provider's family, which the provider resolves)."""
 
     name: str
@@ -125,6 +139,9 @@ class Provider(Protocol):
 
     def selection(self, text: str, where: str) -> ProvidedSelection: ...
 
+    # optional: ``budget(text, where) -> Budget``, the family's reading of a budget spelled with a name (kvpress: a
+    # share with its side); without it any budget is read as :meth:`Budget.parse` reads it
+
 
 _ENTRIES: dict[str, Entry] = {}
 
@@ -154,7 +171,7 @@ def register(cls: type[Policy] | None = None, /, *, summary: str, paper: str = "
         base = f"{key}(NAME)" if kind == WRAPPER else key
         rest = ":path=FILE" if kind == FILE_POLICY else OPTIONS
         options = () if kind == WRAPPER else _options(policy_cls)  # a wrapper's options are the wrapped policy's
-        spelling, selection = base + rest, f"policy:{base}@B{rest}"
+        spelling, selection = base + rest, f"{base}@B{rest}"
         _ENTRIES[key] = Entry(key, kind, summary, paper, options, spelling, selection, policy_cls)
         return policy_cls
 
@@ -278,7 +295,7 @@ def _unknown(name: str, oracles: bool = True) -> FIError:
     names = [e.name for e in entries() if e.kind != WRAPPER and (oracles or e.kind != ORACLE)]
     wrapped = " or ".join(f"{e.spelling} (alias NAME-{e.name})" for e in _wrappers().values())
     return FIError(
-        f"unknown policy '{name}' (choose from {', '.join(names)}; spell NAME{OPTIONS}"
+        f"unknown policy '{name}' (choose from {', '.join(names)}; spell NAME[@BUDGET]{OPTIONS}"
         + (f" or {wrapped}" if wrapped else "")
         + ")"
     )
@@ -304,7 +321,7 @@ def _value(text: str, kind: type, key: str, where: str):
 def _entry_of(text: str, where: str, oracles: bool = True) -> tuple[Entry | None, Entry]:
     """The wrapper (or None) and the entry a spelling's name names (``adaptive(infokv):...``); unknown names
     refused."""
-    wrapper, name = _unwrap(text.strip().partition(":")[0].strip().lower())
+    wrapper, name = _unwrap(re.split(r"[:@]", text.strip(), maxsplit=1)[0].strip().lower())
     entry = _named(name)
     if entry is None:
         if wrapper is not None and _unwrap(name)[0] is not None:
@@ -344,9 +361,74 @@ def _provider_of(text: str, where: str) -> Provider | None:
     looked up only for a prefix that is no project name."""
     head, colon, _ = text.strip().partition(":")
     head = head.strip().lower()
-    if not colon or _named(_unwrap(head)[1]) is not None:
+    if not colon or "@" in head or _named(_unwrap(head)[1]) is not None:  # NAME@BUDGET:...: a project name's
         return None
     return _provider(head, where)
+
+
+def parse_method(text: str | Method, where: str = "", *, oracles: bool = True) -> Method:
+    """Any method's spelling, ``NAME[@BUDGET][:key=value,...]`` (:mod:`fi_toolkit.policies.method`) -> its
+    :class:`~fi_toolkit.policies.method.Method`: a project policy (its name and options checked, the options
+    as labels spell them), a provider's press (its budget a share with its side: a bare number is refused naming
+    both spellings) or a probe token set (``set:KIND[@BUDGET][:options]``). Unknown names and options, and
+    budgets that do not parse, are refused in one line; nothing is built and no model or file is read.
+    A :class:`Method` is returned as it is. ``oracles``: whether an unknown name's refusal lists the oracles
+    (where the caller can give them the future)."""
+    if isinstance(text, Method):
+        return text
+    where = where or f"policy {text}"
+    head = text.strip().partition(":")[0].strip().lower()
+    if head == SET_PREFIX and ":" in text:
+        return _parse_set(text, where)
+    if head == LEGACY_POLICY_PREFIX and _named(LEGACY_POLICY_PREFIX) is None and ":" in text:
+        text = text.strip()[len(LEGACY_POLICY_PREFIX) + 1 :]  # the probe's first spelling, policy:NAME@B
+    provider = _provider_of(text, where)
+    if provider is not None:
+        return _parse_press(text, provider, where)
+    parts = split_spelling(text)
+    if parts.name.lower() in SETS and _named(parts.name.lower()) is None:  # entropy@remove=0.1: set:entropy@...
+        return _parse_set(f"{SET_PREFIX}:{text.strip()}", where)
+    budget = None if parts.budget is None else Budget.parse(parts.budget, where)
+    if parts.options is not None and "@" in parts.options:
+        misplaced = parts.options.rpartition("@")[2]
+        if misplaced.partition("=")[0].strip().lower() in ("keep", "remove"):
+            raise FIError(f"{where}: write the budget before the options: {parts.name}@{misplaced}:OPTIONS")
+    spec = _parse(parts.name + ("" if parts.options is None else f":{parts.options}"), where, oracles)
+    name = spec.entry.name if spec.wrapper is None else f"{spec.entry.name}-{spec.wrapper.name}"
+    written = parts.name + (f":{parts.options}" if parts.options else "")
+    return Method(POLICY_METHOD, name, budget, spec.options_label, name=written)
+
+
+def _parse_press(text: str, provider: Provider, where: str) -> Method:
+    """``PREFIX:NAMES[@BUDGET][:options]``; the provider reads the budget where it has its own rule (kvpress: a
+    share with its side), else it is any budget."""
+    prefix = text.strip().partition(":")[0].strip().lower()
+    parts = split_spelling(text, prefix)
+    if not parts.name or not all(n.strip() for n in parts.name.split("/")):
+        raise FIError(f"{where}: expected {prefix}:NAME[@BUDGET][:key=value,...], e.g. {prefix}:SnapKVPress@keep=0.25")
+    budget = None
+    if parts.budget is not None:
+        read = getattr(provider, "budget", None) or Budget.parse
+        budget = read(parts.budget, where)
+    head = f"{prefix}:{'/'.join(n.strip() for n in parts.name.split('/'))}"
+    options = parts.options or ""
+    return Method(PRESS_METHOD, head, budget, options, name=head + (f":{options}" if options else ""))
+
+
+def _parse_set(text: str, where: str) -> Method:
+    """``set:KIND[@BUDGET][:options]``: a probe token set; its options' values are the probe's to read."""
+    parts = split_spelling(text, SET_PREFIX)
+    kind = parts.name.lower()
+    if kind not in SETS:
+        raise FIError(f"{where}: unknown token set '{parts.name}' (choose from {', '.join(SETS)})")
+    budget = None if parts.budget is None else Budget.parse(parts.budget, where)
+    options = parts.options or ""
+    allowed = SET_OPTIONS.get(kind, ())
+    key = options.partition("=")[0].strip()
+    if options and (key not in allowed or "=" not in options):
+        takes = f"its option: {allowed[0]}=..." if allowed else "it takes no options"
+        raise FIError(f"{where}: set:{kind} has no option '{key}' ({takes})")
+    return Method(SET_METHOD, kind, budget, options)
 
 
 def lookup(text: str, where: str = "") -> Entry:
@@ -360,7 +442,7 @@ def lookup(text: str, where: str = "") -> Entry:
 
 
 def resolve(
-    text: str,
+    text: str | Method,
     budget=None,
     window: int | None = None,
     *,
@@ -374,9 +456,11 @@ def resolve(
     ``budget``, ``window`` and ``defaults``.
 
     Args:
-        text: ``NAME[:key=value,...]``, ``adaptive(NAME)[:...]`` (alias ``NAME-adaptive``) or a provider's
-            ``PREFIX:NAME[:...]`` (``kvpress:PRESS``).
-        budget: ``keep=X`` or ``remove=X``, a share or a count (None: the policy's default).
+        text: a method's spelling, ``NAME[@BUDGET][:key=value,...]``, ``adaptive(NAME)[@...][:...]`` (alias
+            ``NAME-adaptive``) or a provider's ``PREFIX:NAME[@...][:...]`` (``kvpress:PRESS``), or its parsed
+            :class:`~fi_toolkit.policies.method.Method`.
+        budget: ``keep=X`` or ``remove=X``, a share or a count (None: the policy's default); a budget spelled
+            in ``text`` is the method's own and wins.
         window: the observation window ``w`` (None: the policy's default).
         where: how error messages name the option.
         shared: options the caller fixes for every policy of a run (the signals' ``window`` and ``top_k``,
@@ -394,11 +478,17 @@ def resolve(
         FIError: an unknown name or option, a bad value, a shared option spelled per policy, or a policy
             that sees the future where none is known (one line).
     """
-    where = where or f"policy {text}"
-    provider = _provider_of(text, where)
-    if provider is not None:
-        return provider.resolve(text, budget, window, where)
-    spec = _parse(text, where, oracles=future)
+    where = where or f"policy {text if isinstance(text, str) else text.spelling}"
+    method = parse_method(text, where, oracles=future)
+    if method.kind not in (POLICY_METHOD, PRESS_METHOD):
+        raise FIError(
+            f"{where}: {method.spelling} is a token set of the probe's analysis (it removes the same positions "
+            "from every layer and head, once), not a policy: a probe selection measures it"
+        )
+    budget = budget if method.budget is None else method.budget
+    if method.kind == PRESS_METHOD:
+        return _provider_of(method.head, where).resolve(method.policy_text, budget, window, where)
+    spec = _parse(method.policy_text, where, oracles=future)
     cls = spec.entry.cls
     if getattr(cls, "sees_future", False) and not future:
         raise FIError(
@@ -473,6 +563,12 @@ def split_policies(text: str, option: str = "policies") -> list[str]:
     return items
 
 
+def is_policy_name(name: str) -> bool:
+    """Whether ``name`` (no options, no budget) names a project policy, wrapped or not (``adaptive(infokv)``,
+    ``infokv-adaptive``)."""
+    return _named(_unwrap(name.strip().lower())[1]) is not None
+
+
 def is_oracle(name: str) -> bool:
     """Whether a policy's name or label (``fi-oracle:samples=2``, ``fi-oracle@keep=0.5``) is an oracle's."""
     entry = _named(re.split(r"[:@]", str(name).strip().lower(), maxsplit=1)[0])
@@ -502,13 +598,13 @@ def policy_names(*, oracles: bool = True) -> list[str]:
 
 def policy_help(*, oracles: bool = True, selection: bool = False) -> str:
     """What the registry holds, for the help of an option that names policies (``--policy``; ``selection``:
-    a probe's ``--select``, spelled ``policy:NAME@B``): the policies with their options' defaults, then the
+    a probe's ``--select``, which needs the budget, ``NAME@B``): the policies with their options' defaults, then the
     wrappers, file policies, oracles (``oracles``: where the future is known) and providers' families. One
     clause, without a final period: the command's own sentences follow it."""
     held = [e for e in entries() if oracles or e.kind != ORACLE]
     plain = [_described(e, selection) for e in held if e.kind == POLICY]
     others = [_described(e, selection) for e in held if e.kind != POLICY]
-    head = "policy:NAME@B[:key=value,...] with NAME one of " if selection else "NAME[:key=value,...] with NAME one of "
+    head = "NAME@B[:key=value,...] with NAME one of " if selection else "NAME[@B][:key=value,...] with NAME one of "
     return f"{head}{', '.join(plain)} (every policy also takes window=32); " + "; ".join(others)
 
 

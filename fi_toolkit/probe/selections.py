@@ -1,28 +1,32 @@
-"""Token-set selectors of the set-level analysis (docs/method.md), parsed from ``--select`` specs.
+"""The probe's selections (docs/method.md): what ``--select`` removes from the cache, parsed from specs.
 
-``KIND:BUDGET`` removes the top positions by a signal (``entropy``, ``attention``, ``distance``,
-``infokv``), ``random:BUDGET@SEED`` (or ``@A-B`` for seeds A..B) removes a uniform sample,
-``positions:A-B,C`` removes named positions (inclusive ranges), ``policy:NAME@BUDGET[:key=value,...]``
-evicts what a compression policy would (per layer and head; names and options as the registry,
-:mod:`fi_toolkit.policies.registry`, spells them:
-``policy:infokv@keep=0.25:alpha=0.5,tau=2``, ``policy:adaptive(infokv)@0.25``;
-``policy:fi-oracle@0.25[:chunk=A:B,rounds=R,estimator=fisher|exact,seed=N,precision=auto|float64|model]`` is the FI
-oracle, which sees the future chunk it scores (:mod:`fi_toolkit.probe.oracle`; default chunk: the first probed);
-the signal options ``window`` and ``top_k`` are the trace's, ``--window`` and ``--top-k``). A selection may also
-start with the prefix of a provider of the registry: ``kvpress:NAME@keep=0.25`` is what a kvpress press keeps
-(its budget a share with its side, ``keep=X`` or ``remove=X``: kvpress's compression_ratio is the share
-removed, so a bare ``X`` is refused, and so is a count), resolved by the registry
-(:func:`~fi_toolkit.policies.registry.resolve_selection`).
-``BUDGET`` has one meaning everywhere
-(:mod:`fi_toolkit.budget`): ``keep=X`` or ``remove=X``, a bare ``X`` being ``keep=X``; a share
-(``0.1``) is of the whole prefix ``[0, p)``, window and sinks included, else a token count; so
-``attention:remove=0.1`` and ``policy:snapkv@keep=0.9`` evict the same number of entries.
-Score-based and random selectors draw only from ``[sinks, p - w)``: the first ``sinks`` positions
-are attention sinks and the window is always kept.
+Every spec is a method's spelling, ``NAME[@BUDGET][:key=value,...]``, parsed by the registry
+(:mod:`fi_toolkit.policies.method`, :func:`~fi_toolkit.policies.registry.parse_method`), with a budget:
+
+* a **policy** evicts what a compression policy would (per layer and head): ``infokv@keep=0.25:alpha=0.5,tau=2``,
+  ``adaptive(infokv)@0.25``; ``fi-oracle@0.25[:chunk=A:B,rounds=R,estimator=fisher|exact,seed=N,
+  precision=auto|float64|model]`` is the FI oracle, which sees the future chunk it scores
+  (:mod:`fi_toolkit.probe.oracle`; default chunk: the first probed). The signal options ``window`` and ``top_k``
+  are the trace's (``--window``, ``--top-k``). The first spelling, ``policy:NAME@BUDGET[:...]``, stays valid.
+* a **press** of a provider: ``kvpress:NAME@keep=0.25`` is what a kvpress press keeps (its budget a share with
+  its side: kvpress's compression_ratio is the share removed, so a bare ``X`` is refused, and so is a count).
+* a **token set**, one set of positions removed from every layer and head: ``set:entropy@remove=0.1`` (and
+  ``attention``, ``distance``, ``infokv``: the top positions by that signal; ``set:`` may be left out where no
+  policy has the name, ``entropy@remove=0.1``), ``set:random@remove=0.1:seeds=0-4`` (a uniform sample per seed),
+  ``set:positions:at=10-20,35`` (inclusive ranges). The first spellings, ``entropy:remove=0.1``,
+  ``random:remove=0.1@0-4`` and ``positions:10-20,35``, stay valid and give the same labels.
+
+``BUDGET`` has one meaning everywhere (:mod:`fi_toolkit.budget`): ``keep=X`` or ``remove=X``, a bare ``X`` being
+``keep=X``; a share (``0.1``) is of the whole prefix ``[0, p)``, window and sinks included, else a token count;
+so ``attention@remove=0.1`` and ``snapkv@keep=0.9`` evict the same number of entries. Score-based and random
+sets draw only from ``[sinks, p - w)``: the first ``sinks`` positions are attention sinks and the window is
+always kept.
 """
 
 from __future__ import annotations
 
+import functools
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
@@ -30,6 +34,7 @@ from fi_toolkit.budget import Budget
 from fi_toolkit.errors import FIError
 from fi_toolkit.policies import Policy, registry
 from fi_toolkit.policies.fi_oracle import FIOracle
+from fi_toolkit.policies.method import POLICY, PRESS, SCORE_SETS, SET, SETS, Method
 
 if TYPE_CHECKING:  # parsing and checking a spec imports no torch; resolving one (and a provider's) does
     import torch
@@ -39,8 +44,8 @@ if TYPE_CHECKING:  # parsing and checking a spec imports no torch; resolving one
     from fi_toolkit.probe.chunks import Chunk
     from fi_toolkit.signals.trace import Trace
 
-SCORE_SELECTORS = ("entropy", "attention", "distance", "infokv")
-SELECTORS = SCORE_SELECTORS + ("random", "positions", "policy")  # and the registry's provider prefixes (kvpress)
+SCORE_SELECTORS = SCORE_SETS
+SELECTORS = SETS + ("policy",)  # and the registry's provider prefixes (kvpress)
 MAX_SEEDS = 1000  # random sets per spec: more is a typo, not a study
 MAX_POSITION = 1 << 22  # past any model's context: refused before anything is expanded
 TRACE_OPTIONS = ("window", "top_k")  # policy options the trace fixes for every selection (--window, --top-k)
@@ -70,17 +75,39 @@ def selectors() -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Selection:
-    """A parsed ``--select`` spec; ``resolve`` turns it into a :class:`TokenSet` or :class:`KeepMap` for one trace."""
+    """One ``--select`` set: its :class:`~fi_toolkit.policies.method.Method` (a policy, a press or a token set,
+    as the registry parsed it), a random set's ``seed``, a ``positions`` set's positions; ``resolve`` turns it
+    into a :class:`TokenSet` or :class:`KeepMap` for one trace."""
 
     spec: str
-    kind: str
-    budget: Budget | None = None
+    method: Method
     seed: int | None = None
     positions: tuple[int, ...] = ()
-    policy: str | None = None  # kind "policy": the policy's name (NAME-adaptive for adaptive(NAME))
-    options: str = ""  # kind "policy": its options as labels spell them (alpha=0.5,tau=2.0)
     source: str | None = field(default=None, compare=False)  # the option that made it, for messages only
-    provided: ProvidedSelection | None = None  # kind PREFIX of a provider (kvpress): what the provider resolved
+    provided: ProvidedSelection | None = None  # a provider's press (kvpress): what the provider resolved
+
+    @property
+    def kind(self) -> str:
+        """``policy``, a token set's kind (``entropy``, ``random``, ``positions``, ...) or a provider's prefix
+        (``kvpress``)."""
+        m = self.method
+        if m.kind == POLICY:
+            return "policy"
+        return m.head.partition(":")[0] if m.kind == PRESS else m.head
+
+    @property
+    def budget(self) -> Budget | None:
+        return self.method.budget
+
+    @property
+    def policy(self) -> str | None:
+        """A policy's name as the registry holds it (``infokv-adaptive`` for ``adaptive(infokv)``), else None."""
+        return self.method.head if self.method.kind == POLICY else None
+
+    @property
+    def options(self) -> str:
+        """A policy's options as labels spell them (``alpha=0.5,tau=2.0``), else ''."""
+        return self.method.options if self.method.kind == POLICY else ""
 
     @property
     def option(self) -> str:
@@ -97,7 +124,7 @@ class Selection:
     @property
     def label(self) -> str:
         if self.kind == "positions":
-            return self.spec
+            return f"positions:{self.method.options.partition('=')[2]}"
         if self.kind == "policy":
             return f"policy:{self.policy}@{self.budget.label}" + (f":{self.options}" if self.options else "")
         if self.provided is not None:
@@ -194,12 +221,18 @@ class Selection:
         return kept
 
     def make_policy(self, window: int | None = None, **defaults) -> Policy:
-        """The policy of a ``policy:`` selection: its budget, the trace's ``window``, and the options
-        spelled, which override ``defaults`` (the trace's alpha, tau, top_k)."""
-        text = self.policy + (f":{self.options}" if self.options else "")
+        """The policy of a policy selection: its budget, the trace's ``window``, and the options spelled,
+        which override ``defaults`` (the trace's alpha, tau, top_k). Without arguments, one policy built once
+        (what the checks before the model loads read)."""
+        if window is None and not defaults:
+            return self._bare_policy
         return registry.resolve(
-            text, self.budget, window, where=self.option, shared=TRACE_OPTIONS, future=True, **defaults
+            self.method, None, window, where=self.option, shared=TRACE_OPTIONS, future=True, **defaults
         )
+
+    @functools.cached_property
+    def _bare_policy(self) -> Policy:
+        return registry.resolve(self.method, None, where=self.option, shared=TRACE_OPTIONS, future=True)
 
     def reads_until(self) -> int | None:
         """The end of the future chunk an FI oracle selection scores when its ``chunk`` option names one
@@ -298,45 +331,36 @@ def _parse_positions(text: str, where: str) -> tuple[int, ...]:
     return tuple(merged)
 
 
-def parse_selection(spec: str, option: str = "selection") -> list[Selection]:
-    """Parse one ``--select`` spec; ``random:BUDGET@A-B`` expands to one selection per seed. ``option``
-    names the spec in messages (``selection SPEC: ...``; the CLI passes its flag)."""
-    where = f"{option} {spec}"
-    source = None if option == "selection" else where
+def _legacy_set(spec: str, where: str) -> Method | None:
+    """The probe's first spellings of a token set as a method: ``KIND:BUDGET`` (``entropy:remove=0.1``),
+    ``random:BUDGET[@SEEDS]``, ``positions:A-B,C``; None for any other spelling (``infokv:alpha=0.5`` is the
+    policy's options, ``set:KIND@BUDGET`` the set's own spelling)."""
     kind, sep, rest = spec.partition(":")
     kind = kind.strip().lower()
-    if kind not in SELECTORS and kind not in registry.prefixes():
-        raise FIError(f"unknown selector '{kind}' in {where} (choose from {', '.join(selectors())})")
-    if not sep or not rest:
-        raise FIError(f"{where}: expected {kind}:BUDGET, e.g. {kind}:remove=0.1")
+    if not sep or kind not in SETS:
+        return None
+    rest = rest.strip()
     if kind == "positions":
-        return [Selection(spec, kind, source=source, positions=_parse_positions(rest, where))]
-    if kind not in SELECTORS:  # a provider's (kvpress: only such a spec imports torch and kvpress)
-        return [Selection(spec, kind, source=source, provided=registry.resolve_selection(spec, where))]
-    if kind == "policy":
-        name, _, tail = rest.partition("@")
-        amount, _, options = tail.partition(":")
-        if not amount or ":" in name:
-            raise FIError(
-                f"{where}: expected policy:NAME@BUDGET[:key=value,...], e.g. policy:infokv@keep=0.25:alpha=0.5"
-            )
-        budget = Budget.parse(amount, f"{where}")
-        # validate the name and options now, before any model work; the label spells them as parsed
-        policy = registry.resolve(
-            f"{name}:{options}" if options else name, budget, where=f"{where}", shared=TRACE_OPTIONS, future=True
-        )
-        base, _, spelled = policy.name.partition(":")
-        return [Selection(spec, kind, budget, policy=base, options=spelled, source=source)]
+        return None if rest.startswith("at=") else Method(SET, kind, options=f"at={rest}")
     amount, at, seeds = rest.partition("@")
-    budget = Budget.parse(amount, f"{where}")
-    if kind != "random":
-        if at:
-            raise FIError(f"{where}: only random takes @SEED")
-        return [Selection(spec, kind, budget, source=source)]
-    if not at:
-        return [Selection(spec, kind, budget, 0, source=source)]
+    side = amount.partition("=")[0].strip().lower()
+    if "=" in amount and side not in ("keep", "remove") and registry.is_policy_name(kind):
+        return None  # infokv:alpha=0.5: a policy's options
+    if not amount:
+        raise FIError(f"{where}: expected {kind}:BUDGET, e.g. {kind}:remove=0.1")
+    budget = Budget.parse(amount, where)
+    if at and kind != "random":
+        raise FIError(f"{where}: only random takes @SEED")
+    return Method(SET, kind, budget, f"seeds={seeds}" if at else "")
+
+
+def _seeds(method: Method, where: str) -> range:
+    """A random set's seeds, ``seeds=A`` or ``seeds=A-B`` (default: 0)."""
+    text = method.options.partition("=")[2].strip()
+    if not text:
+        return range(0, 1)
     try:
-        lo, _, hi = seeds.partition("-")
+        lo, _, hi = text.partition("-")
         first, last = int(lo), int(hi or lo)
     except ValueError:
         raise FIError(f"{where}: seed must be an integer or a range like 0-4") from None
@@ -344,7 +368,45 @@ def parse_selection(spec: str, option: str = "selection") -> list[Selection]:
         raise FIError(f"{where}: seeds must be >= 0 and a range must go upwards, like 0-4")
     if last - first + 1 > MAX_SEEDS:
         raise FIError(f"{where}: {last - first + 1:,} seeds; at most {MAX_SEEDS} per spec")
-    return [Selection(spec, kind, budget, s, source=source) for s in range(first, last + 1)]
+    return range(first, last + 1)
+
+
+def _unknown_selector(spec: str, where: str) -> FIError | None:
+    """The probe's refusal of a name that is neither a selection kind, a provider's prefix nor a policy."""
+    name = re.split(r"[:@]", spec.strip(), maxsplit=1)[0].strip().lower()
+    if name in SELECTORS or name in (*registry.prefixes(), "set") or registry.is_policy_name(name):
+        return None
+    return FIError(
+        f"unknown selector '{name}' in {where} (choose from {', '.join(selectors())}, or a policy NAME@BUDGET)"
+    )
+
+
+def parse_selection(spec: str, option: str = "selection") -> list[Selection]:
+    """Parse one ``--select`` spec, any method's spelling (:mod:`fi_toolkit.policies.method`) or the probe's
+    first spellings of a set; ``random`` with a range of seeds expands to one selection per seed. ``option``
+    names the spec in messages (``selection SPEC: ...``; the CLI passes its flag)."""
+    where = f"{option} {spec}"
+    source = None if option == "selection" else where
+    method = _legacy_set(spec, where)
+    if method is None:
+        unknown = _unknown_selector(spec, where)
+        if unknown is not None:
+            raise unknown
+        method = registry.parse_method(spec, where)
+    if method.kind == PRESS:  # a provider's (kvpress: only such a spec imports torch and kvpress)
+        provided = registry.resolve_selection(spec, where)
+        return [Selection(spec, method, source=source, provided=provided)]
+    if method.kind == SET and method.head == "positions":
+        return [Selection(spec, method, source=source, positions=_parse_positions(method.options[3:], where))]
+    if method.budget is None:
+        example = "infokv@keep=0.25:alpha=0.5" if method.kind == POLICY else f"set:{method.head}@remove=0.1"
+        raise FIError(f"{where}: a probe selection needs a budget, NAME@BUDGET[:key=value,...], e.g. {example}")
+    if method.kind == POLICY:  # the policy's own checks now, before any model work
+        registry.resolve(method, where=where, shared=TRACE_OPTIONS, future=True)
+        return [Selection(spec, method, source=source)]
+    if method.head != "random":
+        return [Selection(spec, method, source=source)]
+    return [Selection(spec, method, s, source=source) for s in _seeds(method, where)]
 
 
 def parse_selections(specs: list[str], option: str = "selection") -> list[Selection]:

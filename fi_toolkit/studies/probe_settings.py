@@ -60,14 +60,17 @@ class ProbeSettings:
         metadata=option(
             "--select",
             "-s",
-            help="entropy:B, attention:B, distance:B, infokv:B, random:B@SEED, positions:A-B,C remove a token set; "
-            "a policy evicts what it would: "
+            help="A method, spelled NAME@B[:key=value,...] as --policy spells it (fi eval, fi field). A token set "
+            "removes the same positions everywhere: set:entropy@B, set:attention@B, set:distance@B, set:infokv@B "
+            "(the top positions by that signal), set:random@B:seeds=A-B, set:positions:at=A-B,C (also spelled "
+            "entropy:B, random:B@SEED, positions:A-B,C). A policy evicts what it would: "
             + policy_help(selection=True)
-            + ". E.g. policy:infokv@0.25:alpha=0.5,tau=2. The FI ORACLE (estimator=fisher|exact, chunk=A:B) keeps "
-            "per layer and KV head by estimated FI on a future chunk (default: the first --chunk), so it sees the "
-            "future: a ceiling for the heuristics, not a policy. A kvpress press's B is keep=X or remove=X, X a share "
-            "(kvpress:SnapKVPress@keep=0.25 is its compression_ratio 0.75, the share removed; a bare X or a count is "
-            "refused); needs the kvpress extra: pip install 'fi_toolkit\\[kvpress]'. "
+            + ". E.g. infokv@0.25:alpha=0.5,tau=2 (also spelled policy:infokv@0.25:...). The FI ORACLE "
+            "(estimator=fisher|exact, chunk=A:B) keeps per layer and KV head by estimated FI on a future chunk "
+            "(default: the first --chunk), so it sees the future: a ceiling for the heuristics, not a policy. A "
+            "kvpress press's B is keep=X or remove=X, X a share (kvpress:SnapKVPress@keep=0.25 is its "
+            "compression_ratio 0.75, the share removed; a bare X or a count is refused); needs the kvpress extra: "
+            "pip install 'fi_toolkit\\[kvpress]'. "
             "B is a budget: remove=X or keep=X (a bare X is keep=X), X a share of the prefix [0, p) (0.1) or a token "
             "count (100). Repeatable.",
             cli_type=List[str],

@@ -205,17 +205,13 @@ def _run_press(press, model, ids: torch.Tensor, prefix_len: int, label: str, imp
 
 
 def press_policy(name: str, budget, window: int | None = None, where: str = ""):
-    """``fi eval --policy kvpress:NAME[:key=value,...]`` -> a :class:`PressPolicy` with the eval's budget."""
+    """``kvpress:NAME[:key=value,...]`` (a method's spelling without its budget, as the registry passes it on) ->
+    a :class:`PressPolicy` with ``budget``."""
     from fi_toolkit.budget import Budget
 
     where = where or f"policy {name}"
     rest = name.strip()[len("kvpress:") :]
-    press_name, _, opts = rest.partition(":")
-    if "@" in press_name:
-        raise FIError(
-            f"{where}: give the budget with the budget argument (kvpress:NAME, without @BUDGET)",
-            parameter={"the budget argument": "budget"},
-        )
+    press_name, _, opts = rest.partition(":")  # (the registry took a budget spelled @BUDGET off already)
     spec = parse_press_spec(f"{press_name}@remove=0.5" + (f":{opts}" if opts else ""), where)
     press = make_press(spec, where)  # validate the name and options now (and that kvpress is installed)
     decodes = isinstance(press, require_kvpress().ScorerPress)

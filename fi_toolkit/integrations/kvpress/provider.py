@@ -38,6 +38,13 @@ class KvpressProvider:
             )
         ]
 
+    def budget(self, text: str, where: str):
+        """A budget spelled with a press's name: ``keep=X`` or ``remove=X`` (a bare number is refused naming both:
+        kvpress's compression_ratio is the share removed, a bare budget the share kept)."""
+        from fi_toolkit.budget import Budget, press_budget
+
+        return press_budget(text, where) if "=" not in text else Budget.parse(text, where)
+
     def resolve(self, text: str, budget, window: int | None, where: str):
         """``kvpress:NAME[:key=value,...]`` -> a press policy with ``budget``."""
         from fi_toolkit.integrations.kvpress.bridge import press_policy

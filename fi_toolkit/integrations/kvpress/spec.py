@@ -20,7 +20,7 @@ import ast
 import inspect
 from dataclasses import dataclass, field
 
-from fi_toolkit.budget import Budget
+from fi_toolkit.budget import Budget, press_budget
 from fi_toolkit.errors import FIError
 
 KVPRESS_INSTALL = "pip install 'fi_toolkit[kvpress]'"
@@ -116,29 +116,6 @@ def parse_press_spec(rest: str, where: str) -> PressSpec:
         return PressSpec(names, None, tuple(options))
     budget = press_budget(budget_text, where)
     return PressSpec(names, budget.removed_share, tuple(options), budget)
-
-
-def press_budget(text: str, where: str) -> Budget:
-    """A press's ``keep=X`` or ``remove=X``, ``X`` a share strictly between 0 and 1 (:class:`Budget`); a bare
-    number is refused with both spellings of it, and so is a token count."""
-    text = text.strip()
-    budget = Budget.parse(text, where)
-    if "=" not in text:
-        if budget.is_share and 0.0 < budget.amount < 1.0:
-            keep, remove = Budget("keep", round(1 - budget.amount, 12)), Budget("remove", budget.amount)
-            raise FIError(
-                f"{where}: write {keep.label} or {remove.label}: kvpress's compression_ratio is the share removed "
-                "(a bare budget elsewhere is the share kept)"
-            )
-        raise FIError(f"{where}: write keep=X or remove=X, X a share of the prefix strictly between 0 and 1")
-    if not budget.is_share:
-        raise FIError(
-            f"{where}: {budget.label} is a token count; a press takes a share of the prefix (keep=0.25), "
-            "as kvpress's compression_ratio is one"
-        )
-    if not 0.0 < budget.removed_share < 1.0:
-        raise FIError(f"{where}: {budget.label} must keep some and remove some: a share strictly between 0 and 1")
-    return budget
 
 
 def press_parameters(cls) -> set[str]:
