@@ -119,7 +119,7 @@ def test_help_texts_list_what_the_registry_holds():
             shown = e.spelling.replace("[:key=value,...]", "")
             assert (shown in text) == (oracles or e.kind != "oracle"), (shown, oracles)
     assert "infokv (alpha=0.9, tau=1.0, top_k=256)" in policy_help() and "pyramidkv (beta=20.0)" in policy_help()
-    assert "kvpress:NAME@B" in policy_help(selection=True) and "policy:fi-oracle@B" in policy_help(selection=True)
+    assert "kvpress:NAME@B" in policy_help(selection=True) and "fi-oracle@B" in policy_help(selection=True)
     root = typer.main.get_command(app)
     helps = {  # by the option's flag (its parameter is the settings field's generated name)
         (cmd, flag[2:]): p.help

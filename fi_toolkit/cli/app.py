@@ -135,6 +135,8 @@ def _probe_progress(bar):
 
 def _print_headroom(hr) -> None:
     """Each selection's share of the random-to-oracle gap, on the chunk each oracle saw (other rows: headroom.csv)."""
+    from fi_toolkit.report.numbers import count_text, headroom_text, sd_text
+
     own = hr[(hr["fit_chunk"] == hr["chunk"]) & (hr["selection"] != hr["oracle"])]  # its own row: 1
     oracles = list(dict.fromkeys(own["oracle"]))
     t = Table(
@@ -146,15 +148,13 @@ def _print_headroom(hr) -> None:
         right = name in ("removed", "headroom", "oracle's sd")
         t.add_column(name, justify="right" if right else "left", no_wrap=name == "headroom")
     for r in own.itertuples():
-        ci = f" [{r.ci_low:.2f}, {r.ci_high:.2f}]" if r.ci_low == r.ci_low else ""
-        sd = getattr(r, "headroom_seed_sd", float("nan"))
         t.add_row(
             *([r.oracle] if len(oracles) > 1 else []),
             r.chunk,
-            f"{r.n_removed:.0f}",
+            count_text(r.n_removed),
             r.selection,
-            f"{r.headroom:.2f}{ci}",
-            f"{sd:.3f}" if sd == sd else "n/a",
+            headroom_text(r.headroom, r.ci_low, r.ci_high),
+            sd_text(getattr(r, "headroom_seed_sd", float("nan"))),
         )
     out.print(t)
     out.print("oracle's sd: the headroom's spread over the oracle's label seeds (its own estimate noise; headroom.csv)")
@@ -166,7 +166,7 @@ def _print_fi_table(table, title: str) -> None:
     as in the report: their pooled mean, and under the table the range of the seeds' means."""
     from fi_toolkit.report.display import pooled_fi
     from fi_toolkit.report.noise import BELOW_FLOOR_MARK, below_floor_note
-    from fi_toolkit.report.numbers import console_fi
+    from fi_toolkit.report.numbers import console_fi, count_text
 
     pivot = table.pivot_table(index="selection", columns="chunk", values="fi", aggfunc="mean", sort=False)
     sizes = table.groupby("selection", sort=False)[["n_removed", "n_kept"]].mean()
@@ -185,7 +185,7 @@ def _print_fi_table(table, title: str) -> None:
     random = set(table.loc[table["selector"] == "random", "selection"])
     shown, spreads = set(), []
     for sel, row in pivot.iterrows():  # per layer and head; the mean over layers where budgets differ
-        removed, kept = f"{sizes.loc[sel, 'n_removed']:.0f}", f"{sizes.loc[sel, 'n_kept']:.0f}"
+        removed, kept = count_text(sizes.loc[sel, "n_removed"]), count_text(sizes.loc[sel, "n_kept"])
         if sel in random:  # the first seed of a size stands for all of them
             size = round(float(sizes.loc[sel, "n_removed"]), 3)
             if size in shown:
@@ -265,6 +265,8 @@ def _scores_progress(bar):
 
 def _print_signal_summary(table, scored: int, name: str) -> None:
     """Mean, std, min and max of H, A, D and S over the scored prefix ``[0, p - w)``."""
+    from fi_toolkit.report.numbers import significant
+
     summary = (
         table[~table.in_window][["entropy", "attention", "distance", "infokv"]]
         .describe()
@@ -275,7 +277,7 @@ def _print_signal_summary(table, scored: int, name: str) -> None:
     for c in summary.columns:
         t.add_column(c, justify="right")
     for stat, row in summary.iterrows():
-        t.add_row(stat, *[f"{v:.4g}" for v in row])
+        t.add_row(stat, *[significant(v, 4) for v in row])
     out.print(t)
 
 

@@ -22,6 +22,15 @@ from fi_toolkit.cli.study import _read_documents
 from fi_toolkit.errors import FIError
 from fi_toolkit.evaluation.settings import EvalOptions, TaskEvalSettings, TextEvalSettings
 from fi_toolkit.model.settings import ModelSettings
+from fi_toolkit.report.numbers import (
+    accuracy_text,
+    fraction_text,
+    kl_text,
+    mean_kl_text,
+    mean_tokens_text,
+    signed_text,
+    spearman_text,
+)
 from fi_toolkit.runs.settings import RunSettings
 from fi_toolkit.signals.config import SignalConfig
 
@@ -105,10 +114,10 @@ def _print_text(tables, n_docs: int, settings: TextEvalSettings) -> None:
             r["policy"] + (" (oracle)" if r.get("oracle", False) else ""),
             r["budget"].removeprefix("keep="),
             _mean_kl_cell(r, ci),
-            f"{r['top1_agreement']:.3f}",
-            f"{r['delta_nll']:+.4f}",
-            "" if first != first else f"{first:.1f}",
-            f"{r['kept_share']:.3f}",
+            fraction_text(r["top1_agreement"]),
+            signed_text(r["delta_nll"], 4),
+            mean_tokens_text(first),
+            fraction_text(r["kept_share"]),
         )
     out.print(t)
     out.print(
@@ -120,14 +129,10 @@ def _print_text(tables, n_docs: int, settings: TextEvalSettings) -> None:
 
 
 def _mean_kl_cell(r, ci: bool) -> str:
-    """A mean KL at or below the noise floor (the full-cache replay's |mean KL|, float rounding around 0;
-    it can be negative) prints as ``≤floor (noise floor)``, never as a negative KL; others with their CI."""
-    kl, floor = r["mean_kl"], r.get("noise_floor", float("nan"))
-    if floor == floor and abs(kl) <= floor and floor > 0:
-        return f"≤{floor:.2g} (noise floor)"
-    kl = max(kl, 0.0)  # KL is >= 0; without a floor, a rounding below 0 prints as 0
-    bounds = ci and r["mean_kl_low"] == r["mean_kl_low"]
-    return f"{kl:.3g}" + (f" [{max(r['mean_kl_low'], 0.0):.3g}, {max(r['mean_kl_high'], 0.0):.3g}]" if bounds else "")
+    """The row's mean KL cell (:func:`~fi_toolkit.report.numbers.mean_kl_text`: at or below the noise floor, the
+    full-cache replay's |mean KL|, it reads ``≤floor (noise floor)``); its CI only where the table has any (``ci``)."""
+    low = r["mean_kl_low"] if ci else float("nan")
+    return mean_kl_text(r["mean_kl"], low, r["mean_kl_high"], r.get("noise_floor", float("nan")))
 
 
 def _print_tasks(tables) -> None:
@@ -136,25 +141,20 @@ def _print_tasks(tables) -> None:
     for c in ("task", "context", "protocol", "policy", "budget", "accuracy [95% CI]", "full", "answer KL"):
         t.add_column(c, justify="left" if c in ("task", "protocol", "policy", "budget") else "right")
     for _, r in s.iterrows():
-        ci = "" if r["accuracy_low"] != r["accuracy_low"] else f" [{r['accuracy_low']:.2f}, {r['accuracy_high']:.2f}]"
         t.add_row(
             SHORT_TASKS.get(r["task"], r["task"]),
             str(r["context"]),
             r["protocol"].removeprefix("question-"),
             r["policy"],
             r["budget"].removeprefix("keep="),
-            f"{r['accuracy']:.2f}{ci}",
-            f"{r['full_accuracy']:.2f}",
-            f"{r['answer_kl']:.3g}",
+            accuracy_text(r["accuracy"], r["accuracy_low"], r["accuracy_high"]),
+            accuracy_text(r["full_accuracy"]),
+            kl_text(r["answer_kl"]),
         )
     out.print(t)
     k = tables["kl_accuracy"]
     for _, r in k.iterrows():
-        rho = (
-            "undefined (constant accuracy or KL)"
-            if r["rho"] != r["rho"]
-            else f"Spearman {r['rho']:+.2f} [{r['ci_low']:+.2f}, {r['ci_high']:+.2f}]"
-        )
+        rho = spearman_text(r["rho"], r["ci_low"], r["ci_high"])
         out.print(f"{r['comparison']}: {rho} over {r['cells']} cells")
 
 

@@ -18,6 +18,7 @@ from fi_toolkit.cli.study import _read_documents
 from fi_toolkit.errors import FIError
 from fi_toolkit.field.settings import FieldSettings, FieldTasks
 from fi_toolkit.model.settings import ModelSettings
+from fi_toolkit.report.numbers import accuracy_with_full, field_fi_text, headroom_with_ci, replay_kl_text, seconds_text
 from fi_toolkit.runs.settings import RunSettings
 from fi_toolkit.signals.config import SignalConfig
 
@@ -87,26 +88,17 @@ def _print_leaderboard(tables, n_docs: int, prefix: int) -> None:
     for c in cols:
         t.add_column(c, justify="left" if c in ("budget", "method") else "right")
     for _, r in board.iterrows():
-        heads = []
-        for c in chunks:
-            h = r.get(f"headroom_{c}")
-            heads.append("" if h is None or h != h else f"{h:.2f} {r[f'headroom_ci_{c}']}")
-        kl = r.get("replay_kl")
+        heads = [headroom_with_ci(r.get(f"headroom_{c}"), r.get(f"headroom_ci_{c}")) for c in chunks]
         t.add_row(
             r["budget"],
             r["method"] + (" (anchor)" if r["kind"] == "anchor" else ""),
-            *[f"{r[f'fi_{c}']:.4f}" for c in chunks],
+            *[field_fi_text(r[f"fi_{c}"]) for c in chunks],
             *heads,
-            "" if kl is None or kl != kl else f"{kl:.4g}",
-            *([_accuracy(r)] if tasks else []),
-            f"{r['compress_seconds']:.3f}",
+            replay_kl_text(r.get("replay_kl")),
+            *([accuracy_with_full(r.get("accuracy"), r.get("full_accuracy"))] if tasks else []),
+            seconds_text(r["compress_seconds"], 3, unit=False),
         )
     out.print(t)
-
-
-def _accuracy(row) -> str:
-    a = row.get("accuracy")
-    return "" if a is None or a != a else f"{a:.2f} (full {row['full_accuracy']:.2f})"
 
 
 def register(app: typer.Typer) -> None:

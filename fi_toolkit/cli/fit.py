@@ -26,6 +26,7 @@ from fi_toolkit.cli.study import _read_documents
 from fi_toolkit.fit.run import ROWS, run_fit, run_fit_data
 from fi_toolkit.fit.settings import FitDataSettings, FitSettings
 from fi_toolkit.model.settings import ModelSettings
+from fi_toolkit.report.numbers import signed_text, significant
 from fi_toolkit.runs.settings import OutDirSettings, OutFileSettings, RunSettings
 from fi_toolkit.signals.config import SignalConfig
 
@@ -89,14 +90,19 @@ def fit(
             f"{len(record['documents'])} documents ({record['rounds']} rounds, one query group per "
             f"{'KV head' if settings.group == 'head' else 'layer'})"
         )
-        weights = [f"{n:18s} gain {g:.4g}" for n, g in sorted(record["importance_gain"].items(), key=lambda t: -t[1])]
+        weights = [
+            f"{n:18s} gain {significant(g, 4)}"
+            for n, g in sorted(record["importance_gain"].items(), key=lambda t: -t[1])
+        ]
         _print_fit(header, weights, "learned", record, output.out_file)
         return
     header = (
         f"fitted {len(names)} feature(s) on {record['rows']:,} rows of {len(record['documents'])} documents "
-        f"(target {settings.target}, ridge {settings.ridge:g})"
+        f"(target {settings.target}, ridge {significant(settings.ridge)})"
     )
-    weights = [f"{n:18s} {c:+.4f}" for n, c in sorted(zip(names, record["coefficients"]), key=lambda t: -abs(t[1]))]
+    weights = [
+        f"{n:18s} {signed_text(c, 4)}" for n, c in sorted(zip(names, record["coefficients"]), key=lambda t: -abs(t[1]))
+    ]
     _print_fit(header, weights, "fitted", record, output.out_file)
 
 
@@ -106,7 +112,7 @@ def _print_fit(header: str, weights: list[str], own: str, record: dict, out_file
     out.print(header)
     for line in weights:
         out.print(f"  {line}")
-    fmt = {k: "n/a" if v is None else f"{v:+.3f}" for k, v in record["cross_validation"]["mean"].items()}
+    fmt = {k: signed_text(v) for k, v in record["cross_validation"]["mean"].items()}
     out.print(
         f"leave-one-document-out mean within-head Spearman with FI: {own} {fmt[f'spearman_{own}']}, "
         f"snapkv {fmt['spearman_snapkv']}, infokv {fmt['spearman_infokv']}"

@@ -19,7 +19,7 @@ from fi_toolkit.cli.options import err, settings_options
 from fi_toolkit.compress.generate_settings import GenerateSettings, PromptFile, TextOutput
 from fi_toolkit.errors import FIError
 from fi_toolkit.model.settings import ModelSettings
-from fi_toolkit.report.numbers import byte_size
+from fi_toolkit.report.numbers import byte_size, percent, seconds_text, thousands, tokens_per_second
 from fi_toolkit.signals.config import SignalConfig
 
 
@@ -29,10 +29,10 @@ def stats_table(stats, policy_label: str) -> Table:
     t.add_column("value", justify="right")
     full = stats.cache_bytes_full
     rows = [
-        ("prompt tokens", f"{stats.prompt_tokens:,}"),
-        ("new tokens", f"{stats.new_tokens:,} ({stats.stop_reason})"),
-        ("prefill", f"{stats.prefill_seconds:.2f} s" + (" (compressed)" if stats.prefill_compressed else "")),
-        ("decoding", f"{stats.decode_seconds:.2f} s, {stats.tokens_per_second:.1f} tokens/s"),
+        ("prompt tokens", thousands(stats.prompt_tokens)),
+        ("new tokens", f"{thousands(stats.new_tokens)} ({stats.stop_reason})"),
+        ("prefill", seconds_text(stats.prefill_seconds) + (" (compressed)" if stats.prefill_compressed else "")),
+        ("decoding", f"{seconds_text(stats.decode_seconds)}, {tokens_per_second(stats.tokens_per_second)}"),
         (
             "compressions while decoding",
             f"{stats.compressions}"
@@ -42,11 +42,11 @@ def stats_table(stats, policy_label: str) -> Table:
                 else ""
             ),
         ),
-        ("compression time", f"{stats.compression_seconds:.3f} s"),
+        ("compression time", seconds_text(stats.compression_seconds, 3)),
         ("cache, full", byte_size(full)),
         (
             "cache, kept",
-            f"{byte_size(stats.cache_bytes_kept)} ({stats.cache_bytes_kept / full:.1%})" if full else "0 B",
+            f"{byte_size(stats.cache_bytes_kept)} ({percent(stats.cache_bytes_kept / full)})" if full else "0 B",
         ),
         ("cache, peak", byte_size(stats.peak_cache_bytes)),
         (f"peak memory ({stats.peak_memory_kind})", byte_size(stats.peak_memory_bytes)),

@@ -18,6 +18,7 @@ import typer
 from fi_toolkit.cli.options import _progress, check_document_lengths, err, out, settings_options, unit_progress
 from fi_toolkit.cli.study import _read_documents
 from fi_toolkit.model.settings import ModelSettings
+from fi_toolkit.report.numbers import rate_text
 from fi_toolkit.runs.settings import RunSettings
 from fi_toolkit.signals.config import SignalConfig
 from fi_toolkit.surrogate.label_settings import CorpusSettings, LabelSettings
@@ -59,7 +60,8 @@ def labels(
     t = manifest["throughput"]
     out.print(
         f"{len(manifest['units'])} unit(s) ({len(docs)} slice(s) x {len(labels.points)} point(s)), "
-        f"{t['labels']:,} labels; {t['labels_per_s'] or 0:,.0f} labels/s ({t['labels_per_core_s'] or 0:,.0f} per core)"
+        f"{t['labels']:,} labels; {rate_text(t['labels_per_s'])} labels/s "
+        f"({rate_text(t['labels_per_core_s'])} per core)"
     )
     err.print(f"wrote {run.out}", markup=False, highlight=False)
 

@@ -72,6 +72,7 @@ def correlate(
     # every check above imports nothing heavy (usage errors answer at once); the study does
     from fi_toolkit.cli.console import print_warning
     from fi_toolkit.report.noise import noise_warning
+    from fi_toolkit.report.numbers import signed_text
     from fi_toolkit.studies.study import run_correlate
 
     study = lambda lm, docs, progress: run_correlate(lm, docs, settings, run, progress=progress)  # noqa: E731
@@ -82,7 +83,7 @@ def correlate(
     s = s[(s["scope"] == "mean") & (s["method"] == "spearman")]
     pivot = s.pivot_table(index="signal", columns="chunk", values="rho_mean", sort=False)
     out.print(f"Spearman rho of per-token FI with each signal (mean over {len(docs)} document(s)), p={settings.prefix}")
-    out.print(pivot.to_string(float_format=lambda v: f"{v:+.3f}"))
+    out.print(pivot.to_string(float_format=signed_text))
     if "agreement_summary" in tables:
         a = tables["agreement_summary"]
         out.print(
@@ -91,7 +92,7 @@ def correlate(
         )
         out.print(
             a.pivot_table(index="metric", columns="chunk", values="value_mean", sort=False).to_string(
-                float_format=lambda v: f"{v:+.3f}"
+                float_format=signed_text
             )
         )
     print_warning(noise_warning(tables["tokens"], tables["controls"]))

@@ -48,6 +48,7 @@ def view(
     check_document_lengths(model, [(name, text, source)], settings.chunk.end, f"chunk {settings.chunk.label}")
     # every check above imports nothing heavy (usage errors answer at once); the work below does
     from fi_toolkit.documents import tokenize_texts
+    from fi_toolkit.report.numbers import kib_text
     from fi_toolkit.report.view_run import run_view
 
     lm = model.load()
@@ -56,7 +57,7 @@ def view(
         bar.add_task(f"trace and estimate FI on {settings.chunk.label}: {doc.name}", total=None)
         run_view(lm, doc, settings, out_file)
     err.print(
-        f"wrote {out_file} ({out_file.stat().st_size / 1024:,.0f} KiB, {settings.prefix:,} tokens, "
+        f"wrote {out_file} ({kib_text(out_file.stat().st_size)}, {settings.prefix:,} tokens, "
         f"{len(settings.policies)} polic{'y' if len(settings.policies) == 1 else 'ies'})",
         markup=False,
         highlight=False,

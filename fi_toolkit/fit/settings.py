@@ -24,9 +24,9 @@ from typing import ClassVar, List, Optional, Sequence
 from fi_toolkit.errors import FIError
 from fi_toolkit.policies.learned.features import EXTRA, check_feature_names, check_features
 from fi_toolkit.policies.learned.fitted import FEATURES
-from fi_toolkit.probe.chunks import Chunk, check_chunks, parse_chunks
+from fi_toolkit.probe.chunks import Chunk
 from fi_toolkit.probe.estimator_options import DEFAULT_SAMPLES, check_samples
-from fi_toolkit.probe.selections import check_prefix
+from fi_toolkit.probe.selections import compression_point
 from fi_toolkit.runs.settings import check_int, check_type, option
 from fi_toolkit.signals.config import SignalConfig
 
@@ -88,14 +88,8 @@ class FitDataSettings:
     signals: SignalConfig = field(default_factory=SignalConfig)  # the command's signal options, built beside
 
     def __post_init__(self):
-        chunks = parse_chunks(self.chunks)
-        if not chunks:
-            raise FIError("no chunk given: pass at least one START:END in chunks", parameter="chunks")
-        p = min(c.start for c in chunks) if self.prefix is None else check_int("prefix", self.prefix)
-        check_type("signals", self.signals, SignalConfig)
-        window = self.signals.check().window
-        check_chunks(chunks, p, float("inf"), None)  # chunk starts vs p now; lengths once the documents are read
-        check_prefix(p, window)
+        chunks, p, config = compression_point(self.chunks, self.prefix, self.signals)
+        window = config.window
         if not 0 <= check_int("sinks", self.sinks) < p - window:  # rows hold [sinks, p - w): at least one
             raise FIError(f"sinks must lie in [0, {p - window}), got {self.sinks}", parameter="sinks")
         check_samples(check_int("samples", self.samples, 1))

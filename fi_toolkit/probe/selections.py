@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # parsing and checking a spec imports no torch; resolving one
     from fi_toolkit.eviction import KeepMap, TokenSet
     from fi_toolkit.policies.registry import ProvidedSelection
     from fi_toolkit.probe.chunks import Chunk
+    from fi_toolkit.signals.config import SignalConfig
     from fi_toolkit.signals.trace import Trace
 
 SCORE_SELECTORS = SCORE_SETS
@@ -443,6 +444,25 @@ def check_prefix(prefix: int, window: int) -> None:
         raise FIError(
             f"prefix {prefix} leaves nothing to score: it must be larger than the window ({window})", parameter="prefix"
         )
+
+
+def compression_point(chunks, prefix: int | None, signals) -> tuple[list[Chunk], int, SignalConfig]:
+    """A settings object's future ``chunks`` (``START:END`` strings or chunks), compression point (``prefix``;
+    None: the smallest chunk start) and signal options, parsed and checked in that order (one line each): at
+    least one chunk, each starting at or after ``p``, and ``p`` past the window. Their lengths against the
+    documents are checked once the documents are read."""
+    from fi_toolkit.probe.chunks import check_chunks, parse_chunks
+    from fi_toolkit.runs.settings import check_int, check_type
+    from fi_toolkit.signals.config import SignalConfig
+
+    parsed = parse_chunks(chunks)
+    if not parsed:
+        raise FIError("no chunk given: pass at least one START:END in chunks", parameter="chunks")
+    p = min(c.start for c in parsed) if prefix is None else check_int("prefix", prefix)
+    config = check_type("signals", signals, SignalConfig).check()
+    check_chunks(parsed, p, float("inf"), None)
+    check_prefix(p, config.window)
+    return parsed, p, config
 
 
 def check_sinks(sinks: int, prefix: int, window: int) -> int:

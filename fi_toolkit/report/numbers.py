@@ -2,9 +2,11 @@
 what the command line prints.
 
 Each format is one function with its rule. The report's cells show at most :data:`SIGNIFICANT` significant
-digits (the CSV and JSON keep every digit); the command line prints FI with five decimals (:func:`console_fi`);
-a missing value reads ``n/a``, never ``nan``, wherever the text is a reader's. Figure labels (tick values,
-annotations, panel titles) are plot text and stay with their figures.
+digits (the CSV and JSON keep every digit); the command line prints FI with five decimals (:func:`console_fi`),
+and each other number of its tables and summaries with one function here (:func:`headroom_text`,
+:func:`mean_kl_text`, :func:`seconds_text`, ...). A missing value reads ``n/a``, never ``nan``, wherever the text
+is a reader's (a command line cell reads empty, ``n/a`` or ``nan`` as its function says). Figure labels (tick
+values, annotations, panel titles) are plot text and stay with their figures.
 """
 
 from __future__ import annotations
@@ -108,3 +110,111 @@ def byte_size(n: float) -> str:
             return f"{n:,.1f} {unit}" if unit != "B" else f"{int(n):,} B"
         n /= 1024
     return str(n)  # pragma: no cover
+
+
+# The command line's tables and summaries (fi probe, scores, eval, field, fit, generate, labels, correlate, view).
+
+
+def count_text(n: float) -> str:
+    """A count of positions (maybe a mean) as a whole number, no separators: ``2048``, ``2.5`` -> ``2``."""
+    return f"{n:.0f}"
+
+
+def thousands(n: int) -> str:
+    """A whole count (tokens) in a table cell, with thousands separators: ``12,345``."""
+    return f"{n:,}"
+
+
+def bracket_interval(low, high, spec: str = ".2f") -> str:
+    """An interval after its value, ``" [a, b]"`` in ``spec``; empty where the low bound is missing."""
+    return "" if missing(low) else f" [{format(low, spec)}, {format(high, spec)}]"
+
+
+def headroom_text(value: float, low: float = math.nan, high: float = math.nan) -> str:
+    """A headroom with two decimals and its interval, ``0.42 [0.31, 0.55]``; a NaN headroom reads ``nan``."""
+    return f"{value:.2f}{bracket_interval(low, high)}"
+
+
+def headroom_with_ci(value, ci: str) -> str:
+    """A field map's headroom cell, :func:`headroom_text` and the ready-made ``ci``; empty where missing."""
+    return "" if missing(value) else f"{headroom_text(value)} {ci}"
+
+
+def sd_text(sd) -> str:
+    """A standard deviation (a headroom's over seeds) with three decimals, ``n/a`` where missing."""
+    return formatted(sd, ".3f")
+
+
+def fraction_text(x: float) -> str:
+    """A fraction in [0, 1] (top-1 agreement, kept share) with three decimals: ``0.875``."""
+    return f"{x:.3f}"
+
+
+def signed_text(value, places: int = 3) -> str:
+    """A signed number with ``places`` decimals and its sign always, ``+0.123``; None reads ``n/a``, NaN ``+nan``."""
+    return "n/a" if value is None else f"{value:+.{places}f}"
+
+
+def mean_tokens_text(x: float) -> str:
+    """A mean number of tokens (the first divergence) with one decimal; empty where missing."""
+    return "" if missing(x) else f"{x:.1f}"
+
+
+def kl_text(kl: float) -> str:
+    """A KL divergence (nats) with three significant digits: ``0.0123``, ``1.5e-05``."""
+    return f"{kl:.3g}"
+
+
+def mean_kl_text(kl: float, low: float = math.nan, high: float = math.nan, floor: float = math.nan) -> str:
+    """A mean KL: ``≤floor (noise floor)`` if at most a positive floor, else :func:`kl_text` [CI] clamped at 0."""
+    if floor == floor and abs(kl) <= floor and floor > 0:
+        return f"≤{floor:.2g} (noise floor)"
+    text = kl_text(max(kl, 0.0))
+    return text if missing(low) else f"{text} [{kl_text(max(low, 0.0))}, {kl_text(max(high, 0.0))}]"
+
+
+def accuracy_text(acc: float, low: float = math.nan, high: float = math.nan) -> str:
+    """An accuracy with two decimals and its interval where it has one: ``0.75 [0.50, 0.90]``."""
+    return f"{acc:.2f}{bracket_interval(low, high)}"
+
+
+def accuracy_with_full(acc, full: float) -> str:
+    """A field map's accuracy beside the full cache's, ``0.75 (full 0.90)``; empty where missing."""
+    return "" if missing(acc) else f"{accuracy_text(acc)} (full {accuracy_text(full)})"
+
+
+def spearman_text(rho: float, low: float, high: float) -> str:
+    """``Spearman +0.41 [+0.12, +0.63]`` (two signed decimals); ``undefined (...)`` where ``rho`` is NaN."""
+    if rho != rho:
+        return "undefined (constant accuracy or KL)"
+    return f"Spearman {signed_text(rho, 2)} [{signed_text(low, 2)}, {signed_text(high, 2)}]"
+
+
+def field_fi_text(value: float) -> str:
+    """FI (nats) in the field map's table with four decimals, ``0.0266`` (the probe's is :func:`console_fi`)."""
+    return f"{value:.4f}"
+
+
+def replay_kl_text(kl) -> str:
+    """A field map's replay KL with four significant digits; empty where missing."""
+    return "" if missing(kl) else f"{kl:.4g}"
+
+
+def seconds_text(s: float, places: int = 2, unit: bool = True) -> str:
+    """Seconds with ``places`` decimals and the unit, ``1.23 s``; bare where the column's name has the unit."""
+    return f"{s:.{places}f}" + (" s" if unit else "")
+
+
+def tokens_per_second(rate: float) -> str:
+    """A decoding speed with one decimal: ``12.3 tokens/s``."""
+    return f"{rate:.1f} tokens/s"
+
+
+def rate_text(rate) -> str:
+    """A throughput (labels per second) as a whole number with thousands separators, ``12,346``; None as ``0``."""
+    return f"{rate or 0:,.0f}"
+
+
+def kib_text(n_bytes: float) -> str:
+    """A file's size in whole KiB with thousands separators: ``1,234 KiB``."""
+    return f"{n_bytes / 1024:,.0f} KiB"

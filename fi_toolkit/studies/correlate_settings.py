@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from typing import List, Sequence
 
 from fi_toolkit.errors import FIError
-from fi_toolkit.probe.chunks import Chunk, check_chunks, parse_chunks
+from fi_toolkit.probe.chunks import Chunk
 from fi_toolkit.probe.estimator_options import DEFAULT_SAMPLES
-from fi_toolkit.probe.selections import check_prefix, check_sinks
+from fi_toolkit.probe.selections import check_sinks, compression_point
 from fi_toolkit.runs.settings import check_int, check_resamples, check_type, option
 from fi_toolkit.signals.config import SignalConfig
 from fi_toolkit.studies.study_options import check_estimator, check_unit_candidates, parse_candidates
@@ -104,14 +104,7 @@ class CorrelateSettings:
     )
 
     def __post_init__(self):
-        chunks = parse_chunks(self.chunks)
-        if not chunks:
-            raise FIError("no chunk given: pass at least one START:END in chunks", parameter="chunks")
-        p = min(c.start for c in chunks) if self.prefix is None else check_int("prefix", self.prefix)
-        check_type("signals", self.signals, SignalConfig)
-        config = self.signals.check()
-        check_chunks(chunks, p, float("inf"), None)  # chunk starts vs p now; lengths once the documents are read
-        check_prefix(p, config.window)
+        chunks, p, config = compression_point(self.chunks, self.prefix, self.signals)
         scored = check_sinks(check_int("sinks", self.sinks), p, config.window)
         estimator, candidates, samples, validate = self._estimator_options(scored - self.sinks)
         check_unit_candidates(check_int("unit_candidates", self.unit_candidates), estimator)

@@ -10,8 +10,8 @@ label. Per layer, one model maps ``x`` to the ``Hkv`` scores (:class:`SurrogateF
   its FI over its (unit, layer, head)'s mean, one solve per head);
 - the target: FI (``fi``, ``fi_near``, ``fi_far``), or ``kvzip_plus``, KVzip+ scores computed here for the
   unit's prefix (:mod:`~fi_toolkit.surrogate.kvzip_plus`): KVzap's recipe, the like-for-like anchor;
-- ``mlp``, or ``listwise``: Adam, full batch, on a seeded sample of ``positions`` positions per unit (the rows
-  of all KV heads at a sampled position stay together).
+- ``mlp``, or ``listwise``: Adam on a seeded sample of ``positions`` positions per unit (the rows of all KV
+  heads at a sampled position stay together), full batch or minibatches of ``batch_units`` whole units.
 
 The result is kvpress's KVzap format (``config.json`` + ``model.safetensors``) with the training's record in
 ``config.json``'s ``fi_toolkit`` entry (runs, units, labels, settings). Same runs, settings and thread count:
@@ -123,8 +123,9 @@ class _Sums:
 
 
 def _train_adam(x, fi, groups, settings: SurrogateFitSettings, heads: int, generator) -> dict:
-    """One layer's module by Adam, full batch: ``x [N, d]`` float32, ``fi [N, Hkv]`` float64, ``groups [N]`` the
-    unit of each row. Returns its tensors by kvpress's names (without the ``layers.<l>.`` prefix)."""
+    """One layer's module by Adam, full batch or by minibatches of whole units: ``x [N, d]`` float32, ``fi [N,
+    Hkv]`` float64, ``groups [N]`` the unit of each row (ascending). Returns its tensors by kvpress's names
+    (without the ``layers.<l>.`` prefix)."""
     import torch
 
     d = x.shape[1]
@@ -143,18 +144,24 @@ def _train_adam(x, fi, groups, settings: SurrogateFitSettings, heads: int, gener
     y = torch.log(fi.clamp_min(LOG_FLOOR)).float()
     w = (fi / _group_mean(fi, groups)).float()
     share = (fi / _group_sum(fi, groups)).float()
+    last = net if settings.form == "linear" else net[2]
+    if settings.loss != "listwise":  # start at each head's (weighted) mean log FI: far from 0 (log 1e-6 = -14)
+        with torch.no_grad():
+            last.bias.copy_((w * y).sum(0) / w.sum(0) if settings.loss == "weighted" else y.mean(0))
     opt = torch.optim.Adam(net.parameters(), lr=settings.lr)
     for _ in range(settings.epochs):
-        opt.zero_grad()
-        s = net(z)
-        if settings.loss == "listwise":
-            loss = _listwise(s, share, groups)
-        elif settings.loss == "weighted":
-            loss = (w * (s - y) ** 2).mean()
-        else:
-            loss = ((s - y) ** 2).mean()
-        loss.backward()
-        opt.step()
+        for rows in _batches(groups, settings.batch_units, generator):
+            part = slice(None) if rows is None else rows
+            opt.zero_grad()
+            s = net(z[part])
+            if settings.loss == "listwise":
+                loss = _listwise(s, share[part], torch.unique(groups[part], return_inverse=True)[1])
+            elif settings.loss == "weighted":
+                loss = (w[part] * (s - y[part]) ** 2).mean()
+            else:
+                loss = ((s - y[part]) ** 2).mean()
+            loss.backward()
+            opt.step()
     # fold the standardisation into the first layer, so the module reads raw hidden states as kvpress feeds them
     first = net if settings.form == "linear" else net[0]
     with torch.no_grad():
@@ -163,6 +170,21 @@ def _train_adam(x, fi, groups, settings: SurrogateFitSettings, heads: int, gener
     if settings.form == "linear":
         return {"weight": weight, "bias": bias}
     return {"0.weight": weight, "0.bias": bias, "2.weight": net[2].weight.detach(), "2.bias": net[2].bias.detach()}
+
+
+def _batches(groups, units: int, generator):
+    """One epoch's minibatches: the row indices of ``units`` whole units at a time, the units in a seeded random
+    order (a unit's rows stay together: the listwise loss ranks within it); ``units`` 0: one full batch (None)."""
+    import torch
+
+    if units == 0:
+        yield None
+        return
+    n_units = int(groups.max()) + 1
+    starts = torch.searchsorted(groups, torch.arange(n_units + 1))  # the rows are grouped by unit, in order
+    order = torch.randperm(n_units, generator=generator)
+    for i in range(0, n_units, units):
+        yield torch.cat([torch.arange(starts[u], starts[u + 1]) for u in order[i : i + units].tolist()])
 
 
 def _group_sum(fi, groups):

@@ -37,6 +37,7 @@ class SurrogateFitSettings:
         "epochs",
         "lr",
         "positions",
+        "batch_units",
         "seed",
     )
 
@@ -58,6 +59,13 @@ class SurrogateFitSettings:
         default=256,
         metadata=option("--positions", help="Positions per unit kept for mlp and listwise training (a seeded sample)."),
     )
+    batch_units: int = field(
+        default=0,
+        metadata=option(
+            "--batch-units",
+            help="Units per Adam step, whole units in a seeded order (0: the full batch; mlp, listwise).",
+        ),
+    )
     seed: int = field(default=0, metadata=option("--seed", help="Seed of the sample and of the initial weights."))
 
     def check(self) -> SurrogateFitSettings:
@@ -72,6 +80,7 @@ class SurrogateFitSettings:
         if not 0 < check_number("lr", self.lr) <= 1:
             raise FIError(f"lr must lie in (0, 1], got {self.lr}", parameter="lr")
         check_int("positions", self.positions, 2)
+        check_int("batch_units", self.batch_units, 0)
         check_int("seed", self.seed, 0)
         return self
 
