@@ -1,4 +1,5 @@
-"""The interval of a mean over independent units (documents, samples), one rule for every table and figure.
+"""The interval of a mean over independent units (documents, samples), one rule for every table and figure, and
+the one paired test (:func:`paired_wilcoxon`).
 
 :func:`mean_interval`: the percentile bootstrap interval of the mean (``scipy.stats.bootstrap``, seeded). It
 lies inside the range of the values, so a mean of non-negative quantities (KL, FI, ratios of them) never gets
@@ -80,3 +81,22 @@ def bootstrap_interval(
             rng=np.random.default_rng(seed),
         ).confidence_interval
     return float(ci.low), float(ci.high)
+
+
+FEW_PAIRS, NO_DIFFERENCE = "few", "same"  # why paired_wilcoxon gives no test
+
+
+def paired_wilcoxon(x, y, alternative: str = "two-sided") -> tuple[float, float, str]:
+    """The Wilcoxon signed-rank test of paired values ``x`` against ``y`` (``scipy.stats.wilcoxon``; its exact null
+    distribution with few pairs) -> ``(statistic, p, why)``: NaN and ``why`` :data:`FEW_PAIRS` below two pairs,
+    :data:`NO_DIFFERENCE` where every pair is equal (no test is defined), else ``why`` ''. The one paired test of
+    the studies and summaries; each table words ``why`` its own way."""
+    from scipy import stats
+
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if len(x) < 2:
+        return float("nan"), float("nan"), FEW_PAIRS
+    if not np.any(x != y):
+        return float("nan"), float("nan"), NO_DIFFERENCE
+    w = stats.wilcoxon(x, y, alternative=alternative)
+    return float(w.statistic), float(w.pvalue), ""

@@ -20,7 +20,14 @@ from scipy import stats
 matplotlib.use("Agg")
 from matplotlib.collections import PolyCollection  # noqa: E402
 
-from fi_toolkit.intervals import MIN_BOOTSTRAP_UNITS, mean_interval, min_bootstrap_units  # noqa: E402
+from fi_toolkit.intervals import (  # noqa: E402
+    FEW_PAIRS,
+    MIN_BOOTSTRAP_UNITS,
+    NO_DIFFERENCE,
+    mean_interval,
+    min_bootstrap_units,
+    paired_wilcoxon,
+)
 
 
 def _exact_quantiles(values, confidence=0.95):
@@ -41,6 +48,17 @@ def test_below_four_units_a_percentile_interval_is_the_range_of_the_data():
     assert low > 0.1 and high < 0.9
     assert min_bootstrap_units(0.95) == MIN_BOOTSTRAP_UNITS == 4
     assert min_bootstrap_units(0.99) == 5 and min_bootstrap_units(0.5) == 3  # 4^-3 > 0.005; 3^-2 < 0.25
+
+
+def test_the_paired_test_is_the_exact_signed_rank_test_and_says_why_there_is_none():
+    """Five positive differences: the signed-rank statistic is 1+2+3+4+5 = 15 and, of the 2^5 equally likely sign
+    patterns, only all-positive reaches it, so the one-sided exact p is 1/32 and the two-sided 2/32."""
+    x, y = np.array([1.0, 2.0, 3.0, 4.0, 5.0]) + 10, np.full(5, 10.0)
+    assert paired_wilcoxon(x, y, "greater") == (15.0, 1 / 32, "")
+    assert paired_wilcoxon(x, y)[1:] == (2 / 32, "")
+    statistic, p, why = paired_wilcoxon([1.0], [0.0])
+    assert math.isnan(statistic) and math.isnan(p) and why == FEW_PAIRS
+    assert paired_wilcoxon([1.0, 2.0], [1.0, 2.0])[2] == NO_DIFFERENCE
 
 
 def test_mean_interval_is_scipys_percentile_bootstrap_and_stays_in_range():

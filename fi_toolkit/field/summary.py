@@ -23,10 +23,9 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from fi_toolkit.field.spec import ANCHOR, ORACLE_ANCHOR, RANDOM_ANCHOR
-from fi_toolkit.intervals import MIN_BOOTSTRAP_UNITS, NEEDS_BOOTSTRAP
+from fi_toolkit.intervals import FEW_PAIRS, MIN_BOOTSTRAP_UNITS, NEEDS_BOOTSTRAP, NO_DIFFERENCE, paired_wilcoxon
 from fi_toolkit.probe.headroom import gap_closed, oracle_seed, seed_noise
 
 NEEDS_TWO = "n/a (needs ≥ 2 documents)"  # the wording of fi_toolkit.report.display
@@ -220,13 +219,9 @@ def paired_tests(fi: pd.DataFrame, replays: pd.DataFrame) -> pd.DataFrame:
                 "wilcoxon_p": np.nan,
                 "note": "",
             }
-            if len(x) < 2:
-                row["note"] = NEEDS_TWO
-            elif not np.any(x != y):
-                row["note"] = IDENTICAL
-            else:
-                w = stats.wilcoxon(x, y, alternative="greater")
-                row["wilcoxon_statistic"], row["wilcoxon_p"] = float(w.statistic), float(w.pvalue)
+            statistic, p, why = paired_wilcoxon(x, y, alternative="greater")
+            row["wilcoxon_statistic"], row["wilcoxon_p"] = statistic, p
+            row["note"] = {FEW_PAIRS: NEEDS_TWO, NO_DIFFERENCE: IDENTICAL}.get(why, "")
             rows.append(row)
     return pd.DataFrame(rows, columns=TEST_COLUMNS)
 

@@ -30,7 +30,7 @@ from scipy import stats
 
 from fi_toolkit.budget import Budget
 from fi_toolkit.eviction import KeepMap
-from fi_toolkit.intervals import mean_interval
+from fi_toolkit.intervals import mean_interval, paired_wilcoxon
 from fi_toolkit.probe.chunks import Chunk
 from fi_toolkit.probe.experiment import fi_table
 from fi_toolkit.probe.forward_influence import forward_influence
@@ -245,12 +245,7 @@ def paired_tests(nf: pd.DataFrame, a: str = "entropy", b: str = "attention") -> 
                 logr = np.log(x / y)
             logr = logr[np.isfinite(logr)]
             row["mean_log_ratio"] = float(np.mean(logr)) if len(logr) else float("nan")
-            diff = x - y
-            if len(x) >= 2 and np.any(diff != 0):
-                w_res = stats.wilcoxon(x, y, alternative="greater")
-                row["wilcoxon_statistic"], row["wilcoxon_p"] = float(w_res.statistic), float(w_res.pvalue)
-            else:
-                row["wilcoxon_statistic"], row["wilcoxon_p"] = float("nan"), float("nan")
+            row["wilcoxon_statistic"], row["wilcoxon_p"], _ = paired_wilcoxon(x, y, alternative="greater")
             if len(logr) >= 2 and np.std(logr) > 0:
                 row["ttest_log_ratio_p"] = float(stats.ttest_1samp(logr, 0.0, alternative="greater").pvalue)
             else:

@@ -17,9 +17,8 @@ import re
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
-from fi_toolkit.intervals import mean_interval
+from fi_toolkit.intervals import FEW_PAIRS, NO_DIFFERENCE, mean_interval, paired_wilcoxon
 from fi_toolkit.probe.headroom import RANDOM
 from fi_toolkit.probe.noise_floor import CONTROL
 
@@ -145,13 +144,8 @@ def versus_random(fi: pd.DataFrame) -> pd.DataFrame:
             own = g.groupby("document", sort=False)["fi"].mean()
             pairs = r.assign(own=r["document"].map(own)).dropna(subset=["own"])
             x, y = pairs["own"].to_numpy(float), pairs["fi"].to_numpy(float)
-            p, note = float("nan"), ""
-            if len(x) < 2:
-                note = "needs ≥ 2 pairs"
-            elif not np.any(x != y):
-                note = "no difference"
-            else:
-                p = float(stats.wilcoxon(x, y, alternative="two-sided").pvalue)
+            _, p, why = paired_wilcoxon(x, y, alternative="two-sided")
+            note = {FEW_PAIRS: "needs ≥ 2 pairs", NO_DIFFERENCE: "no difference"}.get(why, "")
             with np.errstate(divide="ignore", invalid="ignore"):
                 ratio = float(np.mean(x) / np.mean(y)) if len(x) else float("nan")
             rows.append(
