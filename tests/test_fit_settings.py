@@ -278,6 +278,7 @@ def test_the_command_module_leaves_the_checks_to_the_settings():
         "fi_toolkit.fit.run",
         "fi_toolkit.fit.settings",
         "fi_toolkit.model.settings",
+        "fi_toolkit.report.numbers",
         "fi_toolkit.runs",
         "fi_toolkit.runs.settings",
         "fi_toolkit.signals.config",
