@@ -402,9 +402,10 @@ def parse_selection(spec: str, option: str = "selection") -> list[Selection]:
     if method.budget is None:
         example = "infokv@keep=0.25:alpha=0.5" if method.kind == POLICY else f"set:{method.head}@remove=0.1"
         raise FIError(f"{where}: a probe selection needs a budget, NAME@BUDGET[:key=value,...], e.g. {example}")
-    if method.kind == POLICY:  # the policy's own checks now, before any model work
-        registry.resolve(method, where=where, shared=TRACE_OPTIONS, future=True)
-        return [Selection(spec, method, source=source)]
+    if method.kind == POLICY:  # the policy's own checks now, before any model work; kept as the checks' policy
+        selection = Selection(spec, method, source=source)
+        selection.__dict__["_bare_policy"] = registry.resolve(method, where=where, shared=TRACE_OPTIONS, future=True)
+        return [selection]
     if method.head != "random":
         return [Selection(spec, method, source=source)]
     return [Selection(spec, method, s, source=source) for s in _seeds(method, where)]
