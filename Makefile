@@ -95,9 +95,10 @@ $(STAMP_KVP): pyproject.toml
 # masking = deletion, ragged heads, replay, generation, the estimator's biased attention; then the bad-input rows
 # that name presses (they answer otherwise where kvpress is installed). Everything else runs once, in `make test`;
 # transformers 5.2 (kvpress's pin) is also the lowest supported version, checked by `make test-min`.
-KVPRESS_BESIDE := tests/test_kvpress.py tests/test_features_kvpress.py tests/test_surrogate_kvpress.py \
-	tests/test_field.py tests/test_learned_rivals_study.py tests/test_probe.py tests/test_uneven_heads.py \
-	tests/test_replay.py tests/test_generate.py tests/test_estimator.py tests/test_bias_attention.py
+KVPRESS_BESIDE := tests/test_kvpress.py tests/test_kvpress_pipeline.py tests/test_features_kvpress.py \
+	tests/test_surrogate_kvpress.py tests/test_field.py tests/test_learned_rivals_study.py tests/test_probe.py \
+	tests/test_uneven_heads.py tests/test_replay.py tests/test_generate.py tests/test_estimator.py \
+	tests/test_bias_attention.py
 test-kvpress: $(STAMP_KVP)
 	OMP_NUM_THREADS=1 $(BIN_KVP)/python -m pytest -q $(PARALLEL) -m "kvpress or not smollm" $(KVPRESS_BESIDE)
 	$(BIN_KVP)/python -m pytest -q tests/test_bad_input.py -k kvpress

@@ -2,7 +2,7 @@
 bridge or refused with the reason (:func:`fi_toolkit.integrations.kvpress.catalog.press_survey`).
 
 kvpress lives in its own virtualenv (it pins transformers < 5.3), so ``make docs`` (in .venv) does not run
-this; the generated page is committed, and tests/test_kvpress.py (``make test-kvpress``) checks that it is
+this; the generated page is committed, and tests/test_kvpress_pipeline.py (``make test-kvpress``) checks that it is
 what the installed kvpress gives:
 
     .venv-kvpress/bin/python docs/gen_kvpress_presses.py            # writes the page

@@ -15,7 +15,7 @@ passes the scorer the keyword arguments of the current forward, whose ``position
 token's only, so a press that rotates recomputed queries (SnapKV's window, TOVA's last query) rotates every one
 of them at the current position; here each buffered row keeps its own position embedding, as at the prefill.
 For a press that reads no position embedding or only the last row's (TOVA, Knorm, ExpectedAttention,
-StreamingLLM) the two keep the same entries (tests/test_kvpress.py).
+StreamingLLM) the two keep the same entries (tests/test_kvpress_pipeline.py).
 """
 
 from __future__ import annotations
