@@ -61,7 +61,7 @@ KVPRESS = ("SnapKVPress", "AdaKVPress/SnapKVPress")
 def selects(setting: dict, model: Path) -> list[str]:
     out = []
     for b in setting["budgets"]:
-        out += [f"policy:fi-oracle@{b}:chunk={c}" for c in setting["chunks"]]
+        out += [f"policy:fi-oracle@{b}:chunk={c}{setting['oracle']}" for c in setting["chunks"]]
         out += [f"policy:learned@{b}:path={study.from_root(PER_HEAD)}"]
         out += [f"policy:learned@{b}:path={study.from_root(model)}"]
         out += [f"policy:learned@{b}:path={study.from_root(model)},heads=global"]

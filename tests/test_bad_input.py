@@ -987,6 +987,21 @@ CASES = [
         ["field", "--policy", "snapkv@keep=0.3", "--budget", "keep=0.25"],
         "--policy snapkv@keep=0.3: its budget keep=0.3 is none of the map's (keep=0.25)",
     ),
+    # the oracle anchor's options (--oracle): fi-oracle's own names and ranges; chunk and seed are the map's
+    (
+        "field-oracle-unknown-option",
+        None,
+        ["field", "--oracle", "bogus=1"],
+        "--oracle bogus=1: fi-oracle has no option 'bogus'",
+    ),
+    ("field-oracle-out-of-range", None, ["field", "--oracle", "samples=0"], "samples must lie in [1, 10,000], got 0"),
+    ("field-oracle-not-key-value", None, ["field", "--oracle", "samples"], "--oracle 'samples' is not key=value"),
+    (
+        "field-oracle-sets-chunk",
+        None,
+        ["field", "--oracle", "samples=4,chunk=1:2"],
+        "--oracle may not set chunk: the field map sets it",
+    ),
     ("eval-kvpress-not-installed", without_kvpress, ["eval", "--policy", "kvpress:TOVAPress"], KVPRESS_MISSING),
     (
         "kvpress-not-installed",

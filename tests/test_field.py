@@ -23,8 +23,10 @@ from fi_toolkit.runs.resumable import read_table
 HAS_KVPRESS = importlib.util.find_spec("kvpress") is not None
 DOCS = ["alice", "hamlet"]
 COMMON = ["--prefix", "128"]
+ORACLE = ["--oracle", "samples=4"]  # 4 label draws (16 by default): these tests check the tables, not the oracle
 FIELD = ["field", *DOCS, "--policy", "snapkv", "--policy", "h2o", *COMMON, "--distances", "0,64", "--chunk-len", "32"]
-FIELD += ["--budget", "keep=0.5", "--replay", "--interval", "32", "--resamples", "200"]
+FIELD += ["--budget", "keep=0.5", "--replay", "--interval", "32", "--resamples", "200", *ORACLE]
+NEAR_ORACLE = "policy:fi-oracle@keep=0.5:samples=4,chunk=128:160"  # the field's oracle anchor on the near chunk
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +45,8 @@ def _run(args, capsys):
 def test_field_cells_equal_fi_probe_and_fi_eval_bit_for_bit(tmp_path, capsys):
     _run([*FIELD, "--out", str(tmp_path / "field")], capsys)
     probe = ["probe", *DOCS, *COMMON, "--chunk", "128:160", "--chunk", "192:224"]
-    probe += ["--select", "policy:snapkv@keep=0.5", "--select", "policy:h2o@keep=0.5", "--out", str(tmp_path / "probe")]
+    probe += ["--select", "policy:snapkv@keep=0.5", "--select", "policy:h2o@keep=0.5", "--select", NEAR_ORACLE]
+    probe += ["--out", str(tmp_path / "probe")]
     _run(probe, capsys)
     evaluate = ["eval", *DOCS, "--policy", "snapkv,h2o", "--budget", "keep=0.5", "--prompt", "128", "--length", "224"]
     evaluate += ["--interval", "32", "--free-tokens", "0", "--resamples", "0", "--out", str(tmp_path / "eval")]
@@ -57,6 +60,12 @@ def test_field_cells_equal_fi_probe_and_fi_eval_bit_for_bit(tmp_path, capsys):
     theirs = ref.set_index(["document", "selection", "chunk"])["fi"].sort_index()
     assert len(mine) == 8 and list(mine.index) == list(theirs.index)
     assert mine.to_numpy().tobytes() == theirs.to_numpy().tobytes()  # bit for bit
+    anchor = read_table(tmp_path / "field" / "fi.csv")  # the oracle anchor with --oracle's options: the probe's
+    anchor = anchor[anchor["selection"] == NEAR_ORACLE].set_index(["document", "chunk"])["fi"].sort_index()
+    probed = read_table(tmp_path / "probe" / "fi.csv")
+    probed = probed[probed["selection"] == NEAR_ORACLE].set_index(["document", "chunk"])["fi"].sort_index()
+    assert len(anchor) == 4 and list(anchor.index) == list(probed.index)
+    assert anchor.to_numpy().tobytes() == probed.to_numpy().tobytes()
 
     replays = read_table(tmp_path / "field" / "replays.csv")
     mine = replays.set_index(["document", "policy", "budget"])["mean_kl"].sort_index()
@@ -72,7 +81,7 @@ def test_field_cells_equal_fi_probe_and_fi_eval_bit_for_bit(tmp_path, capsys):
     for chunk in ("128:160", "192:224"):
         at = fi[fi["chunk"] == chunk]
         rand = at[at["method"] == "random-positions"].groupby("document")["fi"].mean()
-        orc = at[at["selection"] == f"policy:fi-oracle@keep=0.5:chunk={chunk}"].set_index("document")["fi"]
+        orc = at[at["selection"] == f"policy:fi-oracle@keep=0.5:samples=4,chunk={chunk}"].set_index("document")["fi"]
         for method in ("snapkv", "h2o"):
             pol = at[at["method"] == method].set_index("document")["fi"]
             docs = sorted(DOCS)
@@ -104,7 +113,7 @@ def test_field_resumes_per_cell_and_lists_what_cannot_run(tmp_path, capsys, monk
     if HAS_KVPRESS:
         pytest.skip("this case checks the listing of kvpress where it is missing")
     out = tmp_path / "run"
-    args = ["field", "alice", *COMMON, "--distances", "0", "--chunk-len", "32", "--budget", "keep=0.5"]
+    args = ["field", "alice", *COMMON, "--distances", "0", "--chunk-len", "32", "--budget", "keep=0.5", *ORACLE]
     args += ["--resamples", "50", "--out", str(out)]
     from fi_toolkit.field import run as field_module
 
@@ -204,7 +213,7 @@ def test_unwritable_out_is_one_line(capsys, monkeypatch, tmp_path):
 def test_a_press_that_cannot_run_is_listed_and_the_rest_completes(tmp_path, capsys):
     pytest.importorskip("kvpress")
     out = tmp_path / "run"
-    args = ["field", "alice", *COMMON, "--distances", "0", "--chunk-len", "32", "--budget", "keep=0.5"]
+    args = ["field", "alice", *COMMON, "--distances", "0", "--chunk-len", "32", "--budget", "keep=0.5", *ORACLE]
     args += ["--policy", "snapkv", "--policy", "kvpress:KVzapPress", "--policy", "kvpress:SnapKVPress"]
     _run([*args, "--resamples", "50", "--out", str(out)], capsys)
     refused = read_table(out / "refused.csv")
@@ -223,7 +232,7 @@ def test_field_task_accuracy_equals_fi_eval_task_answers(tmp_path, capsys):
     the same correctness and answer KL, bit for bit; the leaderboard's accuracy is the mean of the answers'
     correctness computed here from answers.csv, and the full cache's is beside it."""
     task = ["--task", "passkey", "--max-new", "8", "--interval", "4"]
-    field = ["field", "alice", "--policy", "snapkv", "--policy", "h2o", *COMMON, "--distances", "0,64"]
+    field = ["field", "alice", "--policy", "snapkv", "--policy", "h2o", *COMMON, "--distances", "0,64", *ORACLE]
     field += ["--chunk-len", "32", "--budget", "keep=0.5", "--resamples", "50", "--seeds", "1", *task]
     stdout, _ = _run([*field, "--task-context", "200", "--task-samples", "2", "--out", str(tmp_path / "f")], capsys)
     evaluate = ["eval", "--policy", "snapkv,h2o", "--budget", "keep=0.5", *task, "--context", "200"]
@@ -256,7 +265,7 @@ def test_a_method_failing_while_it_answers_a_task_is_refused_and_the_rest_answer
     in refused.csv (stage tasks, once for both samples) and SnapKV answers exactly as fi eval --task answers alone."""
     pytest.importorskip("kvpress")
     task = ["--task", "passkey", "--max-new", "8", "--interval", "4"]
-    field = ["field", "alice", "--policy", "snapkv", "--policy", "kvpress:CompactorPress", *COMMON]
+    field = ["field", "alice", "--policy", "snapkv", "--policy", "kvpress:CompactorPress", *COMMON, *ORACLE]
     field += ["--distances", "0", "--chunk-len", "32", "--budget", "keep=0.5", "--resamples", "0", "--seeds", "1"]
     _run([*field, *task, "--task-context", "200", "--task-samples", "2", "--out", str(tmp_path / "f")], capsys)
     evaluate = ["eval", "--policy", "snapkv", "--budget", "keep=0.5", *task, "--context", "200", "--samples", "2"]

@@ -40,7 +40,7 @@ from fi_toolkit.evaluation.replay_runs import evaluate_text, text_context
 from fi_toolkit.evaluation.task_runs import SampleUnit
 from fi_toolkit.evaluation.text_setting import TextSetting
 from fi_toolkit.field.settings import FieldSettings
-from fi_toolkit.field.spec import ANCHORS, method_selections, replay_policy
+from fi_toolkit.field.spec import anchors, method_selections, replay_policy
 from fi_toolkit.field.summary import field_summaries
 from fi_toolkit.field.tasks import accuracy_columns, task_cell, task_entries, task_summary
 from fi_toolkit.model.loading import dtype_name
@@ -142,7 +142,7 @@ def _manifest(lm, docs, settings: FieldSettings, cells, replay: TextSetting | No
         "prefix": settings.prefix,
         "chunks": [c.label for c in settings.chunks],
         "budgets": [b.label for b in settings.budgets],
-        "methods": [{"name": m.name, "kind": m.kind} for m in cells],
+        "methods": [{"name": m.name, "kind": m.kind, **_anchor_options(m)} for m in cells],
         "sinks": settings.sinks,
         "seeds": settings.seeds,
         "signals": dict(settings.signals.__dict__),
@@ -150,6 +150,11 @@ def _manifest(lm, docs, settings: FieldSettings, cells, replay: TextSetting | No
         if replay is None
         else {"interval": replay.interval, "length": replay.total(), "future": replay.future.label},
     }
+
+
+def _anchor_options(method) -> dict:
+    """The oracle anchor's options where --oracle gave some (a manifest without them is one of fi-oracle's own)."""
+    return {"options": method.options} if method.kind == ANCHOR and method.options else {}
 
 
 def _task_refusal(method: str, kind: str, budget: str, reason: str) -> dict:
@@ -213,7 +218,7 @@ def run_field(
     if settings.presses:
         extra, catalog_refused = press_methods(0.75, lm.model.config.num_hidden_layers)
         methods += [m for m in extra if m.name not in {x.name for x in methods}]
-    cells = [*ANCHORS, *methods]
+    cells = [*anchors(settings.oracle), *methods]
     manifest = _manifest(lm, docs, settings, cells, replay)
     units, costs = split_units(docs, len(cells), 1)
     entries, samples = [], []

@@ -24,6 +24,7 @@ from fi_toolkit.errors import FIError
 from fi_toolkit.evaluation.settings import TaskSettings, budget_from, int_list, split_list
 from fi_toolkit.field.spec import (
     Method,
+    anchors,
     check_methods,
     default_methods,
     parse_budgets,
@@ -83,7 +84,8 @@ class FieldSettings:
     project policy of the registry and every press the providers offer that takes a budget (``presses``). ``budgets``:
     shares of the prefix (``keep=0.25``). ``prefix``: the compression point ``p`` (and the replay's prompt).
     ``distances``: chunk starts from ``p`` (``"0,256"`` or ints), each chunk ``chunk_len`` tokens. ``sinks``: the random
-    anchor never picks the first positions. ``seeds``: random anchor sets per budget. ``replay``: also the replay KL in
+    anchor never picks the first positions. ``seeds``: random anchor sets per budget. ``oracle``: the FI oracle anchor's
+    options (``samples=4``; empty: fi-oracle's own). ``replay``: also the replay KL in
     decoding, compressing every ``interval`` tokens up to ``length`` tokens (default: the far chunk's end).
     ``resamples``: bootstrap resamples per headroom CI (0: none). ``signals``: the signal options; ``batch_size``:
     evictions per batched forward (None: 1 on CPU, 8 on CUDA). ``presses``: also every press the providers offer that
@@ -126,6 +128,13 @@ class FieldSettings:
     sinks: int = field(default=4, metadata=option(help="The random anchor never picks the first N positions."))
     seeds: int = field(
         default=3, metadata=option(help="Random anchor sets per budget (seeds 0..N-1), averaged per document.")
+    )
+    oracle: str = field(
+        default="",
+        metadata=option(
+            help="Options of the FI oracle anchor, as fi-oracle takes them (samples=4: 4 label draws instead of 16, "
+            "faster and noisier; its noise shows in headroom_seed_sd). Default: fi-oracle's own."
+        ),
     )
     replay: bool = field(
         default=False,
@@ -170,7 +179,8 @@ class FieldSettings:
             check_int("batch_size", self.batch_size, 1)
         check_resamples(self.resamples)
         with budget_from("budgets"):
-            check_methods(methods, budgets, self.prefix, config.window, self.sinks)
+            anchored = anchors(check_type("oracle", self.oracle, str))
+            check_methods(methods, budgets, self.prefix, config.window, self.sinks, anchored)
         check_type("replay", self.replay, bool)
         if self.replay:
             check_int("interval", self.interval, 1)

@@ -6,7 +6,8 @@ A **method** (:class:`~fi_toolkit.policies.method.Method`) is a project policy (
 spelled as ``--policy`` and ``--select`` spell it; without a budget it is measured at every budget of the map,
 with one (``snapkv@keep=0.25``) at that budget alone, which must be one of the map's. Two **anchors** are
 measured beside them on every document, the ends of the headroom scale (docs/results/headroom.md): random
-positions with the first ``sinks`` kept (0) and the FI oracle that saw the chunk (1), one oracle per chunk.
+positions with the first ``sinks`` kept (0) and the FI oracle that saw the chunk (1), one oracle per chunk, with
+fi-oracle's own options or those ``--oracle`` gives (``samples=4``: fewer label draws, faster and noisier).
 ``random``, the policy, which evicts sinks, is a method like any other, no anchor.
 
 Each method at budget ``B`` is a probe selection, as ``fi probe --select`` spells it:
@@ -41,11 +42,37 @@ def method_selections(method: Method, budget: Budget, chunks: Sequence[Chunk], s
         return [method.at(budget).spelling]
     if method.head == RANDOM_ANCHOR:
         return [f"random:{budget.label}@0-{seeds - 1}"]
-    oracles = [f"policy:fi-oracle@{budget.label}:chunk={c.label}" for c in chunks]
+    options = f"{method.options}," if method.options else ""  # before chunk=: a label ends with its chunk, then seed
+    oracles = [f"policy:fi-oracle@{budget.label}:{options}chunk={c.label}" for c in chunks]
     return oracles + [f"{o},seed={s}" for s in LABEL_SEEDS if s for o in oracles]  # its own noise
 
 
-ANCHORS = (Method(ANCHOR, RANDOM_ANCHOR), Method(ANCHOR, ORACLE_ANCHOR))
+ORACLE_OWN = ("chunk", "seed")  # the oracle anchor's options the map sets itself: each chunk, each label seed
+
+
+def anchors(oracle: str = "") -> tuple[Method, Method]:
+    """The two anchors: random positions, and the FI oracle with ``oracle``'s options (``samples=4``; fi-oracle's
+    own defaults where empty). Options the map sets itself (:data:`ORACLE_OWN`) are refused."""
+    items = [o.strip() for o in oracle.split(",") if o.strip()]
+    for item in items:
+        key, eq, _ = item.partition("=")
+        if not eq:
+            raise FIError(f"oracle {item!r} is not key=value, like samples=4", parameter="oracle")
+        if key.strip() in ORACLE_OWN:
+            raise FIError(
+                f"oracle may not set {key.strip()}: the field map sets it (each chunk, label seeds 0 and 1)",
+                parameter="oracle",
+            )
+    options = ",".join(items)
+    if options:  # its names and values, checked as the registry builds the policy
+        where = f"--oracle {options}"
+        registry.resolve(
+            registry.parse_method(f"{ORACLE_ANCHOR}:{options}", where), "keep=0.5", where=where, future=True
+        )
+    return Method(ANCHOR, RANDOM_ANCHOR), Method(ANCHOR, ORACLE_ANCHOR, options=options, name=ORACLE_ANCHOR)
+
+
+ANCHORS = anchors()  # the anchors with fi-oracle's own options
 
 
 def parse_budgets(specs: Sequence[str], option: str = "--budget") -> list[Budget]:
@@ -110,15 +137,25 @@ def _clash(a: Method, b: Method) -> bool:
     return same and (a.budget is None or b.budget is None or a.runs_at(b.budget))
 
 
-def check_methods(methods: Sequence[Method], budgets: Sequence[Budget], prefix: int, window: int, sinks: int) -> None:
+def check_methods(
+    methods: Sequence[Method],
+    budgets: Sequence[Budget],
+    prefix: int,
+    window: int,
+    sinks: int,
+    anchored: Sequence[Method] = ANCHORS,
+) -> None:
     """Every selection of every method at every budget parses and fits the prefix (a policy's options, a budget
-    that keeps something and removes something); the anchors too. Presses need their provider's library here."""
+    that keeps something and removes something); the anchors (``anchored``: :func:`anchors`) too. Presses need
+    their provider's library here."""
     from fi_toolkit.probe.selections import parse_selections
 
     chunks = [Chunk(prefix, prefix + 1)]  # only the oracle's chunk label is read; its place is checked later
-    for m in [*ANCHORS, *methods]:
+    for m in [*anchored, *methods]:
         for b in (b for b in budgets if m.runs_at(b)):
-            where = f"--budget {b.label}" if m.kind == ANCHOR else f"--policy {m.name}"
+            where = f"--policy {m.name}"
+            if m.kind == ANCHOR:
+                where = f"--oracle {m.options}" if m.options else f"--budget {b.label}"
             for sel in parse_selections(method_selections(m, b, chunks, 1), where):
                 sel.check(prefix, window, sinks)
 

@@ -57,14 +57,18 @@ def chunk_names(fi: pd.DataFrame) -> dict[str, str]:
     return names
 
 
+def saw_chunk(selection: str, chunk: str) -> bool:
+    """Whether an oracle anchor's label at label seed 0 scored ``chunk``: it ends with its ``chunk=`` option
+    (``policy:fi-oracle@keep=0.25:chunk=C``, ``...:samples=4,chunk=C``; the map spells the chunk last)."""
+    return selection.endswith((f":chunk={chunk}", f",chunk={chunk}"))
+
+
 def per_document(fi: pd.DataFrame) -> pd.DataFrame:
     """One FI per document x method x budget x chunk: the random anchor's seeds averaged, the oracle anchor
     only where it saw the chunk (its selection's ``chunk=`` option)."""
     t = fi.copy()
     oracle = t["method"] == ORACLE_ANCHOR
-    saw = pd.Series(
-        [str(s).endswith(f":chunk={c}") for s, c in zip(t["selection"], t["chunk"])], index=t.index, dtype=bool
-    )
+    saw = pd.Series([saw_chunk(str(s), c) for s, c in zip(t["selection"], t["chunk"])], index=t.index, dtype=bool)
     t = t[~oracle | saw]
     keys = ["document", "method", "kind", "budget", "chunk"]
     return (
@@ -139,7 +143,7 @@ def oracle_draws(fi: pd.DataFrame) -> dict[tuple[str, str], list[pd.Series]]:
     out: dict[tuple[str, str], list[pd.Series]] = {}
     for (budget, chunk, selection), g in t.groupby(["budget", "chunk", "selection"], sort=False):
         base, label_seed = oracle_seed(str(selection))
-        if label_seed and base.endswith(f":chunk={chunk}"):
+        if label_seed and saw_chunk(base, chunk):
             out.setdefault((budget, chunk), []).append(g.groupby("document")["fi"].mean())
     return out
 
