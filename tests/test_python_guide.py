@@ -62,9 +62,7 @@ def test_the_run_function_examples_run_and_equal_the_command_line(tmp_path, monk
     assert (tmp_path / "python.csv").read_bytes() == (tmp_path / "p" / "fi.csv").read_bytes()  # byte for byte
 
     field = ["field", "alice", "--policy", "snapkv", "--policy", "h2o", "--budget", "keep=0.5", "--prefix", "128"]
-    code, _, err = run_cli(
-        [*field, "--distances", "0,64", "--chunk-len", "32", "--oracle", "samples=4", "--out", "f"], capsys
-    )
+    code, _, err = run_cli([*field, "--distances", "0,64", "--chunk-len", "32", "--out", "f"], capsys)
     assert code == 0, err
     board = read_table(tmp_path / "f" / "leaderboard.csv")
     assert set(board["method"]) == {"snapkv", "h2o", "random-positions", "fi-oracle"}
