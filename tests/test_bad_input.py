@@ -995,7 +995,12 @@ CASES = [
         "--oracle bogus=1: fi-oracle has no option 'bogus'",
     ),
     ("field-oracle-out-of-range", None, ["field", "--oracle", "samples=0"], "samples must lie in [1, 10,000], got 0"),
-    ("field-oracle-not-key-value", None, ["field", "--oracle", "samples"], "--oracle 'samples' is not key=value"),
+    (
+        "field-oracle-not-key-value",
+        None,
+        ["field", "--oracle", "samples"],
+        "--oracle samples: expected options like fi-oracle:key=value,key=value, got 'samples'",
+    ),
     (
         "field-oracle-sets-chunk",
         None,

@@ -42,7 +42,7 @@ def method_selections(method: Method, budget: Budget, chunks: Sequence[Chunk], s
         return [method.at(budget).spelling]
     if method.head == RANDOM_ANCHOR:
         return [f"random:{budget.label}@0-{seeds - 1}"]
-    options = f"{method.options}," if method.options else ""  # before chunk=: a label ends with its chunk, then seed
+    options = f"{method.options}," if method.options else ""  # --oracle's, then chunk= and seed= (the map's)
     oracles = [f"policy:fi-oracle@{budget.label}:{options}chunk={c.label}" for c in chunks]
     return oracles + [f"{o},seed={s}" for s in LABEL_SEEDS if s for o in oracles]  # its own noise
 
@@ -52,27 +52,21 @@ ORACLE_OWN = ("chunk", "seed")  # the oracle anchor's options the map sets itsel
 
 def anchors(oracle: str = "") -> tuple[Method, Method]:
     """The two anchors: random positions, and the FI oracle with ``oracle``'s options (``samples=4``; fi-oracle's
-    own defaults where empty). Options the map sets itself (:data:`ORACLE_OWN`) are refused."""
-    items = [o.strip() for o in oracle.split(",") if o.strip()]
-    for item in items:
-        key, eq, _ = item.partition("=")
-        if not eq:
-            raise FIError(f"oracle {item!r} is not key=value, like samples=4", parameter="oracle")
-        if key.strip() in ORACLE_OWN:
-            raise FIError(
-                f"oracle may not set {key.strip()}: the field map sets it (each chunk, label seeds 0 and 1)",
-                parameter="oracle",
-            )
-    options = ",".join(items)
-    if options:  # its names and values, checked as the registry builds the policy
-        where = f"--oracle {options}"
-        registry.resolve(
-            registry.parse_method(f"{ORACLE_ANCHOR}:{options}", where), "keep=0.5", where=where, future=True
-        )
+    own defaults where empty), parsed and checked by the registry as ``--policy fi-oracle:OPTIONS`` would be.
+    Options the map sets itself (:data:`ORACLE_OWN`) are refused."""
+    options = ""
+    if oracle.strip():
+        where = f"--oracle {oracle}"
+        method = registry.parse_method(f"{ORACLE_ANCHOR}:{oracle}", where)
+        for key in (o.partition("=")[0] for o in method.options.split(",")):
+            if key in ORACLE_OWN:
+                raise FIError(
+                    f"oracle may not set {key}: the field map sets it (each chunk, label seeds 0 and 1)",
+                    parameter="oracle",
+                )
+        registry.resolve(method, "keep=0.5", where=where, future=True)  # its names and values
+        options = method.options
     return Method(ANCHOR, RANDOM_ANCHOR), Method(ANCHOR, ORACLE_ANCHOR, options=options, name=ORACLE_ANCHOR)
-
-
-ANCHORS = anchors()  # the anchors with fi-oracle's own options
 
 
 def parse_budgets(specs: Sequence[str], option: str = "--budget") -> list[Budget]:
@@ -143,7 +137,7 @@ def check_methods(
     prefix: int,
     window: int,
     sinks: int,
-    anchored: Sequence[Method] = ANCHORS,
+    anchored: Sequence[Method],
 ) -> None:
     """Every selection of every method at every budget parses and fits the prefix (a policy's options, a budget
     that keeps something and removes something); the anchors (``anchored``: :func:`anchors`) too. Presses need

@@ -26,7 +26,7 @@ import pandas as pd
 
 from fi_toolkit.field.spec import ANCHOR, ORACLE_ANCHOR, RANDOM_ANCHOR
 from fi_toolkit.intervals import FEW_PAIRS, MIN_BOOTSTRAP_UNITS, NEEDS_BOOTSTRAP, NO_DIFFERENCE, paired_wilcoxon
-from fi_toolkit.probe.headroom import gap_closed, oracle_seed, seed_noise
+from fi_toolkit.probe.headroom import fit_chunk, gap_closed, oracle_seed, seed_noise
 
 NEEDS_TWO = "n/a (needs ≥ 2 documents)"  # the wording of fi_toolkit.report.display
 NO_INTERVAL = f"n/a ({NEEDS_BOOTSTRAP})"
@@ -58,9 +58,10 @@ def chunk_names(fi: pd.DataFrame) -> dict[str, str]:
 
 
 def saw_chunk(selection: str, chunk: str) -> bool:
-    """Whether an oracle anchor's label at label seed 0 scored ``chunk``: it ends with its ``chunk=`` option
-    (``policy:fi-oracle@keep=0.25:chunk=C``, ``...:samples=4,chunk=C``; the map spells the chunk last)."""
-    return selection.endswith((f":chunk={chunk}", f",chunk={chunk}"))
+    """Whether an oracle anchor's label is the one at label seed 0 that scored ``chunk`` (its ``chunk=`` option:
+    ``policy:fi-oracle@keep=0.25:chunk=C``, ``...:samples=4,chunk=C``)."""
+    base, label_seed = oracle_seed(selection)
+    return not label_seed and fit_chunk(base, "") == chunk
 
 
 def per_document(fi: pd.DataFrame) -> pd.DataFrame:
