@@ -402,9 +402,9 @@ def parse_selection(spec: str, option: str = "selection") -> list[Selection]:
     if method.budget is None:
         example = "infokv@keep=0.25:alpha=0.5" if method.kind == POLICY else f"set:{method.head}@remove=0.1"
         raise FIError(f"{where}: a probe selection needs a budget, NAME@BUDGET[:key=value,...], e.g. {example}")
-    if method.kind == POLICY:  # the policy's own checks now, before any model work; kept as the checks' policy
+    if method.kind == POLICY:  # the policy's own checks now, before any model work (make_policy keeps it)
         selection = Selection(spec, method, source=source)
-        selection.__dict__["_bare_policy"] = registry.resolve(method, where=where, shared=TRACE_OPTIONS, future=True)
+        selection.make_policy()
         return [selection]
     if method.head != "random":
         return [Selection(spec, method, source=source)]
